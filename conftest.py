@@ -1,0 +1,40 @@
+"""Root fixtures: subject selection, tiny checkpoints, log capture."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Triton kernels only run interpreted without CUDA; this must be set before any
+# kernel module imports triton.
+try:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+except ImportError:  # pragma: no cover
+    pass
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--subject",
+        default="impl",
+        help="implementation the contracts run against: 'impl' (in process) or the base URL of a running server",
+    )
+
+
+@pytest.fixture(scope="session")
+def subject(request):
+    from contracts.adapters import make_subject
+
+    return make_subject(request.config.getoption("--subject"))
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint():
+    """tiny_checkpoint(name) -> path of a cached, deterministic HF checkpoint."""
+    from impl.testing.checkpoints import tiny_checkpoint as build
+
+    return build

@@ -1,0 +1,17 @@
+"""Subject adapters. Only modules here may import an implementation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def make_subject(name: str) -> Any:
+    if name == "impl":
+        from contracts.adapters.impl_adapter import ImplSubject
+
+        return ImplSubject()
+    if name.startswith("http://") or name.startswith("https://"):
+        from contracts.adapters.http_adapter import HttpSubject
+
+        return HttpSubject(name)
+    raise ValueError(f"unknown --subject {name!r}; use 'impl' or the base URL of a running server (http://host:port)")

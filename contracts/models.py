@@ -1,0 +1,113 @@
+"""Model folders (config.json only) the argument contracts check against.
+
+Neutral HF config dicts with the shapes of public checkpoints; written once per
+process into a temp folder named after the model, so log lines name the model
+the way an operator would see it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+def _pattern(n_sliding: int, reps: int) -> list[str]:
+    return ([SLIDING] * n_sliding + [FULL]) * reps
+
+
+def _gemma4_text(layers: int, shared: int, pattern: list[str], **kw: Any) -> dict[str, Any]:
+    cfg = {
+        "model_type": "gemma4_text",
+        "architectures": ["Gemma4ForCausalLM"],
+        "vocab_size": 262144,
+        "hidden_size": 1536,
+        "intermediate_size": 6144,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "global_head_dim": 512,
+        "layer_types": pattern,
+        "sliding_window": 512,
+        "num_kv_shared_layers": shared,
+        "hidden_size_per_layer_input": 256,
+        "vocab_size_per_layer_input": 262144,
+        "use_double_wide_mlp": shared > 0,
+        "final_logit_softcapping": 30.0,
+    }
+    cfg.update(kw)
+    return cfg
+
+
+MODELS: dict[str, dict[str, Any]] = {
+    # E2B shapes: 35 layers, 20 KV-shared, [s x4, f] x7
+    "gemma-4-E2B-it": _gemma4_text(35, 20, _pattern(4, 7)),
+    # E4B shapes: 42 layers, 18 KV-shared, [s x5, f] x7
+    "gemma-4-E4B-it": _gemma4_text(42, 18, _pattern(5, 7), hidden_size=2560, num_key_value_heads=2),
+    # 31B shapes: 60 layers, no KV sharing
+    "gemma-4-31B-it": _gemma4_text(
+        60, 0, _pattern(5, 10), hidden_size=5376, num_attention_heads=32, num_key_value_heads=16,
+        num_global_key_value_heads=4, attention_k_eq_v=True, hidden_size_per_layer_input=0,
+        vocab_size_per_layer_input=0, sliding_window=1024,
+    ),
+    # multimodal wrapper: text model under text_config
+    "gemma-4-E2B-mm": {
+        "model_type": "gemma4",
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "text_config": _gemma4_text(35, 20, _pattern(4, 7)),
+        "vision_config": {"model_type": "gemma4_vision"},
+    },
+    "gemma-4-E2B-it-assistant": {
+        "model_type": "gemma4_assistant",
+        "architectures": ["Gemma4AssistantForCausalLM"],
+        "backbone_hidden_size": 1536,
+        "text_config": _gemma4_text(
+            4, 4, [SLIDING, SLIDING, SLIDING, FULL], hidden_size=256, intermediate_size=1024,
+            hidden_size_per_layer_input=0, vocab_size_per_layer_input=0, use_double_wide_mlp=False,
+        ),
+    },
+    "Llama-3.1-8B-Instruct": {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128256, "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    },
+    "Qwen2.5-7B-Instruct": {
+        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 152064, "hidden_size": 3584,
+        "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+    },
+    "DeepSeek-V3": {
+        "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "vocab_size": 129280,
+        "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+        "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+    },
+}
+
+# Which fixtures are Gemma-4 targets with KV sharing (for oracles in tests).
+KV_SHARED_GEMMA4 = ("gemma-4-E2B-it", "gemma-4-E4B-it", "gemma-4-E2B-mm")
+GEMMA4_NO_SHARING = ("gemma-4-31B-it",)
+NOT_GEMMA4 = ("Llama-3.1-8B-Instruct", "Qwen2.5-7B-Instruct", "DeepSeek-V3")
+ASSISTANTS = ("gemma-4-E2B-it-assistant",)
+
+
+def model_dir(name: str) -> str:
+    """Folder holding ``config.json`` for fixture ``name`` (created on first use)."""
+    root = os.path.join(tempfile.gettempdir(), f"yoco-contract-models-{os.getuid()}")
+    path = os.path.join(root, name)
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        os.makedirs(path, exist_ok=True)
+        tmp = cfg_path + f".{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(MODELS[name], f, indent=1)
+        os.replace(tmp, cfg_path)
+    return path
+
+
+def argv_for(model: str, *flags: str, draft: str | None = None) -> list[str]:
+    argv = ["--model-path", model_dir(model), *flags]
+    if draft is not None:
+        argv += ["--speculative-draft-model-path", model_dir(draft)]
+    return argv

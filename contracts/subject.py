@@ -1,0 +1,105 @@
+"""Subject: the narrow interface an implementation offers the contracts.
+
+Everything goes through the command line an operator would type (``argv``) and
+neutral records, so any engine (ours, a patched SGLang, a mutant) can be
+plugged in by writing an adapter.
+
+Capabilities:
+* ``args``: ``parse_args``, ``cli_options``, ``check`` (validation and
+  resolution against a model folder and a named platform, with the startup log).
+* ``engine``: ``generate`` (token ids, logprobs, per-forward work counters).
+* ``http``: ``base_url`` of a running server started from ``argv``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Sequence
+
+PLATFORMS = ("cpu", "ampere", "hopper", "sm100", "sm120")
+
+
+@dataclass(frozen=True)
+class OptionInfo:
+    option: str  # "--kv-sharing-fast-prefill"
+    dest: str  # "kv_sharing_fast_prefill"
+    action: str  # "store_true", "store", ...
+    default: Any
+    help: str
+
+
+@dataclass
+class CheckOutcome:
+    """What ``check`` observed. ``error`` is a ValueError/RuntimeError the subject raised, else None."""
+
+    user: dict[str, Any]  # the values as parsed (resolving view)
+    resolved: dict[str, Any]  # after every declared resolution
+    resolutions: list[tuple[str, str, Any]]  # (source, field, value)
+    log: list[tuple[str, str]]  # (levelname, message) emitted while checking
+    model_config: dict[str, Any] = field(default_factory=dict)
+    error: BaseException | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.error is None
+
+    def messages(self, level: str | None = None) -> list[str]:
+        return [m for lv, m in self.log if level is None or lv == level]
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    input_ids: Sequence[int]
+    max_new_tokens: int = 8
+    temperature: float = 0.0
+    seed: int | None = None
+    return_logprob: bool = False
+    logprob_start_len: int | None = None
+    top_logprobs_num: int = 0
+    ignore_eos: bool = True
+
+
+@dataclass
+class GenOutput:
+    output_ids: list[int]
+    output_logprobs: list[float] = field(default_factory=list)
+    input_logprobs: list[float | None] = field(default_factory=list)
+    finish_reason: Any = None
+    cached_tokens: int = 0
+
+
+@dataclass
+class GenResult:
+    outputs: list[GenOutput]
+    work: dict[str, int]  # WorkCounters summed over the run
+    log: list[tuple[str, str]] = field(default_factory=list)
+
+
+class Subject(Protocol):
+    name: str
+    capabilities: frozenset[str]
+
+    # ---- args ------------------------------------------------------------------
+    def parse_args(self, argv: Sequence[str]) -> dict[str, Any]: ...
+
+    def cli_options(self) -> Mapping[str, OptionInfo]: ...
+
+    def check(self, argv: Sequence[str], platform: str = "cpu", env: Mapping[str, str] | None = None) -> CheckOutcome: ...
+
+    # ---- engine ------------------------------------------------------------------
+    def generate(self, argv: Sequence[str], requests: Sequence[GenRequest], batched: bool = True) -> GenResult: ...
+
+    # ---- http --------------------------------------------------------------------
+    def base_url(self, argv: Sequence[str]) -> str: ...
+
+
+class SubjectWrapper:
+    """Delegates everything to ``inner``; mutants override one method."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.name = f"{type(self).__name__}({inner.name})"
+        self.capabilities = inner.capabilities
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

@@ -1,0 +1,11 @@
+"""Reference Gemma-4 serving engine with YOCO (KV-sharing) fast prefill."""
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name == "Engine":
+        from impl.engine.engine import Engine
+
+        return Engine
+    raise AttributeError(name)

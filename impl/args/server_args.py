@@ -1,0 +1,166 @@
+"""ServerArgs: SGLang's names, one dataclass, argparse generated from field metadata.
+
+Each field's metadata carries its help text (and choices); ``add_cli_args``
+registers ``--field-name`` for every field, ``store_true`` for booleans that
+default to False. Values the user gave stay on the dataclass; automatic changes
+are *declared* (see ``resolution.py``) and applied by ``resolved()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+ATTENTION_BACKEND_CHOICES = (
+    # implemented here
+    "triton",
+    "torch_native",
+    # valid SGLang names that this engine recognises (the KV-cache rules read them)
+    "flex_attention",
+    "fa3",
+    "fa4",
+    "flashinfer",
+    "flashmla",
+    "cutlass_mla",
+    "trtllm_mla",
+    "trtllm_mha",
+    "cutedsl_mla",
+    "tokenspeed_mla",
+    "aiter",
+)
+IMPLEMENTED_ATTENTION_BACKENDS = ("triton", "torch_native")
+KV_CACHE_DTYPE_CHOICES = ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4", "fp4_mx_block16")
+SPECULATIVE_ALGORITHM_CHOICES = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "FROZEN_KV_MTP", "DSPARK")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "half", "float")
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+
+
+def _f(default: Any, help: str, choices: Sequence[Any] | None = None, type: Any = None, cli: bool = True) -> Any:
+    meta = {"help": help, "choices": choices, "type": type, "cli": cli}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: default.copy(), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ServerArgs:
+    # ---- model and tokenizer ---------------------------------------------
+    model_path: str | None = _f(None, "HF-format checkpoint folder (config.json, safetensors, tokenizer). Default: the embedded tiny Gemma-4.")
+    tokenizer_path: str | None = _f(None, "Tokenizer folder; defaults to --model-path.")
+    served_model_name: str | None = _f(None, "Model name reported by the API; defaults to the folder name.")
+    chat_template: str | None = _f(None, "Jinja chat template file overriding tokenizer_config.json's.")
+    context_length: int | None = _f(None, "Maximum context length; defaults to the model's max_position_embeddings.", type=int)
+    dtype: str = _f("auto", "Weight and activation dtype.", DTYPE_CHOICES)
+    device: str = _f("auto", "Device: auto picks cuda when torch sees one, else cpu.", DEVICE_CHOICES)
+    # ---- HTTP -------------------------------------------------------------
+    host: str = _f("127.0.0.1", "HTTP host to bind.")
+    port: int = _f(30000, "HTTP port.", type=int)
+    api_key: str | None = _f(None, "Require 'Authorization: Bearer <key>' on every route but /health.")
+    # ---- attention ---------------------------------------------------------
+    attention_backend: str | None = _f(None, "Attention backend for prefill and decode.", ATTENTION_BACKEND_CHOICES)
+    prefill_attention_backend: str | None = _f(None, "Attention backend for prefill (extend) batches; overrides --attention-backend.", ATTENTION_BACKEND_CHOICES)
+    decode_attention_backend: str | None = _f(None, "Attention backend for decode batches; overrides --attention-backend.", ATTENTION_BACKEND_CHOICES)
+    # ---- YOCO ---------------------------------------------------------------
+    kv_sharing_fast_prefill: bool = _f(
+        False,
+        "KV-sharing (YOCO) fast prefill for Gemma-4 models with num_kv_shared_layers > 0: during prefill the "
+        "KV-shared layers run only on the rows that feed the LM head. Needs the triton attention backend.",
+    )
+    # ---- speculative decoding ---------------------------------------------
+    speculative_algorithm: str | None = _f(None, "Speculative decoding algorithm.", SPECULATIVE_ALGORITHM_CHOICES)
+    speculative_draft_model_path: str | None = _f(None, "Draft model folder (a gemma4_assistant checkpoint for NEXTN / FROZEN_KV_MTP).")
+    speculative_num_steps: int | None = _f(None, "Number of draft steps.", type=int)
+    speculative_eagle_topk: int | None = _f(None, "Draft tree top-k per step.", type=int)
+    speculative_num_draft_tokens: int | None = _f(None, "Number of draft tokens verified per step.", type=int)
+    # ---- memory and scheduling ----------------------------------------------
+    kv_cache_dtype: str = _f("auto", "KV-cache dtype.", KV_CACHE_DTYPE_CHOICES)
+    max_total_tokens: int | None = _f(None, "KV-cache capacity in tokens; overrides --mem-fraction-static.", type=int)
+    mem_fraction_static: float | None = _f(None, "Fraction of available memory for weights plus KV cache.", type=float)
+    chunked_prefill_size: int | None = _f(None, "Maximum tokens of one prefill chunk; -1 disables chunking.", type=int)
+    max_prefill_tokens: int = _f(16384, "Maximum new tokens in one prefill batch.", type=int)
+    max_running_requests: int | None = _f(None, "Maximum concurrently running requests.", type=int)
+    schedule_policy: str = _f("fcfs", "Scheduling policy for the waiting queue.", ("fcfs", "lpm"))
+    disable_radix_cache: bool = _f(False, "Disable the radix prefix cache.")
+    page_size: int = _f(1, "KV-cache page size in tokens.", type=int)
+    random_seed: int | None = _f(None, "Global random seed.", type=int)
+    stream_interval: int = _f(1, "Stream a chunk every N generated tokens.", type=int)
+    # ---- logging and metrics -----------------------------------------------
+    log_level: str = _f("info", "Log level.", ("debug", "info", "warning", "error", "critical"))
+    log_requests: bool = _f(False, "Log every request's inputs and outputs.")
+    enable_metrics: bool = _f(False, "Also count metrics when /metrics is never scraped (it is always served).")
+    # ---- KV-cache dtype and pool (seed 004) --------------------------------
+    prefill_only_disable_kv_cache: bool = _f(False, "Prefill-only embedding mode that never touches the paged KV cache.")
+    is_embedding: bool = _f(False, "Serve an embedding model.")
+    attn_cp_size: int = _f(1, "Attention context-parallel size.", type=int)
+    enable_prefill_cp: bool = _f(False, "Context-parallel prefill.")
+    enable_hisparse: bool = _f(False, "HiSparse attention.")
+    disaggregation_mode: str = _f("null", "PD disaggregation role.", ("null", "prefill", "decode"))
+    disaggregation_transfer_backend: str = _f("mooncake", "PD disaggregation transfer backend.", ("mooncake", "nixl", "ascend", "fake"))
+    disaggregation_decode_retraction_backup: str | None = _f(None, "Where a PD decode server keeps retracted KV.", ("host_pool", "recompute"))
+    disaggregation_decode_enable_offload_kvcache: bool = _f(False, "Offload decode-side KV to the hierarchical cache storage.")
+    hicache_storage_backend: str | None = _f(None, "Hierarchical-cache storage backend.")
+    dcp_size: int = _f(1, "Decode context-parallel size.", type=int)
+    pp_size: int = _f(1, "Pipeline-parallel size.", type=int)
+    tp_size: int = _f(1, "Tensor-parallel size.", type=int)
+    enable_priority_scheduling: bool = _f(False, "Priority scheduling.")
+    disable_priority_preemption: bool = _f(False, "Disable preemption by priority.")
+    enable_hierarchical_cache: bool = _f(False, "Hierarchical (host-tiered) KV cache.")
+    enable_lmcache: bool = _f(False, "LMCache KV offload.")
+    swa_full_tokens_ratio: float = _f(0.8, "Ratio of sliding-window to full-attention KV tokens.", type=float)
+    enable_unified_memory: bool = _f(False, "Unified memory KV pool.")
+    enable_page_major_kv_layout: bool = _f(False, "Page-major KV layout.")
+    cuda_graph_backend_prefill: str | None = _f(None, "Prefill cuda-graph capture backend.", ("disabled", "piecewise", "full"))
+    disable_cuda_graph: bool = _f(False, "Disable CUDA graphs (this engine never captures them; accepted for compatibility).")
+    linear_attn_backend: str | None = _f(None, "Linear-attention backend.")
+    linear_attn_prefill_backend: str | None = _f(None, "Linear-attention prefill backend.")
+    linear_attn_decode_backend: str | None = _f(None, "Linear-attention decode backend.")
+    mamba_backend: str | None = _f(None, "Mamba kernel backend.")
+
+    # ---- CLI ----------------------------------------------------------------
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        for f in dataclasses.fields(ServerArgs):
+            meta = f.metadata
+            if not meta.get("cli", True):
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if f.type in (bool, "bool") and f.default is False:
+                parser.add_argument(flag, action="store_true", default=False, help=meta["help"])
+                continue
+            kw: dict[str, Any] = {"default": f.default, "help": meta["help"]}
+            if meta.get("type") is not None:
+                kw["type"] = meta["type"]
+            if meta.get("choices") is not None:
+                kw["choices"] = list(meta["choices"])
+            parser.add_argument(flag, **kw)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+
+    @classmethod
+    def parse(cls, argv: Sequence[str]) -> "ServerArgs":
+        parser = make_parser()
+        return cls.from_cli_args(parser.parse_args(list(argv)))
+
+    # ---- views ----------------------------------------------------------------
+    def user_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def resolved(self) -> "ServerArgs":
+        """A copy with every declared resolution applied (context carried over)."""
+        from impl.args.resolution import context_of
+
+        ctx = context_of(self)
+        out = dataclasses.replace(self, **ctx.overrides)
+        object.__setattr__(out, "_resolution_ctx", ctx)
+        return out
+
+
+def make_parser(prog: str = "impl.launch_server") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Gemma-4 serving engine with YOCO fast prefill")
+    ServerArgs.add_cli_args(parser)
+    return parser

@@ -1,0 +1,40 @@
+"""KV-cache interfaces and their invariants.
+
+``ReqToTokenPool``: ``req_to_token[r, j]`` is the KV slot of token ``j`` of the
+request in row ``r``. ``TokenToKVPool``: per KV-owning layer a K and a V buffer
+``[capacity, num_kv_heads, head_dim]`` (sliding and full layers may differ in
+heads and head_dim); KV-shared layers own no buffer and are served their
+producer's (``get_kv_buffer(layer.kv_layer_id)``). Slot 0 is reserved as a pad
+slot and never handed out. The allocator owns the free slots; the radix cache
+owns slots of cached prefixes; a request owns the rest of its slots.
+
+Invariant checked by ``check_integrity()`` on every owner: every slot in
+``1..capacity-1`` is owned exactly once (free list, radix tree, or a live
+request); none leaked, none double-freed. ``evict(0)`` is always safe.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class TokenToKVPoolBase(ABC):
+    capacity: int
+
+    @abstractmethod
+    def get_kv_buffer(self, kv_layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k, v), each ``[capacity, num_kv_heads, head_dim]`` of the producer layer."""
+
+    @abstractmethod
+    def set_kv_buffer(self, kv_layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write rows ``k``/``v`` ``[n, num_kv_heads, head_dim]`` at slots ``loc`` ``[n]``."""
+
+    @property
+    @abstractmethod
+    def bytes_per_token(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def num_kv_layers(self) -> int: ...

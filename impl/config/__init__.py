@@ -1,0 +1,3 @@
+from impl.config.model_config import ModelConfig, RopeSpec
+
+__all__ = ["ModelConfig", "RopeSpec"]

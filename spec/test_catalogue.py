@@ -1,0 +1,41 @@
+"""The catalogue is complete, in sync, and every contract can fail."""
+
+from __future__ import annotations
+
+import re
+
+from contracts import docs
+from contracts.base import all_contracts
+from contracts.mutants import all_mutants
+
+# Rule ids of shared/design/RULES.md that must be covered by at least one contract.
+REQUIRED_RULES = {f"F{i}" for i in range(1, 13)}
+
+
+def test_every_contract_has_a_mutant():
+    killed = {cid for m in all_mutants() for cid in m.kills}
+    orphans = [c.id for c in all_contracts() if c.id not in killed]
+    assert not orphans, f"contracts no mutant can fail (add one in contracts/mutants/): {orphans}"
+
+
+def test_mutants_name_real_contracts():
+    ids = {c.id for c in all_contracts()}
+    bad = [(m.name, cid) for m in all_mutants() for cid in m.kills if cid not in ids]
+    assert not bad, f"mutants naming unknown contracts: {bad}"
+
+
+def test_required_rules_covered():
+    covered = {r for c in all_contracts() for r in c.rules}
+    assert REQUIRED_RULES <= covered, f"rules without a contract: {sorted(REQUIRED_RULES - covered)}"
+
+
+def test_rule_ids_well_formed():
+    for c in all_contracts():
+        for r in c.rules:
+            assert re.fullmatch(r"[FK]\d+", r), f"{c.id}: rule id {r!r} is not F<n> or K<n>"
+
+
+def test_docs_catalogue_in_sync():
+    with open(docs.path()) as f:
+        current = f.read()
+    assert current == docs.render(), "docs/contracts.md is stale: run `python -m contracts.docs --write`"
