@@ -55,7 +55,7 @@ def validate_kv_sharing_fast_prefill(server_args: Any) -> None:
         which = "--prefill-attention-backend" if cfg.prefill_attention_backend else "--attention-backend"
         raise ValueError(
             f"{FLAG} needs the triton attention backend for prefill (it builds the back-half attention "
-            f"metadata), but {which}={prefill}. Use --attention-backend triton (or leave it unset), or drop {FLAG}."
+            f"metadata), but {which}={prefill}. Use {which} triton (or leave it unset), or drop {FLAG}."
         )
     algo = cfg.speculative_algorithm
     if algo in PER_TOKEN_LOGIT_ALGOS:

@@ -1,0 +1,46 @@
+# Every target bootstraps .venv itself (torch==2.13.0 first: the CPU build on local disk).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.PHONY: serve test spec bench bench-kernels bench-engine bench-yoco gpu-check docs clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test,bench]"
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+venv: $(STAMP)
+
+serve: $(STAMP)
+	$(PY) -m impl.launch_server $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+spec: $(STAMP)
+	$(PY) -m pytest spec -q
+
+docs: $(STAMP)
+	$(PY) -m contracts.docs --write
+
+bench: bench-engine bench-yoco
+
+bench-kernels: $(STAMP)
+	$(PY) -m pytest bench/kernels -m bench -q -p no:randomly
+
+bench-engine: $(STAMP)
+	$(PY) bench/bench_engine.py
+
+bench-yoco: $(STAMP)
+	$(PY) bench/bench_yoco.py
+
+gpu-check:
+	bash scripts/gpu_check.sh
+
+clean:
+	rm -rf $(VENV) .cache .hypothesis .benchmarks
