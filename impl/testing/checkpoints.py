@@ -1,0 +1,480 @@
+"""Deterministic tiny Gemma-4 checkpoints in HF format, built with transformers.
+
+``tiny_checkpoint(name)`` returns the folder of a checkpoint (config.json,
+model.safetensors in float32, tokenizer.json, tokenizer_config.json,
+generation_config.json), building it on first use. Folders are cached under
+``<repo>/.cache/checkpoints/<name>-<hash>`` (``$YOCO_CACHE_DIR/checkpoints``
+when set); the hash covers the recipe, the source of the factory modules (this file,
+tokenizer_factory.py, corpus.py) and the transformers version, so an edit to
+any of them makes a new folder (old ones are left in place). Building is atomic (temp folder + ``os.rename``) and serialized
+across processes with an ``fcntl`` lock.
+
+Weights are seeded random, re-initialised so that activations and logits are
+varied (fan-in scaled linears, norm scales near but not equal to 1,
+``layer_scalar`` != 1, a spread-out MoE router) rather than transformers'
+near-degenerate 0.02 init.
+
+CLI: ``python -m impl.testing.checkpoints NAME...`` builds and prints paths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator, Mapping
+
+from impl.testing.corpus import CORPUS
+from impl.testing.tokenizer_factory import (
+    BOS_ID,
+    EOS_ID,
+    GEMMA_CHAT_TEMPLATE,
+    PAD_ID,
+    TOKENIZER_VOCAB_SIZE,
+    write_tokenizer_files,
+)
+
+FACTORY_VERSION = 1
+DEFAULT_MODEL = "e2b"
+CACHE_ENV = "YOCO_CACHE_DIR"
+
+S, F = "sliding_attention", "full_attention"
+
+
+@dataclass(frozen=True)
+class CheckpointRecipe:
+    """How to build one tiny checkpoint.
+
+    ``text_config``: kwargs of ``Gemma4TextConfig`` (for an assistant, its
+    text_config). ``assistant``: extra kwargs of ``Gemma4AssistantConfig``;
+    empty for a text model. ``on_demand``: not built by ``build_all``.
+    """
+
+    kind: str  # "text" | "assistant"
+    text_config: Mapping[str, Any]
+    assistant: Mapping[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    on_demand: bool = False
+    # write config.json the way published checkpoints do (global_head_dim and
+    # num_global_key_value_heads, no per_layer_config) instead of transformers' form
+    published_config_form: bool = False
+    description: str = ""
+
+
+def _text(**overrides: Any) -> dict[str, Any]:
+    """Common tiny text config; every recipe states its shape-defining keys."""
+    base: dict[str, Any] = dict(
+        vocab_size=TOKENIZER_VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        head_dim=16,
+        global_head_dim=32,
+        sliding_window=16,
+        final_logit_softcapping=30.0,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        pad_token_id=PAD_ID,
+        eos_token_id=EOS_ID,
+        bos_token_id=BOS_ID,
+        tie_word_embeddings=True,
+        attention_k_eq_v=False,
+        enable_moe_block=False,
+        use_double_wide_mlp=False,
+        num_kv_shared_layers=0,
+    )
+    base.update(overrides)
+    base["num_hidden_layers"] = len(base["layer_types"])
+    return base
+
+
+_E2B_LAYERS = [S, S, S, S, F] * 7
+
+TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
+    "e2b": CheckpointRecipe(
+        kind="text",
+        seed=1,
+        description="E2B-shaped: 35 layers, 20 KV-shared, [s x4, f] x7, double-wide MLP, PLE, 1 KV head",
+        text_config=_text(
+            layer_types=_E2B_LAYERS,
+            num_key_value_heads=1,
+            num_kv_shared_layers=20,
+            use_double_wide_mlp=True,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=TOKENIZER_VOCAB_SIZE,
+        ),
+    ),
+    "k_eq_v": CheckpointRecipe(
+        kind="text",
+        seed=2,
+        published_config_form=True,
+        description="attention_k_eq_v (global KV heads 1, sliding KV heads 2), 10 layers, 4 KV-shared, PLE",
+        text_config=_text(
+            layer_types=[S, S, S, S, F] * 2,
+            num_key_value_heads=2,
+            attention_k_eq_v=True,
+            num_global_key_value_heads=1,
+            num_kv_shared_layers=4,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=TOKENIZER_VOCAB_SIZE,
+        ),
+    ),
+    "moe": CheckpointRecipe(
+        kind="text",
+        seed=3,
+        published_config_form=True,
+        description="MoE block (4 experts, top-2) beside the dense MLP, 6 layers, no sharing, no PLE",
+        text_config=_text(
+            layer_types=[S, S, F] * 2,
+            num_key_value_heads=2,
+            enable_moe_block=True,
+            num_experts=4,
+            top_k_experts=2,
+            moe_intermediate_size=32,
+            hidden_size_per_layer_input=0,
+            vocab_size_per_layer_input=0,
+        ),
+    ),
+    "noshare": CheckpointRecipe(
+        kind="text",
+        seed=4,
+        description="no KV sharing, 6 layers, PLE",
+        text_config=_text(
+            layer_types=[S, S, F] * 2,
+            num_key_value_heads=2,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=TOKENIZER_VOCAB_SIZE,
+        ),
+    ),
+    "assistant": CheckpointRecipe(
+        kind="assistant",
+        seed=5,
+        description="MTP assistant for 'e2b': 4 all-shared layers, hidden 32, backbone 64, plain LM head",
+        text_config=_text(
+            layer_types=[S, S, S, F],
+            hidden_size=32,
+            intermediate_size=64,
+            num_key_value_heads=1,
+            num_kv_shared_layers=4,
+            hidden_size_per_layer_input=0,
+            vocab_size_per_layer_input=0,
+        ),
+        assistant=dict(backbone_hidden_size=64, use_ordered_embeddings=False),
+    ),
+    "assistant_ordered": CheckpointRecipe(
+        kind="assistant",
+        seed=6,
+        description="MTP assistant for 'e2b' with the ordered-embedding (centroid-masked) LM head",
+        text_config=_text(
+            layer_types=[S, S, S, F],
+            hidden_size=32,
+            intermediate_size=64,
+            num_key_value_heads=1,
+            num_kv_shared_layers=4,
+            hidden_size_per_layer_input=0,
+            vocab_size_per_layer_input=0,
+        ),
+        assistant=dict(
+            backbone_hidden_size=64,
+            use_ordered_embeddings=True,
+            num_centroids=32,
+            centroid_intermediate_top_k=4,
+        ),
+    ),
+    "e2b_bench": CheckpointRecipe(
+        kind="text",
+        seed=7,
+        on_demand=True,
+        description="e2b structure at benchmark size: hidden 256, 8 heads, head_dim 32/64, window 128",
+        text_config=_text(
+            layer_types=_E2B_LAYERS,
+            hidden_size=256,
+            intermediate_size=1024,
+            num_attention_heads=8,
+            num_key_value_heads=1,
+            head_dim=32,
+            global_head_dim=64,
+            sliding_window=128,
+            max_position_embeddings=8192,
+            num_kv_shared_layers=20,
+            use_double_wide_mlp=True,
+            hidden_size_per_layer_input=16,
+            vocab_size_per_layer_input=TOKENIZER_VOCAB_SIZE,
+        ),
+    ),
+}
+
+# the assistant recipes must fit the target they draft for
+ASSISTANT_TARGETS = {"assistant": "e2b", "assistant_ordered": "e2b"}
+
+
+# ---------------------------------------------------------------- paths
+
+
+def repo_root() -> str | None:
+    """The folder holding pyproject.toml above this file, or None when installed elsewhere."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    while True:
+        if os.path.isfile(os.path.join(here, "pyproject.toml")):
+            return here
+        parent = os.path.dirname(here)
+        if parent == here:
+            return None
+        here = parent
+
+
+def cache_root() -> str:
+    """``$YOCO_CACHE_DIR`` or ``<repo>/.cache`` (``~/.cache/yoco`` outside a checkout)."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return os.path.abspath(env)
+    root = repo_root()
+    return os.path.join(root, ".cache") if root else os.path.join(os.path.expanduser("~"), ".cache", "yoco")
+
+
+def _transformers_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("transformers")
+    except PackageNotFoundError:
+        return "absent"
+
+
+def _factory_sources() -> str:
+    """Source of the modules that build checkpoints: any edit to them means new folders."""
+    import impl.testing.corpus as corpus_mod
+    import impl.testing.tokenizer_factory as tok_mod
+
+    texts = []
+    for mod_file in (__file__, tok_mod.__file__, corpus_mod.__file__):
+        with open(mod_file, encoding="utf-8") as f:
+            texts.append(f.read())
+    return "\n".join(texts)
+
+
+def recipe_hash(name: str) -> str:
+    """Short hash of everything that determines the files of checkpoint ``name``."""
+    recipe = _recipe(name)
+    payload = json.dumps(
+        {
+            "name": name,
+            "recipe": asdict(recipe),
+            "corpus": CORPUS,
+            "chat_template": GEMMA_CHAT_TEMPLATE,
+            "factory_version": FACTORY_VERSION,
+            "factory_sources": hashlib.sha256(_factory_sources().encode("utf-8")).hexdigest(),
+            "transformers": _transformers_version(),
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:12]
+
+
+def checkpoint_dir(name: str) -> str:
+    """Where checkpoint ``name`` lives (whether or not it is built yet)."""
+    return os.path.join(cache_root(), "checkpoints", f"{name}-{recipe_hash(name)}")
+
+
+def _recipe(name: str) -> CheckpointRecipe:
+    if name not in TINY_CHECKPOINTS:
+        raise ValueError(f"unknown tiny checkpoint {name!r}; choose one of {sorted(TINY_CHECKPOINTS)}")
+    return TINY_CHECKPOINTS[name]
+
+
+# ---------------------------------------------------------------- public API
+
+
+def tiny_checkpoint(name: str) -> str:
+    """Path of the tiny checkpoint ``name``, built (once, atomically) if missing."""
+    final = checkpoint_dir(name)
+    if os.path.isdir(final):
+        return final
+    parent = os.path.dirname(final)
+    os.makedirs(parent, exist_ok=True)
+    with _file_lock(os.path.join(parent, f".{os.path.basename(final)}.lock")):
+        if os.path.isdir(final):  # another process built it while we waited
+            return final
+        tmp = tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=parent)
+        try:
+            build_checkpoint(name, tmp)
+            os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
+
+
+def default_model_path() -> str:
+    """The embedded default model for ``make serve`` (tiny E2B-shaped), built on first use."""
+    return tiny_checkpoint(DEFAULT_MODEL)
+
+
+def build_all(include_on_demand: bool = False) -> dict[str, str]:
+    return {n: tiny_checkpoint(n) for n, r in TINY_CHECKPOINTS.items() if include_on_demand or not r.on_demand}
+
+
+@contextlib.contextmanager
+def _file_lock(path: str) -> Iterator[None]:
+    with open(path, "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+# ---------------------------------------------------------------- building
+
+
+def build_checkpoint(name: str, out_dir: str) -> None:
+    """Write checkpoint ``name`` into the existing folder ``out_dir`` (no caching)."""
+    try:
+        import torch
+        from transformers import (
+            Gemma4AssistantConfig,
+            Gemma4AssistantForCausalLM,
+            Gemma4ForCausalLM,
+            Gemma4TextConfig,
+        )
+    except ImportError as e:  # transformers is a test dependency only
+        raise ValueError(
+            f"building the tiny checkpoint {name!r} needs transformers (pip install -e '.[test]'), "
+            "or pass --model-path to an existing HF checkpoint"
+        ) from e
+
+    from impl.testing.hf_quirks import assistant_kv_sharing_patch
+
+    recipe = _recipe(name)
+    torch.manual_seed(recipe.seed)
+    text_config = Gemma4TextConfig(**dict(recipe.text_config))
+    if recipe.kind == "text":
+        model = Gemma4ForCausalLM(text_config)
+    elif recipe.kind == "assistant":
+        config = Gemma4AssistantConfig(text_config=text_config, **dict(recipe.assistant))
+        with assistant_kv_sharing_patch():
+            model = Gemma4AssistantForCausalLM(config)
+    else:
+        raise ValueError(f"recipe {name!r} has unknown kind {recipe.kind!r}")
+    model = model.to(torch.float32).eval()
+    reinit_weights(model, seed=recipe.seed)
+    model.config.dtype = torch.float32
+    with _quiet_transformers():
+        model.save_pretrained(out_dir, safe_serialization=True)
+    if recipe.published_config_form:
+        _rewrite_published_config_form(os.path.join(out_dir, "config.json"), recipe.text_config)
+    write_tokenizer_files(out_dir, model_max_length=int(text_config.max_position_embeddings))
+
+
+def _rewrite_published_config_form(config_path: str, text_config: Mapping[str, Any]) -> None:
+    """Replace transformers' ``per_layer_config`` by the published top-level keys."""
+    with open(config_path) as f:
+        cfg = json.load(f)
+    target = cfg.get("text_config", cfg)
+    target.pop("per_layer_config", None)
+    target["global_head_dim"] = text_config["global_head_dim"]
+    if text_config.get("num_global_key_value_heads") is not None:
+        target["num_global_key_value_heads"] = text_config["num_global_key_value_heads"]
+    with open(config_path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Hide transformers' per-shard progress bar while saving."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def reinit_weights(model, seed: int) -> None:
+    """Seeded re-initialisation that gives varied, non-degenerate activations.
+
+    - linear / expert weights: N(0, 1/fan_in) so projections keep unit scale;
+    - token embeddings: N(0, 0.15^2) (tied LM head: logits spread over a few units,
+      enough for the 30.0 softcap to matter at the tails); PLE table: N(0, 0.3^2);
+    - 1-D scales (RMSNorm weights, router scale): 1 + N(0, 0.1^2), except the norms
+      on a layer's outputs (``post_*``), 3 x that: each layer's contribution then
+      outweighs the token's own embedding in the residual, which otherwise makes
+      the shallow models greedily repeat their input token;
+    - MoE router projection: N(0, 1) so expert scores are well separated;
+      per-expert scale: U(0.5, 1.5); ``layer_scalar``: U(0.7, 1.3);
+    - assistant ``token_ordering``: a random permutation of the vocabulary.
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+
+    def normal(shape, std: float) -> "torch.Tensor":
+        return torch.randn(shape, generator=g, dtype=torch.float32) * std
+
+    def uniform(shape, lo: float, hi: float) -> "torch.Tensor":
+        return lo + (hi - lo) * torch.rand(shape, generator=g, dtype=torch.float32)
+
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            leaf = pname.rsplit(".", 1)[-1]
+            if pname.endswith("embed_tokens.weight"):
+                new = normal(p.shape, 0.15)
+            elif pname.endswith("embed_tokens_per_layer.weight"):
+                new = normal(p.shape, 0.3)
+            elif pname.endswith("router.proj.weight"):
+                new = normal(p.shape, 1.0)
+            elif leaf == "per_expert_scale":
+                new = uniform(p.shape, 0.5, 1.5)
+            elif p.dim() == 1 and ".post_" in f".{leaf_module(pname)}":
+                new = 3.0 * (1.0 + normal(p.shape, 0.1))
+            elif p.dim() == 1:
+                new = 1.0 + normal(p.shape, 0.1)
+            else:
+                new = normal(p.shape, 1.0 / math.sqrt(p.shape[-1]))
+            p.copy_(new)
+        for bname, b in model.named_buffers():
+            if bname.endswith("layer_scalar"):
+                b.copy_(uniform(b.shape, 0.7, 1.3))
+            elif bname.endswith("token_ordering"):
+                b.copy_(torch.randperm(b.numel(), generator=g))
+
+
+def leaf_module(param_name: str) -> str:
+    """``model.layers.3.post_attention_layernorm.weight`` -> ``post_attention_layernorm``."""
+    parts = param_name.split(".")
+    return parts[-2] if len(parts) >= 2 else parts[0]
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = list(sys.argv[1:] if argv is None else argv)
+    if not names:
+        print(f"usage: python -m impl.testing.checkpoints NAME... (names: {', '.join(TINY_CHECKPOINTS)}; or 'all')")
+        return 2
+    if names == ["all"]:
+        names = [n for n, r in TINY_CHECKPOINTS.items() if not r.on_demand]
+    for n in names:
+        try:
+            print(f"{n}\t{tiny_checkpoint(n)}")
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
