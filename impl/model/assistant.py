@@ -1,0 +1,177 @@
+"""Gemma-4 assistant (MTP draft model) running over the target model's stored K/V.
+
+The assistant owns no KV at all: each of its layers is KV-shared with the
+*target's* producer of the same layer type (the last non-shared target layer of
+that type, the layers transformers marks "store"). One draft step:
+
+    x = pre_projection(concat(target.embed(token), target_hidden))   # [n, 2*backbone] -> [n, hidden]
+    x = layers(x)  (queries at ``positions`` over the target's K/V, no writes)
+    h = norm(x)
+    logits = lm_head(h)  (or the ordered-embedding masked head), no softcap
+    next_hidden = post_projection(h)                                  # [n, backbone]
+
+As in transformers' candidate generator, every step of a draft round uses the
+position of the last token the target has seen (``p = seq_len - 1``) and the
+same target K/V (positions ``0..p``); only the input token and hidden change.
+Masks (transformers builds them bidirectional over the target's K/V): full
+layers see every key ``0..p``; sliding layers see keys within distance ``W``
+of ``p`` inclusive (``j >= p - W``, i.e. ``W + 1`` keys), hence the assistant's
+sliding AttentionLayers carry ``sliding_window = W + 1`` under our
+``j > p - window`` convention.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from impl.attention.base import AttentionLayer
+from impl.config.model_config import ModelConfig
+from impl.engine.forward_batch import ForwardBatch, ForwardMode
+from impl.model.decoder_layer import Gemma4DecoderLayer
+from impl.model.norm import RMSNorm
+from impl.model.outputs import LogitsOutput
+from impl.model import rope as rope_mod
+
+
+class MaskedEmbedder(nn.Module):
+    """Ordered-embedding LM head: score only the tokens of the top-k centroids, the rest get ``min - 1``."""
+
+    def __init__(self, hidden: int, vocab: int, num_centroids: int, top_k: int, dtype: torch.dtype):
+        super().__init__()
+        if vocab % num_centroids:
+            raise ValueError(f"assistant vocab_size {vocab} is not a multiple of num_centroids {num_centroids}.")
+        self.centroids = nn.Linear(hidden, num_centroids, bias=False, dtype=dtype)
+        self.register_buffer("token_ordering", torch.zeros(vocab, dtype=torch.int64))
+        self.num_centroids, self.top_k, self.vocab = num_centroids, top_k, vocab
+
+    def forward(self, h: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+        # h: [n, hidden] -> [n, vocab]
+        n = h.shape[0]
+        top = torch.topk(self.centroids(h), k=self.top_k, dim=-1).indices  # [n, k]
+        per_cluster = self.token_ordering.long().view(self.num_centroids, -1)  # [C, vocab / C]
+        cand = per_cluster[top].reshape(n, -1)  # [n, k * vocab / C] token ids
+        scores = torch.einsum("nd,nmd->nm", h, lm_head_weight[cand])  # [n, m]
+        # Per row (transformers takes the min over the whole batch; per row keeps a row batch-invariant).
+        fill = scores.min(dim=-1, keepdim=True).values - 1.0
+        out = fill.expand(n, self.vocab).clone()
+        return out.scatter_(1, cand, scores)
+
+
+class Gemma4AssistantForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        super().__init__()
+        if not config.is_assistant:
+            raise ValueError(f"Gemma4AssistantForCausalLM needs a gemma4_assistant config, got {config.model_type!r}.")
+        self.config, self.dtype = config, dtype
+        c = config
+        with torch.device(device):
+            # Placeholder layers until attach_target(): ids past any target layer, so they never look like producers.
+            self.attention_layers = [self._layer(i, None, 10**6 + i) for i in range(c.num_hidden_layers)]
+            self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, dtype=dtype)  # tied LM head only
+            self.layers = nn.ModuleList(Gemma4DecoderLayer(c, i, al, dtype) for i, al in enumerate(self.attention_layers))
+            self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype)
+            self.pre_projection = nn.Linear(2 * c.backbone_hidden_size, c.hidden_size, bias=False, dtype=dtype)
+            self.post_projection = nn.Linear(c.hidden_size, c.backbone_hidden_size, bias=False, dtype=dtype)
+            if c.use_ordered_embeddings:
+                self.masked_embedding = MaskedEmbedder(
+                    c.hidden_size, c.vocab_size, c.num_centroids, c.centroid_intermediate_top_k, dtype
+                )
+            if not c.tie_word_embeddings:
+                self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False, dtype=dtype)
+        for p in self.parameters():
+            p.requires_grad_(False)
+        self.target_embed = None
+
+    def _layer(self, i: int, kv_layer_id: int | None, layer_id: int, target: ModelConfig | None = None) -> AttentionLayer:
+        c = self.config
+        sliding = c.is_sliding(i)
+        return AttentionLayer(
+            layer_id=layer_id,
+            kv_layer_id=-1 if kv_layer_id is None else kv_layer_id,
+            num_heads=c.num_attention_heads,
+            num_kv_heads=target.layer_num_kv_heads[kv_layer_id] if target is not None else c.layer_num_kv_heads[i],
+            head_dim=c.layer_head_dims[i],
+            scaling=1.0,
+            sliding_window=(c.sliding_window + 1) if sliding else None,  # inclusive distance W, see module doc
+        )
+
+    def attach_target(self, target) -> None:
+        """Bind to the target model: its embedding (the draft input) and its producer layers' K/V."""
+        tc: ModelConfig = target.config
+        if tc.hidden_size != self.config.backbone_hidden_size:
+            raise ValueError(
+                f"assistant backbone_hidden_size {self.config.backbone_hidden_size} != target hidden_size {tc.hidden_size}; "
+                "this assistant was trained for a different target model."
+            )
+        first = tc.first_kv_shared_layer
+        layers = []
+        for i, t in enumerate(self.config.layer_types):
+            producers = [j for j in range(first) if tc.layer_types[j] == t]
+            if not producers:
+                raise ValueError(f"assistant layer {i} is {t} but the target has no non-shared {t} layer to read K/V from.")
+            kv = producers[-1]
+            if tc.layer_head_dims[kv] != self.config.layer_head_dims[i]:
+                raise ValueError(
+                    f"assistant layer {i} head_dim {self.config.layer_head_dims[i]} != target layer {kv} head_dim "
+                    f"{tc.layer_head_dims[kv]}; assistant and target do not match."
+                )
+            layers.append(self._layer(i, kv, tc.num_hidden_layers + i, tc))
+        self.attention_layers = layers
+        for mod, al in zip(self.layers, layers):
+            mod.self_attn.layer = al
+            mod.layer_id = al.layer_id
+        self.target_embed = target.embed
+
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+
+    @torch.no_grad()
+    def forward(self, fb, target_hidden: torch.Tensor) -> LogitsOutput:
+        """One draft step. fb: one row per request (see build_draft_batch); target_hidden [n, backbone]."""
+        if self.target_embed is None:
+            raise ValueError("call attach_target(target_model) before running the assistant.")
+        fb.attn_backend.init_forward_metadata(fb)
+        x = torch.cat([self.target_embed(fb.input_ids), target_hidden.to(self.dtype)], dim=-1)
+        h = self.pre_projection(x)  # [n, hidden]
+        rope = {}
+        for i, t in enumerate(self.config.layer_types):
+            if t not in rope:
+                rope[t] = rope_mod.rope_cos_sin(fb.positions, rope_mod.rope_inv_freq(self.config.rope[t], self.config.layer_head_dims[i]), self.dtype)
+        for i, layer in enumerate(self.layers):
+            cos, sin = rope[self.config.layer_types[i]]
+            h = layer(h, cos, sin, None, fb)
+        h = self.norm(h)
+        if self.config.use_ordered_embeddings:
+            logits = self.masked_embedding(h, self.lm_head_weight())
+        else:
+            logits = F.linear(h, self.lm_head_weight())
+        return LogitsOutput(logits=logits.float(), hidden_states=self.post_projection(h))
+
+
+def build_draft_batch(
+    input_ids: torch.Tensor,  # [n] token each request drafts from
+    req_pool_indices: torch.Tensor,  # [n] the requests' rows in req_to_token
+    seq_lens: torch.Tensor,  # [n] tokens of each request with K/V in the target's pool
+    req_to_token_pool,
+    token_to_kv_pool,
+    attn_backend,
+) -> ForwardBatch:
+    """A decode-shaped batch for one draft step: query at ``seq_len - 1`` over the target's K/V, no KV writes."""
+    n = int(input_ids.shape[0])
+    seq = seq_lens.to(torch.int64)
+    return ForwardBatch(
+        forward_mode=ForwardMode.DECODE,
+        input_ids=input_ids,
+        positions=seq - 1,
+        req_pool_indices=req_pool_indices,
+        seq_lens=seq,
+        extend_prefix_lens=seq - 1,
+        extend_seq_lens=torch.ones(n, dtype=torch.int64),
+        out_cache_loc=torch.zeros(n, dtype=torch.int64),  # never written: every assistant layer is KV-shared
+        logits_indices=torch.arange(n, dtype=torch.int64),
+        req_to_token_pool=req_to_token_pool,
+        token_to_kv_pool=token_to_kv_pool,
+        attn_backend=attn_backend,
+    )

@@ -1,0 +1,169 @@
+"""Gemma-4 text model on a packed token batch, split into self-decoder and cross-decoder.
+
+Parameter names equal the checkpoint's with the leading ``model.`` removed
+(``layers.3.self_attn.q_proj.weight``), so the loader maps names one to one.
+
+Layers ``[0, first_kv_shared_layer)`` form the *self-decoder*: they write K/V.
+The KV-shared layers after them form the *cross-decoder*: they only read K/V of
+their producers. With YOCO fast prefill (``fb.fast_prefill``) the cross-decoder
+runs only on the LM-head rows (see ``impl/model/yoco.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from impl.attention.base import AttentionLayer
+from impl.config.model_config import ModelConfig
+from impl.model import ple as ple_mod
+from impl.model import yoco
+from impl.model.decoder_layer import Gemma4DecoderLayer
+from impl.model.norm import RMSNorm
+from impl.model.outputs import LogitsOutput
+from impl.model import rope as rope_mod
+
+
+def build_attention_layers(config: ModelConfig) -> list[AttentionLayer]:
+    """One AttentionLayer per decoder layer; a KV-shared layer reads its producer's K/V."""
+    producers = config.kv_producer
+    out = []
+    for i in range(config.num_hidden_layers):
+        kv_id = producers[i]
+        if kv_id is None:
+            raise ValueError(
+                f"layer {i} ({config.layer_types[i]}) is KV-shared but no earlier non-shared layer has its type; "
+                "the checkpoint's layer_types / num_kv_shared_layers are inconsistent."
+            )
+        sliding = config.is_sliding(i)
+        out.append(
+            AttentionLayer(
+                layer_id=i,
+                kv_layer_id=kv_id,
+                num_heads=config.num_attention_heads,
+                num_kv_heads=config.layer_num_kv_heads[kv_id],
+                head_dim=config.layer_head_dims[i],
+                scaling=1.0,  # Gemma-4 folds the 1/sqrt(d) into q_norm/k_norm
+                sliding_window=config.sliding_window if sliding else None,
+            )
+        )
+    return out
+
+
+class Gemma4ForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        super().__init__()
+        if not config.is_gemma4:
+            raise ValueError(f"Gemma4ForCausalLM needs a gemma4 / gemma4_text config, got model_type {config.model_type!r}.")
+        self.config = config
+        self.dtype = dtype
+        c = config
+        with torch.device(device):
+            self.attention_layers = build_attention_layers(c)
+            self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, dtype=dtype)
+            self.layers = nn.ModuleList(Gemma4DecoderLayer(c, i, al, dtype) for i, al in enumerate(self.attention_layers))
+            self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype)
+            self.ple_dim = c.hidden_size_per_layer_input
+            if self.ple_dim:
+                n = c.num_hidden_layers
+                self.embed_tokens_per_layer = nn.Embedding(c.vocab_size_per_layer_input, n * self.ple_dim, dtype=dtype)
+                self.per_layer_model_projection = nn.Linear(c.hidden_size, n * self.ple_dim, bias=False, dtype=dtype)
+                self.per_layer_projection_norm = RMSNorm(self.ple_dim, c.rms_norm_eps, dtype=dtype)
+            if not c.tie_word_embeddings:
+                self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False, dtype=dtype)
+        for p in self.parameters():
+            p.requires_grad_(False)
+        self.first_kv_shared_layer = c.first_kv_shared_layer
+
+    # ---- pieces -------------------------------------------------------------
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        w = self.embed_tokens.weight
+        # The scale is rounded to the weight dtype first, as the reference does (sqrt(1536) in bf16 != in fp32).
+        return self.embed_tokens(input_ids) * torch.tensor(math.sqrt(self.config.hidden_size), dtype=w.dtype)
+
+    def per_layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor | None:
+        if not self.ple_dim:
+            return None
+        return ple_mod.per_layer_inputs(
+            input_ids, embeds, self.embed_tokens_per_layer, self.per_layer_model_projection,
+            self.per_layer_projection_norm, self.config.num_hidden_layers,
+        )
+
+    def rope_tables(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """layer type -> (cos, sin) [n, head_dim of that type] for these rows' positions."""
+        out = {}
+        for i, t in enumerate(self.config.layer_types):
+            if t not in out:
+                inv = rope_mod.rope_inv_freq(self.config.rope[t], self.config.layer_head_dims[i])
+                out[t] = rope_mod.rope_cos_sin(positions, inv, self.dtype)
+        return out
+
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+
+    def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h [R, hidden] (normed) -> [R, vocab] float32, final softcap applied."""
+        logits = F.linear(h, self.lm_head_weight()).float()
+        cap = self.config.final_logit_softcapping
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def _run_layers(self, layers, h, positions, ple, fb) -> torch.Tensor:
+        rope = self.rope_tables(positions)
+        for layer in layers:
+            cos, sin = rope[layer.layer_type]
+            h = layer(h, cos, sin, None if ple is None else ple[:, layer.layer_id], fb)
+        return h
+
+    def self_decoder(self, h, positions, ple, fb) -> torch.Tensor:
+        """Layers before the first KV-shared one, on every row; they write K/V."""
+        return self._run_layers(self.layers[: self.first_kv_shared_layer], h, positions, ple, fb)
+
+    def cross_decoder(self, h, positions, ple, fb) -> torch.Tensor:
+        """The KV-shared layers; they read their producers' K/V and write none."""
+        return self._run_layers(self.layers[self.first_kv_shared_layer :], h, positions, ple, fb)
+
+    @property
+    def has_cross_decoder(self) -> bool:
+        return self.first_kv_shared_layer < self.config.num_hidden_layers
+
+    # ---- forward ------------------------------------------------------------
+    @torch.no_grad()
+    def forward(self, fb) -> LogitsOutput:
+        fb.attn_backend.init_forward_metadata(fb)
+        t, r = fb.num_tokens, int(fb.logits_indices.shape[0])
+        h = self.embed(fb.input_ids)  # [T, hidden]
+        ple = self.per_layer_inputs(fb.input_ids, h)  # [T, L, P] or None
+        h = self.self_decoder(h, fb.positions, ple, fb)
+        fast = bool(fb.fast_prefill) and self.has_cross_decoder
+        if fast:
+            rows = yoco.select_rows(fb)  # [R]
+            part = yoco.gather_rows(h, rows)
+            part_pos = yoco.gather_rows(fb.positions, rows)
+            part_ple = None if ple is None else yoco.gather_rows(ple, rows)
+            fb.attn_backend.init_cross_decoder_metadata(fb, rows, fb.logits_lens_cpu)
+            part = self.cross_decoder(part, part_pos, part_ple, fb)
+            h = yoco.scatter_rows(h, rows, part)
+        else:
+            h = self.cross_decoder(h, fb.positions, ple, fb)
+        hidden = self.norm(h.index_select(0, fb.logits_indices))  # [R, hidden]
+        self._count_work(fb, t, r, fast)
+        return LogitsOutput(logits=self.compute_logits(hidden), hidden_states=hidden)
+
+    def _count_work(self, fb, t: int, r: int, fast: bool) -> None:
+        w = fb.work
+        if w is None:
+            return
+        w.forwards += 1
+        w.extend_forwards += int(fb.forward_mode.is_extend)
+        w.self_decoder_rows += t
+        if self.has_cross_decoder:
+            w.cross_decoder_rows += r if fast else t
+        w.lm_head_rows += r
+        if fast:
+            w.fast_prefill_forwards += 1
+            w.skipped_cross_decoder_rows += t - r

@@ -1,0 +1,13 @@
+"""What a model forward returns to the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class LogitsOutput:
+    logits: torch.Tensor  # [R, vocab] float32, rows fb.logits_indices in that order
+    hidden_states: torch.Tensor | None = None  # [R, hidden] after the final norm (the assistant's input)

@@ -1,0 +1,34 @@
+"""Per-layer embeddings (PLE): a per-token, per-layer input added by every decoder layer.
+
+``per_layer_inputs = (norm(proj(embeds) * hidden^-0.5) + table[ids] * sqrt(ple_dim)) * 2^-0.5``
+with shape [T, num_layers, ple_dim]; layer ``i`` reads ``[:, i]``. The weights live
+on the model under their checkpoint names (embed_tokens_per_layer,
+per_layer_model_projection, per_layer_projection_norm).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+# The 2^-0.5 that averages the projection and the table; a module constant so a
+# mutant ("missing PLE scale") can set it to 1.0.
+PER_LAYER_INPUT_SCALE = 2.0**-0.5
+
+
+def per_layer_inputs(
+    input_ids: torch.Tensor,  # [T]
+    embeds: torch.Tensor,  # [T, hidden], already scaled by sqrt(hidden)
+    table: nn.Embedding,  # [vocab_ple, L * P]
+    projection: nn.Linear,  # hidden -> L * P
+    norm: nn.Module,  # RMSNorm(P)
+    num_layers: int,
+) -> torch.Tensor:  # [T, L, P]
+    p = table.weight.shape[1] // num_layers
+    tok = table(input_ids) * torch.tensor(math.sqrt(p), dtype=table.weight.dtype)
+    tok = tok.view(-1, num_layers, p)
+    proj = projection(embeds) * (embeds.shape[-1] ** -0.5)
+    proj = norm(proj.view(-1, num_layers, p))
+    return (proj + tok) * PER_LAYER_INPUT_SCALE
