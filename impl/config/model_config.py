@@ -200,10 +200,11 @@ def _gemma4_text_fields(c: Mapping[str, Any], all_shared: bool = False) -> dict[
     global_head_dim = int(c.get("global_head_dim", 512))
     g_kv = c.get("num_global_key_value_heads")
     global_kv_heads = int(g_kv) if (g_kv is not None and k_eq_v) else kv_heads
-    per_layer = c.get("per_layer_config") or {}
+    # save_pretrained writes zero-padded string keys ("04"): index by int.
+    per_layer = {int(k): v for k, v in (c.get("per_layer_config") or {}).items() if str(k).isdigit()}
     dims, heads = [], []
     for i, t in enumerate(layer_types):
-        over = per_layer.get(str(i), per_layer.get(i, None))
+        over = per_layer.get(i)
         if over is not None:
             dims.append(int(over.get("head_dim", head_dim)))
             heads.append(int(over.get("num_key_value_heads", kv_heads)))
@@ -280,10 +281,16 @@ def _generic_fields(c: Mapping[str, Any]) -> dict[str, Any]:
     hidden = int(c.get("hidden_size", 1))
     head_dim = int(c.get("head_dim") or hidden // max(heads, 1))
     is_mla = mt in MLA_TYPES
-    v_head_dim = int(c.get("v_head_dim", head_dim)) if is_mla else head_dim
+    # K and V row widths may differ (MLA; MiMo-V2's 192 / 128); sliding-window layers may have their own.
+    v_head_dim = int(c.get("v_head_dim") or head_dim)
     if is_mla:
         head_dim = int(c.get("kv_lora_rank", 512)) + int(c.get("qk_rope_head_dim", 64))
-    sw = c.get("sliding_window") if c.get("use_sliding_window", mt == "mistral") else None
+    swa_head_dim = int(c.get("swa_head_dim") or head_dim)
+    swa_v_head_dim = int(c.get("swa_v_head_dim") or v_head_dim)
+    # Hybrid sliding-window configs list their layer types; otherwise every layer is full attention.
+    layer_types = tuple(c.get("layer_types") or [FULL] * n)
+    hybrid = SLIDING in layer_types
+    sw = c.get("sliding_window") if (hybrid or c.get("use_sliding_window", mt == "mistral")) else None
     return dict(
         model_type=mt,
         vocab_size=int(c.get("vocab_size", 0)),
@@ -295,8 +302,8 @@ def _generic_fields(c: Mapping[str, Any]) -> dict[str, Any]:
         head_dim=head_dim,
         global_head_dim=head_dim,
         num_global_key_value_heads=int(c.get("num_key_value_heads", heads)),
-        layer_types=tuple([FULL] * n),
-        layer_head_dims=tuple([head_dim] * n),
+        layer_types=layer_types,
+        layer_head_dims=tuple(swa_head_dim if t == SLIDING else head_dim for t in layer_types),
         layer_num_kv_heads=tuple([int(c.get("num_key_value_heads", heads))] * n),
         sliding_window=sw,
         num_kv_shared_layers=0,
@@ -306,6 +313,6 @@ def _generic_fields(c: Mapping[str, Any]) -> dict[str, Any]:
         pad_token_id=c.get("pad_token_id"),
         is_mla=is_mla,
         v_head_dim=v_head_dim,
-        swa_head_dim=head_dim,
-        swa_v_head_dim=v_head_dim,
+        swa_head_dim=swa_head_dim,
+        swa_v_head_dim=swa_v_head_dim,
     )
