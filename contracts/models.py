@@ -83,6 +83,20 @@ MODELS: dict[str, dict[str, Any]] = {
         "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
         "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
     },
+    # Seed 004 (KV-cache rules): K and V rows of different widths (192 / 128), hybrid sliding window, not MLA.
+    "MiMo-V2-Flash": {
+        "model_type": "mimo_v2_flash", "architectures": ["MiMoV2FlashForCausalLM"], "vocab_size": 152576,
+        "hidden_size": 4096, "num_hidden_layers": 12, "num_attention_heads": 64, "num_key_value_heads": 4,
+        "head_dim": 192, "v_head_dim": 128, "swa_head_dim": 192, "swa_v_head_dim": 128,
+        "layer_types": _pattern(5, 2), "sliding_window": 128,
+    },
+    # Seed 004: an MLA model with hybrid sliding-window layers (config-only, for the unified-memory DCP rules).
+    "MLA-hybrid-SWA-test": {
+        "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "vocab_size": 129280,
+        "hidden_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 16,
+        "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+        "layer_types": _pattern(3, 2), "sliding_window": 4096,
+    },
 }
 
 # Which fixtures are Gemma-4 targets with KV sharing (for oracles in tests).

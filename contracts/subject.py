@@ -86,6 +86,11 @@ class Subject(Protocol):
 
     def check(self, argv: Sequence[str], platform: str = "cpu", env: Mapping[str, str] | None = None) -> CheckOutcome: ...
 
+    def refuse(self, argv: Sequence[str], platform: str = "cpu") -> BaseException | None:
+        """Launch-time refusal: validate ``argv`` like ``check``, then refuse settings whose feature the
+        engine does not implement. The ValueError/RuntimeError it would stop with, or None to go on."""
+        ...
+
     # ---- engine ------------------------------------------------------------------
     def generate(self, argv: Sequence[str], requests: Sequence[GenRequest], batched: bool = True) -> GenResult: ...
 

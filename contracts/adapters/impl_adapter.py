@@ -65,6 +65,21 @@ class ImplSubject:
             error=error,
         )
 
+    def refuse(self, argv: Sequence[str], platform: str = "cpu") -> BaseException | None:
+        from impl.args import unsupported
+        from impl.args.check import check_server_args
+        from impl.args.platform import Platform
+        from impl.args.server_args import ServerArgs
+
+        args = ServerArgs.parse(argv)
+        with capture_logs("impl"):
+            try:
+                check_server_args(args, platform=Platform.by_name(platform))
+                unsupported.refuse_unimplemented(args)
+            except (ValueError, RuntimeError) as e:
+                return e
+        return None
+
     # ---- engine / http: provided by the engine and server issues -------------------
     def generate(self, argv, requests, batched=True):
         from contracts.adapters.impl_engine import generate

@@ -35,6 +35,17 @@ KV_CACHE_DTYPE_CHOICES = ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2", "m
 SPECULATIVE_ALGORITHM_CHOICES = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "FROZEN_KV_MTP", "DSPARK")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "half", "float")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
+# Seed 004 settings (SGLang's names). Valid here even where this engine has no such feature:
+# the KV-cache rules read them, and impl.args.unsupported refuses them at launch.
+DISAGG_TRANSFER_BACKEND_CHOICES = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
+DECODE_RETRACTION_BACKUP_CHOICES = ("cpu_tensor", "host_pool", "none")
+HICACHE_STORAGE_BACKEND_CHOICES = (
+    "file", "sim", "mooncake", "npu_memcache", "hf3fs", "nixl", "aibrix", "dynamic", "eic", "simm", "mori", "shm",
+    "tensorcast", "seaweedfs",
+)
+CUDA_GRAPH_BACKEND_CHOICES = ("disabled", "breakable", "piecewise", "full")
+LINEAR_ATTN_BACKEND_CHOICES = ("triton", "cutedsl", "flashinfer", "flashkda", "nvidia_kda", "ptx_kda", "helion", "intel_xpu")
+MAMBA_BACKEND_CHOICES = ("triton", "flashinfer")
 
 
 def _f(default: Any, help: str, choices: Sequence[Any] | None = None, type: Any = None, cli: bool = True) -> Any:
@@ -75,7 +86,12 @@ class ServerArgs:
     speculative_eagle_topk: int | None = _f(None, "Draft tree top-k per step.", type=int)
     speculative_num_draft_tokens: int | None = _f(None, "Number of draft tokens verified per step.", type=int)
     # ---- memory and scheduling ----------------------------------------------
-    kv_cache_dtype: str = _f("auto", "KV-cache dtype.", KV_CACHE_DTYPE_CHOICES)
+    kv_cache_dtype: str = _f(
+        "auto",
+        "KV-cache dtype: auto (the model dtype), bf16/bfloat16, fp8_e4m3, fp8_e5m2, mxfp8 (Blackwell), nvfp4 "
+        "(SM100/SM120), fp4_mx_block16 (CUDA).",
+        KV_CACHE_DTYPE_CHOICES,
+    )
     max_total_tokens: int | None = _f(None, "KV-cache capacity in tokens; overrides --mem-fraction-static.", type=int)
     mem_fraction_static: float | None = _f(None, "Fraction of available memory for weights plus KV cache.", type=float)
     chunked_prefill_size: int | None = _f(None, "Maximum tokens of one prefill chunk; -1 disables chunking.", type=int)
@@ -97,10 +113,15 @@ class ServerArgs:
     enable_prefill_cp: bool = _f(False, "Context-parallel prefill.")
     enable_hisparse: bool = _f(False, "HiSparse attention.")
     disaggregation_mode: str = _f("null", "PD disaggregation role.", ("null", "prefill", "decode"))
-    disaggregation_transfer_backend: str = _f("mooncake", "PD disaggregation transfer backend.", ("mooncake", "nixl", "ascend", "fake"))
-    disaggregation_decode_retraction_backup: str | None = _f(None, "Where a PD decode server keeps retracted KV.", ("host_pool", "recompute"))
+    disaggregation_transfer_backend: str = _f("mooncake", "PD disaggregation transfer backend.", DISAGG_TRANSFER_BACKEND_CHOICES)
+    disaggregation_decode_retraction_backup: str | None = _f(
+        None,
+        "Where a PD decode server keeps KV preserved across retraction: cpu_tensor (per-request CPU tensors), "
+        "host_pool (a reserved hierarchical-cache host pool; PD decode servers only), none (abort and retry).",
+        DECODE_RETRACTION_BACKUP_CHOICES,
+    )
     disaggregation_decode_enable_offload_kvcache: bool = _f(False, "Offload decode-side KV to the hierarchical cache storage.")
-    hicache_storage_backend: str | None = _f(None, "Hierarchical-cache storage backend.")
+    hicache_storage_backend: str | None = _f(None, "Hierarchical-cache storage backend.", HICACHE_STORAGE_BACKEND_CHOICES)
     dcp_size: int = _f(1, "Decode context-parallel size.", type=int)
     pp_size: int = _f(1, "Pipeline-parallel size.", type=int)
     tp_size: int = _f(1, "Tensor-parallel size.", type=int)
@@ -108,15 +129,34 @@ class ServerArgs:
     disable_priority_preemption: bool = _f(False, "Disable preemption by priority.")
     enable_hierarchical_cache: bool = _f(False, "Hierarchical (host-tiered) KV cache.")
     enable_lmcache: bool = _f(False, "LMCache KV offload.")
-    swa_full_tokens_ratio: float = _f(0.8, "Ratio of sliding-window to full-attention KV tokens.", type=float)
-    enable_unified_memory: bool = _f(False, "Unified memory KV pool.")
-    enable_page_major_kv_layout: bool = _f(False, "Page-major KV layout.")
-    cuda_graph_backend_prefill: str | None = _f(None, "Prefill cuda-graph capture backend.", ("disabled", "piecewise", "full"))
+    swa_full_tokens_ratio: float = _f(
+        0.8, "Ratio of sliding-window layer KV tokens to full-attention layer KV tokens, in (0, 1.0].", type=float
+    )
+    enable_unified_memory: bool = _f(
+        False,
+        "Unified memory KV pool: one byte buffer split dynamically between the full-attention and sliding-window "
+        "sub-pools. Implies --enable-page-major-kv-layout.",
+    )
+    enable_page_major_kv_layout: bool = _f(
+        False, "Page-major KV layout (one entry per token slot holding every layer); needs --enable-unified-memory."
+    )
+    cuda_graph_backend_prefill: str | None = _f(
+        None,
+        "Prefill cuda-graph capture backend. Unset: SGLang's default (capture on CUDA, off elsewhere and with "
+        "--disable-cuda-graph).",
+        CUDA_GRAPH_BACKEND_CHOICES,
+    )
     disable_cuda_graph: bool = _f(False, "Disable CUDA graphs (this engine never captures them; accepted for compatibility).")
-    linear_attn_backend: str | None = _f(None, "Linear-attention backend.")
-    linear_attn_prefill_backend: str | None = _f(None, "Linear-attention prefill backend.")
-    linear_attn_decode_backend: str | None = _f(None, "Linear-attention decode backend.")
-    mamba_backend: str | None = _f(None, "Mamba kernel backend.")
+    linear_attn_backend: str | None = _f(
+        None, "Linear-attention (GDN/KDA) kernel backend for prefill and decode; unset: the engine chooses.", LINEAR_ATTN_BACKEND_CHOICES
+    )
+    linear_attn_prefill_backend: str | None = _f(
+        None, "Linear-attention prefill backend; overrides --linear-attn-backend.", LINEAR_ATTN_BACKEND_CHOICES
+    )
+    linear_attn_decode_backend: str | None = _f(
+        None, "Linear-attention decode backend; overrides --linear-attn-backend.", LINEAR_ATTN_BACKEND_CHOICES
+    )
+    mamba_backend: str | None = _f(None, "Mamba SSM kernel backend; unset: the engine chooses.", MAMBA_BACKEND_CHOICES)
 
     # ---- CLI ----------------------------------------------------------------
     @staticmethod

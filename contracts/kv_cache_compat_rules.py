@@ -1,0 +1,130 @@
+"""Seed 004 handle_cache_compatibility: decode host pool, hierarchical cache, decode KV offload, SWA ratio (K11-K18)."""
+
+from __future__ import annotations
+
+from contracts.base import contract
+from contracts.kv_common import SEED, VALUE_TYPES, must_accept, must_reject
+
+FN = f"{SEED} handle_cache_compatibility"
+BACKUP = "--disaggregation-decode-retraction-backup"
+HOST_POOL = (BACKUP, "host_pool")
+DECODE = ("--disaggregation-mode", "decode")
+OFFLOAD = "--disaggregation-decode-enable-offload-kvcache"
+STORAGE = ("--hicache-storage-backend", "file")
+
+
+@contract(
+    "HOST-POOL-PD-DECODE-ONLY",
+    f"{BACKUP}=host_pool is a ValueError unless --disaggregation-mode decode.",
+    FN,
+    rules=("K11",),
+)
+def host_pool_decode_only(subject) -> None:
+    cid = "HOST-POOL-PD-DECODE-ONLY"
+    for mode in ("null", "prefill"):
+        must_reject(subject, cid, (*HOST_POOL, "--disaggregation-mode", mode), (BACKUP, "host_pool", "decode"), types=VALUE_TYPES)
+    must_accept(subject, cid, (*HOST_POOL, *DECODE))
+    must_accept(subject, cid, (BACKUP, "cpu_tensor"))
+
+
+@contract("HOST-POOL-NO-DCP", f"{BACKUP}=host_pool with --dcp-size > 1 is a ValueError.", FN, rules=("K12",))
+def host_pool_no_dcp(subject) -> None:
+    cid = "HOST-POOL-NO-DCP"
+    for size in ("2", "8"):
+        must_reject(subject, cid, (*HOST_POOL, *DECODE, "--dcp-size", size), (BACKUP, "host_pool", "--dcp-size"), types=VALUE_TYPES)
+    must_accept(subject, cid, (*HOST_POOL, *DECODE, "--dcp-size", "1"))
+    must_accept(subject, cid, (*DECODE, "--dcp-size", "2"))
+
+
+@contract(
+    "HOST-POOL-PRIORITY-PREEMPTION",
+    f"{BACKUP}=host_pool with --enable-priority-scheduling needs --disable-priority-preemption (ValueError otherwise).",
+    FN,
+    rules=("K13",),
+)
+def host_pool_priority(subject) -> None:
+    cid = "HOST-POOL-PRIORITY-PREEMPTION"
+    must_reject(
+        subject, cid, (*HOST_POOL, *DECODE, "--enable-priority-scheduling"), (BACKUP, "--disable-priority-preemption"),
+        types=VALUE_TYPES,
+    )
+    must_accept(subject, cid, (*HOST_POOL, *DECODE, "--enable-priority-scheduling", "--disable-priority-preemption"))
+    must_accept(subject, cid, (*HOST_POOL, *DECODE))
+    must_accept(subject, cid, (*DECODE, "--enable-priority-scheduling"))
+
+
+@contract(
+    "HICACHE-VS-NO-RADIX",
+    "--enable-hierarchical-cache and --disable-radix-cache are mutually exclusive (ValueError naming both).",
+    FN,
+    rules=("K14",),
+    note="The seed names the flags without leading dashes; ours uses --flag spelling. SGLang 0.5.23's "
+    "handle_cache_compatibility adds rules the seed lacks (T-LRU radix eviction config, --swa-prefix-tails, and "
+    "LMCache exclusivity with hierarchical cache / radix off / speculative / DP attention / DCP / PD).",
+)
+def hicache_vs_no_radix(subject) -> None:
+    cid = "HICACHE-VS-NO-RADIX"
+    must_reject(
+        subject, cid, ("--enable-hierarchical-cache", "--disable-radix-cache"),
+        ("enable-hierarchical-cache", "disable-radix-cache", "mutually exclusive"), types=VALUE_TYPES,
+    )
+    must_accept(subject, cid, ("--enable-hierarchical-cache",))
+    must_accept(subject, cid, ("--disable-radix-cache",))
+
+
+@contract(
+    "DECODE-OFFLOAD-DECODE-SIDE",
+    f"{OFFLOAD} is a ValueError unless --disaggregation-mode decode.",
+    FN,
+    rules=("K15",),
+)
+def decode_offload_decode_side(subject) -> None:
+    cid = "DECODE-OFFLOAD-DECODE-SIDE"
+    for mode in ("null", "prefill"):
+        must_reject(subject, cid, (OFFLOAD, *STORAGE, "--disaggregation-mode", mode), (OFFLOAD.lstrip("-"), "decode"), types=VALUE_TYPES)
+    must_accept(subject, cid, (OFFLOAD, *STORAGE, *DECODE))
+
+
+@contract(
+    "DECODE-OFFLOAD-NEEDS-STORAGE",
+    f"{OFFLOAD} without --hicache-storage-backend is a ValueError.",
+    FN,
+    rules=("K16",),
+)
+def decode_offload_needs_storage(subject) -> None:
+    cid = "DECODE-OFFLOAD-NEEDS-STORAGE"
+    must_reject(subject, cid, (OFFLOAD, *DECODE), (OFFLOAD.lstrip("-"), "hicache-storage-backend"), types=VALUE_TYPES)
+    for backend in ("file", "mooncake"):
+        must_accept(subject, cid, (OFFLOAD, *DECODE, "--hicache-storage-backend", backend))
+
+
+@contract(
+    "DECODE-OFFLOAD-VS-HOST-POOL",
+    f"{OFFLOAD} and {BACKUP}=host_pool are mutually exclusive (both build a decode host pool).",
+    FN,
+    rules=("K17",),
+)
+def decode_offload_vs_host_pool(subject) -> None:
+    cid = "DECODE-OFFLOAD-VS-HOST-POOL"
+    must_reject(
+        subject, cid, (OFFLOAD, *STORAGE, *DECODE, *HOST_POOL),
+        (OFFLOAD.lstrip("-"), BACKUP.lstrip("-"), "host_pool", "mutually exclusive"), types=VALUE_TYPES,
+    )
+    must_accept(subject, cid, (OFFLOAD, *STORAGE, *DECODE, BACKUP, "cpu_tensor"))
+
+
+@contract(
+    "SWA-RATIO-RANGE",
+    "The resolved --swa-full-tokens-ratio must lie in (0, 1.0]: 0, negatives and values above 1 are a ValueError.",
+    FN,
+    rules=("K18",),
+    note="SGLang 0.5.23 makes the field Optional (fallback 0.8) and reads the effective value with "
+    "resolution_result; same range.",
+)
+def swa_ratio_range(subject) -> None:
+    cid = "SWA-RATIO-RANGE"
+    for bad in ("0", "0.0", "-0.25", "1.5", "1.0001"):
+        must_reject(subject, cid, ("--swa-full-tokens-ratio", bad), ("--swa-full-tokens-ratio", "(0, 1.0]"), types=VALUE_TYPES)
+    for good in ("1.0", "1", "0.5", "0.001"):
+        must_accept(subject, cid, ("--swa-full-tokens-ratio", good))
+    must_accept(subject, cid, ())

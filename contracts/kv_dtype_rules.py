@@ -1,0 +1,162 @@
+"""Seed 004: MXFP8 and FP4 (KV4) KV-cache dtypes against the platform and attention backends (K1-K8)."""
+
+from __future__ import annotations
+
+from contracts.base import contract
+from contracts.kv_common import DSV3, E2B, RUNTIME_TYPES, SEED, VALUE_TYPES, must_accept, must_reject, require, warnings_about
+
+MXFP8 = ("--kv-cache-dtype", "mxfp8")
+NVFP4 = ("--kv-cache-dtype", "nvfp4")
+FP4_MX = ("--kv-cache-dtype", "fp4_mx_block16")
+
+
+@contract(
+    "KV-MXFP8-BLACKWELL",
+    "--kv-cache-dtype mxfp8 is a ValueError off Blackwell (CPU, Ampere, Hopper) and accepted on SM100 / SM120.",
+    f"{SEED} handle_mxfp8_kv_cache_compatibility",
+    rules=("K1",),
+    note="Hook order: SGLang 0.5.23's pipeline runs handle_kv4_compatibility before "
+    "handle_mxfp8_kv_cache_compatibility (they apply to disjoint dtypes); we run them in that order.",
+)
+def mxfp8_blackwell(subject) -> None:
+    cid = "KV-MXFP8-BLACKWELL"
+    for platform in ("cpu", "ampere", "hopper"):
+        must_reject(subject, cid, MXFP8, ("--kv-cache-dtype", "mxfp8", "Blackwell"), platform=platform, types=VALUE_TYPES)
+    for platform in ("sm100", "sm120"):
+        must_accept(subject, cid, MXFP8, platform=platform)
+    must_accept(subject, cid, ("--kv-cache-dtype", "fp8_e4m3"), platform="hopper")
+
+
+@contract(
+    "KV-NVFP4-SM100-SM120",
+    "On CUDA, --kv-cache-dtype nvfp4 needs SM100 or SM120: elsewhere a RuntimeError that suggests fp4_mx_block16 "
+    "(which Hopper accepts).",
+    f"{SEED} handle_kv4_compatibility",
+    rules=("K2",),
+    note="SGLang 0.5.23 adds, for FP4 KV on CUDA: a ValueError with --enable-unified-memory; SM100 native NVFP4 "
+    "(trtllm_mha) rules on speculative algorithms, draft backend, PD disaggregation and hierarchical cache / LMCache; "
+    "and a new hook (handle_nvfp4_prefill_kv_dequant_dtype) that resolves nvfp4's prefill/decode backends. The "
+    "seed has none of these.",
+)
+def nvfp4_sm100_sm120(subject) -> None:
+    cid = "KV-NVFP4-SM100-SM120"
+    for platform in ("hopper", "ampere"):
+        for backend in ("triton", "trtllm_mha"):
+            must_reject(
+                subject, cid, (*NVFP4, "--attention-backend", backend),
+                ("--kv-cache-dtype", "nvfp4", "SM100", "SM120", "fp4_mx_block16"), platform=platform, types=RUNTIME_TYPES,
+            )
+    for platform in ("sm100", "sm120"):
+        must_accept(subject, cid, (*NVFP4, "--attention-backend", "triton"), platform=platform)
+    must_accept(subject, cid, (*FP4_MX, "--attention-backend", "triton"), platform="hopper")
+
+
+@contract(
+    "KV4-MIXED-BACKENDS-WARN",
+    "KV4 on CUDA with prefill backend != decode backend (prefill not fa4): a WARNING naming both backends, and no "
+    "backend allow-list is checked; matching backends give no such warning.",
+    f"{SEED} handle_kv4_compatibility",
+    rules=("K3",),
+    note="SGLang 0.5.23 suppresses this warning for its supported mixed NVFP4 recipe (flashinfer prefill + "
+    "trtllm_mha decode).",
+)
+def kv4_mixed_backends_warn(subject) -> None:
+    cid = "KV4-MIXED-BACKENDS-WARN"
+    cases = (
+        (E2B, "sm100", (*NVFP4, "--prefill-attention-backend", "flashinfer", "--decode-attention-backend", "triton"), "flashinfer", "triton"),
+        (E2B, "hopper", (*FP4_MX, "--prefill-attention-backend", "fa3", "--decode-attention-backend", "torch_native"), "fa3", "torch_native"),
+        # MLA with backends no KV4 list allows: nothing else is checked.
+        (DSV3, "sm120", (*NVFP4, "--prefill-attention-backend", "fa3", "--decode-attention-backend", "flashmla"), "fa3", "flashmla"),
+    )
+    for model, platform, flags, prefill, decode in cases:
+        out = must_accept(subject, cid, flags, model=model, platform=platform)
+        hits = warnings_about(out, "KV4", prefill, decode)
+        require(len(hits) == 1, cid, f"{flags} on {model}: expected one WARNING naming KV4, {prefill} and {decode}; log was {out.log}")
+    for flags in ((*NVFP4, "--attention-backend", "triton"), (*NVFP4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", "triton")):
+        out = must_accept(subject, cid, flags, platform="sm100")
+        require(not warnings_about(out, "KV4"), cid, f"{flags}: no mixed-backend KV4 warning expected; log was {out.log}")
+
+
+@contract(
+    "KV4-FA4-MLA-DECODE",
+    "KV4 with the fa4 prefill backend on an MLA model: the decode backend must be cutlass_mla, flashinfer or trtllm_mla.",
+    f"{SEED} handle_kv4_compatibility",
+    rules=("K4",),
+    note="SGLang 0.5.23 drops cutlass_mla from this list (flashinfer, trtllm_mla only).",
+)
+def kv4_fa4_mla_decode(subject) -> None:
+    cid = "KV4-FA4-MLA-DECODE"
+    for decode in ("cutlass_mla", "flashinfer", "trtllm_mla"):
+        must_accept(subject, cid, (*NVFP4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", decode), model=DSV3, platform="sm100")
+    for decode in ("triton", "flashmla", "fa3"):
+        must_reject(
+            subject, cid, (*NVFP4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", decode),
+            ("decode-attention-backend", decode, "trtllm_mla", "cutlass_mla"), model=DSV3, platform="sm100",
+        )
+    must_reject(subject, cid, (*FP4_MX, "--attention-backend", "fa4"), ("decode-attention-backend", "fa4"), model=DSV3, platform="hopper")
+
+
+@contract(
+    "KV4-FA4-MHA-DECODE",
+    "KV4 with the fa4 prefill backend on an MHA model: the decode backend must be triton, torch_native or flex_attention.",
+    f"{SEED} handle_kv4_compatibility",
+    rules=("K5",),
+)
+def kv4_fa4_mha_decode(subject) -> None:
+    cid = "KV4-FA4-MHA-DECODE"
+    for decode in ("triton", "torch_native", "flex_attention"):
+        must_accept(subject, cid, (*NVFP4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", decode), platform="sm100")
+    for decode in ("flashinfer", "trtllm_mha", "fa3"):
+        must_reject(
+            subject, cid, (*NVFP4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", decode),
+            ("decode-attention-backend", decode, "flex_attention"), platform="sm100",
+        )
+    must_reject(subject, cid, (*NVFP4, "--attention-backend", "fa4"), ("decode-attention-backend", "fa4"), platform="sm120")
+
+
+@contract(
+    "KV4-MLA-BACKEND",
+    "KV4 on an MLA model without fa4 prefill (matching backends): --attention-backend must be cutlass_mla, "
+    "flashinfer or trtllm_mla (the resolved default counts).",
+    f"{SEED} handle_kv4_compatibility",
+    rules=("K6",),
+    note="SGLang 0.5.23 drops cutlass_mla from this list (flashinfer, trtllm_mla only).",
+)
+def kv4_mla_backend(subject) -> None:
+    cid = "KV4-MLA-BACKEND"
+    for backend in ("cutlass_mla", "flashinfer", "trtllm_mla"):
+        must_accept(subject, cid, (*NVFP4, "--attention-backend", backend), model=DSV3, platform="sm100")
+    for backend in ("triton", "flashmla", "fa3", "torch_native"):
+        must_reject(subject, cid, (*NVFP4, "--attention-backend", backend), ("attention-backend", backend, "trtllm_mla"), model=DSV3, platform="sm100")
+    # No backend given: the CUDA default (triton) is what is checked.
+    must_reject(subject, cid, NVFP4, ("attention-backend", "triton"), model=DSV3, platform="sm120")
+
+
+@contract(
+    "KV4-MHA-BACKEND",
+    "KV4 on an MHA model without fa4 prefill (matching backends): --attention-backend must be triton, "
+    "torch_native, flex_attention or trtllm_mha.",
+    f"{SEED} handle_kv4_compatibility",
+    rules=("K7",),
+)
+def kv4_mha_backend(subject) -> None:
+    cid = "KV4-MHA-BACKEND"
+    for backend in ("triton", "torch_native", "flex_attention", "trtllm_mha"):
+        must_accept(subject, cid, (*NVFP4, "--attention-backend", backend), platform="sm120")
+    for backend in ("flashinfer", "fa3", "cutlass_mla"):
+        must_reject(subject, cid, (*NVFP4, "--attention-backend", backend), ("attention-backend", backend, "trtllm_mha"), platform="sm120")
+    must_reject(subject, cid, (*FP4_MX, "--attention-backend", "flashinfer"), ("attention-backend", "flashinfer"), platform="hopper")
+    must_accept(subject, cid, FP4_MX, platform="hopper")
+
+
+@contract(
+    "KV4-NON-CUDA",
+    "KV4 (nvfp4 / fp4_mx_block16) off CUDA is a RuntimeError 'KV4 is not tested on non-CUDA platforms', whatever the backend.",
+    f"{SEED} handle_kv4_compatibility",
+    rules=("K8",),
+    note="Our message also names --kv-cache-dtype (the seed's names no flag).",
+)
+def kv4_non_cuda(subject) -> None:
+    cid = "KV4-NON-CUDA"
+    for flags in (NVFP4, FP4_MX, (*FP4_MX, "--attention-backend", "triton"), (*NVFP4, "--attention-backend", "torch_native")):
+        must_reject(subject, cid, flags, ("--kv-cache-dtype", "KV4 is not tested on non-CUDA platforms"), platform="cpu", types=RUNTIME_TYPES)

@@ -1,0 +1,158 @@
+"""Seed 004 handle_page_major_kv_layout (K33-K39)."""
+
+from __future__ import annotations
+
+from contracts.base import contract
+from contracts.kv_common import DSV3, E2B, MIMO, SEED, UM, UM_TRITON, must_accept, must_reject, require
+
+FN = f"{SEED} handle_page_major_kv_layout"
+PMF = "--enable-page-major-kv-layout"
+UMF = "--enable-unified-memory"
+
+
+@contract(
+    "UM-IMPLIES-PAGE-MAJOR",
+    f"{UMF} implies {PMF}: a declared resolution (the user's value stays False), and the page-major checks then "
+    "apply without the user passing the flag.",
+    FN,
+    rules=("K33",),
+    note="SGLang's resolving_view is a live view that shows declarations, so the seed's guard after the declaration "
+    "sees True; our resolving_view shows user values only, so that guard reads the resolved view.",
+)
+def um_implies_page_major(subject) -> None:
+    cid = "UM-IMPLIES-PAGE-MAJOR"
+    for model, flags in ((E2B, UM_TRITON), (DSV3, (*UM, "--attention-backend", "flashinfer"))):
+        out = must_accept(subject, cid, flags, model=model)
+        require(out.user.get("enable_page_major_kv_layout") is False, cid, "the user's enable_page_major_kv_layout must stay False")
+        require(out.resolved.get("enable_page_major_kv_layout") is True, cid, f"{UMF} must resolve enable_page_major_kv_layout to True")
+        decl = [r for r in out.resolutions if r[1] == "enable_page_major_kv_layout" and r[2] is True]
+        require(decl, cid, f"the implied page-major layout must be a declared resolution; declared {out.resolutions}")
+        logged = [m for _, m in out.log if "enable_page_major_kv_layout" in m]
+        require(logged, cid, "the implied page-major layout must appear in the startup log")
+    out = must_accept(subject, cid, (*UM_TRITON, PMF))
+    require(out.resolved.get("enable_page_major_kv_layout") is True, cid, f"{UMF} {PMF}: resolved page-major must be True")
+    out = must_accept(subject, cid, ("--attention-backend", "triton"))
+    require(
+        not [r for r in out.resolutions if r[1] == "enable_page_major_kv_layout"], cid,
+        f"without {UMF} nothing may declare the page-major layout; declared {out.resolutions}",
+    )
+    # The implication has teeth: the page-major backend allow-list applies to a bare --enable-unified-memory.
+    must_reject(subject, cid, (*UM, "--attention-backend", "torch_native"), (PMF, "torch_native"))
+
+
+@contract(
+    "PAGE-MAJOR-NEEDS-UM",
+    f"{PMF} without {UMF} is refused (naming both flags).",
+    FN,
+    rules=("K34",),
+)
+def page_major_needs_um(subject) -> None:
+    cid = "PAGE-MAJOR-NEEDS-UM"
+    for platform in ("cpu", "hopper"):
+        must_reject(subject, cid, (PMF, "--attention-backend", "triton"), (PMF, UMF), platform=platform)
+    must_reject(subject, cid, (PMF,), (PMF, UMF), model=DSV3)
+
+
+@contract(
+    "UM-UNIFORM-KV-ROWS",
+    f"{UMF} needs uniform K/V rows (head_dim == v_head_dim, and the same for sliding-window layers) unless the model "
+    "is MLA.",
+    FN,
+    rules=("K35",),
+    note="SGLang 0.5.23 moved this model gate to pool construction and instead narrows the backend allow-list for "
+    "asymmetric K/V models to {triton, fa3, fa4}. Gemma-4's K/V rows are uniform per layer type (full 512/512, "
+    "sliding 256/256): SGLang's head_dim is the full-attention width (our ModelConfig.global_head_dim).",
+)
+def um_uniform_kv_rows(subject) -> None:
+    cid = "UM-UNIFORM-KV-ROWS"
+    must_reject(subject, cid, UM_TRITON, (UMF, "head_dim", "v_head_dim", "192", "128"), model=MIMO)
+    must_accept(subject, cid, ("--attention-backend", "triton"), model=MIMO)
+    must_accept(subject, cid, (*UM, "--attention-backend", "flashinfer"), model=DSV3)
+    for model in (E2B, "gemma-4-31B-it", "Llama-3.1-8B-Instruct"):
+        must_accept(subject, cid, UM_TRITON, model=model)
+
+
+@contract(
+    "PAGE-MAJOR-BACKENDS",
+    "With the (implied) page-major layout, the resolved attention backends must be in the allow-list: MLA + unified "
+    "{triton, fa3, trtllm_mla, flashinfer, cutedsl_mla, tokenspeed_mla, flashmla}; MHA + unified {triton, fa3, fa4, "
+    "flashinfer, trtllm_mha}.",
+    FN,
+    rules=("K36",),
+    note="The seed's third branch (plain page-major: {triton}) is unreachable: page-major without unified memory is "
+    "refused first (K34). SGLang 0.5.23 drops tokenspeed_mla from the MLA set, has no plain branch, and adds "
+    "{triton, fa3, fa4} for asymmetric K/V models.",
+)
+def page_major_backends(subject) -> None:
+    cid = "PAGE-MAJOR-BACKENDS"
+    for backend in ("triton", "fa3", "trtllm_mla", "flashinfer", "cutedsl_mla", "tokenspeed_mla", "flashmla"):
+        must_accept(subject, cid, (*UM, "--attention-backend", backend), model=DSV3)
+    for backend in ("cutlass_mla", "fa4", "torch_native", "trtllm_mha"):
+        must_reject(subject, cid, (*UM, "--attention-backend", backend), (PMF, backend, "--attention-backend"), model=DSV3)
+    for backend in ("triton", "fa3", "fa4", "flashinfer", "trtllm_mha"):
+        must_accept(subject, cid, (*UM, "--attention-backend", backend), model=E2B)
+    for backend in ("torch_native", "flashmla", "cutlass_mla", "flex_attention"):
+        must_reject(subject, cid, (*UM, "--attention-backend", backend), (PMF, backend, "--attention-backend"), model=E2B)
+    # The CPU default (torch_native) is a resolved backend too, and each role counts.
+    must_reject(subject, cid, UM, (PMF, "torch_native"), model=E2B, platform="cpu")
+    must_accept(subject, cid, UM, model=E2B, platform="hopper")
+    must_reject(
+        subject, cid, (*UM, "--prefill-attention-backend", "triton", "--decode-attention-backend", "flex_attention"),
+        (PMF, "flex_attention"), model=E2B,
+    )
+
+
+@contract(
+    "PAGE-MAJOR-LINEAR-DECODE",
+    "With the page-major layout the linear-attention decode backend (--linear-attn-decode-backend, else "
+    "--linear-attn-backend) is triton or flashinfer, plus cutedsl / helion on MLA (KDA-hybrid) models.",
+    FN,
+    rules=("K37",),
+)
+def page_major_linear_decode(subject) -> None:
+    cid = "PAGE-MAJOR-LINEAR-DECODE"
+    for backend in ("triton", "flashinfer"):
+        must_accept(subject, cid, (*UM_TRITON, "--linear-attn-decode-backend", backend))
+    for backend in ("flashkda", "cutedsl", "helion", "nvidia_kda"):
+        must_reject(subject, cid, (*UM_TRITON, "--linear-attn-decode-backend", backend), ("linear-attn-decode-backend", backend, "DECODE"))
+        must_accept(subject, cid, ("--attention-backend", "triton", "--linear-attn-decode-backend", backend))
+    must_reject(subject, cid, (*UM_TRITON, "--linear-attn-backend", "flashkda"), ("linear-attn-backend", "flashkda", "DECODE"))
+    mla = (*UM, "--attention-backend", "flashinfer")
+    for backend in ("cutedsl", "helion", "triton"):
+        must_accept(subject, cid, (*mla, "--linear-attn-decode-backend", backend), model=DSV3)
+    must_reject(subject, cid, (*mla, "--linear-attn-decode-backend", "flashkda"), ("linear-attn-decode-backend", "flashkda"), model=DSV3)
+
+
+@contract(
+    "PAGE-MAJOR-LINEAR-PREFILL",
+    "With the page-major layout the linear-attention prefill backend (--linear-attn-prefill-backend, else "
+    "--linear-attn-backend) is triton or flashkda, plus cutedsl / helion on MLA (KDA-hybrid) models.",
+    FN,
+    rules=("K38",),
+    note="SGLang 0.5.23 also allows flashinfer for prefill.",
+)
+def page_major_linear_prefill(subject) -> None:
+    cid = "PAGE-MAJOR-LINEAR-PREFILL"
+    for backend in ("triton", "flashkda"):
+        must_accept(subject, cid, (*UM_TRITON, "--linear-attn-prefill-backend", backend))
+    for backend in ("flashinfer", "cutedsl", "helion"):
+        must_reject(subject, cid, (*UM_TRITON, "--linear-attn-prefill-backend", backend), ("linear-attn-prefill-backend", backend, "PREFILL"))
+        must_accept(subject, cid, ("--attention-backend", "triton", "--linear-attn-prefill-backend", backend))
+    mla = (*UM, "--attention-backend", "flashinfer")
+    for backend in ("cutedsl", "helion", "flashkda"):
+        must_accept(subject, cid, (*mla, "--linear-attn-prefill-backend", backend), model=DSV3)
+    # flashinfer passes the decode list but not the prefill one.
+    must_reject(subject, cid, (*mla, "--linear-attn-backend", "flashinfer"), ("linear-attn-backend", "flashinfer", "PREFILL"), model=DSV3)
+
+
+@contract(
+    "PAGE-MAJOR-MAMBA",
+    "With the page-major layout --mamba-backend must be unset or triton.",
+    FN,
+    rules=("K39",),
+)
+def page_major_mamba(subject) -> None:
+    cid = "PAGE-MAJOR-MAMBA"
+    must_reject(subject, cid, (*UM_TRITON, "--mamba-backend", "flashinfer"), ("--mamba-backend", "flashinfer", "triton"))
+    must_accept(subject, cid, (*UM_TRITON, "--mamba-backend", "triton"))
+    must_accept(subject, cid, ("--attention-backend", "triton", "--mamba-backend", "flashinfer"))

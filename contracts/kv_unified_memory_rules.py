@@ -1,0 +1,281 @@
+"""Seed 004 handle_unified_memory_pool and _validate_unified_memory_dcp (K19-K32)."""
+
+from __future__ import annotations
+
+from contracts.base import contract
+from contracts.kv_common import (
+    ASSERT_TYPES,
+    DSV3,
+    E2B,
+    LAZY_COMPACTION_ENV,
+    LLAMA,
+    MLA_SWA,
+    SEED,
+    UM,
+    UM_TRITON,
+    VALUE_TYPES,
+    must_accept,
+    must_reject,
+    require,
+    warnings_about,
+)
+
+FN = f"{SEED} handle_unified_memory_pool"
+DCP_FN = f"{SEED} _validate_unified_memory_dcp"
+UMF = "--enable-unified-memory"
+PD = ("--disaggregation-mode", "decode")
+
+
+@contract(
+    "UM-PD-MOONCAKE",
+    f"{UMF} with PD disaggregation supports only the mooncake transfer backend.",
+    FN,
+    rules=("K19",),
+    note="SGLang 0.5.23 reads the allowed set from ServerArgs._unified_memory_pd_transfer_backends() (still "
+    "{mooncake}) and also refuses mooncake with speculative decoding, plus decode-offload / host-pool sub-rules.",
+)
+def um_pd_mooncake(subject) -> None:
+    cid = "UM-PD-MOONCAKE"
+    for backend in ("nixl", "fake", "mooncake_tcp"):
+        for mode in ("decode", "prefill"):
+            must_reject(
+                subject, cid, (*UM_TRITON, "--disaggregation-mode", mode, "--disaggregation-transfer-backend", backend),
+                (UMF, "mooncake", backend),
+            )
+        must_accept(subject, cid, (*UM_TRITON, "--disaggregation-transfer-backend", backend))
+        must_accept(subject, cid, (*PD, "--disaggregation-transfer-backend", backend))
+    must_accept(subject, cid, (*UM_TRITON, *PD, "--disaggregation-transfer-backend", "mooncake"))
+
+
+@contract("UM-PD-NO-PP", f"{UMF} with PD disaggregation needs --pp-size 1.", FN, rules=("K20",))
+def um_pd_no_pp(subject) -> None:
+    cid = "UM-PD-NO-PP"
+    must_reject(subject, cid, (*UM_TRITON, *PD, "--pp-size", "2"), (UMF, "pp-size", "pipeline parallel"))
+    must_accept(subject, cid, (*UM_TRITON, "--pp-size", "2"))
+    must_accept(subject, cid, (*UM_TRITON, *PD, "--pp-size", "1"))
+
+
+@contract(
+    "UM-PD-LAZY-COMPACTION",
+    f"{UMF} with PD disaggregation refuses {LAZY_COMPACTION_ENV}=1 (lazy compaction is required).",
+    FN,
+    rules=("K21",),
+    note=f"Our environment switch is {LAZY_COMPACTION_ENV} (SGLang: SGLANG_DISABLE_LAZY_COMPACTION); a value "
+    "that is not a boolean is a ValueError naming it.",
+)
+def um_pd_lazy_compaction(subject) -> None:
+    cid = "UM-PD-LAZY-COMPACTION"
+    for value in ("1", "true", "YES"):
+        must_reject(subject, cid, (*UM_TRITON, *PD), (UMF, LAZY_COMPACTION_ENV, "lazy compaction"), env={LAZY_COMPACTION_ENV: value})
+    for value in ("0", "false"):
+        must_accept(subject, cid, (*UM_TRITON, *PD), env={LAZY_COMPACTION_ENV: value})
+    must_accept(subject, cid, (*UM_TRITON, *PD))
+    must_accept(subject, cid, UM_TRITON, env={LAZY_COMPACTION_ENV: "1"})
+    must_reject(subject, cid, (*UM_TRITON, *PD), (LAZY_COMPACTION_ENV,), env={LAZY_COMPACTION_ENV: "maybe"}, types=VALUE_TYPES)
+
+
+@contract("UM-PD-NO-HISPARSE", f"{UMF} with PD disaggregation is not compatible with --enable-hisparse.", FN, rules=("K22",))
+def um_pd_no_hisparse(subject) -> None:
+    cid = "UM-PD-NO-HISPARSE"
+    must_reject(subject, cid, (*UM_TRITON, *PD, "--enable-hisparse"), (UMF, "--enable-hisparse"))
+    must_accept(subject, cid, (*UM_TRITON, "--enable-hisparse"))
+
+
+@contract(
+    "UM-SPEC-ALGORITHM",
+    f"{UMF} allows no speculative algorithm but DSPARK.",
+    FN,
+    rules=("K23",),
+    note="SGLang 0.5.23 also allows EAGLE, EAGLE3 and DFLASH (with their own backend and model conditions), and "
+    "adds unified-memory rules the seed lacks (two-batch overlap, external cache linker, EAGLE with host_pool or "
+    "hierarchical cache).",
+)
+def um_spec_algorithm(subject) -> None:
+    cid = "UM-SPEC-ALGORITHM"
+    for algo in ("EAGLE", "EAGLE3", "NGRAM", "STANDALONE"):
+        must_reject(subject, cid, (*UM_TRITON, "--speculative-algorithm", algo), (UMF, "--speculative-algorithm", algo, "DSPARK"))
+        must_accept(subject, cid, ("--attention-backend", "triton", "--speculative-algorithm", algo))
+    must_accept(subject, cid, (*UM_TRITON, "--speculative-algorithm", "DSPARK"))
+    must_accept(subject, cid, UM_TRITON)
+
+
+@contract(
+    "UM-DSPARK-TOPK",
+    f"{UMF} + DSPARK needs --speculative-eagle-topk unset or 1 (a linear draft chain).",
+    FN,
+    rules=("K24",),
+    note="SGLang 0.5.23 checks --speculative-eagle-topk in {None, 1} for every algorithm, not only DSPARK.",
+)
+def um_dspark_topk(subject) -> None:
+    cid = "UM-DSPARK-TOPK"
+    dspark = (*UM_TRITON, "--speculative-algorithm", "DSPARK")
+    for k in ("2", "4"):
+        must_reject(subject, cid, (*dspark, "--speculative-eagle-topk", k), (UMF, "DSPARK", "--speculative-eagle-topk", k))
+    must_accept(subject, cid, (*dspark, "--speculative-eagle-topk", "1"))
+    must_accept(subject, cid, dspark)
+    must_accept(subject, cid, (*UM_TRITON, "--speculative-eagle-topk", "4"))
+
+
+@contract(
+    "UM-DSPARK-BACKENDS",
+    f"{UMF} + DSPARK needs prefill and decode backends within triton, trtllm_mla, cutedsl_mla, tokenspeed_mla.",
+    FN,
+    rules=("K25",),
+    note="SGLang 0.5.23 allows {triton, trtllm_mla, cutedsl_mla, flashmla, flashinfer, fa3, fa4} for DSPARK "
+    "(tokenspeed_mla dropped).",
+)
+def um_dspark_backends(subject) -> None:
+    cid = "UM-DSPARK-BACKENDS"
+    dspark = ("--enable-unified-memory", "--speculative-algorithm", "DSPARK")
+    for backend in ("trtllm_mla", "cutedsl_mla", "tokenspeed_mla", "triton"):
+        must_accept(subject, cid, (*dspark, "--attention-backend", backend), model=DSV3)
+    must_accept(subject, cid, (*dspark, "--attention-backend", "triton"), model=E2B)
+    for model, backend in ((DSV3, "flashmla"), (DSV3, "flashinfer"), (E2B, "fa3"), (E2B, "fa4")):
+        must_reject(subject, cid, (*dspark, "--attention-backend", backend), (UMF, "DSPARK", backend, "tokenspeed_mla"), model=model)
+        must_accept(subject, cid, (*UM, "--attention-backend", backend), model=model)
+    # Both roles count.
+    for prefill, decode in (("triton", "fa3"), ("fa3", "triton")):
+        must_reject(
+            subject, cid, (*dspark, "--prefill-attention-backend", prefill, "--decode-attention-backend", decode), (UMF, "DSPARK", "fa3")
+        )
+
+
+@contract(
+    "UM-NO-HOST-TIERED-CACHE",
+    f"{UMF} is not compatible with --enable-hierarchical-cache or --enable-lmcache.",
+    FN,
+    rules=("K26",),
+    note="SGLang 0.5.23 refuses only --enable-lmcache in general (hierarchical cache only with EAGLE/EAGLE3).",
+)
+def um_no_host_tiered(subject) -> None:
+    cid = "UM-NO-HOST-TIERED-CACHE"
+    for flag in ("--enable-hierarchical-cache", "--enable-lmcache"):
+        must_reject(subject, cid, (*UM_TRITON, flag), (UMF, flag))
+        must_accept(subject, cid, ("--attention-backend", "triton", flag))
+
+
+@contract(
+    "UM-DCP-GATE",
+    f"{UMF} with --dcp-size > 1 runs the DCP checks; --dcp-size 1, or DCP without unified memory, does not.",
+    FN,
+    rules=("K27",),
+)
+def um_dcp_gate(subject) -> None:
+    cid = "UM-DCP-GATE"
+    must_reject(subject, cid, (*UM_TRITON, "--dcp-size", "2"), (UMF, "--dcp-size"))
+    must_accept(subject, cid, (*UM_TRITON, "--dcp-size", "1"))
+    must_accept(subject, cid, ("--attention-backend", "triton", "--dcp-size", "2"))
+    must_accept(subject, cid, (*UM, "--attention-backend", "flashinfer", "--dcp-size", "2"), model=DSV3)
+
+
+@contract(
+    "UM-PREFILL-CUDA-GRAPH",
+    f"{UMF}: an explicit --cuda-graph-backend-prefill other than disabled is a ValueError; otherwise, where prefill "
+    "capture would run (CUDA, no --disable-cuda-graph), it is disabled with a WARNING as a declared resolution.",
+    FN,
+    rules=("K28",),
+    note="We model the seed's cuda_graph_config through the resolved field cuda_graph_backend_prefill: unset, "
+    "prefill capture defaults to on for CUDA (SGLang's default, 'breakable') and off on CPU or with "
+    "--disable-cuda-graph; the resolution sets it to 'disabled'. This engine captures no graphs, so the "
+    "resolution is declared and logged and changes nothing at runtime. SGLang 0.5.23 wires prefill capture for "
+    "the unified pool: it only falls back from the FULL prefill backend (warning) unless the backends are fa3/fa4, "
+    "and never raises.",
+)
+def um_prefill_cuda_graph(subject) -> None:
+    cid = "UM-PREFILL-CUDA-GRAPH"
+    for platform in ("hopper", "sm100"):
+        out = must_accept(subject, cid, UM_TRITON, platform=platform)
+        require(out.user.get("cuda_graph_backend_prefill") is None, cid, "the user's cuda_graph_backend_prefill must stay unset")
+        require(
+            out.resolved.get("cuda_graph_backend_prefill") == "disabled", cid,
+            f"{UMF} on {platform}: prefill capture must resolve to disabled; resolved "
+            f"{out.resolved.get('cuda_graph_backend_prefill')!r}",
+        )
+        decl = [r for r in out.resolutions if r[1] == "cuda_graph_backend_prefill" and r[2] == "disabled"]
+        require(decl, cid, f"disabling prefill capture must be a declared resolution; declared {out.resolutions}")
+        hits = warnings_about(out, UMF, "prefill", "cuda-graph")
+        require(len(hits) == 1, cid, f"{UMF} on {platform}: expected one WARNING about disabling prefill cuda-graph capture; log {out.log}")
+    for backend in ("full", "breakable", "piecewise"):
+        for platform in ("hopper", "cpu"):
+            must_reject(
+                subject, cid, (*UM_TRITON, "--cuda-graph-backend-prefill", backend),
+                (UMF, "--cuda-graph-backend-prefill", backend, "disabled"), platform=platform, types=VALUE_TYPES,
+            )
+    quiet = (
+        ((*UM_TRITON, "--cuda-graph-backend-prefill", "disabled"), "hopper"),
+        ((*UM_TRITON, "--disable-cuda-graph"), "hopper"),
+        (UM_TRITON, "cpu"),
+        (("--attention-backend", "triton"), "hopper"),
+    )
+    for flags, platform in quiet:
+        out = must_accept(subject, cid, flags, platform=platform)
+        require(not warnings_about(out, "prefill", "cuda-graph"), cid, f"{flags} on {platform}: no prefill-capture warning expected; log {out.log}")
+        require(
+            not [r for r in out.resolutions if r[1] == "cuda_graph_backend_prefill"], cid,
+            f"{flags} on {platform}: prefill capture is already off; nothing to resolve, declared {out.resolutions}",
+        )
+    must_accept(subject, cid, ("--attention-backend", "triton", "--cuda-graph-backend-prefill", "full"), platform="hopper")
+
+
+@contract(
+    "UM-DCP-MLA-ONLY",
+    f"{UMF} with --dcp-size > 1 supports MLA models only.",
+    DCP_FN,
+    rules=("K29",),
+)
+def um_dcp_mla_only(subject) -> None:
+    cid = "UM-DCP-MLA-ONLY"
+    for model, backend in ((E2B, "triton"), (LLAMA, "triton"), (LLAMA, "flashinfer")):
+        must_reject(subject, cid, (*UM, "--attention-backend", backend, "--dcp-size", "2"), (UMF, "--dcp-size", "MLA"), model=model)
+    for backend in ("flashinfer", "trtllm_mla"):
+        must_accept(subject, cid, (*UM, "--attention-backend", backend, "--dcp-size", "2"), model=DSV3)
+
+
+@contract(
+    "UM-DCP-NO-HYBRID-SWA",
+    f"{UMF} with --dcp-size > 1 does not support hybrid sliding-window models (even MLA ones).",
+    DCP_FN,
+    rules=("K30",),
+)
+def um_dcp_no_hybrid_swa(subject) -> None:
+    cid = "UM-DCP-NO-HYBRID-SWA"
+    flags = (*UM, "--attention-backend", "flashinfer")
+    must_reject(subject, cid, (*flags, "--dcp-size", "2"), (UMF, "--dcp-size", "sliding-window"), model=MLA_SWA)
+    must_accept(subject, cid, (*flags, "--dcp-size", "1"), model=MLA_SWA)
+    must_accept(subject, cid, (*flags, "--dcp-size", "2"), model=DSV3)
+
+
+@contract(
+    "UM-DCP-NO-PD",
+    f"{UMF} with --dcp-size > 1 does not support PD disaggregation.",
+    DCP_FN,
+    rules=("K31",),
+)
+def um_dcp_no_pd(subject) -> None:
+    cid = "UM-DCP-NO-PD"
+    flags = (*UM, "--attention-backend", "flashinfer", "--dcp-size", "2")
+    for mode in ("decode", "prefill"):
+        must_reject(subject, cid, (*flags, "--disaggregation-mode", mode), (UMF, "--dcp-size", "disaggregation"), model=DSV3)
+        must_accept(subject, cid, (*UM, "--attention-backend", "flashinfer", "--disaggregation-mode", mode), model=DSV3)
+    must_accept(subject, cid, flags, model=DSV3)
+
+
+@contract(
+    "UM-DCP-BACKENDS",
+    f"{UMF} with --dcp-size > 1 needs backends within flashinfer, trtllm_mla, cutedsl_mla, tokenspeed_mla.",
+    DCP_FN,
+    rules=("K32",),
+    note="SGLang 0.5.23 drops tokenspeed_mla from this set.",
+)
+def um_dcp_backends(subject) -> None:
+    cid = "UM-DCP-BACKENDS"
+    for backend in ("flashinfer", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla"):
+        must_accept(subject, cid, (*UM, "--attention-backend", backend, "--dcp-size", "2"), model=DSV3)
+    for backend in ("triton", "fa3", "flashmla"):
+        must_reject(subject, cid, (*UM, "--attention-backend", backend, "--dcp-size", "2"), (UMF, "--dcp-size", backend), model=DSV3)
+        must_accept(subject, cid, (*UM, "--attention-backend", backend), model=DSV3)
+    must_reject(
+        subject, cid,
+        (*UM, "--prefill-attention-backend", "flashinfer", "--decode-attention-backend", "triton", "--dcp-size", "2"),
+        (UMF, "triton"), model=DSV3, types=ASSERT_TYPES,
+    )
