@@ -121,10 +121,14 @@ class Gemma4ForCausalLM(nn.Module):
 
     def self_decoder(self, h, positions, ple, fb) -> torch.Tensor:
         """Layers before the first KV-shared one, on every row; they write K/V."""
+        if fb.work is not None:
+            fb.work.self_decoder_rows += int(h.shape[0])  # rows actually run, not rows expected
         return self._run_layers(self.layers[: self.first_kv_shared_layer], h, positions, ple, fb)
 
     def cross_decoder(self, h, positions, ple, fb) -> torch.Tensor:
         """The KV-shared layers; they read their producers' K/V and write none."""
+        if fb.work is not None and self.has_cross_decoder:
+            fb.work.cross_decoder_rows += int(h.shape[0])
         return self._run_layers(self.layers[self.first_kv_shared_layer :], h, positions, ple, fb)
 
     @property
@@ -160,9 +164,6 @@ class Gemma4ForCausalLM(nn.Module):
             return
         w.forwards += 1
         w.extend_forwards += int(fb.forward_mode.is_extend)
-        w.self_decoder_rows += t
-        if self.has_cross_decoder:
-            w.cross_decoder_rows += r if fast else t
         w.lm_head_rows += r
         if fast:
             w.fast_prefill_forwards += 1
