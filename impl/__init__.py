@@ -2,6 +2,9 @@
 
 __version__ = "0.1.0"
 
+# Decide compiled vs interpreted Triton before anything (torch included) imports triton.
+import impl.kernels.triton_env  # noqa: E402,F401
+
 
 def __getattr__(name: str):
     if name == "Engine":

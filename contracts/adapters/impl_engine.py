@@ -1,0 +1,73 @@
+"""The ``engine`` capability of the ``impl`` subject: in-process generation through ``impl.Engine``.
+
+``generate(argv, requests, batched)`` parses ``argv`` like the CLI, builds (and
+caches, per distinct argv) an Engine, then runs the requests: all at once
+(``batched``) or one after another. Every call starts from the same state: the
+prefix cache is flushed and the work counters are zeroed, so ``GenResult.work``
+sums exactly this call's forwards. ``GenResult.log`` holds the engine's startup
+log followed by whatever the engine logged during the call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from contracts.logcapture import capture_logs
+from contracts.subject import GenOutput, GenRequest, GenResult
+
+_ENGINES: dict[tuple[str, ...], tuple[Any, list[tuple[str, str]]]] = {}
+
+
+def engine_for(argv: Sequence[str]) -> tuple[Any, list[tuple[str, str]]]:
+    """(Engine, startup log) for ``argv``, built once per distinct argv."""
+    key = tuple(argv)
+    if key not in _ENGINES:
+        from impl import Engine
+        from impl.args.server_args import ServerArgs
+
+        args = ServerArgs.parse(argv)
+        given = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+        with capture_logs("impl") as log:
+            engine = Engine(**given)
+        _ENGINES[key] = (engine, list(log))
+    return _ENGINES[key]
+
+
+def _sampling_params(r: GenRequest) -> dict[str, Any]:
+    sp: dict[str, Any] = {"max_new_tokens": r.max_new_tokens, "temperature": r.temperature, "ignore_eos": r.ignore_eos}
+    if r.seed is not None:
+        sp["seed"] = r.seed
+    return sp
+
+
+def _to_output(o: dict[str, Any]) -> GenOutput:
+    m = o["meta_info"]
+    return GenOutput(
+        output_ids=list(o["output_ids"]),
+        output_logprobs=[lp for lp, _, _ in m.get("output_token_logprobs", [])],
+        input_logprobs=[lp for lp, _, _ in m.get("input_token_logprobs", [])],
+        finish_reason=m["finish_reason"],
+        cached_tokens=m["cached_tokens"],
+    )
+
+
+def generate(argv: Sequence[str], requests: Sequence[GenRequest], batched: bool = True) -> GenResult:
+    engine, startup = engine_for(argv)
+    if not engine.flush_cache():
+        raise RuntimeError("the engine still has requests in flight; cannot start a clean generation run")
+    engine.reset_work_counters()
+
+    def call(rs: Sequence[GenRequest]) -> list[dict[str, Any]]:
+        return engine.generate(
+            input_ids=[list(r.input_ids) for r in rs],
+            sampling_params=[_sampling_params(r) for r in rs],
+            return_logprob=[r.return_logprob for r in rs],
+            logprob_start_len=[r.logprob_start_len for r in rs],
+            top_logprobs_num=[r.top_logprobs_num for r in rs],
+        )
+
+    with capture_logs("impl") as log:
+        outs = call(requests) if batched else [o for r in requests for o in call([r])]
+    engine.check_integrity()
+    return GenResult(outputs=[_to_output(o) for o in outs], work=engine.work_counters(), log=startup + list(log))

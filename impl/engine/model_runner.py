@@ -1,0 +1,104 @@
+"""ModelRunner: the model, its KV pools and attention backends, and one forward at a time.
+
+Built from RESOLVED server args (``server_args.resolved()`` after
+``check_server_args``): the prefill backend serves EXTEND batches (mixed ones
+included), the decode backend DECODE batches. ``fb.fast_prefill`` is set when
+``--kv-sharing-fast-prefill`` is on and the batch extends some request by more
+than one token (pure decode batches take the normal path). Work counters are
+kept per forward (``last_work``) and summed (``work``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from impl.args.resolution import attention_backends_of
+from impl.attention.registry import create_attention_backend
+from impl.cache.kv_pool import ReqToTokenPool, TokenToKVPool
+from impl.cache.memory import KVBudget, kv_budget
+from impl.config.model_config import ModelConfig
+from impl.engine.forward_batch import ForwardBatch, WorkCounters
+from impl.model.loader import load_model, resolve_dtype
+
+logger = logging.getLogger("impl.engine")
+
+
+@dataclass(frozen=True)
+class RunnerLimits:
+    max_running_requests: int
+    max_req_len: int  # prompt + output tokens one request may reach (context length, pool size)
+
+
+class ModelRunner:
+    def __init__(self, server_args, model_config: ModelConfig, device: torch.device):
+        self.server_args = server_args  # resolved
+        self.device = device
+        self.model_config = model_config
+        name = {"half": "float16", "float": "float32"}.get(server_args.dtype, server_args.dtype)
+        self.dtype = _auto_dtype(model_config, device) if name == "auto" else resolve_dtype(name, model_config)
+        self.model = load_model(model_config.model_path, self.dtype, device, config=model_config)
+        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        # --kv-cache-dtype auto stores K/V in the model dtype; bf16 / bfloat16 in bfloat16
+        # (other dtypes are refused at startup by impl.args.unsupported).
+        kv_dtype = torch.bfloat16 if server_args.kv_cache_dtype in ("bf16", "bfloat16") else self.dtype
+        probe = TokenToKVPool(model_config, 2, kv_dtype, "meta")
+        self.budget: KVBudget = kv_budget(
+            probe.bytes_per_token, device, weight_bytes, server_args.max_total_tokens, server_args.mem_fraction_static
+        )
+        self.token_to_kv_pool = TokenToKVPool(model_config, self.budget.capacity, kv_dtype, device)
+        context_len = server_args.context_length or model_config.max_position_embeddings
+        max_req_len = min(context_len, self.budget.num_tokens)
+        default_running = 256 if device.type == "cuda" else 64
+        max_running = server_args.max_running_requests or default_running
+        self.limits = RunnerLimits(max_running, max_req_len)
+        self.req_to_token_pool = ReqToTokenPool(max_running, max_req_len + 1, device)
+        prefill_name, decode_name = attention_backends_of(server_args)
+        self.prefill_backend = create_attention_backend(
+            prefill_name, model_config, self.token_to_kv_pool, self.req_to_token_pool, device
+        )
+        self.decode_backend = (
+            self.prefill_backend
+            if decode_name == prefill_name
+            else create_attention_backend(decode_name, model_config, self.token_to_kv_pool, self.req_to_token_pool, device)
+        )
+        self.backend_names = (prefill_name, decode_name)
+        self.fast_prefill_enabled = bool(server_args.kv_sharing_fast_prefill)
+        self.work = WorkCounters()
+        self.last_work = WorkCounters()
+
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """Run ``fb``; returns logits [R, vocab] float32 for ``fb.logits_indices``."""
+        fb.req_to_token_pool = self.req_to_token_pool
+        fb.token_to_kv_pool = self.token_to_kv_pool
+        fb.attn_backend = self.decode_backend if fb.forward_mode.is_decode else self.prefill_backend
+        fb.fast_prefill = self.fast_prefill_enabled and any(n > 1 for n in fb.extend_seq_lens_cpu)
+        if fb.work is None:
+            fb.work = WorkCounters()
+        out = self.model.forward(fb)
+        self.last_work = fb.work
+        for k, v in fb.work.as_dict().items():
+            setattr(self.work, k, getattr(self.work, k) + v)
+        return out.logits
+
+    def describe(self) -> list[str]:
+        mc = self.model_config
+        return [
+            f"Model {mc.name} ({mc.model_type}): {mc.num_hidden_layers} layers, {mc.num_kv_shared_layers} KV-shared, "
+            f"dtype {str(self.dtype).replace('torch.', '')}, device {self.device}",
+            f"KV pool: {self.token_to_kv_pool.bytes_per_token} bytes per token, "
+            f"{self.token_to_kv_pool.num_kv_layers} of {mc.num_hidden_layers} layers hold KV, "
+            f"{self.budget.num_tokens} tokens ({self.budget.reason})",
+            f"Attention backends: prefill {self.backend_names[0]}, decode {self.backend_names[1]}",
+            f"Scheduler limits: max_running_requests={self.limits.max_running_requests}, "
+            f"max request length {self.limits.max_req_len} tokens",
+        ]
+
+
+def _auto_dtype(model_config: ModelConfig, device: torch.device) -> torch.dtype:
+    """``--dtype auto``: the checkpoint's dtype on CUDA; float32 on CPU (bf16 matmuls are slow there)."""
+    if device.type == "cuda":
+        return resolve_dtype("auto", model_config)
+    return torch.float32

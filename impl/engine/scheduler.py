@@ -1,0 +1,380 @@
+"""Scheduler: waiting / running queues and one forward per ``step()``.
+
+Each step: take new requests and aborts from the (thread-safe) inbox; give
+every running request one decode token, retracting the newest requests while
+the KV pool cannot hold that; then fill the prefill budget: first the
+in-progress chunked request, then waiting requests in order (``fcfs``, or
+longest cached prefix first with ``lpm``) while the KV budget (free plus
+evictable slots, less a reserve for the running requests' future tokens)
+admits them. Prefill chunks and decode steps run in one mixed forward.
+
+Chunked prefill (SGLang's ``--chunked-prefill-size``): at most that many
+prefill tokens per forward; a longer prompt is split into chunks, one chunked
+request at a time, and its partial chunks are not sampled. ``-1`` disables
+chunking (a prompt is prefilled whole; ``--max-prefill-tokens`` then bounds a
+batch but never blocks the first request).
+
+Preemption (retraction): the request's computed KV goes to the radix cache
+(or back to the allocator), it keeps its output tokens, prompt logprobs and
+random generator, and re-enters the front of the waiting queue; its re-prefill
+covers prompt plus output, so its tokens stay the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from impl.engine.forward_batch import WorkCounters
+from impl.engine.kv_lifecycle import KVLifecycle
+from impl.engine.req import FinishReason, Req, ReqState
+from impl.engine.schedule_batch import BatchItem, ScheduleBatch
+from impl.sampling.sampler import SampleRow, sample
+
+logger = logging.getLogger("impl.engine")
+
+
+@dataclass
+class SchedulerConfig:
+    max_running_requests: int
+    chunked_prefill_size: int  # -1: chunking off
+    max_prefill_tokens: int
+    max_req_len: int  # prompt + output tokens one request may reach
+    eos_token_ids: tuple[int, ...] = ()
+    vocab_size: int | None = None
+    stream_interval: int = 1
+    schedule_policy: str = "fcfs"
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio: float = 0.1
+    new_token_ratio_decay: float = 0.001
+    check_integrity_when_idle: bool = True
+
+    @property
+    def prefill_budget(self) -> int:
+        return self.chunked_prefill_size if self.chunked_prefill_size > 0 else self.max_prefill_tokens
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        runner,  # .forward(fb) -> logits [R, V]; .req_to_token_pool, .token_to_kv_pool, .device
+        kv: KVLifecycle,
+        decode_text: Callable[[Sequence[int], bool], str] | None = None,
+    ):
+        self.config = config
+        self.runner = runner
+        self.kv = kv
+        self.decode_text = decode_text
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.chunked_req: Req | None = None
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.new_token_ratio = config.init_new_token_ratio
+        self.num_retractions = 0
+        self.num_forwards = 0
+        self._idle_checked = False
+
+    # ---- thread-safe entry points ---------------------------------------------
+    def validate(self, req: Req) -> None:
+        """Raise ValueError for a request this engine can never serve (call before add_request)."""
+        n = len(req.origin_input_ids)
+        if n == 0:
+            raise ValueError("the prompt is empty; pass a non-empty prompt or input_ids")
+        if n >= self.config.max_req_len:
+            raise ValueError(
+                f"the prompt has {n} tokens, but this engine serves at most {self.config.max_req_len - 1} prompt tokens "
+                "(context length and KV pool size); shorten the prompt or raise --context-length / --max-total-tokens"
+            )
+        vs = self.config.vocab_size
+        if vs is not None and (min(req.origin_input_ids) < 0 or max(req.origin_input_ids) >= vs):
+            raise ValueError(f"input_ids must be token ids in [0, {vs}), got values outside that range")
+        if req.return_logprob and req.logprob_start_len >= n:
+            raise ValueError(f"logprob_start_len={req.logprob_start_len} must be below the prompt length {n}")
+        if req.top_logprobs_num < 0:
+            raise ValueError(f"top_logprobs_num must be >= 0, got {req.top_logprobs_num}")
+        req.sampling_params.verify(vs)
+
+    def add_request(self, req: Req) -> None:
+        self.inbox.put(("add", req))
+
+    def abort_request(self, rid: str | None) -> None:
+        """Abort one request by id (None: all)."""
+        self.inbox.put(("abort", rid))
+
+    # ---- the loop ---------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked_req or not self.inbox.empty())
+
+    @property
+    def live_reqs(self) -> list[Req]:
+        return self.running + ([self.chunked_req] if self.chunked_req else [])
+
+    def step(self) -> bool:
+        """Run at most one forward. Returns False when there was nothing to do."""
+        self._drain_inbox()
+        batch = self._schedule()
+        if batch is None:
+            # Once per transition to idle (the background loop polls while idle).
+            if self.config.check_integrity_when_idle and not self.has_work and not self._idle_checked:
+                self.check_integrity()
+                self._idle_checked = True
+            return False
+        self._idle_checked = False
+        fb = batch.to_forward_batch(self.runner.req_to_token_pool, self.runner.token_to_kv_pool, self.runner.device)
+        fb.work = WorkCounters(
+            prefill_tokens=sum(it.n for it in batch.items if not it.is_decode_step),
+            decode_tokens=sum(1 for it in batch.items if it.is_decode_step),
+            cached_tokens=self._cached_this_step,
+        )
+        logits = self.runner.forward(fb)
+        self.num_forwards += 1
+        self._process(batch, logits)
+        return True
+
+    def check_integrity(self) -> None:
+        idle = not (self.running or self.chunked_req)
+        self.kv.check_integrity(self.live_reqs, idle=idle)
+
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix; refused (False) while requests are in flight."""
+        if self.has_work:
+            return False
+        if self.kv.tree is not None:
+            self.kv.tree.evict_all()
+            self.kv.tree.reset()
+        self.check_integrity()
+        return True
+
+    # ---- inbox ------------------------------------------------------------------
+    def process_inbox(self) -> None:
+        """Apply queued submissions and aborts without running a forward (same thread as step)."""
+        self._drain_inbox()
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, arg = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                arg.state = ReqState.WAITING
+                self.waiting.append(arg)
+            else:
+                self._abort(arg)
+
+    def _abort(self, rid: str | None) -> None:
+        for req in [r for r in self.waiting if rid is None or r.rid == rid]:
+            self.waiting.remove(req)
+            self._finish(req, FinishReason("abort", message="aborted by request"))
+        for req in [r for r in self.live_reqs if rid is None or r.rid == rid]:
+            if req is self.chunked_req:
+                self.chunked_req = None
+            else:
+                self.running.remove(req)
+            self.kv.release(req)
+            self._finish(req, FinishReason("abort", message="aborted by request"))
+
+    # ---- scheduling -----------------------------------------------------------------
+    def _remaining_new_tokens(self, req: Req) -> int:
+        left = req.sampling_params.max_new_tokens - len(req.output_ids)
+        return max(0, min(left, self.config.max_req_len - req.seq_len))
+
+    def _reserve(self, reqs: Sequence[Req]) -> int:
+        """KV slots kept back for the future decode tokens of ``reqs`` (SGLang's new_token_ratio)."""
+        return math.ceil(sum(self._remaining_new_tokens(r) for r in reqs) * self.new_token_ratio)
+
+    def _retract(self, req: Req) -> None:
+        self.kv.release(req)
+        req.state = ReqState.WAITING
+        req.num_retractions += 1
+        self.num_retractions += 1
+        self.waiting.appendleft(req)
+        self.new_token_ratio = self.config.init_new_token_ratio
+        logger.info("retracted request %s (KV pool short); it will be prefilled again", req.rid)
+
+    def _schedule(self) -> ScheduleBatch | None:
+        self._cached_this_step = 0
+        # Decode: one slot per running request; retract the newest while they do not fit.
+        while self.running and self.kv.available() < len(self.running):
+            if self.chunked_req is not None:
+                victim, self.chunked_req = self.chunked_req, None
+            else:
+                victim = self.running.pop()
+            self._retract(victim)
+        items: list[BatchItem] = []
+        for req in self.running:
+            start = req.kv_len
+            rows = req.logits_rows(start, 1)
+            items.append(BatchItem(req, start, 1, self.kv.extend(req, 1), rows))
+        budget = self.config.prefill_budget
+        chunking = self.config.chunked_prefill_size > 0
+        if self.chunked_req is not None:
+            req = self.chunked_req
+            n = min(req.seq_len - req.kv_len, budget, self.kv.available())
+            if n > 0:
+                items.append(self._extend_item(req, n))
+                budget -= n
+                if req.kv_len == req.seq_len:
+                    self.chunked_req = None
+            if self.chunked_req is not None:
+                return ScheduleBatch(items) if items else None
+        self._sort_waiting()
+        admitted: list[Req] = []
+        while self.waiting and budget > 0:
+            if len(self.running) + len(admitted) >= self.config.max_running_requests:
+                break
+            req = self.waiting[0]
+            first = not items
+            if not self.kv.admit(req):
+                break
+            extend = req.seq_len - req.kv_len
+            n = min(extend, budget) if chunking else extend
+            if not chunking and n > budget and not first:
+                self.kv.release(req)
+                break
+            need = n + self._reserve(self.running + admitted + [req])
+            if self.kv.available() < need and not (first and self.kv.available() >= n):
+                self.kv.release(req)
+                break
+            self.waiting.popleft()
+            req.state = ReqState.RUNNING
+            if not req.admitted_once:
+                req.cached_tokens, req.admitted_once = req.prefix_len, True
+            self._cached_this_step += req.prefix_len
+            items.append(self._extend_item(req, n))
+            admitted.append(req)
+            budget -= n
+            if req.kv_len < req.seq_len:
+                self.chunked_req = req
+                break
+        return ScheduleBatch(items) if items else None
+
+    def _extend_item(self, req: Req, n: int) -> BatchItem:
+        start = req.kv_len
+        rows = req.logits_rows(start, n)
+        slots = self.kv.extend(req, n)
+        assert slots is not None, "scheduler admitted more tokens than the KV pool holds"
+        return BatchItem(req, start, n, slots, rows)
+
+    def _sort_waiting(self) -> None:
+        if self.config.schedule_policy == "lpm" and self.kv.tree is not None and len(self.waiting) > 1:
+            self.waiting = deque(sorted(self.waiting, key=lambda r: -self.kv.match(r)))
+
+    # ---- results ----------------------------------------------------------------------
+    def _process(self, batch: ScheduleBatch, logits: torch.Tensor) -> None:
+        """logits: [R, V] float32, rows in batch order (``logits_rows`` of each item)."""
+        offset = 0
+        to_sample: list[BatchItem] = []
+        last_rows: list[int] = []
+        for it in batch.items:
+            k = len(it.logits_rows)
+            self._prompt_logprobs(it, logits[offset : offset + k])
+            if it.samples:
+                to_sample.append(it)
+                last_rows.append(offset + k - 1)
+            offset += k
+        if any(it.is_decode_step for it in batch.items):
+            self.new_token_ratio = max(
+                self.config.min_new_token_ratio, self.new_token_ratio - self.config.new_token_ratio_decay
+            )
+        if to_sample:
+            rows = [
+                SampleRow(
+                    params=it.req.sampling_params, prompt_ids=it.req.origin_input_ids, output_ids=it.req.output_ids,
+                    generator=it.req.generator, return_logprob=it.req.return_logprob,
+                    top_logprobs_num=it.req.top_logprobs_num,
+                )
+                for it in to_sample
+            ]
+            out = sample(logits[last_rows], rows, self.config.eos_token_ids)
+            now = time.perf_counter()
+            for i, it in enumerate(to_sample):
+                self._append_token(it.req, out.token_ids[i], out.logprobs[i], out.top_logprobs[i], now)
+        still = [r for r in self.running if not r.is_finished]
+        for it in batch.items:
+            r = it.req
+            if it.samples and not r.is_finished and r not in still:
+                still.append(r)
+        self.running = still
+        for it in batch.items:
+            if it.samples and not it.req.is_finished and it.req.on_output is not None:
+                if len(it.req.output_ids) - it.req.last_emitted_len >= self.config.stream_interval:
+                    it.req.last_emitted_len = len(it.req.output_ids)
+                    it.req.on_output(it.req)
+
+    def _prompt_logprobs(self, it: BatchItem, rows: torch.Tensor) -> None:
+        req = it.req
+        want = [(j, it.start + o) for j, o in enumerate(it.logits_rows) if req.input_logprob_next_pos <= it.start + o
+                < len(req.origin_input_ids) - 1]
+        if not want:
+            return
+        lp = torch.log_softmax(rows[[j for j, _ in want]].float(), dim=-1)  # [w, V]
+        for i, (_, p) in enumerate(want):
+            tok = req.origin_input_ids[p + 1]
+            req.input_token_logprobs.append((float(lp[i, tok]), tok))
+            if req.top_logprobs_num > 0:
+                v, idx = torch.topk(lp[i], min(req.top_logprobs_num, lp.shape[-1]))
+                req.input_top_logprobs.append(list(zip(v.tolist(), idx.tolist())))
+            else:
+                req.input_top_logprobs.append(None)
+            req.input_logprob_next_pos = p + 1
+
+    def _append_token(self, req: Req, tok: int, logprob, top, now: float) -> None:
+        sp = req.sampling_params
+        if sp.max_new_tokens == 0:  # prefill only (e.g. prompt logprobs): nothing is generated
+            self._release_and_finish(req, FinishReason("length", length=0))
+            return
+        req.output_ids.append(tok)
+        if req.first_token_time is None:
+            req.first_token_time = now
+        if req.return_logprob:
+            req.output_token_logprobs.append((logprob, tok))
+            req.output_top_logprobs.append(top)
+        reason = self._check_finished(req, tok)
+        if reason is not None:
+            self._release_and_finish(req, reason)
+
+    def _check_finished(self, req: Req, tok: int) -> FinishReason | None:
+        sp = req.sampling_params
+        n = len(req.output_ids)
+        if n >= sp.max_new_tokens:
+            return FinishReason("length", length=sp.max_new_tokens)
+        if n >= sp.min_new_tokens:
+            if tok in sp.stop_token_ids or (not sp.ignore_eos and tok in self.config.eos_token_ids):
+                return FinishReason("stop", matched=tok)
+        if req.seq_len >= self.config.max_req_len:
+            return FinishReason("length", length=n)
+        if sp.stop and self.decode_text is not None and n >= sp.min_new_tokens:
+            text = self.decode_text(req.output_ids, sp.skip_special_tokens)
+            lo = max(0, req.stop_checked_chars - max(len(s) for s in sp.stop) + 1)
+            hits = [(text.find(s, lo), s) for s in sp.stop if text.find(s, lo) >= 0]
+            req.stop_checked_chars = len(text)
+            if hits:
+                pos, s = min(hits)
+                req.stop_text_pos = pos
+                return FinishReason("stop", matched=s)
+        return None
+
+    def _release_and_finish(self, req: Req, reason: FinishReason) -> None:
+        if req is self.chunked_req:
+            self.chunked_req = None
+        if req in self.running:
+            self.running.remove(req)
+        self.kv.release(req)
+        self._finish(req, reason)
+
+    def _finish(self, req: Req, reason: FinishReason) -> None:
+        req.finished_reason = reason
+        req.state = ReqState.FINISHED
+        req.finished_time = time.perf_counter()
+        if req.on_output is not None:
+            req.on_output(req)

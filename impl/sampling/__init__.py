@@ -1,0 +1,3 @@
+from impl.sampling.sampling_params import SamplingParams
+
+__all__ = ["SamplingParams"]

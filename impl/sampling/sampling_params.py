@@ -1,0 +1,104 @@
+"""SamplingParams: SGLang's fields and validation messages (our own code).
+
+Greedy is ``temperature == 0`` (or ``top_k == 1``). ``top_k == -1`` disables
+top-k. ``seed`` gives the request its own random generator, so the same seed
+gives the same tokens whatever else runs in the batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+_EPS = 1e-6
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    n: int = 1
+    seed: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | "SamplingParams" | None) -> "SamplingParams":
+        if d is None:
+            return cls()
+        if isinstance(d, SamplingParams):
+            return dataclasses.replace(d)
+        if not isinstance(d, Mapping):
+            raise ValueError(f"sampling_params must be a dict, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        d = dict(d)
+        if "sampling_seed" in d and "seed" not in d:  # SGLang's newer name
+            d["seed"] = d.pop("sampling_seed")
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"sampling_params has unknown field(s) {unknown}; known fields: {sorted(known)}")
+        d = {k: v for k, v in d.items() if v is not None or k == "seed"}
+        if isinstance(d.get("stop"), str):
+            d["stop"] = [d["stop"]]
+        if isinstance(d.get("stop_token_ids"), int):
+            d["stop_token_ids"] = [d["stop_token_ids"]]
+        p = cls(**d)
+        p.verify()
+        return p
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < _EPS or self.top_k == 1
+
+    def verify(self, vocab_size: int | None = None) -> None:
+        """Raise ValueError naming the offending field (SGLang's messages)."""
+        def num(name: str, kinds: tuple[type, ...] = (int, float)) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, kinds):
+                raise ValueError(f"{name} must be a number, got {v!r}.")
+
+        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
+            num(name)
+        for name in ("max_new_tokens", "min_new_tokens", "top_k", "n"):
+            num(name, (int,))
+        if self.temperature < 0.0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
+        if self.top_k < 1 and self.top_k != -1:
+            raise ValueError(f"top_k must be -1 (disable), or at least 1, got {self.top_k}.")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}.")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be at least 0, got {self.max_new_tokens}.")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}.")
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}.")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}.")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}.")
+        if not isinstance(self.stop_token_ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
+        ):
+            raise ValueError(f"stop_token_ids must be a list of non-negative token ids, got {self.stop_token_ids!r}.")
+        if vocab_size is not None and any(t >= vocab_size for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be below the vocabulary size {vocab_size}, got {self.stop_token_ids}.")
