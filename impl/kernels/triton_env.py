@@ -1,0 +1,28 @@
+"""Decide, before any ``triton`` import in ``impl``, whether Triton runs compiled or interpreted.
+
+Triton compiles only for GPUs; on a CPU-only machine its kernels run under the
+interpreter (``TRITON_INTERPRET=1``, read when ``@triton.jit`` decorates a
+kernel). Every kernel module imports this module first, so the variable is set
+before any kernel is defined.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+HAS_CUDA: bool = torch.cuda.is_available()
+
+if not HAS_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+# True when Triton kernels run under the interpreter (CPU): correct but slow.
+TRITON_INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+INTERPRETER_WARNING = "Triton kernels run under the interpreter on CPU: correct but slow"
+
+
+def triton_startup_warning() -> str | None:
+    """The line the startup log prints when Triton runs interpreted (None when compiled)."""
+    return INTERPRETER_WARNING if TRITON_INTERPRETED else None
