@@ -20,7 +20,7 @@ def _model_config_dict(mc: Any) -> dict[str, Any]:
 
 class ImplSubject:
     name = "impl"
-    capabilities = frozenset({"args"})  # "engine" and "http" join when those subsystems land
+    capabilities = frozenset({"args", "http"})  # "engine" joins when that subsystem lands
 
     # ---- args --------------------------------------------------------------------
     def parse_args(self, argv: Sequence[str]) -> dict[str, Any]:

@@ -1,0 +1,88 @@
+"""Issue 8 (HTTP server): ``--kv-sharing-fast-prefill`` seen through HTTP (``needs={"http"}``).
+
+With the flag on the prefill runs the triton backend, which on CPU runs under
+Triton's interpreter: correct but slow, so the parity check uses a few short
+prompts and few tokens. Both launches decode with torch_native.
+
+A subject that cannot launch (``--subject http://...``) returns the same URL
+for both launch lines; the checks then verify what one server can show
+(a consistent report, deterministic greedy output).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from contracts.base import contract, require
+from contracts.http_support import ARGV_OFF, ARGV_ON, get_json, metrics, model_name, openai_client, post, prompt_ids
+
+SOURCE = "seeds/000 PR-B; issue 8 (HTTP server)"
+FIELD = "kv_sharing_fast_prefill"
+
+
+def _prefill_backend(info: dict[str, Any]) -> Any:
+    return info.get("prefill_attention_backend") or info.get("attention_backend")
+
+
+@contract(
+    "HTTP-SERVER-INFO-FLAG",
+    "GET /get_server_info reports the resolved kv_sharing_fast_prefill flag (true only when launched with "
+    "--kv-sharing-fast-prefill, and then with the triton prefill backend) and the declared resolutions with their "
+    "source; /get_model_info agrees.",
+    SOURCE,
+    rules=("H7",),
+    needs=("http",),
+)
+def server_info_flag(subject) -> None:
+    cid = "HTTP-SERVER-INFO-FLAG"
+    urls = {}
+    for launched, argv in ((True, ARGV_ON), (False, ARGV_OFF)):
+        url = urls[launched] = subject.base_url(argv)
+        info = get_json(url, "/get_server_info")
+        require(isinstance(info.get(FIELD), bool), cid, f"/get_server_info must report {FIELD} as a bool, got "
+                                                        f"{info.get(FIELD)!r}")
+        res = info.get("resolutions")
+        require(isinstance(res, list) and all(isinstance(r, str) and " by " in r for r in res), cid,
+                f"/get_server_info must list the declared resolutions, each naming its source ('... by <rule>'), got {res!r}")
+        if info[FIELD]:
+            require(_prefill_backend(info) == "triton", cid,
+                    f"fast prefill on, but the reported prefill backend is {_prefill_backend(info)!r}, not triton")
+        model_flag = get_json(url, "/get_model_info").get(FIELD)
+        require(model_flag == info[FIELD], cid, f"/get_model_info says {FIELD}={model_flag!r}, /get_server_info "
+                                                f"says {info[FIELD]!r}")
+    if urls[True] != urls[False]:
+        on, off = (get_json(urls[k], "/get_server_info")[FIELD] for k in (True, False))
+        require(on is True and off is False, cid, f"launched with the flag the server reports {FIELD}={on}; without "
+                                                  f"it {off}; expected True and False")
+
+
+def _outputs(url: str, prompts: list[list[int]], tokens: int) -> tuple[list[list[int]], str]:
+    sp = {"temperature": 0.0, "max_new_tokens": tokens, "ignore_eos": True}
+    r = post(url, "/generate", {"input_ids": prompts, "sampling_params": sp})
+    r.raise_for_status()
+    chat = openai_client(url).chat.completions.create(
+        model=model_name(url), messages=[{"role": "user", "content": "Tell me about the sea."}], max_tokens=tokens,
+        temperature=0, extra_body={"ignore_eos": True})
+    return [o["output_ids"] for o in r.json()], chat.choices[0].message.content
+
+
+@contract(
+    "HTTP-PARITY-FAST-PREFILL",
+    "Greedy outputs through HTTP are the same with --kv-sharing-fast-prefill on and off (a batch through /generate "
+    "and a chat completion), and the flag-on server really skipped cross-decoder rows.",
+    SOURCE,
+    rules=("H9", "F15"),
+    needs=("http",),
+)
+def parity_fast_prefill(subject) -> None:
+    cid = "HTTP-PARITY-FAST-PREFILL"
+    prompts = [prompt_ids(20, 5), prompt_ids(21, 9), prompt_ids(22, 13)]
+    url_on, url_off = subject.base_url(ARGV_ON), subject.base_url(ARGV_OFF)
+    skipped_before = metrics(url_on).get("yoco:skipped_cross_decoder_rows_total", 0.0)
+    on = _outputs(url_on, prompts, 3)
+    skipped = metrics(url_on).get("yoco:skipped_cross_decoder_rows_total", 0.0) - skipped_before
+    off = _outputs(url_off, prompts, 3)
+    require(on == off, cid, f"greedy outputs differ with fast prefill on vs off: on={on}, off={off}")
+    if url_on != url_off:
+        require(skipped > 0, cid, "the flag-on server skipped no cross-decoder rows while prefilling multi-token prompts: "
+                                  "fast prefill did not run, so the parity check proved nothing")

@@ -1,0 +1,241 @@
+"""Mutants of the HTTP server: each is a real server with one deliberate bug.
+
+A mutant subject's ``base_url(argv)`` starts (through ``contracts.adapters.impl_http``)
+``python -m contracts.mutants.http_mutants NAME *argv``, which applies the
+mutant's patch to ``impl`` in that process and then runs the normal launcher.
+The implementation carries no test hooks. Only one mutant server runs at a
+time (each costs a process start); fast-prefill mutants break only the
+flag-on launch and use the normal server for the flag-off one.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from contracts.mutants import mutant
+from contracts.subject import SubjectWrapper
+
+FLAG = "--kv-sharing-fast-prefill"
+_BREAKS: dict[str, Callable[[], None]] = {}
+
+
+def breaks(name: str) -> Callable[[Callable[[], None]], Callable[[], None]]:
+    def deco(fn: Callable[[], None]) -> Callable[[], None]:
+        _BREAKS[name] = fn
+        return fn
+
+    return deco
+
+
+class HttpMutant(SubjectWrapper):
+    """Serves every launch line (or only those with ``ONLY_WITH``) from a mutant server."""
+
+    ONLY_WITH: str | None = None
+
+    def base_url(self, argv):
+        if self.ONLY_WITH is not None and self.ONLY_WITH not in argv:
+            return self.inner.base_url(argv)
+        from contracts.adapters.impl_http import base_url
+
+        return base_url(argv, mutant=type(self).__name__)
+
+
+def _set(module: Any, name: str, value: Any) -> None:
+    setattr(module, name, value)
+
+
+# ---------------------------------------------------------------- the mutants
+
+
+@mutant("HTTP-STREAM-EQUALS-NONSTREAM")
+class StreamDropsLastChar(HttpMutant):
+    """Streams hold back one character too many, even in the final chunk."""
+
+
+@breaks("StreamDropsLastChar")
+def _stream_drops_last_char() -> None:
+    from impl.server import generate_api, openai_api, streaming
+
+    def stable_text(text, stops, finished):
+        t = streaming.stable_text(text, stops, finished)
+        return t[:-1] if finished and t else t
+
+    _set(generate_api, "stable_text", stable_text)
+    _set(openai_api, "stable_text", stable_text)
+
+
+@mutant("HTTP-ONE-FINISH-REASON")
+class FinishReasonOnEveryChunk(HttpMutant):
+    """OpenAI stream chunks all carry a finish_reason, not only each choice's last."""
+
+
+@breaks("FinishReasonOnEveryChunk")
+def _finish_reason_on_every_chunk() -> None:
+    from impl.server import openai_api
+
+    orig = openai_api._delta_chunk
+
+    def delta_chunk(*a, **kw):
+        c = orig(*a, **kw)
+        if c is not None and c["finish_reason"] is None:
+            c["finish_reason"] = "length"
+        return c
+
+    _set(openai_api, "_delta_chunk", delta_chunk)
+
+
+@mutant("HTTP-USAGE-EXACT")
+class UsageCountsPromptPerChoice(HttpMutant):
+    """usage.prompt_tokens counts the prompt once per choice (n > 1 over-reports)."""
+
+
+@breaks("UsageCountsPromptPerChoice")
+def _usage_prompt_per_choice() -> None:
+    from impl.server import openai_api
+
+    def usage(sub, finals):
+        metas = [f["meta_info"] for f in finals]
+        prompt = sum(m["prompt_tokens"] for m in metas)
+        completion = sum(m["completion_tokens"] for m in metas)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    _set(openai_api, "usage", usage)
+
+
+@mutant("HTTP-BAD-INPUT-400")
+class BadInputIsServerError(HttpMutant):
+    """Client errors are reported as HTTP 500."""
+
+
+@breaks("BadInputIsServerError")
+def _bad_input_500() -> None:
+    from impl.server import errors
+
+    orig = errors.error_response
+    _set(errors, "error_response", lambda status, message, param=None: orig(500 if status == 400 else status, message, param))
+
+
+@mutant("HTTP-CONCURRENT-STREAMS")
+class SerializesStreams(HttpMutant):
+    """Streamed /generate requests run one at a time (a global lock from submission to the stream's end)."""
+
+
+@breaks("SerializesStreams")
+def _serializes_streams() -> None:
+    import asyncio
+
+    from impl.server import generate_api
+
+    orig = generate_api.generate_response
+    locks: dict[str, asyncio.Lock] = {}
+
+    async def generate_response(request, aengine, sub, stream):
+        if not stream:
+            return await orig(request, aengine, sub, stream)
+        lock = locks.setdefault("l", asyncio.Lock())
+        await lock.acquire()
+        try:
+            resp = await orig(request, aengine, sub, stream)
+        except BaseException:
+            lock.release()
+            raise
+        inner = resp.body_iterator
+
+        async def body():
+            try:
+                async for chunk in inner:
+                    yield chunk
+            finally:
+                lock.release()
+
+        resp.body_iterator = body()
+        return resp
+
+    _set(generate_api, "generate_response", generate_response)
+
+
+@mutant("HTTP-DISCONNECT-ABORTS")
+class IgnoresDisconnect(HttpMutant):
+    """A disconnected client's request keeps running to the end."""
+
+
+@breaks("IgnoresDisconnect")
+def _ignores_disconnect() -> None:
+    from impl.server import generate_api, openai_api
+
+    _set(generate_api, "abort_unfinished", lambda streams, abort: None)
+    _set(openai_api, "abort_unfinished", lambda streams, abort: None)
+
+
+@mutant("HTTP-METRICS")
+class MetricsUndercountTokens(HttpMutant):
+    """The generation-token counter misses each request's last token."""
+
+
+@breaks("MetricsUndercountTokens")
+def _metrics_undercount() -> None:
+    from impl.server.metrics import ServerMetrics
+
+    orig = ServerMetrics.observe_finished
+
+    def observe(self, prompt_tokens, completion_tokens, *a, **kw):
+        return orig(self, prompt_tokens, max(0, completion_tokens - 1), *a, **kw)
+
+    _set(ServerMetrics, "observe_finished", observe)
+
+
+@mutant("HTTP-SERVER-INFO-FLAG")
+class ServerInfoHidesFlag(HttpMutant):
+    """/get_server_info reports kv_sharing_fast_prefill=false although the server runs with it."""
+
+    ONLY_WITH = FLAG
+
+
+@breaks("ServerInfoHidesFlag")
+def _server_info_hides_flag() -> None:
+    from impl.engine.engine import Engine
+
+    orig = Engine.get_server_info
+
+    def info(self):
+        out = orig(self)
+        out["kv_sharing_fast_prefill"] = False
+        return out
+
+    _set(Engine, "get_server_info", info)
+
+
+@mutant("HTTP-PARITY-FAST-PREFILL")
+class FastPrefillShiftsLogits(HttpMutant):
+    """With fast prefill on, the prefill forward returns logits shifted by one token id."""
+
+    ONLY_WITH = FLAG
+
+
+@breaks("FastPrefillShiftsLogits")
+def _fast_prefill_shifts_logits() -> None:
+    from impl.engine.model_runner import ModelRunner
+
+    orig = ModelRunner.forward
+
+    def forward(self, fb):
+        logits = orig(self, fb)
+        return logits.roll(1, dims=-1) if fb.fast_prefill else logits
+
+    _set(ModelRunner, "forward", forward)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in _BREAKS:
+        print(f"usage: python -m contracts.mutants.http_mutants NAME [launch_server args]; NAME in {sorted(_BREAKS)}",
+              file=sys.stderr)
+        return 2
+    _BREAKS[argv[0]]()
+    from impl.launch_server import main as launch
+
+    return launch(argv[1:])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,227 @@
+"""The FastAPI app: routes over one Engine whose scheduler runs on a background thread.
+
+``create_app(engine)`` builds the app; the lifespan starts the engine loop on
+startup and shuts it down (aborting whatever is left) on exit. Route handlers
+only parse, submit and format: the engine does the work on its own thread, so
+the event loop is never blocked by a forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+import impl
+from impl.engine.engine import Engine
+from impl.engine.req import Req
+from impl.server import generate_api, openai_api, req_builder
+from impl.server.async_engine import AsyncEngine, EngineDeadError
+from impl.server.auth import APIKeyMiddleware
+from impl.server.errors import APIError, error_response, install_error_handlers, parse_body
+from impl.server.metrics import Gauges, ServerMetrics
+from impl.server.protocol import AbortRequest, ChatCompletionRequest, CompletionRequest, GenerateRequest
+from impl.server.streaming import json_safe
+
+HEALTH_GENERATE_TIMEOUT_S = 60.0
+logger = logging.getLogger("impl.server")
+
+
+@dataclass
+class ServerState:
+    engine: Engine
+    aengine: AsyncEngine
+    metrics: ServerMetrics
+    model_name: str
+    max_req_len: int
+    started: float
+
+    @property
+    def args(self):
+        return self.engine.resolved_args
+
+
+def served_model_name(engine: Engine) -> str:
+    args = engine.resolved_args
+    return args.served_model_name or os.path.basename(os.path.normpath(args.model_path))
+
+
+def build_state(engine: Engine) -> ServerState:
+    name = served_model_name(engine)
+    holder: dict[str, AsyncEngine] = {}
+    gauges = Gauges(
+        num_running=lambda: holder["a"].num_running(),
+        num_waiting=lambda: holder["a"].num_waiting(),
+        kv_usage=lambda: holder["a"].kv_usage(),
+        work_counters=engine.work_counters,
+    )
+    metrics = ServerMetrics(name, gauges)
+    log_requests = bool(engine.resolved_args.log_requests)
+
+    def on_finish(req: Req) -> None:  # on the scheduler thread
+        record_finished(metrics, req)
+        if log_requests:
+            logger.info("Finished request %s: %d prompt tokens %s..., output %s, finish_reason %s", req.rid,
+                        len(req.origin_input_ids), req.origin_input_ids[:16], req.output_ids,
+                        req.finished_reason.to_json() if req.finished_reason else None)
+
+    aengine = holder["a"] = AsyncEngine(engine, on_finish=on_finish)
+    return ServerState(engine, aengine, metrics, name, engine.scheduler_config.max_req_len, time.time())
+
+
+def record_finished(metrics: ServerMetrics, req: Req) -> None:
+    end = req.finished_time if req.finished_time is not None else time.perf_counter()
+    ttft = None if req.first_token_time is None else req.first_token_time - req.created_time
+    metrics.observe_finished(
+        prompt_tokens=len(req.origin_input_ids),
+        completion_tokens=len(req.output_ids),
+        cached_tokens=req.cached_tokens,
+        aborted=req.finished_reason is not None and req.finished_reason.type == "abort",
+        ttft=ttft,
+        e2e=end - req.created_time,
+    )
+
+
+def create_app(engine: Engine) -> FastAPI:
+    state = build_state(engine)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.aengine.start()
+        try:
+            yield
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, state.aengine.shutdown)
+
+    app = FastAPI(title="yoco-gemma4", version=impl.__version__, lifespan=lifespan)
+    app.state.server = state
+    install_error_handlers(app)
+
+    @app.exception_handler(EngineDeadError)
+    async def _engine_dead(request: Request, exc: EngineDeadError):
+        return error_response(503, str(exc))
+
+    if state.args.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=state.args.api_key)
+    _add_routes(app, state)
+    return app
+
+
+def _check_model(state: ServerState, model: str | None) -> None:
+    if model is None or model in (state.model_name, state.args.model_path, "default"):
+        return
+    raise APIError(400, f"model '{model}' is not served here; the 'model' field must be '{state.model_name}'", "model")
+
+
+def _add_routes(app: FastAPI, state: ServerState) -> None:
+    aengine, engine = state.aengine, state.engine
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not aengine.alive():
+            return error_response(503, "the engine's scheduler thread has stopped; see the server log")
+        return Response(status_code=200)
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        bos = engine.tokenizer.bos_token_id
+        req = engine.make_req([bos if bos is not None else 0], {"max_new_tokens": 1, "temperature": 0.0})
+        (stream,) = aengine.submit([req], False)
+        try:
+            await asyncio.wait_for(stream.result(), HEALTH_GENERATE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            aengine.abort(req.rid)
+            return error_response(503, f"health_generate: no token within {HEALTH_GENERATE_TIMEOUT_S:.0f}s")
+        return Response(status_code=200)
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        body = await parse_body(request, GenerateRequest)
+        sub = req_builder.from_generate(engine, body)
+        return await generate_api.generate_response(request, aengine, sub, body.stream)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await parse_body(request, CompletionRequest)
+        _check_model(state, body.model)
+        sub = req_builder.from_completion(engine, body, state.max_req_len)
+        call = _call(state, "completion", sub, body.logprobs is not None, body)
+        return await openai_api.openai_response(request, aengine, call, body.stream)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await parse_body(request, ChatCompletionRequest)
+        _check_model(state, body.model)
+        sub = req_builder.from_chat(engine, body, state.max_req_len, state.args.chat_template)
+        call = _call(state, "chat", sub, body.logprobs, body)
+        return await openai_api.openai_response(request, aengine, call, body.stream)
+
+    @app.get("/v1/models")
+    async def models():
+        card = {"id": state.model_name, "object": "model", "created": int(state.started), "owned_by": "yoco-gemma4",
+                "root": state.model_name, "max_model_len": state.max_req_len}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/get_model_info")
+    @app.get("/model_info")
+    async def model_info():
+        mc = engine.model_config
+        return {
+            "model_path": state.args.model_path,
+            "tokenizer_path": state.args.tokenizer_path or state.args.model_path,
+            "served_model_name": state.model_name,
+            "is_generation": True,
+            "model_type": mc.model_type,
+            "architectures": list(mc.architectures),
+            "vocab_size": mc.vocab_size,
+            "context_length": state.max_req_len,
+            "num_hidden_layers": mc.num_hidden_layers,
+            "num_kv_shared_layers": mc.num_kv_shared_layers,
+            "kv_sharing_fast_prefill": bool(state.args.kv_sharing_fast_prefill),
+        }
+
+    @app.get("/get_server_info")
+    @app.get("/server_info")
+    async def server_info():
+        info = engine.get_server_info()
+        if info.get("api_key"):
+            info["api_key"] = "<redacted>"
+        info.update(
+            served_model_name=state.model_name,
+            num_running_reqs=aengine.num_running(),
+            num_waiting_reqs=aengine.num_waiting(),
+            token_usage=aengine.kv_usage(),
+        )
+        return JSONResponse(json_safe(info))
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request):
+        body = await parse_body(request, AbortRequest)
+        if not body.abort_all and not body.rid:
+            raise APIError(400, "pass 'rid' (the request id to abort) or 'abort_all': true", "rid")
+        aengine.abort(None if body.abort_all else body.rid)
+        return {"success": True}
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        ok = await asyncio.get_running_loop().run_in_executor(None, engine.flush_cache)
+        if not ok:
+            return error_response(400, "cache not flushed: requests are in flight; retry when the server is idle")
+        return PlainTextResponse("Cache flushed.\n")
+
+
+def _call(state: ServerState, kind: str, sub, logprobs: bool, body: Any) -> openai_api.Call:
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return openai_api.Call(kind, state.model_name, sub, logprobs, include_usage,
+                           openai_api.TokenText(state.engine.tokenizer.decode))

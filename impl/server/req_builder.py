@@ -1,0 +1,188 @@
+"""HTTP request bodies -> prepared engine ``Req`` objects (tokenize, sampling params, ``n``).
+
+Every problem is an ``APIError(400)`` naming the field. A batch of ``B``
+prompts with ``n`` choices becomes ``B * n`` requests, prompt-major; choice
+``j`` of a seeded request gets seed ``seed + j`` (the offline Engine's rule),
+so choices differ but stay reproducible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from impl.engine.engine import Engine
+from impl.engine.req import Req
+from impl.sampling.sampling_params import SamplingParams
+from impl.server.errors import APIError
+from impl.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+
+
+@dataclass
+class Submission:
+    reqs: list[Req]
+    num_prompts: int
+    n: int
+    single: bool  # one prompt given as a scalar (not a batch)
+
+    def prompt_of(self, k: int) -> int:
+        return k // self.n
+
+
+def _sampling(d: dict[str, Any] | None, where: str = "sampling_params") -> SamplingParams:
+    try:
+        return SamplingParams.from_dict(d)
+    except (ValueError, TypeError) as e:
+        raise APIError(400, f"{where}: {e}", where) from None
+
+
+def _expand(engine: Engine, prompts: list[list[int]], sps: list[SamplingParams], logprob: list[tuple[bool, int | None, int]],
+            rids: list[str | None], field: str) -> list[Req]:
+    """B prompts x n choices -> validated Reqs; the engine's refusals name ``field`` (the prompt's field)."""
+    reqs = []
+    for i, ids in enumerate(prompts):
+        sp = sps[i]
+        base = rids[i] or uuid.uuid4().hex
+        for j in range(sp.n):
+            one = dataclasses.replace(sp, n=1, stop=list(sp.stop), stop_token_ids=list(sp.stop_token_ids))
+            if one.seed is not None:
+                one.seed += j
+            ret, start, top = logprob[i]
+            reqs.append(engine.make_req(ids, one, ret, start, top, base if sp.n == 1 else f"{base}-{j}"))
+    for r in reqs:
+        try:
+            engine.scheduler.validate(r)
+        except ValueError as e:
+            raise APIError(400, f"{field}: {e}", field) from None
+    return reqs
+
+
+def _per_prompt(value: Any, b: int, name: str) -> list[Any]:
+    if isinstance(value, list):
+        if len(value) != b:
+            raise APIError(400, f"'{name}' has {len(value)} entries for a batch of {b} prompts", name)
+        return list(value)
+    return [value] * b
+
+
+def _encode(engine: Engine, text: str, name: str) -> list[int]:
+    if not text:
+        raise APIError(400, f"'{name}' must be a non-empty string", name)
+    return engine.encode(text)
+
+
+def _check_ids(ids: Sequence[int], name: str) -> list[int]:
+    if not ids:
+        raise APIError(400, f"'{name}' must be a non-empty list of token ids", name)
+    return list(ids)
+
+
+# ---------------------------------------------------------------- /generate
+
+
+def from_generate(engine: Engine, body: GenerateRequest) -> Submission:
+    if (body.text is None) == (body.input_ids is None):
+        raise APIError(400, "pass exactly one of 'text' or 'input_ids'", "text")
+    if body.text is not None:
+        single = isinstance(body.text, str)
+        texts = [body.text] if single else body.text
+        if not texts:
+            raise APIError(400, "'text' must be a non-empty string or a non-empty list of strings", "text")
+        prompts = [_encode(engine, t, "text") for t in texts]
+    else:
+        ids = body.input_ids
+        single = not ids or not isinstance(ids[0], list)
+        prompts = [_check_ids(ids, "input_ids")] if single else [_check_ids(x, "input_ids") for x in ids]
+    b = len(prompts)
+    sp_dicts = _per_prompt(body.sampling_params, b, "sampling_params")
+    sps = [_sampling(d) for d in sp_dicts]
+    rets = _per_prompt(body.return_logprob, b, "return_logprob")
+    starts = _per_prompt(body.logprob_start_len, b, "logprob_start_len")
+    tops = _per_prompt(body.top_logprobs_num, b, "top_logprobs_num")
+    rids = _per_prompt(body.rid, b, "rid")
+    for t in tops:
+        if t is not None and t < 0:
+            raise APIError(400, f"'top_logprobs_num' must be >= 0, got {t}", "top_logprobs_num")
+    logprob = [(bool(r), s, t or 0) for r, s, t in zip(rets, starts, tops)]
+    ns = {sp.n for sp in sps}
+    if len(ns) != 1:
+        raise APIError(400, "every prompt of a batch must use the same sampling_params.n", "sampling_params")
+    reqs = _expand(engine, prompts, sps, logprob, rids, "text" if body.text is not None else "input_ids")
+    return Submission(reqs, b, ns.pop(), single)
+
+
+# ---------------------------------------------------------------- OpenAI
+
+
+def _openai_sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None, max_req_len: int) -> SamplingParams:
+    if max_tokens is not None and max_tokens < 0:
+        raise APIError(400, f"'max_tokens' must be at least 0, got {max_tokens}", "max_tokens")
+    d = {
+        "max_new_tokens": max_tokens if max_tokens is not None else max_req_len,
+        "min_new_tokens": body.min_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "top_k": body.top_k,
+        "min_p": body.min_p,
+        "n": body.n,
+        "stop": body.stop,
+        "stop_token_ids": body.stop_token_ids,
+        "seed": body.seed,
+        "presence_penalty": body.presence_penalty,
+        "frequency_penalty": body.frequency_penalty,
+        "repetition_penalty": body.repetition_penalty,
+        "ignore_eos": body.ignore_eos,
+        "skip_special_tokens": body.skip_special_tokens,
+    }
+    d = {k: v for k, v in d.items() if v is not None}
+    try:
+        return SamplingParams.from_dict(d)
+    except (ValueError, TypeError) as e:
+        msg = str(e).replace("max_new_tokens", "max_tokens").replace("min_new_tokens", "min_tokens")
+        raise APIError(400, msg, msg.split(" ", 1)[0]) from None
+
+
+def from_completion(engine: Engine, body: CompletionRequest, max_req_len: int) -> Submission:
+    if body.echo:
+        raise APIError(400, "'echo' is not supported by this server; send echo=false", "echo")
+    p = body.prompt
+    if isinstance(p, str):
+        prompts, single = [_encode(engine, p, "prompt")], True
+    elif not p:
+        raise APIError(400, "'prompt' must be a non-empty string, list of strings or list of token ids", "prompt")
+    elif isinstance(p[0], str):
+        prompts, single = [_encode(engine, t, "prompt") for t in p], False
+    elif isinstance(p[0], int):
+        prompts, single = [_check_ids(p, "prompt")], True
+    else:
+        prompts, single = [_check_ids(x, "prompt") for x in p], False
+    if body.logprobs is not None and not 0 <= body.logprobs <= 20:
+        raise APIError(400, f"'logprobs' must be in [0, 20], got {body.logprobs}", "logprobs")
+    sp = _openai_sampling(body, body.max_tokens, max_req_len)
+    ret = body.logprobs is not None
+    logprob = [(ret, None, body.logprobs or 0)] * len(prompts)
+    reqs = _expand(engine, prompts, [sp] * len(prompts), logprob, [body.rid] * len(prompts), "prompt")
+    return Submission(reqs, len(prompts), sp.n, single)
+
+
+def from_chat(engine: Engine, body: ChatCompletionRequest, max_req_len: int, chat_template: str | None) -> Submission:
+    if not body.messages:
+        raise APIError(400, "'messages' must be a non-empty list of {role, content} objects", "messages")
+    if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
+        raise APIError(400, f"'top_logprobs' must be in [0, 20], got {body.top_logprobs}", "top_logprobs")
+    if body.top_logprobs and not body.logprobs:
+        raise APIError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    try:
+        ids = engine.tokenizer.encode_chat(messages, body.add_generation_prompt, chat_template)
+    except ValueError as e:
+        raise APIError(400, f"messages: {e}", "messages") from None
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    if max_tokens is None:
+        max_tokens = SamplingParams.max_new_tokens
+    sp = _openai_sampling(body, max_tokens, max_req_len)
+    logprob = [(body.logprobs, None, body.top_logprobs or 0)]
+    reqs = _expand(engine, [ids], [sp], logprob, [body.rid], "messages")
+    return Submission(reqs, 1, sp.n, True)

@@ -1,0 +1,180 @@
+"""Every route of a real server (tiny e2b on a free loopback port), with httpx and the openai client."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from contracts.http_support import metrics, openai_client, post, post_stream, prompt_ids
+
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
+
+
+def _gen(url, **body):
+    r = post(url, "/generate", body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_health_and_health_generate(url):
+    assert httpx.get(url + "/health").status_code == 200
+    assert httpx.get(url + "/health_generate", timeout=60).status_code == 200
+
+
+def test_model_and_server_info(url):
+    a, b = httpx.get(url + "/get_model_info").json(), httpx.get(url + "/model_info").json()
+    assert a == b and a["is_generation"] is True and a["context_length"] == 512 and a["num_kv_shared_layers"] == 20
+    info = httpx.get(url + "/get_server_info").json()
+    assert info["kv_sharing_fast_prefill"] is False
+    assert info["attention_backend"] == "torch_native" and info["decode_attention_backend"] == "torch_native"
+    assert any("handle_attention_backend_default" in r for r in info["resolutions"])
+    assert httpx.get(url + "/server_info").json()["max_total_num_tokens"] == 4096
+    models = httpx.get(url + "/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == a["served_model_name"]
+
+
+def test_generate_text_and_input_ids_agree(url):
+    out = _gen(url, text="The sea is", sampling_params={**GREEDY, "max_new_tokens": 4})
+    meta = out["meta_info"]
+    assert len(out["output_ids"]) == meta["completion_tokens"] == 4
+    assert meta["finish_reason"] == {"type": "length", "length": 4} and meta["e2e_latency"] > 0
+    assert set(meta) >= {"id", "prompt_tokens", "cached_tokens", "ttft"}
+    ids = _gen(url, input_ids=prompt_ids(1, 6), sampling_params={**GREEDY, "max_new_tokens": 3})
+    assert ids["meta_info"]["prompt_tokens"] == 6
+
+
+def test_generate_batch_and_n(url):
+    outs = _gen(url, input_ids=[prompt_ids(2, 4), prompt_ids(3, 7)], sampling_params={**GREEDY, "max_new_tokens": 2})
+    assert [o["meta_info"]["prompt_tokens"] for o in outs] == [4, 7]
+    alone = _gen(url, input_ids=prompt_ids(3, 7), sampling_params={**GREEDY, "max_new_tokens": 2})
+    assert outs[1]["output_ids"] == alone["output_ids"]
+    sampled = _gen(url, input_ids=prompt_ids(4, 5), sampling_params={"max_new_tokens": 6, "n": 3, "seed": 11,
+                                                                     "temperature": 1.0, "ignore_eos": True})
+    assert len(sampled) == 3 and len({tuple(o["output_ids"]) for o in sampled}) > 1
+    again = _gen(url, input_ids=prompt_ids(4, 5), sampling_params={"max_new_tokens": 6, "n": 3, "seed": 11,
+                                                                   "temperature": 1.0, "ignore_eos": True})
+    assert [o["output_ids"] for o in again] == [o["output_ids"] for o in sampled]  # seeded: reproducible
+
+
+def test_generate_logprobs(url):
+    out = _gen(url, input_ids=prompt_ids(5, 6), sampling_params={**GREEDY, "max_new_tokens": 3}, return_logprob=True,
+               logprob_start_len=0, top_logprobs_num=2)
+    meta = out["meta_info"]
+    assert [t for _, t, _ in meta["output_token_logprobs"]] == out["output_ids"]
+    assert len(meta["input_token_logprobs"]) == 6 and meta["input_token_logprobs"][0][0] is None
+    assert all(len(top) == 2 for top in meta["output_top_logprobs"])
+    # greedy: the chosen token is the top-1 entry
+    assert [top[0][1] for top in meta["output_top_logprobs"]] == out["output_ids"]
+
+
+def test_stream_framing_is_sse(url):
+    with httpx.stream("POST", url + "/generate", json={"input_ids": prompt_ids(6, 4), "stream": True,
+                                                       "sampling_params": {**GREEDY, "max_new_tokens": 2}}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    events = raw.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    assert all(e.startswith("data: {") for e in events[:-2]) and len(events) - 2 == 2
+
+
+def test_openai_client_completions_and_chat(url):
+    client = openai_client(url)
+    model = client.models.list().data[0].id
+    c = client.completions.create(model=model, prompt="Once upon", max_tokens=3, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert c.object == "text_completion" and c.choices[0].finish_reason == "length" and c.usage.completion_tokens == 3
+    batch = client.completions.create(model=model, prompt=["a b", "c d"], max_tokens=2, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    assert [ch.index for ch in batch.choices] == [0, 1] and batch.usage.completion_tokens == 4
+    chat = client.chat.completions.create(model=model, messages=[{"role": "system", "content": "Be brief."},
+                                                                 {"role": "user", "content": "Hi"}],
+                                          max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    assert chat.object == "chat.completion" and chat.choices[0].message.role == "assistant"
+    assert chat.usage.completion_tokens == 3
+
+
+def test_chat_stop_string_trims_like_the_engine(url):
+    client = openai_client(url)
+    model = client.models.list().data[0].id
+    msgs = [{"role": "user", "content": "Tell me a story."}]
+    full = client.chat.completions.create(model=model, messages=msgs, max_tokens=10, temperature=0,
+                                          extra_body={"ignore_eos": True}).choices[0].message.content
+    if len(full) < 6:
+        pytest.skip(f"greedy output too short for a stop string: {full!r}")
+    stop = full[3:5]
+    cut = client.chat.completions.create(model=model, messages=msgs, max_tokens=10, temperature=0, stop=[stop],
+                                         extra_body={"ignore_eos": True}).choices[0]
+    assert cut.finish_reason == "stop" and cut.message.content == full[: full.index(stop)]
+
+
+def test_chat_template_errors_are_400(url):
+    r = post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]})
+    assert r.status_code == 400 and "alternate" in r.json()["error"]["message"]
+
+
+def test_unknown_route_is_json_404(url):
+    r = httpx.get(url + "/no/such/route")
+    assert r.status_code == 404 and "message" in r.json()["error"]
+
+
+def test_abort_request_by_rid(url):
+    body = {"input_ids": prompt_ids(7, 5), "rid": "abort-me", "sampling_params": {**GREEDY, "max_new_tokens": 400}}
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("r", post(url, "/generate", body)))
+    t.start()
+    deadline = time.monotonic() + 20
+    while metrics(url)["sglang:num_running_reqs"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert post(url, "/abort_request", {"rid": "abort-me"}).status_code == 200
+    t.join(30)
+    out = result["r"].json()
+    assert out["meta_info"]["finish_reason"]["type"] == "abort" and out["meta_info"]["completion_tokens"] < 400
+    assert post(url, "/abort_request", {}).status_code == 400
+
+
+def test_flush_cache_when_idle(url):
+    _gen(url, input_ids=prompt_ids(8, 9), sampling_params={**GREEDY, "max_new_tokens": 1})
+    cached = _gen(url, input_ids=prompt_ids(8, 9), sampling_params={**GREEDY, "max_new_tokens": 1})
+    assert cached["meta_info"]["cached_tokens"] > 0
+    assert httpx.post(url + "/flush_cache").status_code == 200
+    fresh = _gen(url, input_ids=prompt_ids(8, 9), sampling_params={**GREEDY, "max_new_tokens": 1})
+    assert fresh["meta_info"]["cached_tokens"] == 0
+
+
+def test_event_loop_is_not_blocked_by_generation(url):
+    """/health answers quickly while a long generation runs."""
+    body = {"input_ids": prompt_ids(9, 5), "stream": True, "sampling_params": {**GREEDY, "max_new_tokens": 60}}
+    with httpx.stream("POST", url + "/generate", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        next(lines)
+        t0 = time.monotonic()
+        assert httpx.get(url + "/health").status_code == 200
+        assert time.monotonic() - t0 < 2.0
+        last = [json.loads(x[6:]) for x in lines if x.startswith("data: {")][-1]
+    assert last["meta_info"]["completion_tokens"] == 60
+
+
+def test_generate_stream_openai_n2_indexes(url):
+    sse = post_stream(url, "/generate", {"input_ids": [prompt_ids(10, 3), prompt_ids(11, 4)],
+                                         "sampling_params": {**GREEDY, "max_new_tokens": 2}})
+    finals = {ev["index"]: ev for ev in sse.events if ev["meta_info"]["finish_reason"] is not None}
+    assert sorted(finals) == [0, 1] and finals[1]["meta_info"]["prompt_tokens"] == 4
+
+
+def test_sglang_bench_serving_payload(url):
+    """The payload SGLang's bench_serving (--backend sglang) sends, read the way it reads it."""
+    payload = {"text": "Hello there, how are", "sampling_params": {"temperature": 0.0, "max_new_tokens": 5,
+                                                                   "ignore_eos": True},
+               "stream": True, "stream_options": {"include_usage": True}, "lora_path": None, "image_data": None,
+               "return_logprob": False, "logprob_start_len": -1}
+    with httpx.stream("POST", url + "/generate", json=payload, timeout=60) as r:
+        assert r.status_code == 200
+        chunks = [line[len("data: "):] for line in r.iter_lines() if line.strip()]
+    assert chunks[-1] == "[DONE]"
+    data = [json.loads(c) for c in chunks[:-1]]
+    assert data[-1]["meta_info"]["completion_tokens"] == 5 and data[-1]["meta_info"]["prompt_tokens"] > 0
+    assert all(data[-1]["text"].startswith(d["text"]) for d in data)

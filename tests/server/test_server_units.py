@@ -1,0 +1,91 @@
+"""Server pieces that need no running server: metrics text, stream text holdback, error field names."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from pydantic import ValidationError
+
+from impl.server.errors import validation_message
+from impl.server.metrics import Gauges, ServerMetrics, parse_metrics
+from impl.server.protocol import ChatCompletionRequest, GenerateRequest
+from impl.server.streaming import json_safe, stable_text
+
+
+def _metrics() -> ServerMetrics:
+    gauges = Gauges(lambda: 2, lambda: 1, lambda: 0.25, lambda: {"forwards": 7, "skipped_cross_decoder_rows": 40})
+    return ServerMetrics('tiny "e2b"', gauges)
+
+
+def test_metrics_counts_and_histograms():
+    m = _metrics()
+    m.observe_finished(prompt_tokens=10, completion_tokens=5, cached_tokens=4, aborted=False, ttft=0.03, e2e=0.43)
+    m.observe_finished(prompt_tokens=6, completion_tokens=1, cached_tokens=0, aborted=True, ttft=None, e2e=0.01)
+    text = m.render()
+    got = parse_metrics(text)
+    lab = 'model_name="tiny \\"e2b\\""'
+    assert got[f"sglang:prompt_tokens_total{{{lab}}}"] == 16
+    assert got[f"sglang:generation_tokens_total{{{lab}}}"] == 6
+    assert got[f"sglang:num_aborted_requests_total{{{lab}}}"] == 1
+    assert got[f"sglang:cache_hit_rate{{{lab}}}"] == pytest.approx(4 / 16)
+    assert got[f"sglang:num_running_reqs{{{lab}}}"] == 2 and got[f"sglang:num_queue_reqs{{{lab}}}"] == 1
+    assert got[f"yoco:skipped_cross_decoder_rows_total{{{lab}}}"] == 40
+    # histograms are cumulative and end with +Inf == count
+    assert got[f'sglang:time_to_first_token_seconds_bucket{{{lab},le="0.02"}}'] == 0
+    assert got[f'sglang:time_to_first_token_seconds_bucket{{{lab},le="0.04"}}'] == 1
+    assert got[f'sglang:e2e_request_latency_seconds_bucket{{{lab},le="+Inf"}}'] == 2
+    assert got[f"sglang:e2e_request_latency_seconds_count{{{lab}}}"] == 2
+    assert got[f"sglang:time_per_output_token_seconds_sum{{{lab}}}"] == pytest.approx(0.1)  # (0.43 - 0.03) / 4
+    assert "# TYPE sglang:time_to_first_token_seconds histogram" in text
+
+
+@pytest.mark.parametrize(
+    "text,stops,finished,want",
+    [
+        ("hello wor", ["world"], False, "hello "),  # a stop string may be starting: hold it back
+        ("hello wor", ["world"], True, "hello wor"),  # final text is never held back
+        ("abc\ufffd", [], False, "abc"),  # an incomplete UTF-8 character
+        ("abc", ["x"], False, "abc"),
+        ("xab", ["abx", "b"], False, "x"),  # the longest held-back prefix wins
+        ("", ["a"], False, ""),
+    ],
+)
+def test_stable_text(text, stops, finished, want):
+    assert stable_text(text, stops, finished) == want
+
+
+def test_json_safe_replaces_non_finite():
+    assert json_safe({"a": [float("-inf"), 1.5, (float("inf"),)], "b": float("nan")}) == {"a": [-9999.0, 1.5, [9999.0]], "b": None}
+
+
+def _err(model, data) -> tuple[str, str]:
+    with pytest.raises(ValidationError) as e:
+        model.model_validate(data)
+    return validation_message(e.value)
+
+
+def test_validation_names_the_field():
+    assert _err(GenerateRequest, {"text": 5})[0] == "text"
+    assert _err(GenerateRequest, {"input_ids": [1, "a"]})[0] == "input_ids"
+    assert _err(GenerateRequest, {"stream": "yes"})[0] == "stream"
+    field, msg = _err(ChatCompletionRequest, {"messages": [{"content": "hi"}]})
+    assert field == "messages[0].role" and "required" in msg
+    assert _err(ChatCompletionRequest, {"messages": [], "max_tokens": True})[0] == "max_tokens"
+
+
+def test_request_stream_drains_output_emitted_before_waiting():
+    """Output queued before the consumer waits is seen without any wake-up."""
+    from impl.engine.engine import RequestHandle
+    from impl.server.async_engine import RequestStream
+
+    handle = RequestHandle("r", stream=True)
+    handle.queue.put({"text": "a", "meta_info": {"finish_reason": None}})
+    handle.queue.put({"text": "ab", "meta_info": {"finish_reason": {"type": "length", "length": 2}}})
+
+    async def run():
+        s = RequestStream(req=None, handle=handle)  # type: ignore[arg-type]
+        return [o["text"] async for o in s.outputs()], s.final
+
+    texts, final = asyncio.run(run())
+    assert texts == ["a", "ab"] and final["text"] == "ab"
