@@ -301,9 +301,21 @@ class Engine:
 
     def _loop(self) -> None:
         while not self._stopping:
-            if not self.step():
+            try:
+                busy = self.step()
+            except Exception:  # noqa: BLE001 - one bad batch must not take the server down
+                # The failed forward's requests cannot be resumed safely: abort every
+                # in-flight request (their clients get finish_reason abort) and keep serving.
+                logger.exception("Scheduler step failed; aborting in-flight requests")
+                self.scheduler.abort_request(None)
+                busy = True
+            if not busy:
                 self._wake.wait(0.05)
                 self._wake.clear()
+
+    def is_alive(self) -> bool:
+        """True while the background scheduler thread runs."""
+        return self._thread is not None and self._thread.is_alive()
 
     # ---- control and introspection -------------------------------------------------------
     def flush_cache(self) -> bool:

@@ -128,9 +128,8 @@ class AsyncEngine:
             self.on_finish(s.req)
 
     def alive(self) -> bool:
-        """The scheduler thread runs (reads the engine's thread: ask for a public Engine.is_alive)."""
-        thread = self.engine._thread
-        return thread is not None and thread.is_alive()
+        """The scheduler thread runs."""
+        return self.engine.is_alive()
 
     def abort(self, rid: str | None) -> None:
         self.engine.abort(rid)
