@@ -1,0 +1,116 @@
+"""TritonAttnBackend: the triton kernels of ``impl.kernels`` behind the AttentionBackend interface.
+
+Per pass the model calls ``init_forward_metadata`` (every row a query) and, with
+YOCO fast prefill, ``init_cross_decoder_metadata`` (selected rows only). Both
+produce a :class:`TritonAttnMetadata`; the window and logit cap of each layer are
+passed at launch, so sliding and full layers share one metadata. A request with
+exactly one query row everywhere (decode, or a YOCO back half that kept only the
+last row of each request) goes to the split-KV decode kernel; anything else to
+the extend kernel.
+"""
+
+from __future__ import annotations
+
+import impl.kernels.triton_env  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
+
+import torch
+
+from impl.attention.base import AttentionBackend, AttentionLayer
+from impl.attention.triton_metadata import TritonAttnMetadata, build_kv_indices, build_metadata
+from impl.kernels.decode_attention import decode_attention_fwd
+from impl.kernels.extend_attention import extend_attention_fwd
+
+
+class TritonAttnBackend(AttentionBackend):
+    name = "triton"
+
+    def __init__(self, model_config, token_to_kv_pool, req_to_token_pool, device):
+        self.model_config = model_config
+        self.token_to_kv_pool = token_to_kv_pool
+        self.req_to_token_pool = req_to_token_pool
+        self.device = torch.device(device)
+        self.num_kv_heads = max(1, int(getattr(model_config, "num_key_value_heads", 1) or 1))
+        self.num_sms = (
+            torch.cuda.get_device_properties(self.device).multi_processor_count if self.device.type == "cuda" else None
+        )
+        self.forward_metadata: TritonAttnMetadata | None = None
+        self.cross_metadata: TritonAttnMetadata | None = None
+        self._batch = None  # the ForwardBatch forward_metadata was built for
+
+    # ---- metadata -----------------------------------------------------------
+    def init_forward_metadata(self, fb) -> None:
+        # Keys: positions 0..seq_len-1 of each request (cached prefix + this pass's rows, which
+        # forward() writes to the pool before attending). Queries: every row, at fb.positions.
+        kv_indptr, kv_indices = build_kv_indices(
+            self.req_to_token_pool.req_to_token, fb.req_pool_indices, fb.seq_lens_cpu
+        )
+        self.forward_metadata = build_metadata(
+            fb.extend_seq_lens_cpu, fb.positions, kv_indptr, kv_indices, fb.seq_lens_cpu, self.num_kv_heads, self.num_sms
+        )
+        self.cross_metadata = None  # a back half belongs to one pass
+        self._batch = fb
+
+    def init_cross_decoder_metadata(self, fb, rows: torch.Tensor, rows_per_req: list[int]) -> None:
+        if len(rows_per_req) != fb.batch_size or sum(rows_per_req) != int(rows.shape[0]) or min(rows_per_req, default=0) < 0:
+            raise ValueError(
+                f"cross-decoder rows_per_req {rows_per_req} does not match {fb.batch_size} requests and "
+                f"{int(rows.shape[0])} selected rows; pass one count per request summing to len(rows)."
+            )
+        if self.forward_metadata is None or self._batch is not fb:
+            self.init_forward_metadata(fb)
+        fwd = self.forward_metadata
+        self.cross_metadata = build_metadata(
+            # qo_indptr from rows_per_req: q holds only the selected rows, packed request by request.
+            rows_per_req,
+            # q_positions: each selected row keeps its absolute position; causal and window masks use it,
+            # so a row in the middle of a prompt (prompt logprobs) still sees only keys <= its position.
+            fb.positions.index_select(0, rows.to(fb.positions.device)),
+            # kv_indptr / kv_indices: the request's FULL context, prefix + every new token of this pass.
+            # The producers (self-decoder layers) wrote all new tokens' K/V before the back half runs,
+            # so the same keys as the forward metadata are valid; nothing is written (no out_cache_loc).
+            fwd.kv_indptr,
+            fwd.kv_indices,
+            fb.seq_lens_cpu,
+            self.num_kv_heads,
+            self.num_sms,
+        )
+        # The window is not stored: forward() passes layer.sliding_window at launch, as for every layer.
+
+    def _metadata_for(self, k, fb, n: int, layer: AttentionLayer) -> TritonAttnMetadata:
+        if k is None and fb.fast_prefill:
+            md = self.cross_metadata
+            if md is None:
+                raise ValueError(
+                    f"layer {layer.layer_id} is KV-shared and fast prefill is on, but no cross-decoder metadata "
+                    "exists; call init_cross_decoder_metadata(fb, rows, rows_per_req) after the self-decoder."
+                )
+        else:
+            md = self.forward_metadata
+        if md is None or md.num_queries != n:
+            raise ValueError(
+                f"attention metadata covers {None if md is None else md.num_queries} rows but layer {layer.layer_id} "
+                f"passed {n}; call init_forward_metadata (or init_cross_decoder_metadata for YOCO) first."
+            )
+        return md
+
+    # ---- compute ------------------------------------------------------------
+    def forward(self, q, k, v, layer: AttentionLayer, fb, save_kv_cache: bool = True) -> torch.Tensor:
+        n, d = q.shape[0], layer.head_dim
+        if k is not None and save_kv_cache:
+            # New rows' K/V go to the pool first: the kernels read prefix and new keys alike through kv_indices.
+            self.token_to_kv_pool.set_kv_buffer(layer.kv_layer_id, fb.out_cache_loc, k.view(n, -1, d), v.view(n, -1, d))
+        md = self._metadata_for(k, fb, n, layer)
+        k_buf, v_buf = self.token_to_kv_pool.get_kv_buffer(layer.kv_layer_id)  # [capacity, KVH, D]
+        q3 = q.reshape(n, layer.num_heads, d).to(k_buf.dtype)  # kernels take one dtype for q and the cache
+        o = torch.empty_like(q3)
+        if md.use_decode_kernel:
+            decode_attention_fwd(
+                q3, o, k_buf, v_buf, md.q_positions, md.kv_indptr, md.kv_indices, md.num_kv_splits, md.max_kv_splits,
+                layer.scaling, layer.sliding_window, layer.logit_cap,
+            )
+        else:
+            extend_attention_fwd(
+                q3, o, k_buf, v_buf, md.qo_indptr, md.q_positions, md.kv_indptr, md.kv_indices, md.max_q_len,
+                layer.scaling, layer.sliding_window, layer.logit_cap,
+            )
+        return o.to(q.dtype).view(n, -1)

@@ -1,0 +1,41 @@
+"""Host-side precondition checks shared by the kernel launchers."""
+
+from __future__ import annotations
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 512
+
+
+def require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def check_attention_args(q, o, k_buf, v_buf, name: str) -> None:
+    """q/o: [n, H, D]; k_buf/v_buf: [capacity, KVH, D]; innermost dim contiguous; one dtype."""
+    require(q.dim() == 3 and o.shape == q.shape, f"{name}: q and o must be [tokens, heads, head_dim] of one shape, "
+            f"got q {tuple(q.shape)} o {tuple(o.shape)}")
+    require(k_buf.dim() == 3 and v_buf.shape == k_buf.shape,
+            f"{name}: K/V buffers must be [capacity, kv_heads, head_dim] of one shape, "
+            f"got {tuple(k_buf.shape)} and {tuple(v_buf.shape)}")
+    h, d = q.shape[1], q.shape[2]
+    kvh = k_buf.shape[1]
+    require(k_buf.shape[2] == d, f"{name}: head_dim of q ({d}) and of the K/V buffers ({k_buf.shape[2]}) differ")
+    require(kvh > 0 and h % kvh == 0, f"{name}: num_heads {h} must be a multiple of num_kv_heads {kvh} (GQA)")
+    require(MIN_HEAD_DIM <= d <= MAX_HEAD_DIM, f"{name}: head_dim {d} outside the supported {MIN_HEAD_DIM}..{MAX_HEAD_DIM}")
+    require(q.dtype in SUPPORTED_DTYPES, f"{name}: dtype {q.dtype} unsupported; use float32, bfloat16 or float16")
+    for t, n in ((o, "o"), (k_buf, "k_buf"), (v_buf, "v_buf")):
+        require(t.dtype == q.dtype, f"{name}: {n} dtype {t.dtype} differs from q dtype {q.dtype}; cast one of them")
+        require(t.device == q.device, f"{name}: {n} is on {t.device}, q on {q.device}")
+    for t, n in ((q, "q"), (o, "o"), (k_buf, "k_buf"), (v_buf, "v_buf")):
+        require(t.stride(2) == 1, f"{name}: {n} must be contiguous in head_dim (stride {t.stride(2)}); call .contiguous()")
+
+
+def check_index(t: torch.Tensor, n: int | None, name: str, what: str, device) -> None:
+    require(t.dim() == 1, f"{name}: {what} must be 1-D, got shape {tuple(t.shape)}")
+    require(not t.is_floating_point(), f"{name}: {what} must be an integer tensor, got {t.dtype}")
+    require(t.device == device, f"{name}: {what} is on {t.device}, expected {device}")
+    if n is not None:
+        require(t.shape[0] == n, f"{name}: {what} must have {n} entries, got {t.shape[0]}")

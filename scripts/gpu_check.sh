@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# GPU check for the rare session that gets a CUDA machine (issue 6), in one run under 8 minutes:
+#   1. the kernel tests (tests/kernels) on CUDA: compiled kernels vs the torch references and torch_native;
+#   2. a micro-benchmark: achieved TFLOP/s and GB/s of our extend/decode kernels vs torch SDPA.
+# It uses the machine's python3 and its torch as they are: a CUDA torch must match the driver, so this script
+# never installs torch (and the GPU box may have no network). pytest, hypothesis, triton and numpy are
+# pip-installed only when missing. Run from anywhere: bash scripts/gpu_check.sh   (PYTHON=... to pick python)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "gpu_check: $PY has no CUDA-enabled torch (or no GPU is visible); nothing to check." >&2
+  exit 2
+fi
+missing=$("$PY" -c "import importlib.util as u; print(' '.join(m for m in ('pytest', 'hypothesis', 'triton', 'numpy') if u.find_spec(m) is None))")
+if [ -n "$missing" ]; then
+  echo "gpu_check: installing $missing"
+  "$PY" -m pip install -q $missing
+fi
+"$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'on', torch.cuda.get_device_name())"
+
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TRITON_DEFAULT_FP_FUSION=1
+unset TRITON_INTERPRET
+# --confcutdir: only tests/kernels' own conftest (the root one wants the full test environment).
+timeout 330 "$PY" -m pytest tests/kernels -q -x -p no:cacheprovider --confcutdir=tests/kernels --durations=5
+timeout 120 "$PY" bench/kernels/report.py
