@@ -31,7 +31,7 @@ docs: $(STAMP)
 bench: bench-engine bench-yoco
 
 bench-kernels: $(STAMP)
-	$(PY) -m pytest bench/kernels -m bench -q -p no:randomly
+	$(PY) -m pytest bench/kernels -m bench -q
 
 bench-engine: $(STAMP)
 	$(PY) bench/bench_engine.py
