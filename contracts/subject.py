@@ -73,6 +73,10 @@ class GenResult:
     outputs: list[GenOutput]
     work: dict[str, int]  # WorkCounters summed over the run
     log: list[tuple[str, str]] = field(default_factory=list)
+    # KV slots after the run: usable slots, and how many are free or held only by the
+    # (evictable) prefix cache. Every request finished => the two are equal.
+    kv_capacity: int | None = None
+    kv_available_after: int | None = None
 
 
 class Subject(Protocol):
@@ -93,6 +97,11 @@ class Subject(Protocol):
 
     # ---- engine ------------------------------------------------------------------
     def generate(self, argv: Sequence[str], requests: Sequence[GenRequest], batched: bool = True) -> GenResult: ...
+
+    def tiny_model(self, name: str) -> str:
+        """Folder of a tiny HF checkpoint (config.json, safetensors, tokenizer) this subject can serve:
+        "e2b" (35 layers, 20 KV-shared), "k_eq_v", "moe", "noshare"."""
+        ...
 
     # ---- http --------------------------------------------------------------------
     def base_url(self, argv: Sequence[str]) -> str: ...

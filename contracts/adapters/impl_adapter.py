@@ -20,7 +20,7 @@ def _model_config_dict(mc: Any) -> dict[str, Any]:
 
 class ImplSubject:
     name = "impl"
-    capabilities = frozenset({"args", "http"})  # "engine" joins when that subsystem lands
+    capabilities = frozenset({"args", "engine", "http"})
 
     # ---- args --------------------------------------------------------------------
     def parse_args(self, argv: Sequence[str]) -> dict[str, Any]:
@@ -85,6 +85,11 @@ class ImplSubject:
         from contracts.adapters.impl_engine import generate
 
         return generate(argv, requests, batched)
+
+    def tiny_model(self, name: str) -> str:
+        from impl.testing.checkpoints import tiny_checkpoint
+
+        return tiny_checkpoint(name)
 
     def base_url(self, argv):
         from contracts.adapters.impl_http import base_url

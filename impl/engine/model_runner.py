@@ -21,6 +21,7 @@ from impl.cache.kv_pool import ReqToTokenPool, TokenToKVPool
 from impl.cache.memory import KVBudget, kv_budget
 from impl.config.model_config import ModelConfig
 from impl.engine.forward_batch import ForwardBatch, WorkCounters
+from impl.model import yoco
 from impl.model.loader import load_model, resolve_dtype
 
 logger = logging.getLogger("impl.engine")
@@ -74,7 +75,7 @@ class ModelRunner:
         fb.req_to_token_pool = self.req_to_token_pool
         fb.token_to_kv_pool = self.token_to_kv_pool
         fb.attn_backend = self.decode_backend if fb.forward_mode.is_decode else self.prefill_backend
-        fb.fast_prefill = self.fast_prefill_enabled and any(n > 1 for n in fb.extend_seq_lens_cpu)
+        fb.fast_prefill = yoco.applies(self.fast_prefill_enabled, fb.extend_seq_lens_cpu)
         if fb.work is None:
             fb.work = WorkCounters()
         out = self.model.forward(fb)

@@ -138,7 +138,8 @@ class Gemma4AssistantForCausalLM(nn.Module):
         rope = {}
         for i, t in enumerate(self.config.layer_types):
             if t not in rope:
-                rope[t] = rope_mod.rope_cos_sin(fb.positions, rope_mod.rope_inv_freq(self.config.rope[t], self.config.layer_head_dims[i]), self.dtype)
+                inv = rope_mod.rope_inv_freq(self.config.rope[t], self.config.layer_head_dims[i])
+                rope[t] = rope_mod.prepare_rope(*rope_mod.rope_cos_sin(fb.positions, inv, self.dtype))
         for i, layer in enumerate(self.layers):
             cos, sin = rope[self.config.layer_types[i]]
             h = layer(h, cos, sin, None, fb)

@@ -7,7 +7,7 @@ from torch import nn
 
 from impl.attention.base import AttentionLayer
 from impl.model.norm import RMSNorm
-from impl.model.rope import apply_rope
+from impl.model.rope import apply_rope_prepared
 
 
 class Gemma4Attention(nn.Module):
@@ -34,14 +34,14 @@ class Gemma4Attention(nn.Module):
             p.requires_grad_(False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb) -> torch.Tensor:
-        # x: [n, hidden]; cos/sin: [n, head_dim]
+        # x: [n, hidden]; cos/sin: [n, 1, head_dim] from rope.prepare_rope (sin's first half negated)
         n, d = x.shape[0], self.layer.head_dim
-        q = apply_rope(self.q_norm(self.q_proj(x).view(n, -1, d)), cos, sin)  # [n, H, D]
+        q = apply_rope_prepared(self.q_norm(self.q_proj(x).view(n, -1, d)), cos, sin)  # [n, H, D]
         k = v = None
         if self.owns_kv:
             k_raw = self.k_proj(x).view(n, -1, d)  # [n, Hkv, D]
             v_raw = self.v_proj(x).view(n, -1, d) if self.v_proj is not None else k_raw
-            k = apply_rope(self.k_norm(k_raw), cos, sin).reshape(n, -1)
+            k = apply_rope_prepared(self.k_norm(k_raw), cos, sin).reshape(n, -1)
             v = self.v_norm(v_raw).reshape(n, -1)
         out = fb.attn_backend.forward(q.reshape(n, -1), k, v, self.layer, fb)  # [n, H * D]
         return self.o_proj(out)

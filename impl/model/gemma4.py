@@ -93,12 +93,12 @@ class Gemma4ForCausalLM(nn.Module):
         )
 
     def rope_tables(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """layer type -> (cos, sin) [n, head_dim of that type] for these rows' positions."""
+        """layer type -> (cos, signed sin) [n, 1, head_dim of that type] (rope.prepare_rope) for these positions."""
         out = {}
         for i, t in enumerate(self.config.layer_types):
             if t not in out:
                 inv = rope_mod.rope_inv_freq(self.config.rope[t], self.config.layer_head_dims[i])
-                out[t] = rope_mod.rope_cos_sin(positions, inv, self.dtype)
+                out[t] = rope_mod.prepare_rope(*rope_mod.rope_cos_sin(positions, inv, self.dtype))
         return out
 
     def lm_head_weight(self) -> torch.Tensor:
@@ -112,24 +112,24 @@ class Gemma4ForCausalLM(nn.Module):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def _run_layers(self, layers, h, positions, ple, fb) -> torch.Tensor:
-        rope = self.rope_tables(positions)
+    def _run_layers(self, layers, h, positions, ple, fb, rope=None) -> torch.Tensor:
+        rope = self.rope_tables(positions) if rope is None else rope
         for layer in layers:
             cos, sin = rope[layer.layer_type]
             h = layer(h, cos, sin, None if ple is None else ple[:, layer.layer_id], fb)
         return h
 
-    def self_decoder(self, h, positions, ple, fb) -> torch.Tensor:
+    def self_decoder(self, h, positions, ple, fb, rope=None) -> torch.Tensor:
         """Layers before the first KV-shared one, on every row; they write K/V."""
         if fb.work is not None:
             fb.work.self_decoder_rows += int(h.shape[0])  # rows actually run, not rows expected
-        return self._run_layers(self.layers[: self.first_kv_shared_layer], h, positions, ple, fb)
+        return self._run_layers(self.layers[: self.first_kv_shared_layer], h, positions, ple, fb, rope)
 
-    def cross_decoder(self, h, positions, ple, fb) -> torch.Tensor:
+    def cross_decoder(self, h, positions, ple, fb, rope=None) -> torch.Tensor:
         """The KV-shared layers; they read their producers' K/V and write none."""
         if fb.work is not None and self.has_cross_decoder:
             fb.work.cross_decoder_rows += int(h.shape[0])
-        return self._run_layers(self.layers[self.first_kv_shared_layer :], h, positions, ple, fb)
+        return self._run_layers(self.layers[self.first_kv_shared_layer :], h, positions, ple, fb, rope)
 
     @property
     def has_cross_decoder(self) -> bool:
@@ -142,7 +142,8 @@ class Gemma4ForCausalLM(nn.Module):
         t, r = fb.num_tokens, int(fb.logits_indices.shape[0])
         h = self.embed(fb.input_ids)  # [T, hidden]
         ple = self.per_layer_inputs(fb.input_ids, h)  # [T, L, P] or None
-        h = self.self_decoder(h, fb.positions, ple, fb)
+        rope = self.rope_tables(fb.positions)  # built once, shared by both halves (rows keep their positions)
+        h = self.self_decoder(h, fb.positions, ple, fb, rope)
         fast = bool(fb.fast_prefill) and self.has_cross_decoder
         if fast:
             rows = yoco.select_rows(fb)  # [R]
@@ -153,7 +154,7 @@ class Gemma4ForCausalLM(nn.Module):
             part = self.cross_decoder(part, part_pos, part_ple, fb)
             h = yoco.scatter_rows(h, rows, part)
         else:
-            h = self.cross_decoder(h, fb.positions, ple, fb)
+            h = self.cross_decoder(h, fb.positions, ple, fb, rope)
         hidden = self.norm(h.index_select(0, fb.logits_indices))  # [R, hidden]
         self._count_work(fb, t, r, fast)
         return LogitsOutput(logits=self.compute_logits(hidden), hidden_states=hidden)

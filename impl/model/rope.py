@@ -37,6 +37,18 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.d
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, H, D]; cos/sin [T, D]. Neox-style: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)."""
+    return apply_rope_prepared(x, *prepare_rope(cos, sin))
+
+
+def prepare_rope(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [T, D] -> cos [T, 1, D] and sin [T, 1, D] with its first half negated, once per pass
+    (every layer of a type reuses them; saves the negation and broadcasts per layer)."""
+    d = sin.shape[-1] // 2
+    return cos[:, None, :], torch.cat([-sin[:, :d], sin[:, d:]], dim=-1)[:, None, :]
+
+
+def apply_rope_prepared(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D]; cos/sin_signed [T, 1, D] from ``prepare_rope``. Equals ``apply_rope`` bit for bit:
+    ``(-x2) * s == x2 * (-s)`` exactly, so the sign moves from x to the table."""
     d = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., d:], x[..., :d]], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+    return x * cos + torch.cat([x[..., d:], x[..., :d]], dim=-1) * sin_signed

@@ -12,6 +12,13 @@ from __future__ import annotations
 import torch
 
 
+def applies(enabled: bool, extend_seq_lens: list[int]) -> bool:
+    """Fast prefill runs when the flag is on and the batch extends some request by more than one
+    token; pure decode batches (every request adds one row, all of which feed the LM head) gain
+    nothing and take the normal path."""
+    return enabled and any(n > 1 for n in extend_seq_lens)
+
+
 def select_rows(fb) -> torch.Tensor:
     """[R] int64 batch rows the cross-decoder must compute (the LM-head rows)."""
     return fb.logits_indices

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ours, prompt
+from conftest import ours, prompt, tolerance
 from harness import Session
 
 from impl.model.assistant import build_draft_batch
@@ -16,9 +16,9 @@ from impl.model.loader import load_model
 from impl.testing.checkpoints import tiny_checkpoint
 from impl.testing.hf_quirks import assistant_kv_sharing_patch
 
-# Same float32 maths in a different order (fused vs split attention); transformers'
-# own float32 error on these logits is ~1e-6.
-TOL = 1e-4
+# The draft step itself differs from transformers only in float32 rounding (~3e-6), but it
+# reads the target's K/V and hidden state, whose rounding differs too (windowed vs dense
+# attention); the bound is the target's: max(10 x transformers' own fp32-vs-fp64 error, 1e-4).
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,10 +58,11 @@ def test_draft_steps_match_transformers(name, n):
     fb = build_draft_batch(torch.tensor([toks[-1]]), torch.tensor([r.row]), torch.tensor([r.length]), s.req_pool, s.kv_pool, s.backend)
     refs = _hf_draft(name, toks, steps=2)
     hidden = out.hidden_states
+    tol = tolerance("e2b", [toks])
     for step, ref in enumerate(refs):
         d = assistant(fb, hidden)
-        assert (d.logits - ref.logits[0]).abs().max().item() <= TOL, f"step {step} logits"
-        assert (d.hidden_states - ref.last_hidden_state[0]).abs().max().item() <= TOL, f"step {step} hidden"
+        assert (d.logits - ref.logits[0]).abs().max().item() <= tol, f"step {step} logits"
+        assert (d.hidden_states - ref.last_hidden_state[0]).abs().max().item() <= tol, f"step {step} hidden"
         fb.input_ids = d.logits.argmax(-1)
         hidden = d.hidden_states
 

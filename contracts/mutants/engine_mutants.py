@@ -1,0 +1,146 @@
+"""Mutants of the engine, the triton backend and YOCO fast prefill (issues 5, 6, 7).
+
+Each patches one function of the implementation; engines built by the impl
+adapter are cached per argv, so every patch targets something looked up at call
+time (a module attribute or a class attribute).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import torch
+
+from contracts.mutants import mutant
+from contracts.mutants.patching import PatchedSubject
+
+
+def _orig(module: str, attr: str):
+    import importlib
+
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# ---- YOCO (issue 7) -----------------------------------------------------------------
+@mutant("PARITY-PROMPT-LOGPROBS")
+class GatherPicksFirstToken(PatchedSubject):
+    """The cross-decoder gathers each request's first rows instead of its LM-head rows."""
+
+    def patches(self):
+        def first_rows(fb):
+            starts = fb.extend_start_loc_cpu
+            rows = [s + j for s, n in zip(starts, fb.logits_lens_cpu) for j in range(n)]
+            return torch.tensor(rows, dtype=torch.int64, device=fb.logits_indices.device)
+
+        return {"impl.model.yoco:select_rows": first_rows}
+
+
+@mutant("PARITY-GREEDY", "PARITY-EDGE-BATCHES", "PARITY-PROMPT-LOGPROBS")
+class ScatterDropsRows(PatchedSubject):
+    """The scatter drops the last gathered row: it keeps the self-decoder output there."""
+
+    def patches(self):
+        def scatter(full, rows, part):
+            return full.index_copy(0, rows[:-1], part[:-1])
+
+        return {"impl.model.yoco:scatter_rows": scatter}
+
+
+@mutant("PARITY-PROMPT-LOGPROBS")
+class CrossMetadataOmitsPrefix(PatchedSubject):
+    """The back-half metadata lists only this pass's new tokens as keys, not the cached prefix."""
+
+    def patches(self):
+        orig = _orig("impl.attention.triton_backend", "TritonAttnBackend.init_cross_decoder_metadata")
+
+        def without_prefix(self, fb, rows, rows_per_req):
+            orig(self, fb, rows, rows_per_req)
+            md = self.cross_metadata
+            keep, indptr = [], [0]
+            for b, (p, s) in enumerate(zip(fb.extend_prefix_lens_cpu, fb.seq_lens_cpu)):
+                lo = int(md.kv_indptr[b])
+                keep.append(md.kv_indices[lo + p : lo + s])
+                indptr.append(indptr[-1] + s - p)
+            md.kv_indices = torch.cat(keep)
+            md.kv_indptr = torch.tensor(indptr, dtype=md.kv_indptr.dtype, device=md.kv_indptr.device)
+
+        return {"impl.attention.triton_backend:TritonAttnBackend.init_cross_decoder_metadata": without_prefix}
+
+
+@mutant("WORK-CROSS-DECODER-ROWS")
+class FastPrefillNeverApplies(PatchedSubject):
+    """The flag is accepted but no batch takes the fast path (the cross-decoder runs on every row)."""
+
+    PATCHES = {"impl.model.yoco:applies": lambda enabled, extend_seq_lens: False}
+
+
+# ---- engine (issue 5) -----------------------------------------------------------------
+@mutant("ENGINE-GREEDY-MATCHES-TRANSFORMERS")
+class PleScaleMissing(PatchedSubject):
+    """Per-layer embeddings are combined without the 2^-0.5 scale."""
+
+    PATCHES = {"impl.model.ple:PER_LAYER_INPUT_SCALE": 1.0}
+
+
+@mutant("ENGINE-OUTPUTS-INVARIANT")
+class CachedPrefixPositionsRestart(PatchedSubject):
+    """A forward that extends a cached prefix (a later chunk, a cache hit) numbers its rows from 0."""
+
+    def patches(self):
+        orig = _orig("impl.engine.schedule_batch", "ScheduleBatch.to_forward_batch")
+
+        def to_forward_batch(self, *args, **kwargs):
+            fb = orig(self, *args, **kwargs)
+            row = 0
+            for it in self.items:
+                if it.start > 0 and it.n > 1:
+                    fb.positions[row : row + it.n] -= it.start
+                row += it.n
+            return fb
+
+        return {"impl.engine.schedule_batch:ScheduleBatch.to_forward_batch": to_forward_batch}
+
+
+@mutant("ENGINE-SEEDED-SAMPLING-REPEATS")
+class SamplerIgnoresSeed(PatchedSubject):
+    """Sampling draws from a fresh random generator instead of the request's seeded one."""
+
+    def patches(self):
+        orig = _orig("impl.sampling.sampler", "_draw")
+
+        def draw(scaled, rows):
+            fresh = [dataclasses.replace(r, generator=torch.Generator().manual_seed(random.randrange(2**31))) for r in rows]
+            return orig(scaled, fresh)
+
+        return {"impl.sampling.sampler:_draw": draw}
+
+
+@mutant("ENGINE-KV-FREED")
+class LeaksOneSlotPerFree(PatchedSubject):
+    """Freeing KV slots forgets the last slot of every batch it frees."""
+
+    def patches(self):
+        orig = _orig("impl.cache.allocator", "TokenSlotAllocator.free")
+
+        def free(self, slots):
+            return orig(self, slots[:-1])
+
+        return {"impl.cache.allocator:TokenSlotAllocator.free": free}
+
+
+# ---- triton (issue 6) -----------------------------------------------------------------
+@mutant("TRITON-GREEDY-PARITY")
+class TritonIgnoresSlidingWindow(PatchedSubject):
+    """The triton backend attends to the whole context in sliding layers."""
+
+    def patches(self):
+        orig = _orig("impl.attention.triton_backend", "TritonAttnBackend.forward")
+
+        def forward(self, q, k, v, layer, fb, save_kv_cache=True):
+            return orig(self, q, k, v, dataclasses.replace(layer, sliding_window=None), fb, save_kv_cache)
+
+        return {"impl.attention.triton_backend:TritonAttnBackend.forward": forward}

@@ -1,0 +1,166 @@
+"""Seed 000 (PR-B/PR-C): what fast prefill does at run time, F13-F15.
+
+PARITY: the flag changes no output. WORK: the cross-decoder runs on exactly the
+rows that feed the LM head, the self-decoder on every row. Both run the same
+backends with the flag on and off (triton prefill), so the flag is the only
+difference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+from contracts.base import ContractViolation, contract, require
+from contracts.subject import GenRequest
+
+SEED = "seeds/000 PR-B"
+FLAG = "--kv-sharing-fast-prefill"
+MODEL = "e2b"  # tiny E2B-shaped checkpoint: 35 layers, 20 KV-shared, sliding window 16
+# Output logprobs with the flag on and off agree within this bound: the flag changes
+# which rows the cross-decoder runs on, not the arithmetic of any kept row, so only
+# float32 reduction-order noise (~1e-6 on these logits) may differ.
+LOGPROB_TOL = 1e-4
+# Prompt lengths: 1-token prompts, shorter than, equal to and longer than the window,
+# several windows long.
+LENGTHS = [1, 2, 3, 5, 7, 9, 12, 15, 16, 17, 19, 23, 28, 31, 32, 33, 37, 41, 47, 52, 58, 64, 71, 80]
+
+
+def _vocab(model_path: str) -> int:
+    with open(os.path.join(model_path, "config.json")) as f:
+        return int(json.load(f)["vocab_size"])
+
+
+def prompts(model_path: str, lengths=LENGTHS, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    vocab = _vocab(model_path)
+    # Skip the first ids (pad/eos/bos/special) so prompts are ordinary text tokens.
+    return [[rng.randrange(8, vocab) for _ in range(n)] for n in lengths]
+
+
+def _argv(subject, *flags: str) -> list[str]:
+    # Prefill (extend and mixed batches) on triton, where fast prefill lives; pure decode batches
+    # take the normal path either way, so they run on torch_native (the fast CPU path) in both.
+    return ["--model-path", subject.tiny_model(MODEL), "--attention-backend", "triton",
+            "--decode-attention-backend", "torch_native", *flags]
+
+
+def _compare(cid: str, what: str, off, on) -> None:
+    require(len(off.outputs) == len(on.outputs), cid, f"{what}: {len(off.outputs)} outputs with the flag off, {len(on.outputs)} on")
+    for i, (a, b) in enumerate(zip(off.outputs, on.outputs)):
+        if a.output_ids != b.output_ids:
+            step = next((k for k, (x, y) in enumerate(zip(a.output_ids, b.output_ids)) if x != y), None)
+            raise ContractViolation(
+                cid, f"{what}: prompt {i}: greedy tokens differ at step {step}: flag off {a.output_ids}, flag on {b.output_ids}"
+            )
+        for step, (la, lb) in enumerate(zip(a.output_logprobs, b.output_logprobs)):
+            require(
+                abs(la - lb) <= LOGPROB_TOL,
+                cid,
+                f"{what}: prompt {i} step {step}: output logprob {la:.6f} (off) vs {lb:.6f} (on) differ by more than {LOGPROB_TOL}",
+            )
+        require(len(a.input_logprobs) == len(b.input_logprobs), cid, f"{what}: prompt {i}: prompt logprob counts differ")
+        for j, (la, lb) in enumerate(zip(a.input_logprobs, b.input_logprobs)):
+            if la is None or lb is None:
+                require(la is None and lb is None, cid, f"{what}: prompt {i} prompt logprob {j}: {la} vs {lb}")
+                continue
+            require(
+                abs(la - lb) <= LOGPROB_TOL,
+                cid,
+                f"{what}: prompt {i}: prompt logprob {j} {la:.6f} (off) vs {lb:.6f} (on) differ by more than {LOGPROB_TOL}",
+            )
+
+
+@contract(
+    "PARITY-GREEDY",
+    "For 24 prompts of varied lengths, batched and one by one, greedy tokens with the flag on equal those with it "
+    f"off and output logprobs agree within {LOGPROB_TOL}.",
+    f"{SEED}: per-prompt parity test; PR-C: accuracy unchanged",
+    rules=("F13", "F15", "F16"),
+    needs=("engine",),
+)
+def parity_greedy(subject) -> None:
+    cid = "PARITY-GREEDY"
+    ps = prompts(subject.tiny_model(MODEL))
+    reqs = [GenRequest(p, max_new_tokens=4, return_logprob=True) for p in ps]
+    for batched in (True, False):
+        off = subject.generate(_argv(subject, "--disable-radix-cache"), reqs, batched=batched)
+        on = subject.generate(_argv(subject, "--disable-radix-cache", FLAG), reqs, batched=batched)
+        _compare(cid, f"{'batched' if batched else 'one by one'}", off, on)
+
+
+@contract(
+    "PARITY-EDGE-BATCHES",
+    "Chunked prefill (a chunk's last row is kept though not sampled), radix-cache hits and mixed prefill+decode "
+    "batches give the same greedy tokens and logprobs with the flag on as off.",
+    f"{SEED}: gather -> cross-decoder -> scatter over every batch shape",
+    rules=("F13", "F14", "F15"),
+    needs=("engine",),
+)
+def parity_edge_batches(subject) -> None:
+    cid = "PARITY-EDGE-BATCHES"
+    ps = prompts(subject.tiny_model(MODEL), lengths=[1, 9, 40, 57, 33, 70], seed=1)
+    # Chunked prefill: 16-token chunks, so later chunks attend to a cached prefix.
+    reqs = [GenRequest(p, max_new_tokens=3, return_logprob=True) for p in ps]
+    for flags in (("--chunked-prefill-size", "16", "--disable-radix-cache"), ()):
+        off = subject.generate(_argv(subject, *flags), reqs + reqs, batched=True)
+        on = subject.generate(_argv(subject, *flags, FLAG), reqs + reqs, batched=True)
+        _compare(cid, f"flags {flags}", off, on)
+    # Radix hits: the second copy of each prompt reuses cached prefix KV; flag off vs on over those hits.
+    off2 = subject.generate(_argv(subject), reqs + reqs, batched=False)
+    on2 = subject.generate(_argv(subject, FLAG), reqs + reqs, batched=False)
+    for res in (off2, on2):
+        require(any(o.cached_tokens > 0 for o in res.outputs[len(reqs):]), cid, "repeated prompts must hit the radix cache")
+    _compare(cid, "radix-cache hits", off2, on2)
+
+
+@contract(
+    "PARITY-PROMPT-LOGPROBS",
+    "Prompt logprobs (from logprob_start_len) are computed with the flag on, not rejected, and equal those with the flag off.",
+    f"{SEED}: rows that feed the LM head include every prompt-logprob row",
+    rules=("F13", "F15"),
+    needs=("engine",),
+)
+def parity_prompt_logprobs(subject) -> None:
+    cid = "PARITY-PROMPT-LOGPROBS"
+    ps = prompts(subject.tiny_model(MODEL), lengths=[5, 20, 37], seed=2)
+    reqs = [GenRequest(p, max_new_tokens=2, return_logprob=True, logprob_start_len=s) for p, s in zip(ps, (0, 3, 30))]
+    # Whole prompts, then 16-token chunks (later chunks attend to a cached prefix).
+    for flags in (("--disable-radix-cache",), ("--disable-radix-cache", "--chunked-prefill-size", "16")):
+        off = subject.generate(_argv(subject, *flags), reqs)
+        on = subject.generate(_argv(subject, *flags, FLAG), reqs)
+        for o, p, s in zip(on.outputs, ps, (0, 3, 30)):
+            require(len(o.input_logprobs) == len(p) - s, cid, f"expected {len(p) - s} prompt logprobs, got {len(o.input_logprobs)}")
+        _compare(cid, f"prompt logprobs, flags {flags}", off, on)
+
+
+@contract(
+    "WORK-CROSS-DECODER-ROWS",
+    "On extend batches with the flag on, the cross-decoder (KV-shared layers) processes exactly the LM-head rows "
+    "(one per request, plus prompt-logprob rows) and the self-decoder every row; with the flag off both see every row.",
+    f"{SEED}: the last num_kv_shared_layers layers run only on the per-request last-extend-token rows",
+    rules=("F13",),
+    needs=("engine",),
+)
+def work_cross_decoder_rows(subject) -> None:
+    cid = "WORK-CROSS-DECODER-ROWS"
+    ps = prompts(subject.tiny_model(MODEL), lengths=[3, 4, 2, 30, 17], seed=3)
+    total = sum(len(p) for p in ps)
+    reqs = [GenRequest(p, max_new_tokens=1) for p in ps]  # one prefill forward, nothing else
+    on = subject.generate(_argv(subject, "--disable-radix-cache", FLAG), reqs).work
+    off = subject.generate(_argv(subject, "--disable-radix-cache"), reqs).work
+    require(on["self_decoder_rows"] == total, cid, f"self-decoder rows with the flag on: {on['self_decoder_rows']}, expected every row ({total})")
+    require(on["cross_decoder_rows"] == len(ps), cid, f"cross-decoder rows with the flag on: {on['cross_decoder_rows']}, expected one per request ({len(ps)})")
+    require(on["lm_head_rows"] == len(ps), cid, f"LM-head rows: {on['lm_head_rows']}, expected {len(ps)}")
+    require(off["cross_decoder_rows"] == total, cid, f"cross-decoder rows with the flag off: {off['cross_decoder_rows']}, expected {total}")
+    require(on["skipped_cross_decoder_rows"] == total - len(ps), cid, f"skipped rows: {on['skipped_cross_decoder_rows']}, expected {total - len(ps)}")
+    # Prompt logprobs: every row from logprob_start_len feeds the LM head, so the cross-decoder runs on them too.
+    reqs = [GenRequest(ps[3], max_new_tokens=1, return_logprob=True, logprob_start_len=10)]
+    w = subject.generate(_argv(subject, "--disable-radix-cache", FLAG), reqs).work
+    want = len(ps[3]) - 10 + 1  # rows 9..29: logits at row j-1 score prompt token j (10..29); row 29 the next token
+    require(w["cross_decoder_rows"] == want, cid, f"with prompt logprobs from 10 of 30 tokens the cross-decoder must run {want} rows, ran {w['cross_decoder_rows']}")
+    # Decode batches take the normal path: every decode row goes through the cross-decoder.
+    reqs = [GenRequest(p, max_new_tokens=3) for p in ps]
+    w = subject.generate(_argv(subject, "--disable-radix-cache", FLAG), reqs).work
+    require(w["cross_decoder_rows"] == 3 * len(ps), cid, f"prefill (1 row each) + 2 decode steps must run {3 * len(ps)} cross-decoder rows, ran {w['cross_decoder_rows']}")
