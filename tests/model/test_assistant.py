@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ours, prompt, tolerance
+from model_helpers import ours, prompt, tolerance
 from harness import Session
 
 from impl.model.assistant import build_draft_batch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ours
+from model_helpers import ours
 
 from impl.cache.kv_pool import ReqToTokenPool, TokenToKVPool
 

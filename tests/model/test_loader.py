@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import ours, prompt
+from model_helpers import ours, prompt
 from harness import Session
 from safetensors.torch import load_file, save_file
 

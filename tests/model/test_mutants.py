@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import hf_logits, prompt, tolerance
+from model_helpers import hf_logits, prompt, tolerance
 from harness import Session
 
 from impl.config.model_config import ModelConfig, RopeSpec

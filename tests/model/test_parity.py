@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import hf_logits, ours, prompt, tolerance
+from model_helpers import hf_logits, ours, prompt, tolerance
 from harness import Session
 
 # Sliding window of every tiny config is 16: 10 is shorter, 40 longer.

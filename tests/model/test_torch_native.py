@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import ours
+from model_helpers import ours
 from harness import Session
 
 from impl.attention.base import AttentionLayer

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import ours, prompt
+from model_helpers import ours, prompt
 from harness import Session
 
 from impl.model import yoco
