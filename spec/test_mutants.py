@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from contracts.base import ContractViolation, get_contract
@@ -19,5 +21,6 @@ def test_mutant_is_killed(mutant, cid, subject):
     if missing:
         pytest.skip(f"subject lacks capabilities {sorted(missing)}")
     broken = mutant.make(subject)
-    with pytest.raises(ContractViolation):
+    # Private engines for the mutant's run: its damage must not leak into checks run later.
+    with getattr(subject, "isolated", contextlib.nullcontext)(), pytest.raises(ContractViolation):
         contract.run(broken)

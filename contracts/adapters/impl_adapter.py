@@ -86,6 +86,12 @@ class ImplSubject:
 
         return generate(argv, requests, batched)
 
+    def isolated(self):
+        """Context in which generation uses private engines (mutants run inside one)."""
+        from contracts.adapters.impl_engine import isolated_engines
+
+        return isolated_engines()
+
     def tiny_model(self, name: str) -> str:
         from impl.testing.checkpoints import tiny_checkpoint
 

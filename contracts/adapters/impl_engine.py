@@ -11,13 +11,31 @@ log followed by whatever the engine logged during the call.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from contracts.logcapture import capture_logs
 from contracts.subject import GenOutput, GenRequest, GenResult
 
 _ENGINES: dict[tuple[str, ...], tuple[Any, list[tuple[str, str]]]] = {}
+
+
+@contextlib.contextmanager
+def isolated_engines() -> Iterator[None]:
+    """Engines built inside are private to the block and shut down after it, so a mutant's
+    damage (a leaked slot, a corrupted cache) never reaches the engines other checks reuse."""
+    global _ENGINES
+    saved, _ENGINES = _ENGINES, {}
+    try:
+        yield
+    finally:
+        for engine, _ in _ENGINES.values():
+            try:
+                engine.shutdown()
+            except Exception:  # noqa: BLE001 - a broken (mutant) engine may fail its own checks here
+                pass
+        _ENGINES = saved
 
 
 def engine_for(argv: Sequence[str]) -> tuple[Any, list[tuple[str, str]]]:
