@@ -82,13 +82,13 @@ def _greedy(prompts, n=NEW_TOKENS):
     "ENGINE-GREEDY-MATCHES-TRANSFORMERS",
     "Greedy output of the engine for a batch of mixed prompt lengths equals transformers' greedy decoding on "
     f"the same checkpoint, token for token, up to the first near tie (top-2 gap < {TIE_GAP}).",
-    SOURCE,
-    rules=("E1",),
+    f"{SOURCE}; issue 4 (Gemma-4 in PyTorch), item 6",
+    rules=("E1", "M1"),
     needs=("engine",),
 )
 def greedy_matches_transformers(subject) -> None:
     cid = "ENGINE-GREEDY-MATCHES-TRANSFORMERS"
-    for name in ("e2b", "noshare"):
+    for name in ("e2b", "k_eq_v", "moe", "noshare"):
         path = subject.tiny_model(name)
         ps = _prompts(path)
         out = subject.generate(["--model-path", path, "--attention-backend", "torch_native"], _greedy(ps))
