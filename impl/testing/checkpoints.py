@@ -97,6 +97,17 @@ def _text(**overrides: Any) -> dict[str, Any]:
 
 _E2B_LAYERS = [S, S, S, S, F] * 7
 
+# Both assistants share their text stack: 4 all-shared layers over the 'e2b' target's K/V.
+_ASSISTANT_TEXT = _text(
+    layer_types=[S, S, S, F],
+    hidden_size=32,
+    intermediate_size=64,
+    num_key_value_heads=1,
+    num_kv_shared_layers=4,
+    hidden_size_per_layer_input=0,
+    vocab_size_per_layer_input=0,
+)
+
 TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
     "e2b": CheckpointRecipe(
         kind="text",
@@ -157,30 +168,14 @@ TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
         kind="assistant",
         seed=5,
         description="MTP assistant for 'e2b': 4 all-shared layers, hidden 32, backbone 64, plain LM head",
-        text_config=_text(
-            layer_types=[S, S, S, F],
-            hidden_size=32,
-            intermediate_size=64,
-            num_key_value_heads=1,
-            num_kv_shared_layers=4,
-            hidden_size_per_layer_input=0,
-            vocab_size_per_layer_input=0,
-        ),
+        text_config=_ASSISTANT_TEXT,
         assistant=dict(backbone_hidden_size=64, use_ordered_embeddings=False),
     ),
     "assistant_ordered": CheckpointRecipe(
         kind="assistant",
         seed=6,
         description="MTP assistant for 'e2b' with the ordered-embedding (centroid-masked) LM head",
-        text_config=_text(
-            layer_types=[S, S, S, F],
-            hidden_size=32,
-            intermediate_size=64,
-            num_key_value_heads=1,
-            num_kv_shared_layers=4,
-            hidden_size_per_layer_input=0,
-            vocab_size_per_layer_input=0,
-        ),
+        text_config=_ASSISTANT_TEXT,
         assistant=dict(
             backbone_hidden_size=64,
             use_ordered_embeddings=True,
