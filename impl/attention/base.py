@@ -48,6 +48,12 @@ class AttentionLayer:
 class AttentionBackend(ABC):
     name: str = "base"
 
+    def __init__(self, model_config, token_to_kv_pool, req_to_token_pool, device):
+        self.model_config = model_config
+        self.token_to_kv_pool = token_to_kv_pool
+        self.req_to_token_pool = req_to_token_pool
+        self.device = torch.device(device)
+
     @abstractmethod
     def init_forward_metadata(self, fb) -> None: ...
 

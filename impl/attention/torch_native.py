@@ -81,10 +81,7 @@ class TorchNativeAttnBackend(AttentionBackend):
     name = "torch_native"
 
     def __init__(self, model_config, token_to_kv_pool, req_to_token_pool, device):
-        self.model_config = model_config
-        self.token_to_kv_pool = token_to_kv_pool
-        self.req_to_token_pool = req_to_token_pool
-        self.device = torch.device(device)
+        super().__init__(model_config, token_to_kv_pool, req_to_token_pool, device)
         self.forward_plan: _Plan | None = None
         self.cross_plan: _Plan | None = None
         # Gather destinations kept across passes: a fresh multi-MB tensor per layer and step costs page

@@ -25,10 +25,7 @@ class TritonAttnBackend(AttentionBackend):
     name = "triton"
 
     def __init__(self, model_config, token_to_kv_pool, req_to_token_pool, device):
-        self.model_config = model_config
-        self.token_to_kv_pool = token_to_kv_pool
-        self.req_to_token_pool = req_to_token_pool
-        self.device = torch.device(device)
+        super().__init__(model_config, token_to_kv_pool, req_to_token_pool, device)
         self.num_kv_heads = max(1, int(getattr(model_config, "num_key_value_heads", 1) or 1))
         self.num_sms = (
             torch.cuda.get_device_properties(self.device).multi_processor_count if self.device.type == "cuda" else None

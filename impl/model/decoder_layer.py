@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from impl.attention.base import AttentionLayer
 from impl.config.model_config import ModelConfig
 from impl.model.attention import Gemma4Attention
 from impl.model.mlp import GemmaMLP, MoEExperts, MoERouter, _act
-from impl.model.norm import RMSNorm
+from impl.model.norm import RMSNorm, rms_norm
 
 
 class Gemma4DecoderLayer(nn.Module):
@@ -43,9 +44,31 @@ class Gemma4DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm_2 = RMSNorm(hid, eps, dtype=dtype)
         for p in self.parameters():
             p.requires_grad_(False)
+        self.eps = eps
+        self._fast: tuple | None = None  # float32 norm weights and layer_scalar after fuse_weights()
+
+    @torch.no_grad()
+    def fuse_weights(self) -> None:
+        """Once the weights are loaded: fused q/k/v and gate/up weights, and the per-layer constants
+        the float32 fast path reads (norm weights, layer_scalar as a Python float: ``h * float``
+        rounds exactly as ``h * tensor([s])``). Nothing changes numerically."""
+        self.self_attn.fuse_weights()
+        self.mlp.fuse_weights()
+        norms = [self.input_layernorm, self.post_attention_layernorm, self.pre_feedforward_layernorm, self.post_feedforward_layernorm]
+        if self.ple_dim:
+            norms.append(self.post_per_layer_input_norm)
+        fast = [n.fast_weight() for n in norms]
+        if self.enable_moe or self.layer_scalar.dtype != torch.float32 or not all(ok for ok, _ in fast):
+            return
+        ws = [w for _, w in fast]
+        scalar = float(self.layer_scalar.reshape(-1)[0])
+        ple = (self.per_layer_input_gate.weight, self.per_layer_projection.weight, ws[4]) if self.ple_dim else None
+        self._fast = (ws[0], ws[1], ws[2], ws[3], ple, scalar)
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ple: torch.Tensor | None, fb) -> torch.Tensor:
         # h: [n, hidden]; ple: [n, ple_dim] (this layer's slice) or None
+        if self._fast is not None:
+            return self._forward_fast(h, cos, sin, ple, fb)
         residual = h
         h = self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), cos, sin, fb))
         h = residual + h
@@ -61,3 +84,18 @@ class Gemma4DecoderLayer(nn.Module):
             g = self.act(self.per_layer_input_gate(h)) * ple
             h = h + self.post_per_layer_input_norm(self.per_layer_projection(g))
         return h * self.layer_scalar
+
+    def _forward_fast(self, h, cos, sin, ple, fb) -> torch.Tensor:
+        """The same computation in float32 with plain function calls (no nn.Module dispatch per op):
+        decode steps are bound by per-op overhead, not FLOPs."""
+        w_in, w_post_attn, w_pre_ff, w_post_ff, ple_w, scalar = self._fast
+        eps = self.eps
+        a = self.self_attn.forward(rms_norm(h, w_in, eps), cos, sin, fb)
+        h = h + rms_norm(a, w_post_attn, eps)
+        m = self.mlp.forward(rms_norm(h, w_pre_ff, eps))
+        h = h + rms_norm(m, w_post_ff, eps)
+        if ple_w is not None:
+            w_gate, w_proj, w_norm = ple_w
+            g = self.act(F.linear(h, w_gate)).mul_(ple)
+            h = h + rms_norm(F.linear(g, w_proj), w_norm, eps)
+        return h.mul_(scalar)

@@ -116,20 +116,21 @@ class Gemma4ForCausalLM(nn.Module):
         rope = self.rope_tables(positions) if rope is None else rope
         for layer in layers:
             cos, sin = rope[layer.layer_type]
-            h = layer(h, cos, sin, None if ple is None else ple[:, layer.layer_id], fb)
+            # layer.forward, not layer(...): no hooks are used, and nn.Module.__call__ costs per layer and step
+            h = layer.forward(h, cos, sin, None if ple is None else ple[:, layer.layer_id], fb)
         return h
 
     def self_decoder(self, h, positions, ple, fb, rope=None) -> torch.Tensor:
         """Layers before the first KV-shared one, on every row; they write K/V."""
         if fb.work is not None:
             fb.work.self_decoder_rows += int(h.shape[0])  # rows actually run, not rows expected
-        return self._run_layers(self.layers[: self.first_kv_shared_layer], h, positions, ple, fb, rope)
+        return self._run_layers(list(self.layers)[: self.first_kv_shared_layer], h, positions, ple, fb, rope)
 
     def cross_decoder(self, h, positions, ple, fb, rope=None) -> torch.Tensor:
         """The KV-shared layers; they read their producers' K/V and write none."""
         if fb.work is not None and self.has_cross_decoder:
             fb.work.cross_decoder_rows += int(h.shape[0])
-        return self._run_layers(self.layers[self.first_kv_shared_layer :], h, positions, ple, fb, rope)
+        return self._run_layers(list(self.layers)[self.first_kv_shared_layer :], h, positions, ple, fb, rope)
 
     @property
     def has_cross_decoder(self) -> bool:

@@ -86,6 +86,7 @@ def load_model(model_path: str, dtype: str | torch.dtype = "float32", device: st
     model = cls(config, dtype=torch_dtype, device="meta")
     model.to_empty(device=device)
     load_weights(model, iter_checkpoint(model_path), config)
+    fuse_weights(model)
     logger.info(
         "loaded %s (%s, %d layers, %d KV-shared) from %s as %s on %s",
         type(model).__name__, config.model_type, config.num_hidden_layers, config.num_kv_shared_layers,
@@ -128,6 +129,16 @@ def load_weights(model, weights, config: ModelConfig) -> None:
         raise ValueError(f"checkpoint is missing {len(missing)} tensor(s): {shapes}" + (" ..." if len(missing) > 5 else ""))
     if skipped:
         logger.info("skipped %d non-text (vision/audio) tensors", skipped)
+
+
+def fuse_weights(model) -> None:
+    """After loading (so missing or mismatched tensors are reported by their checkpoint names):
+    each decoder layer stacks its q/k/v and gate/up weights and caches its per-layer constants."""
+    from impl.model.decoder_layer import Gemma4DecoderLayer
+
+    for m in model.modules():
+        if isinstance(m, Gemma4DecoderLayer):
+            m.fuse_weights()
 
 
 def _ignorable(name: str, config: ModelConfig) -> bool:

@@ -6,6 +6,17 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+# The op F.rms_norm dispatches to, called directly on float32 (skips the Python wrapper and the
+# composite's dtype bookkeeping: about 3 us of 12 per call on a decode batch).
+_FUSED = getattr(torch.ops.aten, "_fused_rms_norm", None)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """``x * (mean(x^2) + eps)^-0.5 [* w]`` over the last dim; float32 ``x`` and ``w`` (or None)."""
+    if _FUSED is not None:
+        return _FUSED(x, [x.shape[-1]], w, eps)[0]
+    return F.rms_norm(x, (x.shape[-1],), w, eps)
+
 
 class RMSNorm(nn.Module):
     """``x * (mean(x^2) + eps)^-0.5 * weight``; ``with_scale=False`` drops the weight (v_norm, router norm)."""
@@ -22,5 +33,10 @@ class RMSNorm(nn.Module):
         # pow(., -0.5) form (torch evaluates pow(., -0.5) as rsqrt), without a Python hop per op.
         w = self.weight if self.with_scale else None
         if x.dtype == torch.float32 and (w is None or w.dtype == torch.float32):
-            return F.rms_norm(x, (x.shape[-1],), w, self.eps)
+            return rms_norm(x, w, self.eps)
         return F.rms_norm(x.float(), (x.shape[-1],), None if w is None else w.float(), self.eps).to(x.dtype)
+
+    def fast_weight(self) -> tuple[bool, torch.Tensor | None]:
+        """(usable by ``rms_norm`` directly, weight or None): True when this norm runs in float32."""
+        w = self.weight if self.with_scale else None
+        return (w is None or w.dtype == torch.float32), w
