@@ -8,11 +8,9 @@ same checkpoint folder, in float32. Near ties (top-2 logit gap below
 from __future__ import annotations
 
 import functools
-import json
-import os
-import random
 
 from contracts.base import ContractViolation, contract, require
+from contracts.models import random_prompts
 from contracts.subject import GenRequest
 
 SOURCE = "issue 5 (engine core), item 7"
@@ -21,16 +19,8 @@ PROMPT_LENGTHS = [3, 17, 40, 9, 26, 1]  # mixed; window 16, so some cross it
 NEW_TOKENS = 8
 
 
-def _vocab(path: str) -> int:
-    with open(os.path.join(path, "config.json")) as f:
-        raw = json.load(f)
-    return int(raw.get("vocab_size") or raw["text_config"]["vocab_size"])
-
-
 def _prompts(path: str, lengths=PROMPT_LENGTHS, seed: int = 5) -> list[list[int]]:
-    rng = random.Random(seed)
-    vocab = _vocab(path)
-    return [[rng.randrange(8, vocab) for _ in range(n)] for n in lengths]
+    return random_prompts(path, lengths, seed)
 
 
 @functools.lru_cache(maxsize=8)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import tempfile
 from typing import Any
 
@@ -125,3 +126,17 @@ def argv_for(model: str, *flags: str, draft: str | None = None) -> list[str]:
     if draft is not None:
         argv += ["--speculative-draft-model-path", model_dir(draft)]
     return argv
+
+
+def vocab_size(model_path: str) -> int:
+    """vocab_size of the checkpoint folder's config.json (text_config for multimodal/assistant configs)."""
+    with open(os.path.join(model_path, "config.json")) as f:
+        raw = json.load(f)
+    return int(raw.get("vocab_size") or raw["text_config"]["vocab_size"])
+
+
+def random_prompts(model_path: str, lengths: list[int], seed: int) -> list[list[int]]:
+    """Deterministic token-id prompts of the given lengths, skipping the first ids (pad/eos/bos/specials)."""
+    rng = random.Random(seed)
+    vocab = vocab_size(model_path)
+    return [[rng.randrange(8, vocab) for _ in range(n)] for n in lengths]

@@ -8,11 +8,8 @@ difference.
 
 from __future__ import annotations
 
-import json
-import os
-import random
-
 from contracts.base import ContractViolation, contract, require
+from contracts.models import random_prompts
 from contracts.subject import GenRequest
 
 SEED = "seeds/000 PR-B"
@@ -27,16 +24,8 @@ LOGPROB_TOL = 1e-4
 LENGTHS = [1, 2, 3, 5, 7, 9, 12, 15, 16, 17, 19, 23, 28, 31, 32, 33, 37, 41, 47, 52, 58, 64, 71, 80]
 
 
-def _vocab(model_path: str) -> int:
-    with open(os.path.join(model_path, "config.json")) as f:
-        return int(json.load(f)["vocab_size"])
-
-
 def prompts(model_path: str, lengths=LENGTHS, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    vocab = _vocab(model_path)
-    # Skip the first ids (pad/eos/bos/special) so prompts are ordinary text tokens.
-    return [[rng.randrange(8, vocab) for _ in range(n)] for n in lengths]
+    return random_prompts(model_path, lengths, seed)
 
 
 def _argv(subject, *flags: str) -> list[str]:

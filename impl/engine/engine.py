@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib
 import logging
 import queue
 import threading
@@ -22,14 +21,12 @@ from typing import Any, AsyncIterator, Iterator, Sequence
 
 import torch
 
-# Decide TRITON_INTERPRET before anything imports triton: loading a model makes torch
-# import triton (torch._dynamo), after which setting the variable is too late.
-import impl.kernels.triton_env  # noqa: F401,I001
 from impl.args.attention import device_of
 from impl.args.check import check_server_args
 from impl.args.platform import Platform
 from impl.args.resolution import resolutions_of
 from impl.args.server_args import ServerArgs
+from impl.args.unsupported import refuse_unimplemented
 from impl.cache.allocator import TokenSlotAllocator
 from impl.cache.radix_cache import RadixCache
 from impl.config.model_config import ModelConfig
@@ -72,7 +69,7 @@ class Engine:
         platform = Platform.detect(self.server_args.device)
         model_config = ModelConfig.from_server_args(self.server_args)
         check_server_args(self.server_args, model_config, platform)
-        _refuse_unimplemented(self.server_args)
+        refuse_unimplemented(self.server_args)
         args = self.server_args.resolved()
         self.resolved_args = args
         self.device = torch.device(device_of(self.server_args))
@@ -379,17 +376,6 @@ class Engine:
         ids = set(self.model_config.eos_token_ids)
         ids.update(getattr(self.tokenizer, "eos_token_ids", ()) or ())
         return tuple(sorted(ids))
-
-
-def _refuse_unimplemented(server_args: ServerArgs) -> None:
-    """Call impl.args.unsupported.refuse_unimplemented when the lead's module exists."""
-    try:
-        mod = importlib.import_module("impl.args.unsupported")
-    except ModuleNotFoundError as e:
-        if e.name != "impl.args.unsupported":
-            raise
-        return
-    mod.refuse_unimplemented(server_args)
 
 
 def _load_tokenizer(path: str):
