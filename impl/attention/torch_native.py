@@ -39,6 +39,7 @@ import torch
 from torch.nn import functional as F
 
 from impl.attention.base import AttentionBackend, AttentionLayer
+from impl.kernels import cpu_fused
 
 # Gathered sliding-window K elements per chunk of query rows (bounds memory for large windows).
 _WINDOW_CHUNK_ELEMS = 1 << 24
@@ -94,6 +95,7 @@ class _Plan:
     band_groups: list[tuple[int, slice, int]] = field(default_factory=list)  # (req_to_token row, q rows, first pos)
     window_rows: torch.Tensor | None = None  # [n'] rows of q run through windows (None: every row)
     bands: dict[int, list[_Band]] = field(default_factory=dict)  # per sliding window size, built on first use
+    window_index: tuple | None = None  # (q_pos, row_req) of the window rows, for the fused CPU kernel
     cross: bool = False  # YOCO cross-decoder plan
     kv: dict[tuple, tuple] = field(default_factory=dict)  # (kv_layer_id, window[, "band"]) -> gathered K/V
 
@@ -108,6 +110,11 @@ class TorchNativeAttnBackend(AttentionBackend):
         # Gather destinations kept across passes: a fresh multi-MB tensor per layer and step costs page
         # faults (the allocator hands large blocks back to the OS), more than the copy itself.
         self._scratch: dict[tuple, torch.Tensor] = {}
+        # Sliding-window rows on CPU float32 run the fused kernel (impl/kernels/cpu_fused): one call per
+        # layer reading the pool through req_to_token, no gathered windows (None: not available).
+        self._paged_rows = None
+        if torch.device(device).type == "cpu" and (ext := cpu_fused.load()) is not None:
+            self._paged_rows = ext.paged_attention_rows
 
     # ---- metadata -----------------------------------------------------------
     def init_forward_metadata(self, fb) -> None:
@@ -263,6 +270,17 @@ class TorchNativeAttnBackend(AttentionBackend):
     def _sliding_rows(self, q3, k_buf, v_buf, plan: _Plan, layer: AttentionLayer) -> torch.Tensor:
         """Each row (of ``plan.window_rows``) against its own window of keys: batched ``[n * Hkv, G, w]`` scores."""
         n, h, d = q3.shape
+        if self._paged_rows is not None and k_buf.dtype == torch.float32 and q3.dtype == torch.float32:
+            if plan.window_index is None:
+                q_pos, row_req = plan.q_pos, plan.row_req
+                if plan.window_rows is not None:
+                    q_pos, row_req = q_pos.index_select(0, plan.window_rows), row_req.index_select(0, plan.window_rows)
+                plan.window_index = (q_pos, row_req)
+            q_pos, row_req = plan.window_index
+            r2t = self.req_to_token_pool.req_to_token
+            return self._paged_rows(
+                q3.contiguous(), k_buf, v_buf, r2t, row_req, q_pos, layer.sliding_window, layer.scaling, layer.logit_cap or 0.0
+            )
         win = self._window(plan, self.req_to_token_pool.req_to_token, layer.sliding_window)
         chunk = max(1, _WINDOW_CHUNK_ELEMS // (win.w * k_buf.shape[1] * k_buf.shape[2]))
         key = (layer.kv_layer_id, layer.sliding_window)

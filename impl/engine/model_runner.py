@@ -21,6 +21,7 @@ from impl.cache.kv_pool import ReqToTokenPool, TokenToKVPool
 from impl.cache.memory import KVBudget, kv_budget
 from impl.config.model_config import ModelConfig
 from impl.engine.forward_batch import ForwardBatch, WorkCounters
+from impl.kernels import cpu_fused
 from impl.model import yoco
 from impl.model.loader import load_model, resolve_dtype
 
@@ -95,7 +96,17 @@ class ModelRunner:
             f"Attention backends: prefill {self.backend_names[0]}, decode {self.backend_names[1]}",
             f"Scheduler limits: max_running_requests={self.limits.max_running_requests}, "
             f"max request length {self.limits.max_req_len} tokens",
-        ]
+        ] + ([f"CPU kernels: {self._cpu_kernels()}"] if self.device.type == "cpu" else [])
+
+    def _cpu_kernels(self) -> str:
+        """Which path the decoder layers take on CPU (impl/kernels/cpu_fused)."""
+        if any(getattr(layer, "_fused", None) is not None for layer in self.model.layers):
+            return "fused decoder layers and sliding-window attention (C++ extension)"
+        if not cpu_fused.enabled_by_env():
+            return f"torch ops ({cpu_fused.ENV_SWITCH}=0)"
+        if cpu_fused.error():
+            return f"torch ops (fused kernels unavailable: {cpu_fused.error()})"
+        return "torch ops (the fused kernels serve float32 gelu-tanh layers only)"
 
 
 def _auto_dtype(model_config: ModelConfig, device: torch.device) -> torch.dtype:

@@ -7,6 +7,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from impl.attention.base import AttentionLayer
+from impl.kernels import cpu_fused
 from impl.config.model_config import ModelConfig
 from impl.model.attention import Gemma4Attention
 from impl.model.mlp import GemmaMLP, MoEExperts, MoERouter, _act
@@ -46,6 +47,8 @@ class Gemma4DecoderLayer(nn.Module):
             p.requires_grad_(False)
         self.eps = eps
         self._fast: tuple | None = None  # float32 norm weights and layer_scalar after fuse_weights()
+        self._fused: tuple | None = None  # (extension, attn_pre args, decoder_post args) on CPU float32
+        self.gelu_tanh = c.hidden_activation in ("gelu_pytorch_tanh", "gelu_tanh")
 
     @torch.no_grad()
     def fuse_weights(self) -> None:
@@ -64,9 +67,29 @@ class Gemma4DecoderLayer(nn.Module):
         scalar = float(self.layer_scalar.reshape(-1)[0])
         ple = (self.per_layer_input_gate.weight, self.per_layer_projection.weight, ws[4]) if self.ple_dim else None
         self._fast = (ws[0], ws[1], ws[2], ws[3], ple, scalar)
+        self._fused = self._fused_kernel_args()
+
+    def _fused_kernel_args(self) -> tuple | None:
+        """Arguments of the fused CPU kernels (impl/kernels/cpu_fused) for this layer, or None when
+        they do not apply (not CPU float32, not gelu-tanh, unfused weights, or no extension)."""
+        att, mlp = self.self_attn, self.mlp
+        proj = att._qkv_w if att.owns_kv else att.q_proj.weight
+        if not self.gelu_tanh or att._norm_w is None or proj is None or mlp._gate_up_w is None:
+            return None
+        if not cpu_fused.usable_for(proj, mlp._gate_up_w) or (ext := cpu_fused.load()) is None:
+            return None
+        w_in, w_post_attn, w_pre_ff, w_post_ff, ple, scalar = self._fast
+        lay = att.layer
+        head_w = att._norm_w if att.owns_kv else att._norm_w.expand(lay.num_heads, lay.head_dim)
+        pre = (w_in, proj, head_w.contiguous(), lay.num_heads, self.eps)
+        ple_w = (ple[0], ple[1], ple[2]) if ple is not None else (None, None, None)
+        post = (att.o_proj.weight, w_post_attn, w_pre_ff, mlp._gate_up_w, mlp.down_proj.weight, w_post_ff, ple_w, scalar, self.eps)
+        return ext, pre, post
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ple: torch.Tensor | None, fb) -> torch.Tensor:
         # h: [n, hidden]; ple: [n, ple_dim] (this layer's slice) or None
+        if self._fused is not None:
+            return self._forward_fused(h, cos, sin, ple, fb)
         if self._fast is not None:
             return self._forward_fast(h, cos, sin, ple, fb)
         residual = h
@@ -84,6 +107,20 @@ class Gemma4DecoderLayer(nn.Module):
             g = self.act(self.per_layer_input_gate(h)) * ple
             h = h + self.post_per_layer_input_norm(self.per_layer_projection(g))
         return h * self.layer_scalar
+
+    def _forward_fused(self, h, cos, sin, ple, fb) -> torch.Tensor:
+        """``_forward_fast`` as two fused CPU kernels around the attention backend (same math, float32
+        rounding may differ in the last bit: see impl/kernels/cpu_fused)."""
+        ext, (w_in, proj, head_w, q_heads, eps), post = self._fused
+        q, k, v = ext.attn_pre(h, w_in, proj, head_w, cos, sin, q_heads, eps)
+        if not self.self_attn.owns_kv:
+            k = v = None
+        out = fb.attn_backend.forward(q, k, v, self.self_attn.layer, fb)  # [n, H * D]
+        o_w, w_post_attn, w_pre_ff, gate_up_w, down_w, w_post_ff, (g_w, p_w, n_w), scalar, eps = post
+        return ext.decoder_post(
+            h, out, o_w, w_post_attn, w_pre_ff, gate_up_w, down_w, w_post_ff,
+            None if g_w is None else ple, g_w, p_w, n_w, scalar, eps,
+        )
 
     def _forward_fast(self, h, cos, sin, ple, fb) -> torch.Tensor:
         """The same computation in float32 with plain function calls (no nn.Module dispatch per op):

@@ -168,6 +168,12 @@ def test_bad_server_args_and_startup_log():
     eng = engine("e2b")
     log = "\n".join(eng.startup_log)
     assert "15 of 35 layers hold KV" in log and "bytes per token" in log
+    from impl.kernels import cpu_fused
+
+    if cpu_fused.load() is not None:
+        assert "CPU kernels: fused decoder layers and sliding-window attention (C++ extension)" in log
+    else:
+        assert f"CPU kernels: torch ops (fused kernels unavailable: {cpu_fused.error()})" in log
     info = eng.get_server_info()
     assert info["num_kv_layers"] == 15 and info["attention_backend"] == "torch_native"
     assert set(eng.work_counters()) >= {"prefill_tokens", "decode_tokens", "cached_tokens", "cross_decoder_rows"}

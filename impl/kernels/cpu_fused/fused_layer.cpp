@@ -1,0 +1,341 @@
+// Fused CPU float32 pieces of one Gemma-4 decoder layer (see impl/kernels/cpu_fused/__init__.py).
+//
+// On a CPU every ATen op costs a few microseconds of dispatch, allocation and TensorIterator
+// setup; a decode step runs ~45 of them per layer on [batch, 64] tensors. These functions keep
+// the matmuls and GELU as ATen calls (the same kernels the eager path uses) and do the row-local
+// work (RMSNorm, residual adds, head norms, RoPE, gating) in plain loops, one pass per stage.
+//
+// Numerics follow the eager path op by op: RMSNorm is (x * rsqrt(mean(x^2) + eps)) * w with the
+// sum of squares in float32 (summation order may differ from ATen's: ulp-level differences),
+// RoPE is x * cos + rot(x) * sin with both products rounded before the add (built with
+// -ffp-contract=off so no FMA fuses them), residual adds and scales as in the eager code.
+
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace {
+
+inline float inv_rms(const float* x, int64_t d, float eps) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < d; ++j) s += x[j] * x[j];
+  return 1.0f / std::sqrt(s / static_cast<float>(d) + eps);
+}
+
+void check_f32(const torch::Tensor& t, const char* name, int64_t dim) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
+  TORCH_CHECK(t.scalar_type() == torch::kFloat32, name, " must be float32");
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK(dim < 0 || t.dim() == dim, name, " must have ", dim, " dims");
+}
+
+// x [n, d] -> out [n, d] = rms_norm(x) * w.
+void norm_rows(const float* x, const float* w, float* out, int64_t n, int64_t d, float eps) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xr = x + i * d;
+    float* o = out + i * d;
+    const float r = inv_rms(xr, d, eps);
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) o[j] = (xr[j] * r) * w[j];
+  }
+}
+
+}  // namespace
+
+// Input RMSNorm, fused projection, per-head RMSNorm, RoPE.
+//   h [n, hidden]; w_in [hidden]; proj_w [(Hq + 2 Hkv) * D, hidden] (q heads, then k, then v);
+//   head_w [Hq + 2 Hkv, D] per-head norm scales (v rows all ones); cos / sin_signed [n, D] (sin's
+//   first half negated, as rope.prepare_rope makes them). q and k heads get RoPE, v heads do not.
+// Returns [q [n, Hq * D], k [n, Hkv * D], v [n, Hkv * D]] (k and v empty when Hkv == 0).
+std::vector<torch::Tensor> attn_pre(torch::Tensor h, torch::Tensor w_in, torch::Tensor proj_w, torch::Tensor head_w,
+                                    torch::Tensor cos, torch::Tensor sin_signed, int64_t q_heads, double eps) {
+  check_f32(h, "h", 2);
+  check_f32(w_in, "w_in", 1);
+  check_f32(head_w, "head_w", 2);
+  check_f32(cos, "cos", -1);
+  check_f32(sin_signed, "sin_signed", -1);
+  const int64_t n = h.size(0), hidden = h.size(1), heads = head_w.size(0), d = head_w.size(1);
+  const int64_t kv_heads = (heads - q_heads) / 2;
+  TORCH_CHECK(q_heads > 0 && q_heads + 2 * kv_heads == heads, "head_w must have Hq + 2 Hkv rows");
+  TORCH_CHECK(proj_w.size(0) == heads * d && proj_w.size(1) == hidden, "proj_w must be [heads * D, hidden]");
+  TORCH_CHECK(cos.numel() == n * d && sin_signed.numel() == n * d, "cos / sin must hold [n, D]");
+  TORCH_CHECK(d % 2 == 0, "head_dim must be even");
+  const float e = static_cast<float>(eps);
+  auto x = torch::empty_like(h);
+  norm_rows(h.data_ptr<float>(), w_in.data_ptr<float>(), x.data_ptr<float>(), n, hidden, e);
+  auto y = torch::mm(x, proj_w.t());  // [n, heads * D]
+  auto q = torch::empty({n, q_heads * d}, h.options());
+  auto k = torch::empty({n, kv_heads * d}, h.options());
+  auto v = torch::empty({n, kv_heads * d}, h.options());
+  float* dst_base[3] = {q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>()};
+  const int64_t first[3] = {0, q_heads, q_heads + kv_heads};
+  const int64_t count[3] = {q_heads, kv_heads, kv_heads};
+  const float* yp = y.data_ptr<float>();
+  const float* hw = head_w.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin_signed.data_ptr<float>();
+  const int64_t half = d / 2;
+  std::vector<float> t(d);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* c = cp + i * d;
+    const float* s = sp + i * d;
+    for (int part = 0; part < 3; ++part) {
+      for (int64_t k_ = 0; k_ < count[part]; ++k_) {
+        const int64_t hh = first[part] + k_;
+        const float* src = yp + (i * heads + hh) * d;
+        float* dst = dst_base[part] + (i * count[part] + k_) * d;
+        const float* w = hw + hh * d;
+        const float r = inv_rms(src, d, e);
+        if (part == 2) {  // v: normed, no RoPE
+#pragma omp simd
+          for (int64_t j = 0; j < d; ++j) dst[j] = (src[j] * r) * w[j];
+          continue;
+        }
+#pragma omp simd
+        for (int64_t j = 0; j < d; ++j) t[j] = (src[j] * r) * w[j];
+        for (int64_t j = 0; j < half; ++j) {
+          const float a = t[j] * c[j];
+          const float b = t[j + half] * s[j];
+          dst[j] = a + b;
+        }
+        for (int64_t j = half; j < d; ++j) {
+          const float a = t[j] * c[j];
+          const float b = t[j - half] * s[j];
+          dst[j] = a + b;
+        }
+      }
+    }
+  }
+  return {q, k, v};
+}
+
+// Everything after the attention kernel:
+//   a = attn_out @ o_w^T;  h1 = h + norm(a) * w_post_attn
+//   m = down(gelu_tanh(gate(x)) * up(x)) with x = norm(h1) * w_pre_ff;  h2 = h1 + norm(m) * w_post_ff
+//   [PLE] g = gelu_tanh(h2 @ gate_w^T) * ple;  h3 = h2 + norm(g @ proj_w^T) * w_ple_norm
+//   return h3 * scalar
+// Shapes: h [n, hidden]; attn_out [n, H * D]; o_w [hidden, H * D]; gate_up_w [2I, hidden] (gate rows
+// first); down_w [hidden, I]; ple [n, P]; ple_gate_w [P, hidden]; ple_proj_w [hidden, P].
+torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tensor o_w, torch::Tensor w_post_attn,
+                           torch::Tensor w_pre_ff, torch::Tensor gate_up_w, torch::Tensor down_w, torch::Tensor w_post_ff,
+                           c10::optional<torch::Tensor> ple, c10::optional<torch::Tensor> ple_gate_w,
+                           c10::optional<torch::Tensor> ple_proj_w, c10::optional<torch::Tensor> w_ple_norm,
+                           double scalar, double eps) {
+  check_f32(h, "h", 2);
+  TORCH_CHECK(attn_out.size(0) == h.size(0), "attn_out must have one row per row of h");
+  for (auto* t : {&w_post_attn, &w_pre_ff, &w_post_ff}) check_f32(*t, "norm weight", 1);
+  const int64_t n = h.size(0), hid = h.size(1), inter = down_w.size(1);
+  TORCH_CHECK(gate_up_w.size(0) == 2 * inter, "gate_up_w must be [2 * I, hidden]");
+  const float e = static_cast<float>(eps);
+  auto a = torch::mm(attn_out, o_w.t()).contiguous();  // [n, hidden]
+  auto out = torch::empty_like(h);
+  auto x = torch::empty_like(h);
+  const float* hp = h.data_ptr<float>();
+  const float* ap = a.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  float* xp = x.data_ptr<float>();
+  const float* w1 = w_post_attn.data_ptr<float>();
+  const float* w2 = w_pre_ff.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const float* ar = ap + i * hid;
+    const float* hr = hp + i * hid;
+    float* o = op + i * hid;
+    const float ra = inv_rms(ar, hid, e);
+#pragma omp simd
+    for (int64_t j = 0; j < hid; ++j) o[j] = hr[j] + (ar[j] * ra) * w1[j];
+    const float rx = inv_rms(o, hid, e);
+    float* xr = xp + i * hid;
+#pragma omp simd
+    for (int64_t j = 0; j < hid; ++j) xr[j] = (o[j] * rx) * w2[j];
+  }
+  auto gu = torch::mm(x, gate_up_w.t());  // [n, 2I]
+  auto y = torch::gelu(gu.narrow(1, 0, inter), "tanh").contiguous();  // [n, I], fresh
+  {
+    float* yp = y.data_ptr<float>();
+    const float* gp = gu.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      float* yr = yp + i * inter;
+      const float* ur = gp + i * 2 * inter + inter;
+#pragma omp simd
+      for (int64_t j = 0; j < inter; ++j) yr[j] = yr[j] * ur[j];
+    }
+  }
+  auto m = torch::mm(y, down_w.t()).contiguous();  // [n, hidden]
+  const float* mp = m.data_ptr<float>();
+  const float* w3 = w_post_ff.data_ptr<float>();
+  const bool has_ple = ple.has_value() && ple->defined();
+  const float sc = static_cast<float>(scalar);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* mr = mp + i * hid;
+    float* o = op + i * hid;
+    const float rm = inv_rms(mr, hid, e);
+#pragma omp simd
+    for (int64_t j = 0; j < hid; ++j) o[j] = o[j] + (mr[j] * rm) * w3[j];
+    if (!has_ple) {
+#pragma omp simd
+      for (int64_t j = 0; j < hid; ++j) o[j] = o[j] * sc;
+    }
+  }
+  if (!has_ple) return out;
+  TORCH_CHECK(ple->scalar_type() == torch::kFloat32 && ple->dim() == 2 && ple->stride(1) == 1,
+              "ple must be float32 [n, P] with contiguous rows");
+  check_f32(*w_ple_norm, "w_ple_norm", 1);
+  const int64_t p = ple->size(1), ple_row = ple->stride(0);
+  auto g = torch::gelu(torch::mm(out, ple_gate_w->t()), "tanh").contiguous();  // [n, P]
+  {
+    float* gp = g.data_ptr<float>();
+    const float* pl = ple->data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      float* gr = gp + i * p;
+      const float* pr = pl + i * ple_row;  // a [T, L, P] table's layer slice: rows L * P apart
+#pragma omp simd
+      for (int64_t j = 0; j < p; ++j) gr[j] = gr[j] * pr[j];
+    }
+  }
+  auto q = torch::mm(g, ple_proj_w->t()).contiguous();  // [n, hidden]
+  const float* qp = q.data_ptr<float>();
+  const float* wn = w_ple_norm->data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const float* qr = qp + i * hid;
+    float* o = op + i * hid;
+    const float rq = inv_rms(qr, hid, e);
+#pragma omp simd
+    for (int64_t j = 0; j < hid; ++j) o[j] = (o[j] + (qr[j] * rq) * wn[j]) * sc;
+  }
+  return out;
+}
+
+// Attention of independent query rows over the paged KV pool, each row against its own keys:
+// positions max(0, p - window + 1) .. p of its request (window <= 0: 0 .. p), slots read through
+// req_to_token (no gathered copy, no padding). For sliding-window layers (few keys per row) and
+// decode rows. Softmax as exp(s - max) / sum, the exponentials in one vectorized ATen call over
+// all rows' scores.
+//   q [n, H, D]; k_buf / v_buf [N, Hkv, D]; req_to_token [R, M] int64; row_req / q_pos [n] int64.
+// Returns [n, H, D].
+torch::Tensor paged_attention_rows(torch::Tensor q, torch::Tensor k_buf, torch::Tensor v_buf, torch::Tensor req_to_token,
+                                   torch::Tensor row_req, torch::Tensor q_pos, int64_t window, double scaling,
+                                   double logit_cap) {
+  check_f32(q, "q", 3);
+  check_f32(k_buf, "k_buf", 3);
+  check_f32(v_buf, "v_buf", 3);
+  TORCH_CHECK(req_to_token.scalar_type() == torch::kInt64 && req_to_token.dim() == 2 && req_to_token.stride(1) == 1,
+              "req_to_token must be int64 [R, M] with contiguous rows");
+  TORCH_CHECK(row_req.scalar_type() == torch::kInt64 && q_pos.scalar_type() == torch::kInt64, "row_req / q_pos must be int64");
+  auto rr = row_req.contiguous();
+  auto qp = q_pos.contiguous();
+  const int64_t n = q.size(0), H = q.size(1), D = q.size(2), Hkv = k_buf.size(1);
+  TORCH_CHECK(rr.numel() == n && qp.numel() == n, "row_req / q_pos must have one entry per query row");
+  TORCH_CHECK(k_buf.size(2) == D && v_buf.size(1) == Hkv && v_buf.size(2) == D && H % Hkv == 0, "bad head layout");
+  const int64_t G = H / Hkv, cap_n = k_buf.size(0), r2t_stride = req_to_token.stride(0);
+  const int64_t* rrp = rr.data_ptr<int64_t>();
+  const int64_t* qpp = qp.data_ptr<int64_t>();
+  const int64_t* r2t = req_to_token.data_ptr<int64_t>();
+  const float* qd = q.data_ptr<float>();
+  const float* kb = k_buf.data_ptr<float>();
+  const float* vb = v_buf.data_ptr<float>();
+  // Pass 1: scores of every (row, head, key) packed row by row; offsets[i] = start of row i.
+  std::vector<int64_t> first(n), offsets(n + 1);
+  offsets[0] = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t p = qpp[i];
+    TORCH_CHECK(p >= 0 && p < req_to_token.size(1), "query position out of range");
+    first[i] = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+    offsets[i + 1] = offsets[i] + H * (p - first[i] + 1);
+  }
+  auto scores = torch::empty({offsets[n]}, q.options());
+  float* sp = scores.data_ptr<float>();
+  const float scale = static_cast<float>(scaling);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t L = qpp[i] - first[i] + 1;
+    const int64_t* slots = r2t + rrp[i] * r2t_stride + first[i];
+    for (int64_t j = 0; j < L; ++j) {
+      TORCH_CHECK(slots[j] >= 0 && slots[j] < cap_n, "KV slot out of range");
+    }
+    for (int64_t kh = 0; kh < Hkv; ++kh) {
+      const float* q0 = qd + (i * H + kh * G) * D;  // the G query heads of this KV head, adjacent
+      float* srow = sp + offsets[i] + kh * G * L;     // [G, L] scores of these heads
+      if (G == 4) {  // one pass over the keys serves four heads (Gemma-4: 4 or 8 heads per KV head)
+        const float *q1 = q0 + D, *q2 = q0 + 2 * D, *q3 = q0 + 3 * D;
+        for (int64_t j = 0; j < L; ++j) {
+          const float* kr = kb + (slots[j] * Hkv + kh) * D;
+          float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+          for (int64_t d = 0; d < D; ++d) {
+            const float k = kr[d];
+            a0 = std::fma(q0[d], k, a0);
+            a1 = std::fma(q1[d], k, a1);
+            a2 = std::fma(q2[d], k, a2);
+            a3 = std::fma(q3[d], k, a3);
+          }
+          srow[j] = a0 * scale;
+          srow[L + j] = a1 * scale;
+          srow[2 * L + j] = a2 * scale;
+          srow[3 * L + j] = a3 * scale;
+        }
+        continue;
+      }
+      for (int64_t j = 0; j < L; ++j) {
+        const float* kr = kb + (slots[j] * Hkv + kh) * D;
+        for (int64_t g = 0; g < G; ++g) {
+          const float* qr = q0 + g * D;
+          float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+          for (int64_t d = 0; d < D; ++d) acc = std::fma(qr[d], kr[d], acc);
+          srow[g * L + j] = acc * scale;
+        }
+      }
+    }
+  }
+  if (logit_cap > 0) {
+    scores.div_(logit_cap).tanh_().mul_(logit_cap);
+  }
+  // Softmax: subtract each (row, head) max, one exp over everything, then normalise while summing V.
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t L = qpp[i] - first[i] + 1;
+    for (int64_t head = 0; head < H; ++head) {
+      float* s = sp + offsets[i] + head * L;
+      float m = s[0];
+      for (int64_t j = 1; j < L; ++j) m = s[j] > m ? s[j] : m;
+#pragma omp simd
+      for (int64_t j = 0; j < L; ++j) s[j] = s[j] - m;
+    }
+  }
+  scores.exp_();
+  auto out = torch::zeros({n, H, D}, q.options());
+  float* op = out.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t L = qpp[i] - first[i] + 1;
+    const int64_t* slots = r2t + rrp[i] * r2t_stride + first[i];
+    for (int64_t head = 0; head < H; ++head) {
+      float* s = sp + offsets[i] + head * L;
+      float total = 0.f;
+      for (int64_t j = 0; j < L; ++j) total += s[j];
+      const float inv = 1.0f / total;
+#pragma omp simd
+      for (int64_t j = 0; j < L; ++j) s[j] = s[j] * inv;
+    }
+    for (int64_t j = 0; j < L; ++j) {
+      const int64_t slot = slots[j];
+      for (int64_t kh = 0; kh < Hkv; ++kh) {
+        const float* vr = vb + (slot * Hkv + kh) * D;
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t head = kh * G + g;
+          const float w = sp[offsets[i] + head * L + j];
+          float* o = op + (i * H + head) * D;
+#pragma omp simd
+          for (int64_t d = 0; d < D; ++d) o[d] = std::fma(w, vr[d], o[d]);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("attn_pre", &attn_pre, "input norm + projection + head norms + RoPE (float32, CPU)");
+  m.def("paged_attention_rows", &paged_attention_rows, "per-row attention over the paged KV pool (float32, CPU)");
+  m.def("decoder_post", &decoder_post, "o_proj + norms + residuals + MLP + PLE + layer scalar (float32, CPU)");
+}

@@ -1,0 +1,52 @@
+"""Pure-torch references for the fused CPU kernels (the eager model path, op for op)."""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from impl.model.norm import rms_norm
+from impl.model.rope import apply_rope_prepared
+
+
+def attn_pre(h, w_in, proj_w, head_w, cos, sin_signed, q_heads: int, eps: float):
+    """See fused_layer.cpp ``attn_pre``. cos / sin_signed [n, D] or [n, 1, D]."""
+    n, (heads, d) = h.shape[0], head_w.shape
+    kv = (heads - q_heads) // 2
+    y = F.linear(rms_norm(h, w_in, eps), proj_w).view(n, heads, d)
+    y = rms_norm(y, None, eps).mul_(head_w)
+    c, s = cos.reshape(n, 1, d), sin_signed.reshape(n, 1, d)
+    qk = apply_rope_prepared(y[:, : q_heads + kv], c, s)
+    return qk[:, :q_heads].reshape(n, -1), qk[:, q_heads:].reshape(n, -1), y[:, q_heads + kv :].reshape(n, -1)
+
+
+def decoder_post(h, attn_out, o_w, w_post_attn, w_pre_ff, gate_up_w, down_w, w_post_ff, ple, ple_gate_w, ple_proj_w,
+                 w_ple_norm, scalar: float, eps: float):
+    """See fused_layer.cpp ``decoder_post``."""
+    inter = down_w.shape[1]
+    h = h + rms_norm(F.linear(attn_out, o_w), w_post_attn, eps)
+    gu = F.linear(rms_norm(h, w_pre_ff, eps), gate_up_w)
+    m = F.linear(F.gelu(gu[:, :inter], approximate="tanh").mul_(gu[:, inter:]), down_w)
+    h = h + rms_norm(m, w_post_ff, eps)
+    if ple is not None:
+        g = F.gelu(F.linear(h, ple_gate_w), approximate="tanh").mul_(ple)
+        h = h + rms_norm(F.linear(g, ple_proj_w), w_ple_norm, eps)
+    return h.mul_(scalar)
+
+
+def paged_attention_rows(q, k_buf, v_buf, req_to_token, row_req, q_pos, window: int, scaling: float, logit_cap: float):
+    """See fused_layer.cpp ``paged_attention_rows``: row ``i`` attends to positions
+    ``max(0, p - window + 1) .. p`` (``window <= 0``: ``0 .. p``) of request row ``row_req[i]``."""
+    n, h, _ = q.shape
+    out = torch.empty_like(q)
+    for i in range(n):
+        p = int(q_pos[i])
+        lo = max(0, p - window + 1) if window > 0 else 0
+        slots = req_to_token[int(row_req[i]), lo : p + 1]
+        k = k_buf.index_select(0, slots).repeat_interleave(h // k_buf.shape[1], dim=1)  # [L, H, D]
+        v = v_buf.index_select(0, slots).repeat_interleave(h // v_buf.shape[1], dim=1)
+        s = torch.einsum("hd,lhd->hl", q[i], k) * scaling
+        if logit_cap > 0:
+            s = torch.tanh(s / logit_cap) * logit_cap
+        out[i] = torch.einsum("hl,lhd->hd", torch.softmax(s, dim=-1), v)
+    return out
