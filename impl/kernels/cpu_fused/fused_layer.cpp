@@ -18,6 +18,9 @@
 
 namespace {
 
+// Elements of one MLP row block's gate/up output (64K floats = 256 KB: fits a core's L2).
+constexpr int64_t kMlpBlockElems = int64_t{1} << 16;
+
 inline float inv_rms(const float* x, int64_t d, float eps) {
   float s = 0.f;
 #pragma omp simd reduction(+ : s)
@@ -151,19 +154,28 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
 #pragma omp simd
     for (int64_t j = 0; j < hid; ++j) xr[j] = (o[j] * rx) * w2[j];
   }
-  auto gu = torch::mm(x, gate_up_w.t());  // [n, 2I]
-  auto y = torch::gelu(gu.narrow(1, 0, inter), "tanh").contiguous();  // [n, I], fresh
-  {
+  // The MLP in blocks of rows, so each block's [rows, 2I] gate/up output is still in cache when
+  // GELU, the gating multiply and the down projection read it (a 2048-row prefill chunk with a
+  // double-wide MLP would otherwise stream 4 MB through memory three times).
+  auto m = torch::empty_like(h);  // [n, hidden]
+  const int64_t block = std::max<int64_t>(1, kMlpBlockElems / (2 * inter));
+  auto gate_t = gate_up_w.t();
+  auto down_t = down_w.t();
+  for (int64_t lo = 0; lo < n; lo += block) {
+    const int64_t rows = std::min(block, n - lo);
+    auto gu = torch::mm(x.narrow(0, lo, rows), gate_t);  // [rows, 2I]
+    auto y = torch::gelu(gu.narrow(1, 0, inter), "tanh").contiguous();  // [rows, I], fresh
     float* yp = y.data_ptr<float>();
     const float* gp = gu.data_ptr<float>();
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = 0; i < rows; ++i) {
       float* yr = yp + i * inter;
       const float* ur = gp + i * 2 * inter + inter;
 #pragma omp simd
       for (int64_t j = 0; j < inter; ++j) yr[j] = yr[j] * ur[j];
     }
+    auto m_rows = m.narrow(0, lo, rows);
+    torch::mm_out(m_rows, y, down_t);
   }
-  auto m = torch::mm(y, down_w.t()).contiguous();  // [n, hidden]
   const float* mp = m.data_ptr<float>();
   const float* w3 = w_post_ff.data_ptr<float>();
   const bool has_ple = ple.has_value() && ple->defined();
