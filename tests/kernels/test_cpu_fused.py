@@ -147,3 +147,16 @@ def test_switch_off_and_failed_build_fall_back_to_torch(monkeypatch, caplog):
     warnings = [r.getMessage() for r in caplog.records if "fused CPU kernels unavailable" in r.getMessage()]
     assert len(warnings) == 1 and "g++ not found" in warnings[0]
     assert "g++ not found" in cpu_fused.error()
+
+
+def test_stale_build_lock_is_removed_fresh_one_kept(tmp_path):
+    import time
+
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    cpu_fused._clear_stale_lock(str(lock))
+    assert lock.exists()  # a build may be running right now
+    old = time.time() - 2 * cpu_fused._STALE_LOCK_S
+    os.utime(lock, (old, old))
+    cpu_fused._clear_stale_lock(str(lock))
+    assert not lock.exists()
