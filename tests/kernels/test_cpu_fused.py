@@ -160,3 +160,20 @@ def test_stale_build_lock_is_removed_fresh_one_kept(tmp_path):
     os.utime(lock, (old, old))
     cpu_fused._clear_stale_lock(str(lock))
     assert not lock.exists()
+
+
+@needs_ext
+def test_kernels_accept_strided_activations():
+    g = _gen(3)
+    n, d, hid = 6, 16, 64
+    h = torch.randn(hid, n, generator=g).t()  # a transposed view: not contiguous
+    w_in, proj, head_w = torch.randn(hid, generator=g), torch.randn(6 * d, hid, generator=g) * 0.2, torch.randn(6, d, generator=g)
+    cos, sin = torch.randn(n, 2 * d, generator=g)[:, ::2], torch.randn(n, d, generator=g)
+    got = EXT.attn_pre(h, w_in, proj, head_w, cos, sin, 4, 1e-6)
+    for a, b in zip(got, ref.attn_pre(h.contiguous(), w_in, proj, head_w, cos.contiguous(), sin, 4, 1e-6)):
+        _close(a, b)
+    r = lambda *s: torch.randn(*s, generator=g) * 0.3  # noqa: E731
+    args = [h, r(n, 64), r(hid, 64), r(hid), r(hid), r(256, hid), r(hid, 128), r(hid)]
+    ple = [r(n, 8, 2)[:, :, 0], r(8, hid), r(hid, 8), r(hid)]  # P elements 2 apart: not row-contiguous
+    got = EXT.decoder_post(*args, *ple, 1.0, 1e-6)
+    _close(got, ref.decoder_post(*[a.contiguous() for a in args], *ple, 1.0, 1e-6))

@@ -35,6 +35,13 @@ void check_f32(const torch::Tensor& t, const char* name, int64_t dim) {
   TORCH_CHECK(dim < 0 || t.dim() == dim, name, " must have ", dim, " dims");
 }
 
+// Activations may arrive as strided views: a contiguous copy (a no-op when already contiguous).
+torch::Tensor f32_rows(const torch::Tensor& t, const char* name, int64_t dim) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat32, name, " must be a float32 CPU tensor");
+  TORCH_CHECK(t.dim() == dim, name, " must have ", dim, " dims");
+  return t.contiguous();
+}
+
 // x [n, d] -> out [n, d] = rms_norm(x) * w.
 void norm_rows(const float* x, const float* w, float* out, int64_t n, int64_t d, float eps) {
   for (int64_t i = 0; i < n; ++i) {
@@ -55,11 +62,11 @@ void norm_rows(const float* x, const float* w, float* out, int64_t n, int64_t d,
 // Returns [q [n, Hq * D], k [n, Hkv * D], v [n, Hkv * D]] (k and v empty when Hkv == 0).
 std::vector<torch::Tensor> attn_pre(torch::Tensor h, torch::Tensor w_in, torch::Tensor proj_w, torch::Tensor head_w,
                                     torch::Tensor cos, torch::Tensor sin_signed, int64_t q_heads, double eps) {
-  check_f32(h, "h", 2);
+  h = f32_rows(h, "h", 2);
   check_f32(w_in, "w_in", 1);
   check_f32(head_w, "head_w", 2);
-  check_f32(cos, "cos", -1);
-  check_f32(sin_signed, "sin_signed", -1);
+  cos = f32_rows(cos, "cos", cos.dim());
+  sin_signed = f32_rows(sin_signed, "sin_signed", sin_signed.dim());
   const int64_t n = h.size(0), hidden = h.size(1), heads = head_w.size(0), d = head_w.size(1);
   const int64_t kv_heads = (heads - q_heads) / 2;
   TORCH_CHECK(q_heads > 0 && q_heads + 2 * kv_heads == heads, "head_w must have Hq + 2 Hkv rows");
@@ -127,7 +134,7 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
                            c10::optional<torch::Tensor> ple, c10::optional<torch::Tensor> ple_gate_w,
                            c10::optional<torch::Tensor> ple_proj_w, c10::optional<torch::Tensor> w_ple_norm,
                            double scalar, double eps) {
-  check_f32(h, "h", 2);
+  h = f32_rows(h, "h", 2);
   TORCH_CHECK(attn_out.size(0) == h.size(0), "attn_out must have one row per row of h");
   for (auto* t : {&w_post_attn, &w_pre_ff, &w_post_ff}) check_f32(*t, "norm weight", 1);
   const int64_t n = h.size(0), hid = h.size(1), inter = down_w.size(1);
@@ -192,14 +199,14 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
     }
   }
   if (!has_ple) return out;
-  TORCH_CHECK(ple->scalar_type() == torch::kFloat32 && ple->dim() == 2 && ple->stride(1) == 1,
-              "ple must be float32 [n, P] with contiguous rows");
+  TORCH_CHECK(ple->scalar_type() == torch::kFloat32 && ple->dim() == 2 && ple->size(0) == n, "ple must be float32 [n, P]");
+  torch::Tensor ple_rows = ple->stride(1) == 1 ? *ple : ple->contiguous();  // a layer slice keeps its row stride
   check_f32(*w_ple_norm, "w_ple_norm", 1);
-  const int64_t p = ple->size(1), ple_row = ple->stride(0);
+  const int64_t p = ple_rows.size(1), ple_row = ple_rows.stride(0);
   auto g = torch::gelu(torch::mm(out, ple_gate_w->t()), "tanh").contiguous();  // [n, P]
   {
     float* gp = g.data_ptr<float>();
-    const float* pl = ple->data_ptr<float>();
+    const float* pl = ple_rows.data_ptr<float>();
     for (int64_t i = 0; i < n; ++i) {
       float* gr = gp + i * p;
       const float* pr = pl + i * ple_row;  // a [T, L, P] table's layer slice: rows L * P apart
@@ -230,7 +237,7 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
 torch::Tensor paged_attention_rows(torch::Tensor q, torch::Tensor k_buf, torch::Tensor v_buf, torch::Tensor req_to_token,
                                    torch::Tensor row_req, torch::Tensor q_pos, int64_t window, double scaling,
                                    double logit_cap) {
-  check_f32(q, "q", 3);
+  q = f32_rows(q, "q", 3);
   check_f32(k_buf, "k_buf", 3);
   check_f32(v_buf, "v_buf", 3);
   TORCH_CHECK(req_to_token.scalar_type() == torch::kInt64 && req_to_token.dim() == 2 && req_to_token.stride(1) == 1,
