@@ -177,3 +177,27 @@ def test_kernels_accept_strided_activations():
     ple = [r(n, 8, 2)[:, :, 0], r(8, hid), r(hid, 8), r(hid)]  # P elements 2 apart: not row-contiguous
     got = EXT.decoder_post(*args, *ple, 1.0, 1e-6)
     _close(got, ref.decoder_post(*[a.contiguous() for a in args], *ple, 1.0, 1e-6))
+
+
+@needs_ext
+def test_row_loops_split_across_threads_give_the_same_rows():
+    """With several torch threads the row loops run on ATen's pool: same values as with one."""
+    g = _gen(11)
+    n, hid = 300, 64  # several row chunks
+    r = lambda *s: torch.randn(*s, generator=g) * 0.3  # noqa: E731
+    pre = (r(n, hid), r(hid), r(6 * 16, hid), r(6, 16), r(n, 16), r(n, 16), 4, 1e-6)
+    post = (r(n, hid), r(n, 64), r(hid, 64), r(hid), r(hid), r(256, hid), r(hid, 128), r(hid), r(n, 8), r(8, hid), r(hid, 8), r(hid), 0.5, 1e-6)
+    kv = r(400, 1, 16)
+    att = (r(n, 4, 16), kv, kv, torch.randint(0, 400, (3, 200), generator=g), torch.randint(0, 3, (n,), generator=g),
+           torch.randint(0, 200, (n,), generator=g), 16, 1.0, 0.0)
+    before = torch.get_num_threads()
+    try:
+        one = (EXT.attn_pre(*pre), EXT.decoder_post(*post), EXT.paged_attention_rows(*att))
+        torch.set_num_threads(2)
+        two = (EXT.attn_pre(*pre), EXT.decoder_post(*post), EXT.paged_attention_rows(*att))
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(one[0], two[0]):
+        _close(b, a)  # matmuls may block differently with two threads
+    _close(two[1], one[1])
+    assert torch.equal(one[2], two[2])  # no matmul: each row computed by the same loop

@@ -42,15 +42,28 @@ torch::Tensor f32_rows(const torch::Tensor& t, const char* name, int64_t dim) {
   return t.contiguous();
 }
 
+// Row loops run on ATen's intra-op thread pool when torch has several threads (inline with one).
+constexpr int64_t kRowGrain = 64;
+template <class F>
+void for_rows(int64_t n, const F& f) {
+  if (n <= kRowGrain || at::get_num_threads() == 1) {
+    f(int64_t{0}, n);
+    return;
+  }
+  at::parallel_for(0, n, kRowGrain, f);
+}
+
 // x [n, d] -> out [n, d] = rms_norm(x) * w.
 void norm_rows(const float* x, const float* w, float* out, int64_t n, int64_t d, float eps) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float* xr = x + i * d;
-    float* o = out + i * d;
-    const float r = inv_rms(xr, d, eps);
+  for_rows(n, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float* xr = x + i * d;
+      float* o = out + i * d;
+      const float r = inv_rms(xr, d, eps);
 #pragma omp simd
-    for (int64_t j = 0; j < d; ++j) o[j] = (xr[j] * r) * w[j];
-  }
+      for (int64_t j = 0; j < d; ++j) o[j] = (xr[j] * r) * w[j];
+    }
+  });
 }
 
 }  // namespace
@@ -88,37 +101,39 @@ std::vector<torch::Tensor> attn_pre(torch::Tensor h, torch::Tensor w_in, torch::
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin_signed.data_ptr<float>();
   const int64_t half = d / 2;
-  std::vector<float> t(d);
-  for (int64_t i = 0; i < n; ++i) {
-    const float* c = cp + i * d;
-    const float* s = sp + i * d;
-    for (int part = 0; part < 3; ++part) {
-      for (int64_t k_ = 0; k_ < count[part]; ++k_) {
-        const int64_t hh = first[part] + k_;
-        const float* src = yp + (i * heads + hh) * d;
-        float* dst = dst_base[part] + (i * count[part] + k_) * d;
-        const float* w = hw + hh * d;
-        const float r = inv_rms(src, d, e);
-        if (part == 2) {  // v: normed, no RoPE
+  for_rows(n, [&](int64_t lo, int64_t hi) {
+    std::vector<float> t(d);  // one scratch head per thread
+    for (int64_t i = lo; i < hi; ++i) {
+      const float* c = cp + i * d;
+      const float* s = sp + i * d;
+      for (int part = 0; part < 3; ++part) {
+        for (int64_t k_ = 0; k_ < count[part]; ++k_) {
+          const int64_t hh = first[part] + k_;
+          const float* src = yp + (i * heads + hh) * d;
+          float* dst = dst_base[part] + (i * count[part] + k_) * d;
+          const float* w = hw + hh * d;
+          const float r = inv_rms(src, d, e);
+          if (part == 2) {  // v: normed, no RoPE
 #pragma omp simd
-          for (int64_t j = 0; j < d; ++j) dst[j] = (src[j] * r) * w[j];
-          continue;
-        }
+            for (int64_t j = 0; j < d; ++j) dst[j] = (src[j] * r) * w[j];
+            continue;
+          }
 #pragma omp simd
-        for (int64_t j = 0; j < d; ++j) t[j] = (src[j] * r) * w[j];
-        for (int64_t j = 0; j < half; ++j) {
-          const float a = t[j] * c[j];
-          const float b = t[j + half] * s[j];
-          dst[j] = a + b;
-        }
-        for (int64_t j = half; j < d; ++j) {
-          const float a = t[j] * c[j];
-          const float b = t[j - half] * s[j];
-          dst[j] = a + b;
+          for (int64_t j = 0; j < d; ++j) t[j] = (src[j] * r) * w[j];
+          for (int64_t j = 0; j < half; ++j) {
+            const float a = t[j] * c[j];
+            const float b = t[j + half] * s[j];
+            dst[j] = a + b;
+          }
+          for (int64_t j = half; j < d; ++j) {
+            const float a = t[j] * c[j];
+            const float b = t[j - half] * s[j];
+            dst[j] = a + b;
+          }
         }
       }
     }
-  }
+  });
   return {q, k, v};
 }
 
@@ -149,23 +164,26 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   float* xp = x.data_ptr<float>();
   const float* w1 = w_post_attn.data_ptr<float>();
   const float* w2 = w_pre_ff.data_ptr<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    const float* ar = ap + i * hid;
-    const float* hr = hp + i * hid;
-    float* o = op + i * hid;
-    const float ra = inv_rms(ar, hid, e);
+  for_rows(n, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float* ar = ap + i * hid;
+      const float* hr = hp + i * hid;
+      float* o = op + i * hid;
+      const float ra = inv_rms(ar, hid, e);
 #pragma omp simd
-    for (int64_t j = 0; j < hid; ++j) o[j] = hr[j] + (ar[j] * ra) * w1[j];
-    const float rx = inv_rms(o, hid, e);
-    float* xr = xp + i * hid;
+      for (int64_t j = 0; j < hid; ++j) o[j] = hr[j] + (ar[j] * ra) * w1[j];
+      const float rx = inv_rms(o, hid, e);
+      float* xr = xp + i * hid;
 #pragma omp simd
-    for (int64_t j = 0; j < hid; ++j) xr[j] = (o[j] * rx) * w2[j];
-  }
+      for (int64_t j = 0; j < hid; ++j) xr[j] = (o[j] * rx) * w2[j];
+    }
+  });
   // The MLP in blocks of rows, so each block's [rows, 2I] gate/up output is still in cache when
   // GELU, the gating multiply and the down projection read it (a 2048-row prefill chunk with a
   // double-wide MLP would otherwise stream 4 MB through memory three times).
   auto m = torch::empty_like(h);  // [n, hidden]
-  const int64_t block = std::max<int64_t>(1, kMlpBlockElems / (2 * inter));
+  // (scaled by the thread count: each thread's share of a block's matmul keeps its cache size)
+  const int64_t block = std::max<int64_t>(1, kMlpBlockElems * at::get_num_threads() / (2 * inter));
   auto gate_t = gate_up_w.t();
   auto down_t = down_w.t();
   for (int64_t lo = 0; lo < n; lo += block) {
@@ -187,17 +205,19 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   const float* w3 = w_post_ff.data_ptr<float>();
   const bool has_ple = ple.has_value() && ple->defined();
   const float sc = static_cast<float>(scalar);
-  for (int64_t i = 0; i < n; ++i) {
-    const float* mr = mp + i * hid;
-    float* o = op + i * hid;
-    const float rm = inv_rms(mr, hid, e);
+  for_rows(n, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float* mr = mp + i * hid;
+      float* o = op + i * hid;
+      const float rm = inv_rms(mr, hid, e);
 #pragma omp simd
-    for (int64_t j = 0; j < hid; ++j) o[j] = o[j] + (mr[j] * rm) * w3[j];
-    if (!has_ple) {
+      for (int64_t j = 0; j < hid; ++j) o[j] = o[j] + (mr[j] * rm) * w3[j];
+      if (!has_ple) {
 #pragma omp simd
-      for (int64_t j = 0; j < hid; ++j) o[j] = o[j] * sc;
+        for (int64_t j = 0; j < hid; ++j) o[j] = o[j] * sc;
+      }
     }
-  }
+  });
   if (!has_ple) return out;
   TORCH_CHECK(ple->scalar_type() == torch::kFloat32 && ple->dim() == 2 && ple->size(0) == n, "ple must be float32 [n, P]");
   torch::Tensor ple_rows = ple->stride(1) == 1 ? *ple : ple->contiguous();  // a layer slice keeps its row stride
@@ -207,23 +227,27 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   {
     float* gp = g.data_ptr<float>();
     const float* pl = ple_rows.data_ptr<float>();
-    for (int64_t i = 0; i < n; ++i) {
-      float* gr = gp + i * p;
-      const float* pr = pl + i * ple_row;  // a [T, L, P] table's layer slice: rows L * P apart
+    for_rows(n, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        float* gr = gp + i * p;
+        const float* pr = pl + i * ple_row;  // a [T, L, P] table's layer slice: rows L * P apart
 #pragma omp simd
-      for (int64_t j = 0; j < p; ++j) gr[j] = gr[j] * pr[j];
-    }
+        for (int64_t j = 0; j < p; ++j) gr[j] = gr[j] * pr[j];
+      }
+    });
   }
   auto q = torch::mm(g, ple_proj_w->t()).contiguous();  // [n, hidden]
   const float* qp = q.data_ptr<float>();
   const float* wn = w_ple_norm->data_ptr<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    const float* qr = qp + i * hid;
-    float* o = op + i * hid;
-    const float rq = inv_rms(qr, hid, e);
+  for_rows(n, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float* qr = qp + i * hid;
+      float* o = op + i * hid;
+      const float rq = inv_rms(qr, hid, e);
 #pragma omp simd
-    for (int64_t j = 0; j < hid; ++j) o[j] = (o[j] + (qr[j] * rq) * wn[j]) * sc;
-  }
+      for (int64_t j = 0; j < hid; ++j) o[j] = (o[j] + (qr[j] * rq) * wn[j]) * sc;
+    }
+  });
   return out;
 }
 
@@ -267,89 +291,95 @@ torch::Tensor paged_attention_rows(torch::Tensor q, torch::Tensor k_buf, torch::
   auto scores = torch::empty({offsets[n]}, q.options());
   float* sp = scores.data_ptr<float>();
   const float scale = static_cast<float>(scaling);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t L = qpp[i] - first[i] + 1;
-    const int64_t* slots = r2t + rrp[i] * r2t_stride + first[i];
-    for (int64_t j = 0; j < L; ++j) {
-      TORCH_CHECK(slots[j] >= 0 && slots[j] < cap_n, "KV slot out of range");
-    }
-    for (int64_t kh = 0; kh < Hkv; ++kh) {
-      const float* q0 = qd + (i * H + kh * G) * D;  // the G query heads of this KV head, adjacent
-      float* srow = sp + offsets[i] + kh * G * L;     // [G, L] scores of these heads
-      if (G == 4) {  // one pass over the keys serves four heads (Gemma-4: 4 or 8 heads per KV head)
-        const float *q1 = q0 + D, *q2 = q0 + 2 * D, *q3 = q0 + 3 * D;
+  for_rows(n, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t L = qpp[i] - first[i] + 1;
+      const int64_t* slots = r2t + rrp[i] * r2t_stride + first[i];
+      for (int64_t j = 0; j < L; ++j) {
+        TORCH_CHECK(slots[j] >= 0 && slots[j] < cap_n, "KV slot out of range");
+      }
+      for (int64_t kh = 0; kh < Hkv; ++kh) {
+        const float* q0 = qd + (i * H + kh * G) * D;  // the G query heads of this KV head, adjacent
+        float* srow = sp + offsets[i] + kh * G * L;     // [G, L] scores of these heads
+        if (G == 4) {  // one pass over the keys serves four heads (Gemma-4: 4 or 8 heads per KV head)
+          const float *q1 = q0 + D, *q2 = q0 + 2 * D, *q3 = q0 + 3 * D;
+          for (int64_t j = 0; j < L; ++j) {
+            const float* kr = kb + (slots[j] * Hkv + kh) * D;
+            float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+            for (int64_t d = 0; d < D; ++d) {
+              const float k = kr[d];
+              a0 = std::fma(q0[d], k, a0);
+              a1 = std::fma(q1[d], k, a1);
+              a2 = std::fma(q2[d], k, a2);
+              a3 = std::fma(q3[d], k, a3);
+            }
+            srow[j] = a0 * scale;
+            srow[L + j] = a1 * scale;
+            srow[2 * L + j] = a2 * scale;
+            srow[3 * L + j] = a3 * scale;
+          }
+          continue;
+        }
         for (int64_t j = 0; j < L; ++j) {
           const float* kr = kb + (slots[j] * Hkv + kh) * D;
-          float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-#pragma omp simd reduction(+ : a0, a1, a2, a3)
-          for (int64_t d = 0; d < D; ++d) {
-            const float k = kr[d];
-            a0 = std::fma(q0[d], k, a0);
-            a1 = std::fma(q1[d], k, a1);
-            a2 = std::fma(q2[d], k, a2);
-            a3 = std::fma(q3[d], k, a3);
-          }
-          srow[j] = a0 * scale;
-          srow[L + j] = a1 * scale;
-          srow[2 * L + j] = a2 * scale;
-          srow[3 * L + j] = a3 * scale;
-        }
-        continue;
-      }
-      for (int64_t j = 0; j < L; ++j) {
-        const float* kr = kb + (slots[j] * Hkv + kh) * D;
-        for (int64_t g = 0; g < G; ++g) {
-          const float* qr = q0 + g * D;
-          float acc = 0.f;
+          for (int64_t g = 0; g < G; ++g) {
+            const float* qr = q0 + g * D;
+            float acc = 0.f;
 #pragma omp simd reduction(+ : acc)
-          for (int64_t d = 0; d < D; ++d) acc = std::fma(qr[d], kr[d], acc);
-          srow[g * L + j] = acc * scale;
+            for (int64_t d = 0; d < D; ++d) acc = std::fma(qr[d], kr[d], acc);
+            srow[g * L + j] = acc * scale;
+          }
         }
       }
     }
-  }
+  });
   if (logit_cap > 0) {
     scores.div_(logit_cap).tanh_().mul_(logit_cap);
   }
   // Softmax: subtract each (row, head) max, one exp over everything, then normalise while summing V.
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t L = qpp[i] - first[i] + 1;
-    for (int64_t head = 0; head < H; ++head) {
-      float* s = sp + offsets[i] + head * L;
-      float m = s[0];
-      for (int64_t j = 1; j < L; ++j) m = s[j] > m ? s[j] : m;
+  for_rows(n, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t L = qpp[i] - first[i] + 1;
+      for (int64_t head = 0; head < H; ++head) {
+        float* s = sp + offsets[i] + head * L;
+        float m = s[0];
+        for (int64_t j = 1; j < L; ++j) m = s[j] > m ? s[j] : m;
 #pragma omp simd
-      for (int64_t j = 0; j < L; ++j) s[j] = s[j] - m;
+        for (int64_t j = 0; j < L; ++j) s[j] = s[j] - m;
+      }
     }
-  }
+  });
   scores.exp_();
   auto out = torch::zeros({n, H, D}, q.options());
   float* op = out.data_ptr<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t L = qpp[i] - first[i] + 1;
-    const int64_t* slots = r2t + rrp[i] * r2t_stride + first[i];
-    for (int64_t head = 0; head < H; ++head) {
-      float* s = sp + offsets[i] + head * L;
-      float total = 0.f;
-      for (int64_t j = 0; j < L; ++j) total += s[j];
-      const float inv = 1.0f / total;
+  for_rows(n, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t L = qpp[i] - first[i] + 1;
+      const int64_t* slots = r2t + rrp[i] * r2t_stride + first[i];
+      for (int64_t head = 0; head < H; ++head) {
+        float* s = sp + offsets[i] + head * L;
+        float total = 0.f;
+        for (int64_t j = 0; j < L; ++j) total += s[j];
+        const float inv = 1.0f / total;
 #pragma omp simd
-      for (int64_t j = 0; j < L; ++j) s[j] = s[j] * inv;
-    }
-    for (int64_t j = 0; j < L; ++j) {
-      const int64_t slot = slots[j];
-      for (int64_t kh = 0; kh < Hkv; ++kh) {
-        const float* vr = vb + (slot * Hkv + kh) * D;
-        for (int64_t g = 0; g < G; ++g) {
-          const int64_t head = kh * G + g;
-          const float w = sp[offsets[i] + head * L + j];
-          float* o = op + (i * H + head) * D;
+        for (int64_t j = 0; j < L; ++j) s[j] = s[j] * inv;
+      }
+      for (int64_t j = 0; j < L; ++j) {
+        const int64_t slot = slots[j];
+        for (int64_t kh = 0; kh < Hkv; ++kh) {
+          const float* vr = vb + (slot * Hkv + kh) * D;
+          for (int64_t g = 0; g < G; ++g) {
+            const int64_t head = kh * G + g;
+            const float w = sp[offsets[i] + head * L + j];
+            float* o = op + (i * H + head) * D;
 #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) o[d] = std::fma(w, vr[d], o[d]);
+            for (int64_t d = 0; d < D; ++d) o[d] = std::fma(w, vr[d], o[d]);
+          }
         }
       }
     }
-  }
+  });
   return out;
 }
 
