@@ -66,6 +66,21 @@ void norm_rows(const float* x, const float* w, float* out, int64_t n, int64_t d,
   });
 }
 
+// out [n, d] = (resid + rms_norm(x) * w) * scale; out may be resid. (A scale of 1 is exact.)
+void add_norm_rows(const float* resid, const float* x, const float* w, float* out, int64_t n, int64_t d, float eps,
+                   float scale) {
+  for_rows(n, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float* xr = x + i * d;
+      const float* rr = resid + i * d;
+      float* o = out + i * d;
+      const float r = inv_rms(xr, d, eps);
+#pragma omp simd
+      for (int64_t j = 0; j < d; ++j) o[j] = (rr[j] + (xr[j] * r) * w[j]) * scale;
+    }
+  });
+}
+
 }  // namespace
 
 // Input RMSNorm, fused projection, per-head RMSNorm, RoPE.
@@ -162,22 +177,8 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   const float* ap = a.data_ptr<float>();
   float* op = out.data_ptr<float>();
   float* xp = x.data_ptr<float>();
-  const float* w1 = w_post_attn.data_ptr<float>();
-  const float* w2 = w_pre_ff.data_ptr<float>();
-  for_rows(n, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const float* ar = ap + i * hid;
-      const float* hr = hp + i * hid;
-      float* o = op + i * hid;
-      const float ra = inv_rms(ar, hid, e);
-#pragma omp simd
-      for (int64_t j = 0; j < hid; ++j) o[j] = hr[j] + (ar[j] * ra) * w1[j];
-      const float rx = inv_rms(o, hid, e);
-      float* xr = xp + i * hid;
-#pragma omp simd
-      for (int64_t j = 0; j < hid; ++j) xr[j] = (o[j] * rx) * w2[j];
-    }
-  });
+  add_norm_rows(hp, ap, w_post_attn.data_ptr<float>(), op, n, hid, e, 1.f);
+  norm_rows(op, w_pre_ff.data_ptr<float>(), xp, n, hid, e);
   // The MLP in blocks of rows, so each block's [rows, 2I] gate/up output is still in cache when
   // GELU, the gating multiply and the down projection read it (a 2048-row prefill chunk with a
   // double-wide MLP would otherwise stream 4 MB through memory three times).
@@ -201,23 +202,9 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
     auto m_rows = m.narrow(0, lo, rows);
     torch::mm_out(m_rows, y, down_t);
   }
-  const float* mp = m.data_ptr<float>();
-  const float* w3 = w_post_ff.data_ptr<float>();
   const bool has_ple = ple.has_value() && ple->defined();
   const float sc = static_cast<float>(scalar);
-  for_rows(n, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const float* mr = mp + i * hid;
-      float* o = op + i * hid;
-      const float rm = inv_rms(mr, hid, e);
-#pragma omp simd
-      for (int64_t j = 0; j < hid; ++j) o[j] = o[j] + (mr[j] * rm) * w3[j];
-      if (!has_ple) {
-#pragma omp simd
-        for (int64_t j = 0; j < hid; ++j) o[j] = o[j] * sc;
-      }
-    }
-  });
+  add_norm_rows(op, m.data_ptr<float>(), w_post_ff.data_ptr<float>(), op, n, hid, e, has_ple ? 1.f : sc);
   if (!has_ple) return out;
   TORCH_CHECK(ple->scalar_type() == torch::kFloat32 && ple->dim() == 2 && ple->size(0) == n, "ple must be float32 [n, P]");
   torch::Tensor ple_rows = ple->stride(1) == 1 ? *ple : ple->contiguous();  // a layer slice keeps its row stride
@@ -237,17 +224,7 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
     });
   }
   auto q = torch::mm(g, ple_proj_w->t()).contiguous();  // [n, hidden]
-  const float* qp = q.data_ptr<float>();
-  const float* wn = w_ple_norm->data_ptr<float>();
-  for_rows(n, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const float* qr = qp + i * hid;
-      float* o = op + i * hid;
-      const float rq = inv_rms(qr, hid, e);
-#pragma omp simd
-      for (int64_t j = 0; j < hid; ++j) o[j] = (o[j] + (qr[j] * rq) * wn[j]) * sc;
-    }
-  });
+  add_norm_rows(op, q.data_ptr<float>(), w_ple_norm->data_ptr<float>(), op, n, hid, e, sc);
   return out;
 }
 
