@@ -95,9 +95,18 @@ class _Plan:
     band_groups: list[tuple[int, slice, int]] = field(default_factory=list)  # (req_to_token row, q rows, first pos)
     window_rows: torch.Tensor | None = None  # [n'] rows of q run through windows (None: every row)
     bands: dict[int, list[_Band]] = field(default_factory=dict)  # per sliding window size, built on first use
-    window_index: tuple | None = None  # (q_pos, row_req) of the window rows, for the fused CPU kernel
     cross: bool = False  # YOCO cross-decoder plan
     kv: dict[tuple, tuple] = field(default_factory=dict)  # (kv_layer_id, window[, "band"]) -> gathered K/V
+    _window_index: tuple | None = None
+
+    def window_positions(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q_pos, row_req) of the rows that run through windows (``window_rows``, or every row); made once."""
+        if self._window_index is None:
+            q_pos, row_req = self.q_pos, self.row_req
+            if self.window_rows is not None:
+                q_pos, row_req = q_pos.index_select(0, self.window_rows), row_req.index_select(0, self.window_rows)
+            self._window_index = (q_pos, row_req)
+        return self._window_index
 
 
 class TorchNativeAttnBackend(AttentionBackend):
@@ -185,9 +194,7 @@ class TorchNativeAttnBackend(AttentionBackend):
     @staticmethod
     def _window(plan: _Plan, r2t: torch.Tensor, window: int) -> _Window:
         if window not in plan.windows:
-            q_pos, row_req = plan.q_pos, plan.row_req
-            if plan.window_rows is not None:
-                q_pos, row_req = q_pos.index_select(0, plan.window_rows), row_req.index_select(0, plan.window_rows)
+            q_pos, row_req = plan.window_positions()
             max_pos = int(q_pos.max()) if q_pos.numel() else 0
             w = max(1, min(window, max_pos + 1))  # no query sees further back than position 0
             kpos = q_pos[:, None] + torch.arange(1 - w, 1, device=r2t.device)[None, :]  # [n, w]
@@ -271,12 +278,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         """Each row (of ``plan.window_rows``) against its own window of keys: batched ``[n * Hkv, G, w]`` scores."""
         n, h, d = q3.shape
         if self._paged_rows is not None and k_buf.dtype == torch.float32 and q3.dtype == torch.float32:
-            if plan.window_index is None:
-                q_pos, row_req = plan.q_pos, plan.row_req
-                if plan.window_rows is not None:
-                    q_pos, row_req = q_pos.index_select(0, plan.window_rows), row_req.index_select(0, plan.window_rows)
-                plan.window_index = (q_pos, row_req)
-            q_pos, row_req = plan.window_index
+            q_pos, row_req = plan.window_positions()
             r2t = self.req_to_token_pool.req_to_token
             return self._paged_rows(
                 q3.contiguous(), k_buf, v_buf, r2t, row_req, q_pos, layer.sliding_window, layer.scaling, layer.logit_cap or 0.0
