@@ -100,7 +100,7 @@ class ModelRunner:
 
     def _cpu_kernels(self) -> str:
         """Which path the decoder layers take on CPU (impl/kernels/cpu_fused)."""
-        if any(getattr(layer, "_fused", None) is not None for layer in self.model.layers):
+        if any(layer._fused is not None for layer in self.model.layers):
             return "fused decoder layers and sliding-window attention (C++ extension)"
         if not cpu_fused.enabled_by_env():
             return f"torch ops ({cpu_fused.ENV_SWITCH}=0)"

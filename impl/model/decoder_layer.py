@@ -10,7 +10,7 @@ from impl.attention.base import AttentionLayer
 from impl.kernels import cpu_fused
 from impl.config.model_config import ModelConfig
 from impl.model.attention import Gemma4Attention
-from impl.model.mlp import GemmaMLP, MoEExperts, MoERouter, _act
+from impl.model.mlp import GELU_TANH, GemmaMLP, MoEExperts, MoERouter, _act
 from impl.model.norm import RMSNorm, rms_norm
 
 
@@ -48,7 +48,7 @@ class Gemma4DecoderLayer(nn.Module):
         self.eps = eps
         self._fast: tuple | None = None  # float32 norm weights and layer_scalar after fuse_weights()
         self._fused: tuple | None = None  # (extension, attn_pre args, decoder_post args) on CPU float32
-        self.gelu_tanh = c.hidden_activation in ("gelu_pytorch_tanh", "gelu_tanh")
+        self.gelu_tanh = c.hidden_activation in GELU_TANH
 
     @torch.no_grad()
     def fuse_weights(self) -> None:
@@ -82,7 +82,7 @@ class Gemma4DecoderLayer(nn.Module):
         lay = att.layer
         head_w = att._norm_w if att.owns_kv else att._norm_w.expand(lay.num_heads, lay.head_dim)
         pre = (w_in, proj, head_w.contiguous(), lay.num_heads, self.eps)
-        ple_w = (ple[0], ple[1], ple[2]) if ple is not None else (None, None, None)
+        ple_w = ple if ple is not None else (None, None, None)
         post = (att.o_proj.weight, w_post_attn, w_pre_ff, mlp._gate_up_w, mlp.down_proj.weight, w_post_ff, ple_w, scalar, self.eps)
         return ext, pre, post
 

@@ -9,8 +9,12 @@ from torch.nn import functional as F
 from impl.model.norm import RMSNorm
 
 
+# hidden_activation names of the tanh-approximated GELU (Gemma-4's; the fused CPU kernels compute this one)
+GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
+
+
 def _act(name: str):
-    if name in ("gelu_pytorch_tanh", "gelu_tanh"):
+    if name in GELU_TANH:
         return lambda x: F.gelu(x, approximate="tanh")
     if name == "gelu":
         return F.gelu
