@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve test spec bench bench-kernels bench-engine bench-yoco gpu-check docs clean
+.PHONY: serve test spec bench bench-kernels bench-engine bench-yoco bench-cpu-fused gpu-check docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,9 @@ bench-engine: $(STAMP)
 
 bench-yoco: $(STAMP)
 	$(PY) bench/bench_yoco.py
+
+bench-cpu-fused: $(STAMP)
+	$(PY) bench/bench_cpu_fused.py
 
 gpu-check:
 	bash scripts/gpu_check.sh

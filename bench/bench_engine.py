@@ -12,7 +12,8 @@ Systems (same checkpoint, float32, same torch thread count):
   every row to the longest requested output; only requested tokens count).
 
 Prints output tok/s, median TTFT and median TPOT per system and our ratio to each
-(with ``--repeat N``, N alternating rounds; each system's fastest run).
+(with ``--repeat N``, N alternating rounds; each system's fastest run), and for each engine run
+the time spent in extend (prefill) and decode forwards.
 Usage: ``python bench/bench_engine.py [--num-requests 32 ...]`` (``make bench-engine``).
 """
 
@@ -55,12 +56,29 @@ def run_engine(path: str, reqs, args) -> dict:
         print("  engine: " + "; ".join(ln for ln in eng.startup_log if ln.startswith(("CPU kernels", "Attention backends"))))
     eng.generate(input_ids=[2, 5, 6, 7], sampling_params={"max_new_tokens": 2})  # warm-up
     eng.flush_cache()
+    phases = {"extend": [0, 0.0], "decode": [0, 0.0]}  # forwards, seconds inside ModelRunner.forward
+    forward = eng.runner.forward
+
+    def timed_forward(fb):
+        t = time.perf_counter()
+        out = forward(fb)
+        p = phases["decode" if fb.forward_mode.is_decode else "extend"]
+        p[0] += 1
+        p[1] += time.perf_counter() - t
+        return out
+
+    eng.runner.forward = timed_forward
     t0 = time.perf_counter()
     outs = eng.generate(
         input_ids=[p for p, _ in reqs],
         sampling_params=[{"temperature": 0.0, "max_new_tokens": m, "ignore_eos": True} for _, m in reqs],
     )
     wall = time.perf_counter() - t0
+    print(
+        f"  engine forwards: extend {phases['extend'][1]:.2f} s ({phases['extend'][0]} passes), "
+        f"decode {phases['decode'][1]:.2f} s ({phases['decode'][0]} steps), rest {wall - phases['extend'][1] - phases['decode'][1]:.2f} s",
+        flush=True,
+    )
     ttfts = [o["meta_info"]["ttft"] for o in outs]
     tpots = [(o["meta_info"]["e2e_latency"] - o["meta_info"]["ttft"]) / max(len(o["output_ids"]) - 1, 1) for o in outs]
     eng.shutdown()
