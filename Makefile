@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve test spec bench bench-kernels bench-engine bench-yoco bench-cpu-fused gpu-check docs clean
+.PHONY: serve test spec bench bench-kernels bench-engine bench-yoco bench-cpu-fused bench-serving eval-choice gpu-check docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,14 @@ bench-yoco: $(STAMP)
 
 bench-cpu-fused: $(STAMP)
 	$(PY) bench/bench_cpu_fused.py
+
+# Seed 000's serving table through HTTP (four server configurations, chat + summ); ARGS adds campaign flags.
+bench-serving: $(STAMP)
+	$(PY) -m bench.serving.campaign --write-docs $(ARGS)
+
+# Multiple-choice accuracy through HTTP, fast prefill off vs on (N=500; MMLU CSVs with ARGS="--data-dir DIR").
+eval-choice: $(STAMP)
+	$(PY) bench/eval_choice.py $(ARGS)
 
 gpu-check:
 	bash scripts/gpu_check.sh

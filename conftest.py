@@ -26,13 +26,19 @@ def pytest_addoption(parser):
         default="impl",
         help="implementation the contracts run against: 'impl' (in process) or the base URL of a running server",
     )
+    parser.addoption(
+        "--subject-fast-prefill",
+        default=None,
+        help="with an http:// --subject: base URL of a second server launched with --kv-sharing-fast-prefill "
+        "(the THRU contracts compare the two)",
+    )
 
 
 @pytest.fixture(scope="session")
 def subject(request):
     from contracts.adapters import make_subject
 
-    return make_subject(request.config.getoption("--subject"))
+    return make_subject(request.config.getoption("--subject"), request.config.getoption("--subject-fast-prefill"))
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,10 @@ Capabilities:
   resolution against a model folder and a named platform, with the startup log).
 * ``engine``: ``generate`` (token ids, logprobs, per-forward work counters).
 * ``http``: ``base_url`` of a running server started from ``argv``.
+* ``bench``: ``timed_generate`` (per-request TTFT, latency and output tokens of requests
+  sent together to the launch ``argv``) and ``model_config`` (the config fields the
+  launch serves, for FLOP bounds). The clock is the subject's: wall time over HTTP,
+  the process's CPU time in process (immune to other jobs on a shared machine).
 """
 
 from __future__ import annotations
@@ -79,6 +83,21 @@ class GenResult:
     kv_available_after: int | None = None
 
 
+@dataclass(frozen=True)
+class TimedOutput:
+    """One request's timing, in seconds of ``clock`` from its submission."""
+
+    ttft: float  # to the first output token
+    latency: float  # to the last one
+    output_tokens: int
+    clock: str  # "wall" | "process_cpu"
+
+    @property
+    def tpot(self) -> float | None:
+        """SGLang's time per output token: (latency - TTFT) / (output tokens - 1)."""
+        return (self.latency - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else None
+
+
 class Subject(Protocol):
     name: str
     capabilities: frozenset[str]
@@ -105,6 +124,15 @@ class Subject(Protocol):
 
     # ---- http --------------------------------------------------------------------
     def base_url(self, argv: Sequence[str]) -> str: ...
+
+    # ---- bench -------------------------------------------------------------------
+    def timed_generate(self, argv: Sequence[str], requests: Sequence[GenRequest]) -> list[TimedOutput]:
+        """Send ``requests`` together (greedy, streaming) to the launch ``argv``; one TimedOutput each."""
+        ...
+
+    def model_config(self, argv: Sequence[str]) -> dict[str, Any]:
+        """The served model's config fields (ModelConfig names) for the launch ``argv``."""
+        ...
 
 
 class SubjectWrapper:

@@ -5,13 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 
-def make_subject(name: str) -> Any:
+def make_subject(name: str, fast_prefill_url: str | None = None) -> Any:
     if name == "impl":
+        if fast_prefill_url:
+            raise ValueError("--subject-fast-prefill pairs with an http:// --subject; the impl subject launches its own servers")
         from contracts.adapters.impl_adapter import ImplSubject
 
         return ImplSubject()
     if name.startswith("http://") or name.startswith("https://"):
         from contracts.adapters.http_adapter import HttpSubject
 
-        return HttpSubject(name)
+        return HttpSubject(name, fast_prefill_url)
     raise ValueError(f"unknown --subject {name!r}; use 'impl' or the base URL of a running server (http://host:port)")

@@ -20,7 +20,7 @@ def _model_config_dict(mc: Any) -> dict[str, Any]:
 
 class ImplSubject:
     name = "impl"
-    capabilities = frozenset({"args", "engine", "http"})
+    capabilities = frozenset({"args", "engine", "http", "bench"})
 
     # ---- args --------------------------------------------------------------------
     def parse_args(self, argv: Sequence[str]) -> dict[str, Any]:
@@ -101,3 +101,12 @@ class ImplSubject:
         from contracts.adapters.impl_http import base_url
 
         return base_url(argv)
+
+    # ---- bench: in process, on the process's CPU clock -----------------------------
+    def timed_generate(self, argv, requests):
+        from contracts.adapters.impl_engine import timed_generate
+
+        return timed_generate(argv, requests)
+
+    def model_config(self, argv):
+        return self.check(argv).model_config

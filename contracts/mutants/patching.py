@@ -25,6 +25,14 @@ def patched(target: str, value: Any) -> Iterator[None]:
         setattr(obj, attr, saved)
 
 
+def original(module: str, attr: str) -> Any:
+    """The unpatched ``module.attr`` (``attr`` may be ``Class.method``), looked up now."""
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 class PatchedSubject(SubjectWrapper):
     """Runs every subject call with ``PATCHES`` (target -> replacement) applied."""
 
@@ -50,6 +58,10 @@ class PatchedSubject(SubjectWrapper):
     def generate(self, argv, requests, batched=True):
         with self._ctx():
             return self.inner.generate(argv, requests, batched)
+
+    def timed_generate(self, argv, requests):
+        with self._ctx():
+            return self.inner.timed_generate(argv, requests)
 
 
 class OutcomeMutant(SubjectWrapper):

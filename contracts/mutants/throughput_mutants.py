@@ -1,0 +1,57 @@
+"""Mutants of fast prefill's speed (issue 16): correct outputs, wrong cost.
+
+``FastPrefillComputesEveryRow`` is the mutant only a throughput contract can catch: it
+gives the same tokens, the same logprobs and the same work counters as the real fast
+path (``spec/test_throughput_mutants.py`` proves the PARITY and WORK contracts pass
+against it).
+"""
+
+from __future__ import annotations
+
+from contracts.mutants import mutant
+from contracts.mutants.patching import PatchedSubject, original
+
+
+@mutant("THRU-PREFILL-SPEEDUP", "THRU-SUMM-SCENARIO")
+class FastPrefillComputesEveryRow(PatchedSubject):
+    """Fast prefill runs the cross-decoder on every row (the normal metadata), then keeps only the selected
+    (LM-head) rows, and reports the counters of the real fast path: rows it claims were skipped were computed."""
+
+    def patches(self):
+        orig = original("impl.model.gemma4", "Gemma4ForCausalLM.forward")
+
+        def forward(self, fb):
+            if not (fb.fast_prefill and self.has_cross_decoder):
+                return orig(self, fb)
+            real, scratch = fb.work, type(fb.work)()
+            t, r = int(fb.num_tokens), int(fb.logits_indices.shape[0])
+            fb.fast_prefill, fb.work = False, scratch  # every row through the cross-decoder
+            try:
+                out = orig(self, fb)
+            finally:
+                fb.fast_prefill, fb.work = True, real
+            for k, v in scratch.as_dict().items():
+                setattr(real, k, getattr(real, k) + v)
+            real.cross_decoder_rows -= t - r  # ...but count only the rows kept, as the fast path would
+            real.fast_prefill_forwards += 1
+            real.skipped_cross_decoder_rows += t - r
+            return out
+
+        return {"impl.model.gemma4:Gemma4ForCausalLM.forward": forward}
+
+
+@mutant("THRU-DECODE-NO-REGRESSION")
+class DecodeSlowWithFlag(PatchedSubject):
+    """With the flag on, every decode batch runs the model twice (the first result is discarded)."""
+
+    def patches(self):
+        orig = original("impl.engine.model_runner", "ModelRunner.forward")
+
+        def forward(self, fb):
+            if self.fast_prefill_enabled and fb.forward_mode.is_decode:
+                work, fb.work = fb.work, None
+                orig(self, fb)  # a wasted forward (same KV written to the same slots)
+                fb.work = work
+            return orig(self, fb)
+
+        return {"impl.engine.model_runner:ModelRunner.forward": forward}
