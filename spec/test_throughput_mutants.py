@@ -32,6 +32,6 @@ def test_only_throughput_contracts_claim_it():
 def test_mutant_passes_non_throughput_contract(cid, subject):
     if subject.name != "impl":
         pytest.skip("mutants wrap the in-process impl subject")
-    contract = get_contract(cid)
-    with subject.isolated():
-        contract.run(MUTANT.make(subject))
+    # No private engines: the mutant computes correctly and leaves no damage, so it may use (and warm) the
+    # engines the real contracts use; the patch is active only inside its calls.
+    get_contract(cid).run(MUTANT.make(subject))

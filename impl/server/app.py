@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -185,6 +186,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             "num_hidden_layers": mc.num_hidden_layers,
             "num_kv_shared_layers": mc.num_kv_shared_layers,
             "kv_sharing_fast_prefill": bool(state.args.kv_sharing_fast_prefill),
+            # every ModelConfig field (clients compute FLOP bounds from it: the THRU contracts by URL)
+            "model_config": json_safe(dataclasses.asdict(mc)),
         }
 
     @app.get("/get_server_info")
