@@ -52,8 +52,9 @@ PREFILL_FRACTION = 0.4
 # DECODE_MARGIN (measured in process: on/off 0.94-1.06 per pair, median ~1.0).
 DECODE_REQS, DECODE_TOKENS, DECODE_MARGIN = 4, 64, 0.25
 # THRU-SUMM-SCENARIO: summarisation 8k/1k scaled by SUMM_SCALE (64 in / 8 out), SUMM_REQS requests at once;
-# output tok/s flag on / off must reach 1 + SUMM_MARGIN (measured in process ~1.8).
-SUMM_SCALE, SUMM_REQS, SUMM_MARGIN = 1 / 128, 2, 0.2
+# output tok/s flag on / off must reach 1 + SUMM_MARGIN (measured ~1.8 in process, where both requests share one
+# prefill batch; ~1.3 by URL, where they arrive apart and each pays the per-request costs; mutant (a): 0.95-1.05).
+SUMM_SCALE, SUMM_REQS, SUMM_MARGIN = 1 / 128, 2, 0.1
 # Untimed warmup of each launch before the pairs: builds the engine and its lazy kernels.
 WARMUP = GenRequest([16 + i for i in range(8)], max_new_tokens=2)
 
@@ -103,12 +104,20 @@ def _interleaved(subject: Any, requests: list[GenRequest], figure: Callable[[lis
     return out
 
 
+# Called with every measurement (``python -m contracts.throughput`` prints them; None in tests).
+on_measure: Callable[[Pairs], None] | None = None
+
+
 def _judge(cid: str, measure: Callable[[], Pairs], ok: Callable[[Pairs], bool], explain: Callable[[Pairs], str]) -> None:
     """Pass on the first good measurement; otherwise measure again once and fail with both."""
     first = measure()
+    if on_measure:
+        on_measure(first)
     if ok(first):
         return
     second = measure()
+    if on_measure:
+        on_measure(second)
     if ok(second):
         return
     raise ContractViolation(cid, f"{explain(second)}\n  attempt 1: {first.show()}\n  attempt 2: {second.show()}")
@@ -203,3 +212,39 @@ def summ_scenario(subject) -> None:
         lambda p: (f"summarisation-shaped output tok/s with the flag on is {1 / p.ratio:.2f}x flag off (required "
                    f"{1 + SUMM_MARGIN:.2f}x): long prompts with short outputs must gain from fast prefill."),
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the THRU contracts and print every measurement:
+    ``python -m contracts.throughput`` (in process) or ``... --subject URL --subject-fast-prefill URL``."""
+    import argparse
+    import os
+
+    ap = argparse.ArgumentParser(prog="python -m contracts.throughput", description=main.__doc__)
+    ap.add_argument("--subject", default="impl")
+    ap.add_argument("--subject-fast-prefill", default=None)
+    args = ap.parse_args(argv)
+    if args.subject == "impl":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        import torch
+
+        torch.set_num_threads(1)
+    from contracts.adapters import make_subject
+
+    global on_measure
+    subject = make_subject(args.subject, args.subject_fast_prefill)
+    on_measure = lambda p: print(f"  {p.show()}", flush=True)  # noqa: E731
+    failed = 0
+    for fn in (prefill_speedup, decode_no_regression, summ_scenario):
+        print(f"{fn.contract_id} ({subject.name}):", flush=True)
+        try:
+            fn(subject)
+            print("  passed", flush=True)
+        except ContractViolation as e:
+            failed += 1
+            print(f"  FAILED: {e}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

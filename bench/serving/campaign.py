@@ -196,6 +196,10 @@ def render(cfgs, scenarios, args, cmd: str, elapsed: float, load: str) -> str:
         "is better), and MTP + on vs MTP.", "",
         *table(cfgs, scenarios), "",
         f"![serving benchmark]({os.path.basename(PLOT)})", "",
+        "Reading the numbers: requests reach the server one HTTP request at a time, so after the first prefill "
+        "batch the later arrivals are prefilled in mixed prefill + decode batches, which run the prefill backend "
+        "(interpreted triton) for every row; that is why TPOT here is seconds and gains with the flag too. "
+        "MTP rows stay refused until the speculative loop lands; they fill in from the same command.", "",
     ]
     for c in cfgs:
         if c.refused:

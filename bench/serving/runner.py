@@ -64,7 +64,7 @@ async def _arrivals(n: int, rate: float, seed: int):
             await asyncio.sleep(float(rng.exponential(1.0 / rate)))
 
 
-def server_accept_length(base_url: str, client: httpx.Client | None = None) -> float | None:
+def server_accept_length(base_url: str) -> float | None:
     """SGLang's average speculative accept length from /get_server_info, when the server reports one."""
     try:
         info = httpx.get(base_url + "/get_server_info", timeout=30).json()
