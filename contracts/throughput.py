@@ -235,8 +235,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     subject = make_subject(args.subject, args.subject_fast_prefill)
     on_measure = lambda p: print(f"  {p.show()}", flush=True)  # noqa: E731
     failed = 0
-    for fn in (prefill_speedup, decode_no_regression, summ_scenario):
-        print(f"{fn.contract_id} ({subject.name}):", flush=True)
+    checks = (("THRU-PREFILL-SPEEDUP", prefill_speedup), ("THRU-DECODE-NO-REGRESSION", decode_no_regression),
+              ("THRU-SUMM-SCENARIO", summ_scenario))
+    for cid, fn in checks:
+        print(f"{cid} ({subject.name}):", flush=True)
         try:
             fn(subject)
             print("  passed", flush=True)
