@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from impl.engine.forward_batch import WorkCounters
+from impl.forward_batch import WorkCounters
 from impl.engine.kv_lifecycle import KVLifecycle
 from impl.engine.req import FinishReason, Req, ReqState
 from impl.engine.schedule_batch import BatchItem, ScheduleBatch
@@ -65,7 +65,7 @@ class Scheduler:
     def __init__(
         self,
         config: SchedulerConfig,
-        runner,  # .forward(fb) -> logits [R, V]; .req_to_token_pool, .token_to_kv_pool, .device
+        runner,  # .forward(fb) -> LogitsOutput (logits [R, V]); .req_to_token_pool, .token_to_kv_pool, .device
         kv: KVLifecycle,
         decode_text: Callable[[Sequence[int], bool], str] | None = None,
     ):
@@ -135,7 +135,7 @@ class Scheduler:
             decode_tokens=sum(1 for it in batch.items if it.is_decode_step),
             cached_tokens=self._cached_this_step,
         )
-        logits = self.runner.forward(fb)
+        logits = self.runner.forward(fb).logits
         self.num_forwards += 1
         self._process(batch, logits)
         return True

@@ -11,6 +11,7 @@ import torch
 
 from impl.kernels import cpu_fused
 from impl.kernels.cpu_fused import reference as ref
+from impl.kernels.cpu_fused import transform as cpu_fused_transform
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model"))
 
@@ -120,7 +121,7 @@ def test_model_with_fused_kernels_meets_the_parity_bar(name):
 
     hf32, hf64 = hf_pair(name)
     model = load_model(tiny_checkpoint(name), dtype="float32")
-    assert all(layer._fused is not None for layer in model.layers)
+    assert cpu_fused_transform.fused_layer_count(model) == len(model.layers)
     got = _run_session(model)
     for k, seq in SEQS.items():
         with torch.no_grad():
