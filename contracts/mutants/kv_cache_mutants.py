@@ -97,7 +97,11 @@ class Kv4MixedSilent(KvPatched):
 def _warn_always(server_args):
     import logging
 
-    from impl.args.resolution import attention_backends_of, resolved_view, resolving_view
+    from impl.args.resolution import (
+        attention_backends_of,
+        resolved_view,
+        resolving_view,
+    )
 
     if resolving_view(server_args).kv_cache_dtype in ("nvfp4", "fp4_mx_block16"):
         p, d = attention_backends_of(resolved_view(server_args))
