@@ -70,7 +70,7 @@ class FusedWeights:
 class FloatLayerForward:
     """The reference forward in float32 with plain function calls."""
 
-    def __init__(self, layer: nn.Module, w: LayerWeights):
+    def __init__(self, layer: Any, w: LayerWeights):
         self.layer, self.w = layer, w
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ple: torch.Tensor | None,
@@ -89,7 +89,7 @@ class FloatLayerForward:
 class FusedLayerForward:
     """``FloatLayerForward`` as two fused CPU kernels around the attention backend."""
 
-    def __init__(self, ext: ModuleType, layer: nn.Module, w: LayerWeights, f: FusedWeights):
+    def __init__(self, ext: ModuleType, layer: Any, w: LayerWeights, f: FusedWeights):
         self.ext, self.layer, self.w, self.f = ext, layer, w, f
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ple: torch.Tensor | None,
