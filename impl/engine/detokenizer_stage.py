@@ -48,7 +48,7 @@ class Emission:
     num_input_logprobs: int
     finish_reason: FinishReason | None
     time: float  # perf_counter: the finish time, or when the emission was made
-    text: str | None  # cumulative text, when the scheduler thread owns the detokenizer (stop strings)
+    text: str | None  # cumulative text when the scheduler thread owns the detokenizer (stop strings), else None
 
 
 def hold_stop_prefix(text: str, stops: Sequence[str]) -> str:
@@ -68,7 +68,8 @@ def build_output(em: Emission) -> ReqOutput:
     req = h.req
     sp = req.sampling_params
     detok = req.detok
-    if em.text is None and em.num_output > h.consumed:
+    owned_here = not sp.stop  # else the scheduler thread steps it (see the module docstring)
+    if owned_here and em.num_output > h.consumed:
         detok.step(req.output_ids[h.consumed : em.num_output])
         h.consumed = em.num_output
     if em.finish_reason is not None:
@@ -77,7 +78,7 @@ def build_output(em: Emission) -> ReqOutput:
         if req.stop_text_pos is not None and not sp.no_stop_trim:
             text = text[: req.stop_text_pos]
     else:
-        text = hold_stop_prefix(detok.text if em.text is None else em.text, sp.stop)
+        text = hold_stop_prefix(detok.text if owned_here else em.text, sp.stop)
     if text.startswith(h.sent_text):
         delta = text[len(h.sent_text) :]
         h.sent_text = text
