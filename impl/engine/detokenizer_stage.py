@@ -145,6 +145,8 @@ class DetokenizerStage:
                 if em is None:
                     return
                 self._deliver(em)
+            except Exception:  # noqa: BLE001 - a failing hook must not stop every later output
+                logger.exception("Delivering an output of request %s failed", em.handle.rid if em else None)
             finally:
                 self._queue.task_done()
 

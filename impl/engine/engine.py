@@ -180,18 +180,10 @@ class Engine:
         single = not input_ids or not isinstance(input_ids[0], (list, tuple))
         return ([list(input_ids)] if single else [list(x) for x in input_ids]), single
 
-    def expand_requests(
-        self,
-        input_ids: Sequence[Sequence[int]],
-        sampling_params: SamplingParams | dict | None | Sequence[SamplingParams | dict | None] = None,
-        return_logprob: bool | Sequence[bool] = False,
-        logprob_start_len: int | None | Sequence[int | None] = None,
-        top_logprobs_num: int | None | Sequence[int | None] = None,
-        rid: str | None | Sequence[str | None] = None,
-    ) -> list[Req]:
-        """A batch of prompts -> validated Reqs (B x n, prompt-major); see ``impl/engine/intake.py``."""
-        return expand_requests(input_ids, sampling_params, return_logprob, logprob_start_len, top_logprobs_num, rid,
-                               limits=self.intake_limits, seed_generator=self._seed_gen)
+    def expand_requests(self, input_ids: Sequence[Sequence[int]], *args: Any, **kwargs: Any) -> list[Req]:
+        """A batch of prompts -> validated Reqs (B x n, prompt-major): ``intake.expand_requests``
+        (same arguments after ``input_ids``) with this engine's limits and seed generator."""
+        return expand_requests(input_ids, *args, limits=self.intake_limits, seed_generator=self._seed_gen, **kwargs)
 
     # ---- thread-safe request API (used by the HTTP server) -----------------------------------
     def submit(self, reqs: Sequence[Req], stream: bool = False,

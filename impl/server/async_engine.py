@@ -124,8 +124,7 @@ class AsyncEngine:
                        logprob_start_len: Any = None, top_logprobs_num: Any = None, stream: bool = False,
                        rid: Any = None):
         """``Engine.generate`` from a coroutine (the background loop starts on first use)."""
-        if self.loop is None:
-            self.start()
+        self.start()  # idempotent; binds the wake-ups to the running event loop
         ids_list, single = self.engine.tokenize_prompts(prompt, input_ids)
         reqs = self.engine.expand_requests(ids_list, sampling_params, return_logprob, logprob_start_len,
                                            top_logprobs_num, rid)
