@@ -47,7 +47,6 @@ from impl.engine.req import Req
 from impl.engine.request_handle import RequestHandle
 from impl.engine.scheduler import Scheduler, SchedulerConfig
 from impl.model.detokenizer import IncrementalDetokenizer
-from impl.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger("impl.engine")
 
