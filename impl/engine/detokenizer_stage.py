@@ -10,7 +10,7 @@ copies), and ``put``s it here. The stage thread turns each emission into one
 ``RequestHandle``, in emission order.
 
 Text: every request has one ``IncrementalDetokenizer`` (``req.detok``,
-``impl/model/detokenizer.py``) over its output ids, so each token is decoded
+``impl/engine/detokenizer.py``) over its output ids, so each token is decoded
 a constant number of times, not the whole output per emission. Ownership: a
 request with stop strings has its detokenizer stepped on the scheduler thread,
 one token at a time (the scheduler must stop at the exact token; it searches

@@ -37,6 +37,7 @@ from impl.args.unsupported import refuse_unimplemented
 from impl.cache.allocator import TokenSlotAllocator
 from impl.cache.radix_cache import RadixCache
 from impl.config.model_config import ModelConfig
+from impl.engine.detokenizer import IncrementalDetokenizer
 from impl.engine.detokenizer_stage import DetokenizerStage, Emission
 from impl.engine.intake import IntakeLimits, InvalidRequest, expand_requests
 from impl.engine.kv_lifecycle import KVLifecycle
@@ -46,7 +47,6 @@ from impl.engine.output import ReqOutput
 from impl.engine.req import Req
 from impl.engine.request_handle import RequestHandle
 from impl.engine.scheduler import Scheduler, SchedulerConfig
-from impl.model.detokenizer import IncrementalDetokenizer
 
 logger = logging.getLogger("impl.engine")
 

@@ -12,7 +12,7 @@ from engine_helpers import engine, prompts
 from impl.engine.detokenizer_stage import Emission, build_output
 from impl.engine.req import FinishReason
 from impl.engine.request_handle import RequestHandle
-from impl.model.detokenizer import IncrementalDetokenizer
+from impl.engine.detokenizer import IncrementalDetokenizer
 
 TEXT = "Emoji 😀🎉 and 你好, café naïve"
 
