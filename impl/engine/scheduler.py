@@ -82,6 +82,8 @@ class Scheduler:
 
     # ---- thread-safe entry points ---------------------------------------------
     def add_request(self, req: Req) -> None:
+        if req.sampling_params.stop and req.detok is None:
+            raise ValueError(f"request {req.rid} has stop strings but no detokenizer (Engine.submit sets req.detok)")
         self.inbox.put(("add", req))
 
     def abort_request(self, rid: str | None) -> None:
