@@ -35,6 +35,7 @@ from impl.engine.model_runner import ModelRunner
 from impl.engine.output import build_output
 from impl.engine.req import Req
 from impl.engine.scheduler import Scheduler, SchedulerConfig
+from impl.engine.speculative import build_spec_worker
 from impl.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger("impl.engine")
@@ -94,7 +95,8 @@ class Engine:
         allocator = TokenSlotAllocator(self.runner.token_to_kv_pool.capacity)
         tree = None if args.disable_radix_cache else RadixCache(allocator)
         kv = KVLifecycle(allocator, self.runner.req_to_token_pool, tree)
-        self.scheduler = Scheduler(self.scheduler_config, self.runner, kv, self._decode)
+        self.spec_worker = build_spec_worker(args, self.runner)
+        self.scheduler = Scheduler(self.scheduler_config, self.runner, kv, self._decode, spec=self.spec_worker)
         seed = args.random_seed if args.random_seed is not None else int(torch.randint(0, 2**62, (1,)))
         self._seed_gen = torch.Generator().manual_seed(seed)
         self._step_lock = threading.Lock()
@@ -106,7 +108,7 @@ class Engine:
             f"Chunked prefill: {'off' if chunk == -1 else f'{chunk} tokens'}"
             + ("" if args.chunked_prefill_size is not None else " (default)")
             + f"; radix cache {'off' if tree is None else 'on'}",
-        ]
+        ] + ([self.spec_worker.describe()] if self.spec_worker else [])
         if "triton" in self.runner.backend_names:
             from impl.kernels.triton_env import triton_startup_warning
 
@@ -347,6 +349,10 @@ class Engine:
             startup_log=list(self.startup_log),
             work_counters=self.work_counters(),
         )
+        if self.spec_worker is not None:
+            info["speculative"] = self.spec_worker.server_info()
+            info["internal_states"] = [{"avg_spec_accept_length": self.spec_worker.stats.avg_accept_length,
+                                        **self.spec_worker.stats.as_dict()}]
         return info
 
     def shutdown(self) -> None:

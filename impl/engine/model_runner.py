@@ -80,6 +80,7 @@ class ModelRunner:
         if fb.work is None:
             fb.work = WorkCounters()
         out = self.model.forward(fb)
+        self.last_output = out  # hidden states: the speculative worker's seeds
         self.last_work = fb.work
         for k, v in fb.work.as_dict().items():
             setattr(self.work, k, getattr(self.work, k) + v)

@@ -38,6 +38,9 @@ def build_output(req: Req, decode_text: Callable[[Sequence[int], bool], str] | N
         "finish_reason": None if req.finished_reason is None else req.finished_reason.to_json(),
         "e2e_latency": end - req.created_time,
     }
+    if req.spec_verify_ct is not None:
+        meta["spec_verify_ct"] = req.spec_verify_ct
+        meta["spec_accept_length"] = req.spec_accept_length
     if req.first_token_time is not None:
         meta["ttft"] = req.first_token_time - req.created_time
     if req.return_logprob:
