@@ -104,29 +104,37 @@ def spec_greedy_parity(subject) -> None:
 )
 def spec_fast_prefill(subject) -> None:
     cid = "SPEC-FAST-PREFILL"
-    ps = random_prompts(subject.tiny_model(MODEL), [5, 16, 23, 41, 9, 60], 12)
-    reqs = [GenRequest(p, max_new_tokens=NEW_TOKENS) for p in ps]
+    # Few, short requests: on a CPU-only machine the triton kernels run interpreted (slow). The oracle draft
+    # (every draft accepted) keeps verify forwards few and makes every verify row count.
+    ps = random_prompts(subject.tiny_model(MODEL), [5, 23, 41], 12)
+    new_tokens = 6  # prefill token + one verify of 4 + one cut to 1
+    reqs = [GenRequest(p, max_new_tokens=new_tokens) for p in ps]
     base = ("--disable-radix-cache",)
     ref = subject.generate(_triton(subject, *base), reqs)
-    for draft in ("assistant_distilled", "assistant"):
-        off = subject.generate(_triton(subject, *base, *_spec(subject, draft)), reqs)
-        on = subject.generate(_triton(subject, *base, FLAG, *_spec(subject, draft)), reqs)
-        _same_tokens(cid, f"draft {draft}, MTP without {FLAG} vs no speculation", ref, off)
-        _same_tokens(cid, f"draft {draft}, MTP with {FLAG} vs no speculation", ref, on)
-        w = on.work
-        prefill_rows = sum(len(p) for p in ps)
-        verify_rows = w["decode_tokens"]  # verify batches: bonus + drafts of every request
-        require(verify_rows > len(ps), cid, f"draft {draft}: no verify rows counted ({verify_rows})")
-        require(
-            w["cross_decoder_rows"] == len(ps) + verify_rows, cid,
-            f"draft {draft}, {FLAG} on: the cross-decoder ran {w['cross_decoder_rows']} rows; expected one per prompt "
-            f"({len(ps)}) plus every verify row ({verify_rows})",
-        )
-        require(
-            w["skipped_cross_decoder_rows"] == prefill_rows - len(ps), cid,
-            f"draft {draft}, {FLAG} on: {w['skipped_cross_decoder_rows']} rows skipped the cross-decoder; expected the "
-            f"prefill rows that feed no LM head ({prefill_rows - len(ps)}) and no verify row",
-        )
+    draft = "assistant_oracle"
+    off = subject.generate(_triton(subject, *base, *_spec(subject, draft)), reqs)
+    on = subject.generate(_triton(subject, *base, FLAG, *_spec(subject, draft)), reqs)
+    _same_tokens(cid, f"MTP without {FLAG} vs no speculation", ref, off)
+    _same_tokens(cid, f"MTP with {FLAG} vs no speculation", ref, on)
+    w = on.work
+    prefill_rows = sum(len(p) for p in ps)
+    verify_rows = w["decode_tokens"]  # verify batches: bonus + drafts of every request
+    want_rows = len(ps) * (new_tokens - 1)  # all accepted: every verify row is committed
+    require(verify_rows == want_rows, cid, f"{verify_rows} verify rows counted, expected {want_rows} (all drafts accepted)")
+    require(
+        w["cross_decoder_rows"] == len(ps) + verify_rows, cid,
+        f"{FLAG} on: the cross-decoder ran {w['cross_decoder_rows']} rows; expected one per prompt in the prefill "
+        f"({len(ps)}) plus every verify row ({verify_rows})",
+    )
+    require(
+        w["skipped_cross_decoder_rows"] == prefill_rows - len(ps), cid,
+        f"{FLAG} on: {w['skipped_cross_decoder_rows']} rows skipped the cross-decoder; expected the prefill rows that "
+        f"feed no LM head ({prefill_rows - len(ps)}) and no verify row",
+    )
+    require(
+        off.work["skipped_cross_decoder_rows"] == 0, cid,
+        f"without {FLAG} no row may skip the cross-decoder, {off.work['skipped_cross_decoder_rows']} did",
+    )
 
 
 # Sampling: top_k keeps a tiny vocabulary (4 tokens per step); a two-sample chi-square test at false-alarm

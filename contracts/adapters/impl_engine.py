@@ -25,11 +25,13 @@ _ENGINES: dict[tuple[str, ...], tuple[Any, list[tuple[str, str]]]] = {}
 def isolated_engines() -> Iterator[None]:
     """Engines built inside are private to the block and shut down after it, so a mutant's
     damage (a leaked slot, a corrupted cache) never reaches the engines other checks reuse."""
-    global _ENGINES
+    global _ENGINES, _CONTINUATIONS
     saved, _ENGINES = _ENGINES, {}
+    saved_cont, _CONTINUATIONS = _CONTINUATIONS, {}
     try:
         yield
     finally:
+        _CONTINUATIONS = saved_cont
         for engine, _ in _ENGINES.values():
             try:
                 engine.shutdown()
@@ -58,7 +60,9 @@ def engine_for(argv: Sequence[str]) -> tuple[Any, list[tuple[str, str]]]:
         with capture_logs("impl") as log:
             engine = Engine(**given)
         if oracle:
-            engine.spec_worker.drafter = OracleDrafter(_greedy_continuation(_without_speculation(argv)))
+            engine.spec_worker.drafter = OracleDrafter(
+                _greedy_continuation(_without_speculation(argv)), engine.runner.model.compute_logits
+            )
         _ENGINES[key] = (engine, list(log))
     return _ENGINES[key]
 
@@ -75,11 +79,21 @@ def _without_speculation(argv: Sequence[str]) -> list[str]:
     return out
 
 
+_CONTINUATIONS: dict[tuple[tuple[str, ...], tuple[int, ...], int], list[int]] = {}
+
+
 def _greedy_continuation(argv: list[str]):
+    """The oracle's source: greedy continuations from the non-speculative engine, remembered across engines."""
+
     def run(token_lists: list[list[int]], n: int) -> list[list[int]]:
-        engine, _ = engine_for(argv)
-        sp = {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}
-        return [o["output_ids"] for o in engine.generate(input_ids=token_lists, sampling_params=[sp] * len(token_lists))]
+        key = tuple(argv)
+        todo = [t for t in token_lists if (key, tuple(t), n) not in _CONTINUATIONS]
+        if todo:
+            engine, _ = engine_for(argv)
+            sp = {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}
+            for t, o in zip(todo, engine.generate(input_ids=todo, sampling_params=[sp] * len(todo))):
+                _CONTINUATIONS[(key, tuple(t), n)] = o["output_ids"]
+        return [_CONTINUATIONS[(key, tuple(t), n)] for t in token_lists]
 
     return run
 

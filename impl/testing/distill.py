@@ -31,10 +31,10 @@ from impl.config.model_config import ModelConfig
 from impl.model import rope as rope_mod
 
 STEPS = 3
-NUM_PROMPTS = 48
+NUM_PROMPTS = 24
 PROMPT_LENS = (1, 40)  # uniform in this range
-NEW_TOKENS = 72
-TRAIN_ITERS = 250
+NEW_TOKENS = 48
+TRAIN_ITERS = 120
 LR = 3e-3
 STEP_WEIGHTS = (1.0, 0.8, 0.6)
 
@@ -200,6 +200,18 @@ def distill(target_path: str, init_path: str, seed: int) -> dict[str, torch.Tens
     from impl import Engine
     from impl.model.loader import load_model
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one reduction order: the build is deterministic
+    try:
+        return _distill(target_path, init_path, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _distill(target_path: str, init_path: str, seed: int) -> dict[str, torch.Tensor]:
+    from impl import Engine
+    from impl.model.loader import load_model
+
     torch.manual_seed(seed)
     rng = random.Random(seed)
     engine = Engine(target_path, attention_backend="torch_native", disable_radix_cache=True, random_seed=seed)
@@ -214,7 +226,7 @@ def distill(target_path: str, init_path: str, seed: int) -> dict[str, torch.Tens
     traces = target_traces(target, cfg, [p + o["output_ids"] for p, o in zip(prompts, outs)], [len(p) for p in prompts])
     batch = make_batch(traces, cfg)
     params = {k: v.detach().clone().requires_grad_(True) for k, v in draft.state_dict().items()
-              if v.is_floating_point() and not k.startswith("masked_embedding.")}
+              if v.is_floating_point() and not k.startswith("masked_embedding.") and "._" not in k}
     opt = torch.optim.Adam(params.values(), lr=LR)
     for _ in range(TRAIN_ITERS):
         opt.zero_grad()

@@ -72,8 +72,7 @@ def accept_sampled(logits: torch.Tensor, base: SampleRow, drafts: Sequence[int],
         if u < float(probs[i, d]):
             tokens.append(int(d))
             continue
-        residual = probs[i].clone()
-        residual[d] = 0.0
+        residual = rejection_residual(probs[i], int(d))
         if float(residual.sum()) <= 0.0:  # p_i is a point mass on d (u >= p_i(d) only by rounding)
             tokens.append(int(d))
             continue
@@ -92,6 +91,13 @@ def accept_sampled(logits: torch.Tensor, base: SampleRow, drafts: Sequence[int],
                 v, idx = torch.topk(lp[i], min(base.top_logprobs_num, lp.shape[-1]))
                 top[i] = list(zip(v.tolist(), idx.tolist()))
     return Accepted(tokens, j, logprobs, top)
+
+
+def rejection_residual(p: torch.Tensor, draft: int) -> torch.Tensor:
+    """``max(p - q, 0)`` for the point-mass draft ``q = 1{draft}`` (unnormalised): ``p`` without the draft."""
+    out = p.clone()
+    out[draft] = 0.0
+    return out
 
 
 def _draw_from(weights: torch.Tensor, generator: torch.Generator) -> int:

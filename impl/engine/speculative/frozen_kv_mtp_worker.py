@@ -126,6 +126,16 @@ class FrozenKVMTPWorker:
         self._commit(sched, reqs, drafts, logits, hidden)
 
     @staticmethod
+    def _free_rejected(sched, req: Req, keep: int) -> None:
+        """Rows 0..j hold K/V of the bonus and the accepted drafts; rows j+1..s are rejected: free them now."""
+        sched.kv.trim(req, keep)
+
+    @staticmethod
+    def _seed_row(offset: int, j: int) -> int:
+        """The next seed: the hidden state of the last accepted row (the one that produced the new bonus)."""
+        return offset + j
+
+    @staticmethod
     def _verify_batch(sched, reqs: list[Req], drafts: list[list[int]]) -> ForwardBatch:
         """EXTEND batch of ``1 + s`` rows per request (bonus + drafts), all of them LM-head rows."""
         ids: list[int] = []
@@ -177,9 +187,8 @@ class FrozenKVMTPWorker:
                              r.top_logprobs_num)
             acc = (accept_greedy if r.sampling_params.is_greedy else accept_sampled)(block, base, d, eos)
             j = acc.num_accepted_drafts
-            # Rows 0..j hold K/V of the bonus and the accepted drafts; rows j+1..s are rejected: free them now.
-            sched.kv.trim(r, r.kv_len - n + 1 + j)
-            r.spec_hidden = hidden[offset + j].detach().clone()
+            self._free_rejected(sched, r, r.kv_len - n + 1 + j)
+            r.spec_hidden = hidden[self._seed_row(offset, j)].detach().clone()
             r.spec_verify_ct += 1
             st.verify_ct += 1
             st.verify_tokens += n
