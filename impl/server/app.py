@@ -61,6 +61,7 @@ def build_state(engine: Engine) -> ServerState:
         num_waiting=lambda: holder["a"].num_waiting(),
         kv_usage=lambda: holder["a"].kv_usage(),
         work_counters=engine.work_counters,
+        spec_stats=engine.spec_worker.stats.as_dict if engine.spec_worker is not None else None,
     )
     metrics = ServerMetrics(name, gauges)
     log_requests = bool(engine.resolved_args.log_requests)
