@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve test spec bench bench-kernels bench-engine bench-yoco bench-cpu-fused gpu-check docs clean
+.PHONY: serve test spec bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused gpu-check docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ bench-engine: $(STAMP)
 
 bench-yoco: $(STAMP)
 	$(PY) bench/bench_yoco.py
+
+bench-spec: $(STAMP)
+	$(PY) bench/bench_spec.py --backend torch_native
+	$(PY) bench/bench_spec.py --backend triton --batch-sizes 1 --new-tokens 16 --rounds 1
 
 bench-cpu-fused: $(STAMP)
 	$(PY) bench/bench_cpu_fused.py

@@ -16,7 +16,7 @@ class AcceptsOneDraftTooMany(PatchedSubject):
         from impl.engine.speculative.acceptance import Accepted, _rows
         from impl.sampling.sampler import sample
 
-        def accept(logits, base, drafts, eos_ids):
+        def accept_one(logits, base, drafts, eos_ids):
             out = sample(logits, _rows(base, drafts), eos_ids)
             j = 0
             while j < len(drafts) and drafts[j] == out.token_ids[j]:
@@ -24,6 +24,13 @@ class AcceptsOneDraftTooMany(PatchedSubject):
             j = min(j + 1, len(drafts))
             toks = list(drafts[:j]) + [out.token_ids[j]]
             return Accepted(toks, j, out.logprobs[: j + 1], out.top_logprobs[: j + 1])
+
+        def accept(logits, reqs, eos_ids):
+            res, off = [], 0
+            for base, drafts in reqs:
+                res.append(accept_one(logits[off : off + len(drafts) + 1], base, drafts, eos_ids))
+                off += len(drafts) + 1
+            return res
 
         return {"impl.engine.speculative.frozen_kv_mtp_worker:accept_greedy": accept}
 

@@ -54,11 +54,23 @@ def _rows(base: SampleRow, drafts: Sequence[int]) -> list[SampleRow]:
 
 def accept_greedy(logits: torch.Tensor, base: SampleRow, drafts: Sequence[int], eos_ids: Sequence[int]) -> Accepted:
     """logits: [s + 1, V] verify rows of one greedy request; drafts: d_1 .. d_s."""
-    out = sample(logits, _rows(base, drafts), eos_ids)
-    j = 0
-    while j < len(drafts) and drafts[j] == out.token_ids[j]:
-        j += 1
-    return Accepted(out.token_ids[: j + 1], j, out.logprobs[: j + 1], out.top_logprobs[: j + 1])
+    return accept_greedy_batch(logits, [(base, drafts)], eos_ids)[0]
+
+
+def accept_greedy_batch(logits: torch.Tensor, reqs: Sequence[tuple[SampleRow, Sequence[int]]],
+                        eos_ids: Sequence[int]) -> list[Accepted]:
+    """Several greedy requests at once (one sampler call): ``logits`` holds their verify blocks in order."""
+    rows = [row for base, drafts in reqs for row in _rows(base, drafts)]
+    out = sample(logits, rows, eos_ids)
+    res, off = [], 0
+    for _, drafts in reqs:
+        toks = out.token_ids[off : off + len(drafts) + 1]
+        j = 0
+        while j < len(drafts) and drafts[j] == toks[j]:
+            j += 1
+        res.append(Accepted(toks[: j + 1], j, out.logprobs[off : off + j + 1], out.top_logprobs[off : off + j + 1]))
+        off += len(drafts) + 1
+    return res
 
 
 def accept_sampled(logits: torch.Tensor, base: SampleRow, drafts: Sequence[int], eos_ids: Sequence[int]) -> Accepted:

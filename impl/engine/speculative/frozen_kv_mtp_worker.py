@@ -34,7 +34,7 @@ import torch
 from impl.engine.forward_batch import ForwardBatch, ForwardMode, WorkCounters
 from impl.engine.req import Req
 from impl.engine.schedule_batch import ScheduleBatch
-from impl.engine.speculative.acceptance import accept_greedy, accept_sampled
+from impl.engine.speculative.acceptance import accept_greedy_batch as accept_greedy, accept_sampled
 from impl.engine.speculative.draft import Drafter
 from impl.sampling.sampler import SampleRow
 
@@ -177,15 +177,22 @@ class FrozenKVMTPWorker:
     def _commit(self, sched, reqs: list[Req], drafts: list[list[int]], logits: torch.Tensor, hidden: torch.Tensor) -> None:
         eos = sched.config.eos_token_ids
         now = time.perf_counter()
-        offset = 0
         st = self.stats
         st.verify_rounds += 1
-        for r, d in zip(reqs, drafts):
-            n = 1 + len(d)
-            block = logits[offset : offset + n]
-            base = SampleRow(r.sampling_params, r.origin_input_ids, r.output_ids, r.generator, r.return_logprob,
-                             r.top_logprobs_num)
-            acc = (accept_greedy if r.sampling_params.is_greedy else accept_sampled)(block, base, d, eos)
+        starts = [0]
+        for d in drafts:
+            starts.append(starts[-1] + 1 + len(d))
+        bases = [SampleRow(r.sampling_params, r.origin_input_ids, r.output_ids, r.generator, r.return_logprob,
+                           r.top_logprobs_num) for r in reqs]
+        greedy = [i for i, r in enumerate(reqs) if r.sampling_params.is_greedy]
+        accepted = {}
+        if greedy:
+            rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in greedy]).to(logits.device)
+            for i, acc in zip(greedy, accept_greedy(logits.index_select(0, rows), [(bases[i], drafts[i]) for i in greedy], eos)):
+                accepted[i] = acc
+        for k, (r, d) in enumerate(zip(reqs, drafts)):
+            n, offset = 1 + len(d), starts[k]
+            acc = accepted[k] if k in accepted else accept_sampled(logits[offset : offset + n], bases[k], d, eos)
             j = acc.num_accepted_drafts
             self._free_rejected(sched, r, r.kv_len - n + 1 + j)
             r.spec_hidden = hidden[self._seed_row(offset, j)].detach().clone()
@@ -200,7 +207,6 @@ class FrozenKVMTPWorker:
                 sched._append_token(r, tok, lp, top, now)
                 if r.is_finished:
                     break
-            offset += n
         sched.new_token_ratio = max(
             sched.config.min_new_token_ratio, sched.new_token_ratio - sched.config.new_token_ratio_decay
         )
