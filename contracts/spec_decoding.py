@@ -106,7 +106,7 @@ def spec_fast_prefill(subject) -> None:
     cid = "SPEC-FAST-PREFILL"
     # Few, short requests: on a CPU-only machine the triton kernels run interpreted (slow). The oracle draft
     # (every draft accepted) keeps verify forwards few and makes every verify row count.
-    ps = random_prompts(subject.tiny_model(MODEL), [5, 23, 41], 12)
+    ps = random_prompts(subject.tiny_model(MODEL), [4, 9, 18], 12)
     new_tokens = 6  # prefill token + one verify of 4 + one cut to 1
     reqs = [GenRequest(p, max_new_tokens=new_tokens) for p in ps]
     base = ("--disable-radix-cache",)
