@@ -85,7 +85,7 @@ def main() -> int:
     engines = {"base": Engine(target, **kw), "mtp": Engine(target, **kw, **mtp), "mtp-oracle": Engine(target, **kw, **mtp)}
     print(f"bench_spec: backend {args.backend}, threads {args.threads}, prompt {args.prompt_len} tokens, "
           f"{args.new_tokens} new tokens, rounds {args.rounds}")
-    print("  " + engines["mtp"].startup_log[-1])
+    print("  " + "; ".join(ln for ln in engines["mtp"].startup_log if ln.startswith(("Speculative", "Attention", "Triton"))))
     sp = {"max_new_tokens": args.new_tokens, "temperature": 0.0, "ignore_eos": True}
     rows = []
     for bs in [int(x) for x in args.batch_sizes.split(",")]:
