@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve test spec bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused gpu-check docs clean
+.PHONY: serve test spec lint bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused gpu-check docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ test: $(STAMP)
 
 spec: $(STAMP)
 	$(PY) -m pytest spec -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 docs: $(STAMP)
 	$(PY) -m contracts.docs --write

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from contracts.base import ContractViolation, contract, require
+from contracts.base import contract, require, violation
 from contracts.models import random_prompts
 from contracts.subject import GenRequest
 
@@ -42,13 +42,13 @@ def _triton(subject, *flags: str) -> list[str]:
             "--decode-attention-backend", "torch_native", *flags]
 
 
-def _same_tokens(cid: str, what: str, ref, got) -> None:
-    require(len(ref.outputs) == len(got.outputs), cid, f"{what}: {len(got.outputs)} outputs, expected {len(ref.outputs)}")
+def _same_tokens(what: str, ref, got) -> None:
+    require(len(ref.outputs) == len(got.outputs), f"{what}: {len(got.outputs)} outputs, expected {len(ref.outputs)}")
     for i, (a, b) in enumerate(zip(ref.outputs, got.outputs)):
         if a.output_ids != b.output_ids:
             step = next((k for k, (x, y) in enumerate(zip(a.output_ids, b.output_ids)) if x != y), min(len(a.output_ids), len(b.output_ids)))
-            raise ContractViolation(
-                cid, f"{what}: prompt {i}: tokens differ at step {step}: without speculation {a.output_ids}, with {b.output_ids}"
+            raise violation(
+                f"{what}: prompt {i}: tokens differ at step {step}: without speculation {a.output_ids}, with {b.output_ids}"
             )
 
 
@@ -67,7 +67,6 @@ def _expected_verifies(new_tokens: int, steps: int) -> int:
     needs=("engine",),
 )
 def spec_greedy_parity(subject) -> None:
-    cid = "SPEC-GREEDY-PARITY"
     ps = random_prompts(subject.tiny_model(MODEL), LENGTHS, 11)
     reqs = [GenRequest(p, max_new_tokens=NEW_TOKENS, return_logprob=True) for p in ps]
     base = ("--disable-radix-cache",)
@@ -76,19 +75,19 @@ def spec_greedy_parity(subject) -> None:
         ref = subject.generate(_torch_native(subject, *base), reqs, batched=batched)
         for draft in ("assistant_distilled", "assistant", "assistant_oracle"):
             got = subject.generate(_torch_native(subject, *base, *_spec(subject, draft)), reqs, batched=batched)
-            _same_tokens(cid, f"{how}, draft {draft}", ref, got)
+            _same_tokens(f"{how}, draft {draft}", ref, got)
             for i, o in enumerate(got.outputs):
-                require(o.spec_verify_ct is not None, cid, f"{how}, draft {draft}: meta_info.spec_verify_ct is missing")
+                require(o.spec_verify_ct is not None, f"{how}, draft {draft}: meta_info.spec_verify_ct is missing")
                 if draft == "assistant_oracle":
                     want = _expected_verifies(NEW_TOKENS, STEPS)
                     require(
-                        o.spec_verify_ct == want, cid,
+                        o.spec_verify_ct == want,
                         f"{how}, oracle draft, prompt {i}: {o.spec_verify_ct} verifies for {NEW_TOKENS} tokens; with every "
                         f"draft accepted it takes {want} (accept length {o.spec_accept_length})",
                     )
                 if draft == "assistant":
                     require(
-                        o.spec_accept_length is not None and o.spec_accept_length <= 1.0 + 1e-9, cid,
+                        o.spec_accept_length is not None and o.spec_accept_length <= 1.0 + 1e-9,
                         f"{how}, random draft, prompt {i}: accept length {o.spec_accept_length} > 1 although a random "
                         "draft's tokens should all be rejected",
                     )
@@ -103,7 +102,6 @@ def spec_greedy_parity(subject) -> None:
     needs=("engine",),
 )
 def spec_fast_prefill(subject) -> None:
-    cid = "SPEC-FAST-PREFILL"
     # Few, short requests: on a CPU-only machine the triton kernels run interpreted (slow). The oracle draft
     # (every draft accepted) keeps verify forwards few and makes every verify row count.
     ps = random_prompts(subject.tiny_model(MODEL), [4, 9, 18], 12)
@@ -114,25 +112,25 @@ def spec_fast_prefill(subject) -> None:
     draft = "assistant_oracle"
     off = subject.generate(_triton(subject, *base, *_spec(subject, draft)), reqs)
     on = subject.generate(_triton(subject, *base, FLAG, *_spec(subject, draft)), reqs)
-    _same_tokens(cid, f"MTP without {FLAG} vs no speculation", ref, off)
-    _same_tokens(cid, f"MTP with {FLAG} vs no speculation", ref, on)
+    _same_tokens(f"MTP without {FLAG} vs no speculation", ref, off)
+    _same_tokens(f"MTP with {FLAG} vs no speculation", ref, on)
     w = on.work
     prefill_rows = sum(len(p) for p in ps)
     verify_rows = w["decode_tokens"]  # verify batches: bonus + drafts of every request
     want_rows = len(ps) * (new_tokens - 1)  # all accepted: every verify row is committed
-    require(verify_rows == want_rows, cid, f"{verify_rows} verify rows counted, expected {want_rows} (all drafts accepted)")
+    require(verify_rows == want_rows, f"{verify_rows} verify rows counted, expected {want_rows} (all drafts accepted)")
     require(
-        w["cross_decoder_rows"] == len(ps) + verify_rows, cid,
+        w["cross_decoder_rows"] == len(ps) + verify_rows,
         f"{FLAG} on: the cross-decoder ran {w['cross_decoder_rows']} rows; expected one per prompt in the prefill "
         f"({len(ps)}) plus every verify row ({verify_rows})",
     )
     require(
-        w["skipped_cross_decoder_rows"] == prefill_rows - len(ps), cid,
+        w["skipped_cross_decoder_rows"] == prefill_rows - len(ps),
         f"{FLAG} on: {w['skipped_cross_decoder_rows']} rows skipped the cross-decoder; expected the prefill rows that "
         f"feed no LM head ({prefill_rows - len(ps)}) and no verify row",
     )
     require(
-        off.work["skipped_cross_decoder_rows"] == 0, cid,
+        off.work["skipped_cross_decoder_rows"] == 0,
         f"without {FLAG} no row may skip the cross-decoder, {off.work['skipped_cross_decoder_rows']} did",
     )
 
@@ -200,7 +198,6 @@ def two_sample_chi2(a: Counter, b: Counter, min_count: int = 10) -> tuple[float,
     needs=("engine",),
 )
 def spec_sampling_distribution(subject) -> None:
-    cid = "SPEC-SAMPLING-DISTRIBUTION"
     prompt = random_prompts(subject.tiny_model(MODEL), [6], 13)[0]
 
     def reqs(seed0: int) -> list[GenRequest]:
@@ -215,7 +212,7 @@ def spec_sampling_distribution(subject) -> None:
             b = Counter(tuple(o.output_ids[: pos + 1]) for o in got.outputs)
             p, dof = two_sample_chi2(a, b)
             require(
-                p >= ALPHA, cid,
+                p >= ALPHA,
                 f"draft {draft}: tokens 1..{pos + 1} with MTP do not follow the target's distribution (chi-square p={p:.2e} "
                 f"< {ALPHA}, {dof} dof); most frequent without MTP {a.most_common(4)}, with {b.most_common(4)}",
             )
@@ -231,7 +228,6 @@ def spec_sampling_distribution(subject) -> None:
     needs=("engine",),
 )
 def spec_kv_freed(subject) -> None:
-    cid = "SPEC-KV-FREED"
     ps = random_prompts(subject.tiny_model(MODEL), [30, 12, 45, 7, 19], 14)
     reqs = [GenRequest(p, max_new_tokens=10) for p in ps]
     reqs += [GenRequest(p, max_new_tokens=9, temperature=1.0, seed=i) for i, p in enumerate(ps)]
@@ -241,11 +237,11 @@ def spec_kv_freed(subject) -> None:
             try:
                 out = subject.generate(_torch_native(subject, *flags, *_spec(subject, draft)), reqs)
             except AssertionError as e:  # the engine's own KV integrity check tripped during the run
-                raise ContractViolation(cid, f"draft {draft}, flags {flags}: KV accounting failed during the run: {e}") from e
+                raise violation(f"draft {draft}, flags {flags}: KV accounting failed during the run: {e}") from e
             require(
-                out.kv_available_after == out.kv_capacity, cid,
+                out.kv_available_after == out.kv_capacity,
                 f"draft {draft}, flags {flags}: after all requests ended {out.kv_available_after} of {out.kv_capacity} "
                 "KV slots are usable; the rest leaked",
             )
-            _same_tokens(cid, f"draft {draft}, flags {flags} (greedy requests)", ref,
+            _same_tokens(f"draft {draft}, flags {flags} (greedy requests)", ref,
                          type(out)(outputs=out.outputs[: len(ps)], work={}))

@@ -43,3 +43,21 @@ def test_docs_catalogue_in_sync():
     with open(docs.path()) as f:
         current = f.read()
     assert current == docs.render(), "docs/contracts.md is stale: run `python -m contracts.docs --write`"
+
+
+def test_require_names_the_running_contract():
+    """``require(cond, message)`` takes the contract id from ``Contract.run``; outside a run it refuses."""
+    import pytest
+
+    from contracts.base import Contract, ContractViolation, require
+
+    def check(subject) -> None:
+        require(subject == "good", f"subject was {subject!r}")
+
+    c = Contract("TEST-RUNNING-ID", "a rule", "here", ("T0",), frozenset({"args"}), check)
+    c.run("good")
+    with pytest.raises(ContractViolation, match=r"^\[TEST-RUNNING-ID\] subject was 'bad'$") as e:
+        c.run("bad")
+    assert e.value.contract_id == "TEST-RUNNING-ID"
+    with pytest.raises(RuntimeError, match="outside a contract check"):
+        require(False, "no contract runs")

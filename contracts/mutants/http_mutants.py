@@ -220,8 +220,10 @@ def _fast_prefill_shifts_logits() -> None:
     orig = ModelRunner.forward
 
     def forward(self, fb):
-        logits = orig(self, fb)
-        return logits.roll(1, dims=-1) if fb.fast_prefill else logits
+        out = orig(self, fb)
+        if fb.fast_prefill:
+            out.logits = out.logits.roll(1, dims=-1)
+        return out
 
     _set(ModelRunner, "forward", forward)
 

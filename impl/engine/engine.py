@@ -1,6 +1,6 @@
 """Engine: the offline API (SGLang's shape) over one step-wise scheduler.
 
-``Engine(model_path=None, **server_args)`` checks and resolves the server
+``Engine(model_path, **server_args)`` checks and resolves the server
 arguments, loads the model, sizes the KV pool and logs the startup lines.
 ``generate`` drives ``Scheduler.step()`` on the caller's thread until its
 requests finish; ``start_background_loop()`` instead runs the loop on a thread
@@ -58,14 +58,15 @@ class RequestHandle:
 
 class Engine:
     def __init__(self, model_path: str | None = None, **kwargs: Any):
-        if model_path is None:
-            from impl.testing.checkpoints import default_model_path
-
-            model_path = default_model_path()
         names = {f.name for f in dataclasses.fields(ServerArgs)}
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise ValueError(f"Engine got unknown server argument(s) {unknown}; see ServerArgs for the valid names")
+        if model_path is None:
+            raise ValueError(
+                "Engine needs a model_path (a Gemma-4 checkpoint directory); python -m impl.launch_server "
+                "without --model-path serves the embedded tiny model (impl.testing.checkpoints.default_model_path())."
+            )
         self.server_args = ServerArgs(model_path=model_path, **kwargs)
         platform = Platform.detect(self.server_args.device)
         model_config = ModelConfig.from_server_args(self.server_args)

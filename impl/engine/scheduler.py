@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from impl.engine.forward_batch import WorkCounters
+from impl.forward_batch import WorkCounters
 from impl.engine.kv_lifecycle import KVLifecycle
 from impl.engine.req import FinishReason, Req, ReqState
 from impl.engine.schedule_batch import BatchItem, ScheduleBatch
@@ -68,7 +68,7 @@ class Scheduler:
     def __init__(
         self,
         config: SchedulerConfig,
-        runner,  # .forward(fb) -> logits [R, V]; .req_to_token_pool, .token_to_kv_pool, .device
+        runner,  # .forward(fb) -> LogitsOutput (logits [R, V]); .req_to_token_pool, .token_to_kv_pool, .device
         kv: KVLifecycle,
         decode_text: Callable[[Sequence[int], bool], str] | None = None,
         spec=None,  # FrozenKVMTPWorker when speculative decoding is on (impl/engine/speculative)
@@ -143,11 +143,11 @@ class Scheduler:
             decode_tokens=sum(1 for it in batch.items if it.is_decode_step),
             cached_tokens=self._cached_this_step,
         )
-        logits = self.runner.forward(fb)
+        out = self.runner.forward(fb)
         self.num_forwards += 1
         if self.spec is not None:
-            self.spec.after_forward(batch, self.runner.last_output.hidden_states)
-        self._process(batch, logits)
+            self.spec.after_forward(batch, out.hidden_states)
+        self._process(batch, out.logits)
         return True
 
     def check_integrity(self) -> None:

@@ -59,7 +59,7 @@ def producer_of(draft: ModelConfig, target: ModelConfig, layer_type: str) -> int
 def target_traces(target, draft_config: ModelConfig, seqs: list[list[int]], first_generated: list[int]) -> list[Trace]:
     from impl.attention.torch_native import TorchNativeAttnBackend
     from impl.cache.kv_pool import ReqToTokenPool, TokenToKVPool
-    from impl.engine.forward_batch import ForwardBatch, ForwardMode
+    from impl.forward_batch import ForwardBatch, ForwardMode
 
     cfg = target.config
     total = sum(len(s) for s in seqs)

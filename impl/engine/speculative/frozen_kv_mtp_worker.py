@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 import torch
 
-from impl.engine.forward_batch import ForwardBatch, ForwardMode, WorkCounters
+from impl.forward_batch import ForwardBatch, ForwardMode, WorkCounters
 from impl.engine.req import Req
 from impl.engine.schedule_batch import ScheduleBatch
 from impl.engine.speculative.acceptance import accept_greedy_batch as accept_greedy, accept_sampled
@@ -120,10 +120,9 @@ class FrozenKVMTPWorker:
         drafts = self.drafter.draft(reqs, max(steps)) if max(steps) > 0 else [[] for _ in reqs]
         drafts = [list(d[:s]) for d, s in zip(drafts, steps)]
         fb = self._verify_batch(sched, reqs, drafts)
-        logits = sched.runner.forward(fb)
-        hidden = sched.runner.last_output.hidden_states
+        out = sched.runner.forward(fb)
         sched.num_forwards += 1
-        self._commit(sched, reqs, drafts, logits, hidden)
+        self._commit(sched, reqs, drafts, out.logits, out.hidden_states)
 
     @staticmethod
     def _free_rejected(sched, req: Req, keep: int) -> None:
