@@ -197,8 +197,6 @@ def make_batch(traces: list[Trace], cfg: ModelConfig) -> Batch:
 
 def distill(target_path: str, init_path: str, seed: int) -> dict[str, torch.Tensor]:
     """Train the assistant at ``init_path`` on ``target_path``'s greedy continuations; its state (our names)."""
-    from impl import Engine
-    from impl.model.loader import load_model
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one reduction order: the build is deterministic
