@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve test spec lint bench bench-kernels bench-engine bench-yoco bench-cpu-fused bench-detokenize gpu-check docs clean
+.PHONY: serve test spec lint bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-detokenize gpu-check docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ bench-engine: $(STAMP)
 
 bench-yoco: $(STAMP)
 	$(PY) bench/bench_yoco.py
+
+bench-spec: $(STAMP)
+	$(PY) bench/bench_spec.py --backend torch_native
+	$(PY) bench/bench_spec.py --backend triton --batch-sizes 1 --new-tokens 16 --rounds 1
 
 bench-cpu-fused: $(STAMP)
 	$(PY) bench/bench_cpu_fused.py

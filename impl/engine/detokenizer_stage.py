@@ -49,6 +49,7 @@ class Emission:
     finish_reason: FinishReason | None
     time: float  # perf_counter: the finish time, or when the emission was made
     text: str | None  # cumulative text when the scheduler thread owns the detokenizer (stop strings), else None
+    spec: tuple[int, float | None] | None = None  # (spec_verify_ct, spec_accept_length) with speculative decoding
 
 
 def hold_stop_prefix(text: str, stops: Sequence[str]) -> str:
@@ -107,6 +108,8 @@ def build_output(em: Emission) -> ReqOutput:
         e2e_latency=em.time - req.created_time,
         ttft=None if first is None else first - req.created_time,
         logprobs=logprobs,
+        spec_verify_ct=em.spec[0] if em.spec else 0,
+        spec_accept_length=em.spec[1] if em.spec else None,
     )
 
 

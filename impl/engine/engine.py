@@ -47,6 +47,7 @@ from impl.engine.output import ReqOutput
 from impl.engine.req import Req
 from impl.engine.request_handle import RequestHandle
 from impl.engine.scheduler import Scheduler, SchedulerConfig
+from impl.engine.speculative import build_spec_worker
 
 logger = logging.getLogger("impl.engine")
 
@@ -98,7 +99,8 @@ class Engine:
         allocator = TokenSlotAllocator(self.runner.token_to_kv_pool.capacity)
         tree = None if args.disable_radix_cache else RadixCache(allocator)
         kv = KVLifecycle(allocator, self.runner.req_to_token_pool, tree)
-        self.scheduler = Scheduler(self.scheduler_config, self.runner, kv)
+        self.spec_worker = build_spec_worker(args, self.runner)
+        self.scheduler = Scheduler(self.scheduler_config, self.runner, kv, spec=self.spec_worker)
         self.intake_limits = IntakeLimits(self.scheduler_config.max_req_len, self.model_config.vocab_size)
         self._detokenizer = DetokenizerStage()
         seed = args.random_seed if args.random_seed is not None else int(torch.randint(0, 2**62, (1,)))
@@ -112,7 +114,7 @@ class Engine:
             f"Chunked prefill: {'off' if chunk == -1 else f'{chunk} tokens'}"
             + ("" if args.chunked_prefill_size is not None else " (default)")
             + f"; radix cache {'off' if tree is None else 'on'}",
-        ]
+        ] + ([self.spec_worker.describe()] if self.spec_worker else [])
         if "triton" in self.runner.backend_names:
             from impl.kernels.triton_env import triton_startup_warning
 
@@ -223,6 +225,7 @@ class Engine:
             finish_reason=req.finished_reason,
             time=finished if finished is not None else time.perf_counter(),
             text=req.detok.text if req.sampling_params.stop else None,
+            spec=None if req.spec_verify_ct is None else (req.spec_verify_ct, req.spec_accept_length),
         ))
 
     # ---- the loop ---------------------------------------------------------------------
@@ -318,6 +321,10 @@ class Engine:
             startup_log=list(self.startup_log),
             work_counters=self.work_counters(),
         )
+        if self.spec_worker is not None:
+            info["speculative"] = self.spec_worker.server_info()
+            info["internal_states"] = [{"avg_spec_accept_length": self.spec_worker.stats.avg_accept_length,
+                                        **self.spec_worker.stats.as_dict()}]
         return info
 
     def shutdown(self) -> None:

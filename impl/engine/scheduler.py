@@ -40,6 +40,9 @@ from impl.sampling.sampler import SampleRow, sample
 
 logger = logging.getLogger("impl.engine")
 
+# _schedule's answer "run a speculative draft + verify round for the running requests"
+_SPEC_ROUND = ScheduleBatch([])
+
 
 @dataclass
 class SchedulerConfig:
@@ -67,8 +70,10 @@ class Scheduler:
         config: SchedulerConfig,
         runner,  # .forward(fb) -> LogitsOutput (logits [R, V]); .req_to_token_pool, .token_to_kv_pool, .device
         kv: KVLifecycle,
+        spec=None,  # FrozenKVMTPWorker when speculative decoding is on (impl/engine/speculative)
     ):
         self.config = config
+        self.spec = spec
         self.runner = runner
         self.kv = kv
         self.waiting: deque[Req] = deque()
@@ -110,15 +115,20 @@ class Scheduler:
                 self._idle_checked = True
             return False
         self._idle_checked = False
+        if batch is _SPEC_ROUND:
+            self.spec.run_round(self)
+            return True
         fb = batch.to_forward_batch(self.runner.req_to_token_pool, self.runner.token_to_kv_pool, self.runner.device)
         fb.work = WorkCounters(
             prefill_tokens=sum(it.n for it in batch.items if not it.is_decode_step),
             decode_tokens=sum(1 for it in batch.items if it.is_decode_step),
             cached_tokens=self._cached_this_step,
         )
-        logits = self.runner.forward(fb).logits
+        out = self.runner.forward(fb)
         self.num_forwards += 1
-        self._process(batch, logits)
+        if self.spec is not None:
+            self.spec.after_forward(batch, out.hidden_states)
+        self._process(batch, out.logits)
         return True
 
     def check_integrity(self) -> None:
@@ -148,6 +158,8 @@ class Scheduler:
                 return
             if kind == "add":
                 arg.state = ReqState.WAITING
+                if self.spec is not None and arg.spec_verify_ct is None:
+                    arg.spec_verify_ct = 0
                 self.waiting.append(arg)
             else:
                 self._abort(arg)
@@ -183,16 +195,27 @@ class Scheduler:
         logger.info("retracted request %s (KV pool short); it will be prefilled again", req.rid)
 
     def _schedule(self) -> ScheduleBatch | None:
+        """The next batch. With speculation, prefill batches carry no decode rows (mixed chunked
+        prefill is off) and running requests advance by a draft + verify round (``_SPEC_ROUND``)
+        whenever no prefill is scheduled."""
+        if self.spec is None:
+            return self._schedule_batch(decode=True)
+        batch = self._schedule_batch(decode=False)
+        if batch is None and self.running:
+            return _SPEC_ROUND
+        return batch
+
+    def _schedule_batch(self, decode: bool) -> ScheduleBatch | None:
         self._cached_this_step = 0
         # Decode: one slot per running request; retract the newest while they do not fit.
-        while self.running and self.kv.available() < len(self.running):
+        while decode and self.running and self.kv.available() < len(self.running):
             if self.chunked_req is not None:
                 victim, self.chunked_req = self.chunked_req, None
             else:
                 victim = self.running.pop()
             self._retract(victim)
         items: list[BatchItem] = []
-        for req in self.running:
+        for req in self.running if decode else ():
             start = req.kv_len
             rows = req.logits_rows(start, 1)
             items.append(BatchItem(req, start, 1, self.kv.extend(req, 1), rows))
@@ -286,11 +309,15 @@ class Scheduler:
             if it.samples and not r.is_finished and r not in still:
                 still.append(r)
         self.running = still
-        for it in batch.items:
-            if it.samples and not it.req.is_finished and it.req.on_output is not None:
-                if len(it.req.output_ids) - it.req.last_emitted_len >= self.config.stream_interval:
-                    it.req.last_emitted_len = len(it.req.output_ids)
-                    it.req.on_output(it.req)
+        self._emit([it.req for it in batch.items if it.samples])
+
+    def _emit(self, reqs: Sequence[Req]) -> None:
+        """Stream progress: unfinished requests with ``stream_interval`` new tokens since the last emit."""
+        for req in reqs:
+            if not req.is_finished and req.on_output is not None:
+                if len(req.output_ids) - req.last_emitted_len >= self.config.stream_interval:
+                    req.last_emitted_len = len(req.output_ids)
+                    req.on_output(req)
 
     def _prompt_logprobs(self, it: BatchItem, rows: torch.Tensor) -> None:
         req = it.req

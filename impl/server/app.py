@@ -56,7 +56,8 @@ def served_model_name(engine: Engine) -> str:
 
 def build_state(engine: Engine) -> ServerState:
     name = served_model_name(engine)
-    metrics = ServerMetrics(name, Gauges(load=engine.load, work_counters=engine.work_counters))
+    spec_stats = engine.spec_worker.stats.as_dict if engine.spec_worker is not None else None
+    metrics = ServerMetrics(name, Gauges(load=engine.load, work_counters=engine.work_counters, spec_stats=spec_stats))
     log_requests = bool(engine.resolved_args.log_requests)
 
     def on_finish(req: Req, out: ReqOutput) -> None:  # on the detokenizer thread

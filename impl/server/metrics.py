@@ -62,6 +62,7 @@ class Gauges:
 
     load: Callable[[], LoadView]
     work_counters: Callable[[], dict[str, int]]
+    spec_stats: Callable[[], dict[str, float]] | None = None  # speculative decoding totals (None: off)
 
 
 class ServerMetrics:
@@ -135,6 +136,17 @@ class ServerMetrics:
         metric("yoco:skipped_cross_decoder_rows_total", "counter",
                "Rows KV-sharing fast prefill did not run through the cross-decoder layers.",
                work.get("skipped_cross_decoder_rows", 0))
+        if g.spec_stats is not None:
+            spec = g.spec_stats()
+            metric("sglang:spec_accept_length", "gauge",
+                   "Mean tokens committed per speculative verify (accepted drafts + 1), since start.",
+                   spec["avg_spec_accept_length"])
+            metric("sglang:spec_draft_tokens_total", "counter", "Draft tokens proposed.", spec["draft_tokens"])
+            metric("sglang:spec_accepted_draft_tokens_total", "counter", "Draft tokens accepted.", spec["accepted_drafts"])
+            metric("sglang:spec_verify_tokens_total", "counter", "Rows verified by the target (bonus + drafts).",
+                   spec["verify_tokens"])
+            metric("sglang:spec_verify_ct_total", "counter", "Request-verifies (one per request per round).",
+                   spec["verify_ct"])
         return "\n".join(out) + "\n"
 
 
