@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve test spec bench bench-kernels bench-engine bench-yoco bench-cpu-fused bench-serving eval-choice gpu-check docs clean
+.PHONY: serve test spec lint bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-detokenize bench-serving eval-choice gpu-check docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ test: $(STAMP)
 spec: $(STAMP)
 	$(PY) -m pytest spec -q
 
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
 docs: $(STAMP)
 	$(PY) -m contracts.docs --write
 
@@ -39,8 +43,15 @@ bench-engine: $(STAMP)
 bench-yoco: $(STAMP)
 	$(PY) bench/bench_yoco.py
 
+bench-spec: $(STAMP)
+	$(PY) bench/bench_spec.py --backend torch_native
+	$(PY) bench/bench_spec.py --backend triton --batch-sizes 1 --new-tokens 16 --rounds 1
+
 bench-cpu-fused: $(STAMP)
 	$(PY) bench/bench_cpu_fused.py
+
+bench-detokenize: $(STAMP)
+	$(PY) bench/bench_detokenize.py
 
 # Seed 000's serving table through HTTP (four server configurations, chat + summ); ARGS adds campaign flags.
 bench-serving: $(STAMP)

@@ -32,7 +32,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from contracts.base import ContractViolation, contract
+from contracts.base import ContractViolation, contract, violation
 from contracts.flops import flop_bound
 from contracts.subject import GenRequest, TimedOutput
 
@@ -108,7 +108,7 @@ def _interleaved(subject: Any, requests: list[GenRequest], figure: Callable[[lis
 on_measure: Callable[[Pairs], None] | None = None
 
 
-def _judge(cid: str, measure: Callable[[], Pairs], ok: Callable[[Pairs], bool], explain: Callable[[Pairs], str]) -> None:
+def _judge(measure: Callable[[], Pairs], ok: Callable[[Pairs], bool], explain: Callable[[Pairs], str]) -> None:
     """Pass on the first good measurement; otherwise measure again once and fail with both."""
     first = measure()
     if on_measure:
@@ -120,7 +120,7 @@ def _judge(cid: str, measure: Callable[[], Pairs], ok: Callable[[Pairs], bool], 
         on_measure(second)
     if ok(second):
         return
-    raise ContractViolation(cid, f"{explain(second)}\n  attempt 1: {first.show()}\n  attempt 2: {second.show()}")
+    raise violation(f"{explain(second)}\n  attempt 1: {first.show()}\n  attempt 2: {second.show()}")
 
 
 def _median(xs: list[float | None], what: str) -> float:
@@ -140,7 +140,6 @@ def _median(xs: list[float | None], what: str) -> float:
     needs=("bench",),
 )
 def prefill_speedup(subject) -> None:
-    cid = "THRU-PREFILL-SPEEDUP"
     cfg = subject.model_config(_argv(subject, True))
     bound = flop_bound(cfg, PREFILL_LEN)
     need = PREFILL_FRACTION * (1 - 1 / bound)
@@ -150,7 +149,6 @@ def prefill_speedup(subject) -> None:
         return 1 - 1 / p.ratio
 
     _judge(
-        cid,
         lambda: _interleaved(subject, reqs, lambda outs: outs[0].ttft, "TTFT (s)"),
         lambda p: saving(p) >= need,
         lambda p: (f"fast prefill saved {saving(p):.1%} of the TTFT (speedup {p.ratio:.2f}x) on a {PREFILL_LEN}-token "
@@ -170,7 +168,6 @@ def prefill_speedup(subject) -> None:
     needs=("bench",),
 )
 def decode_no_regression(subject) -> None:
-    cid = "THRU-DECODE-NO-REGRESSION"
     cfg = subject.model_config(_argv(subject, False))
     reqs = [GenRequest(p, max_new_tokens=DECODE_TOKENS) for p in _prompts(cfg, [1] * DECODE_REQS, 12)]
 
@@ -178,7 +175,6 @@ def decode_no_regression(subject) -> None:
         return 1 / p.ratio
 
     _judge(
-        cid,
         lambda: _interleaved(subject, reqs, lambda outs: _median([o.tpot for o in outs], "TPOT"), "median TPOT (s)"),
         lambda p: on_over_off(p) <= 1 + DECODE_MARGIN,
         lambda p: (f"median TPOT with the flag on is {on_over_off(p):.2f}x flag off on decode-only requests (allowed "
@@ -196,7 +192,6 @@ def decode_no_regression(subject) -> None:
     needs=("bench",),
 )
 def summ_scenario(subject) -> None:
-    cid = "THRU-SUMM-SCENARIO"
     cfg = subject.model_config(_argv(subject, False))
     n_in, n_out = round(8192 * SUMM_SCALE), round(1024 * SUMM_SCALE)
     reqs = [GenRequest(p, max_new_tokens=n_out) for p in _prompts(cfg, [n_in] * SUMM_REQS, 13)]
@@ -206,7 +201,6 @@ def summ_scenario(subject) -> None:
 
     # Pairs hold tok/s, so on/off is the inverse of Pairs.ratio (off/on).
     _judge(
-        cid,
         lambda: _interleaved(subject, reqs, tok_s, "output tok/s"),
         lambda p: 1 / p.ratio >= 1 + SUMM_MARGIN,
         lambda p: (f"summarisation-shaped output tok/s with the flag on is {1 / p.ratio:.2f}x flag off (required "
