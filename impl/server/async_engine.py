@@ -15,6 +15,7 @@ nothing is lost.
 from __future__ import annotations
 
 import asyncio
+import collections
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -85,21 +86,40 @@ class AsyncEngine:
         self.on_finish = on_finish  # called once per request, on the scheduler thread, when it finishes
         self.loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
+        self._live: set[str] = set()  # rids submitted and not finished (a duplicate live rid is refused)
 
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.engine.start_background_loop()
 
     def submit(self, reqs: list[Req], stream: bool) -> list[RequestStream]:
-        """Validate every request first (ValueError names the problem), then enqueue them all."""
+        """Validate every request first (ValueError names the problem), then enqueue them all.
+
+        A rid that is already live (submitted, not finished), or given twice in one call, is a ValueError
+        (SGLang refuses duplicate rids too): aborts by rid would otherwise hit the wrong request.
+        """
         for r in reqs:
             self.engine.scheduler.validate(r)
+        rids = [r.rid for r in reqs]
+        with self._lock:
+            dup = sorted(x for x, c in collections.Counter(rids).items() if c > 1 or x in self._live)
+            if dup:
+                raise ValueError(f"'rid' {dup[0]!r} is already in use by a running request; rids must be unique "
+                                 "among live requests (omit 'rid' to get a fresh one)")
+            self._live.update(rids)
         streams = []
-        for r in reqs:
-            handle = self.engine.submit(r, stream)
-            s = RequestStream(r, handle, self.alive)
-            self._wrap(s)
-            streams.append(s)
+        try:
+            for r in reqs:
+                handle = self.engine.submit(r, stream)
+                s = RequestStream(r, handle, self.alive)
+                self._wrap(s)
+                streams.append(s)
+        except BaseException:
+            for s in streams:
+                self.engine.abort(s.rid)
+            with self._lock:
+                self._live.difference_update(r.rid for r in reqs[len(streams):])
+            raise
         return streams
 
     def _wrap(self, s: RequestStream) -> None:
@@ -124,6 +144,7 @@ class AsyncEngine:
             if s.recorded:
                 return
             s.recorded = True
+            self._live.discard(s.rid)
         if self.on_finish is not None:
             self.on_finish(s.req)
 

@@ -1,6 +1,9 @@
 """HTTP request bodies -> prepared engine ``Req`` objects (tokenize, sampling params, ``n``).
 
-Every problem is an ``APIError(400)`` naming the field. A batch of ``B``
+Runs on the intake thread pool (``intake.off_loop``), never on the event
+loop. Every problem is an ``APIError(400)`` naming the field; prompts and
+``max_new_tokens`` are fitted to the context by ``intake.fit_prompt`` /
+``intake.check_context``. A batch of ``B``
 prompts with ``n`` choices becomes ``B * n`` requests, prompt-major; choice
 ``j`` of a seeded request gets seed ``seed + j`` (the offline Engine's rule),
 so choices differ but stay reproducible.
@@ -17,6 +20,8 @@ from impl.engine.engine import Engine
 from impl.engine.req import Req
 from impl.sampling.sampling_params import SamplingParams
 from impl.server.errors import APIError
+from impl.server.intake import check_context, fit_prompt
+from impl.server.limits import RequestLimits
 from impl.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 
@@ -31,7 +36,9 @@ class Submission:
         return k // self.n
 
 
-def _sampling(d: dict[str, Any] | None, where: str = "sampling_params") -> SamplingParams:
+def _sampling(d: Any, where: str = "sampling_params") -> SamplingParams:
+    if d is not None and not isinstance(d, dict):
+        d = d.model_dump(exclude_none=True)
     try:
         return SamplingParams.from_dict(d)
     except (ValueError, TypeError) as e:
@@ -67,22 +74,22 @@ def _per_prompt(value: Any, b: int, name: str) -> list[Any]:
     return [value] * b
 
 
-def _encode(engine: Engine, text: str, name: str) -> list[int]:
+def _encode(engine: Engine, text: str, name: str, limits: RequestLimits) -> list[int]:
     if not text:
         raise APIError(400, f"'{name}' must be a non-empty string", name)
-    return engine.encode(text)
+    return fit_prompt(engine.encode(text), limits, name)
 
 
-def _check_ids(ids: Sequence[int], name: str) -> list[int]:
+def _check_ids(ids: Sequence[int], name: str, limits: RequestLimits) -> list[int]:
     if not ids:
         raise APIError(400, f"'{name}' must be a non-empty list of token ids", name)
-    return list(ids)
+    return fit_prompt(list(ids), limits, name)
 
 
 # ---------------------------------------------------------------- /generate
 
 
-def from_generate(engine: Engine, body: GenerateRequest) -> Submission:
+def from_generate(engine: Engine, body: GenerateRequest, limits: RequestLimits) -> Submission:
     if (body.text is None) == (body.input_ids is None):
         raise APIError(400, "pass exactly one of 'text' or 'input_ids'", "text")
     if body.text is not None:
@@ -90,11 +97,12 @@ def from_generate(engine: Engine, body: GenerateRequest) -> Submission:
         texts = [body.text] if single else body.text
         if not texts:
             raise APIError(400, "'text' must be a non-empty string or a non-empty list of strings", "text")
-        prompts = [_encode(engine, t, "text") for t in texts]
+        prompts = [_encode(engine, t, "text", limits) for t in texts]
     else:
         ids = body.input_ids
         single = not ids or not isinstance(ids[0], list)
-        prompts = [_check_ids(ids, "input_ids")] if single else [_check_ids(x, "input_ids") for x in ids]
+        prompts = ([_check_ids(ids, "input_ids", limits)] if single
+                   else [_check_ids(x, "input_ids", limits) for x in ids])
     b = len(prompts)
     sp_dicts = _per_prompt(body.sampling_params, b, "sampling_params")
     sps = [_sampling(d) for d in sp_dicts]
@@ -110,6 +118,8 @@ def from_generate(engine: Engine, body: GenerateRequest) -> Submission:
     if len(ns) != 1:
         raise APIError(400, "every prompt of a batch must use the same sampling_params.n", "sampling_params")
     reqs = _expand(engine, prompts, sps, logprob, rids, "text" if body.text is not None else "input_ids")
+    explicit = all(d is not None and getattr(d, "max_new_tokens", None) is not None for d in sp_dicts)
+    check_context(reqs, explicit, limits, "max_new_tokens")
     return Submission(reqs, b, ns.pop(), single)
 
 
@@ -144,30 +154,33 @@ def _openai_sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens
         raise APIError(400, msg, msg.split(" ", 1)[0]) from None
 
 
-def from_completion(engine: Engine, body: CompletionRequest, max_req_len: int) -> Submission:
+def from_completion(engine: Engine, body: CompletionRequest, limits: RequestLimits) -> Submission:
+    max_req_len = limits.context_len
     if body.echo:
         raise APIError(400, "'echo' is not supported by this server; send echo=false", "echo")
     p = body.prompt
     if isinstance(p, str):
-        prompts, single = [_encode(engine, p, "prompt")], True
+        prompts, single = [_encode(engine, p, "prompt", limits)], True
     elif not p:
         raise APIError(400, "'prompt' must be a non-empty string, list of strings or list of token ids", "prompt")
     elif isinstance(p[0], str):
-        prompts, single = [_encode(engine, t, "prompt") for t in p], False
+        prompts, single = [_encode(engine, t, "prompt", limits) for t in p], False
     elif isinstance(p[0], int):
-        prompts, single = [_check_ids(p, "prompt")], True
+        prompts, single = [_check_ids(p, "prompt", limits)], True
     else:
-        prompts, single = [_check_ids(x, "prompt") for x in p], False
+        prompts, single = [_check_ids(x, "prompt", limits) for x in p], False
     if body.logprobs is not None and not 0 <= body.logprobs <= 20:
         raise APIError(400, f"'logprobs' must be in [0, 20], got {body.logprobs}", "logprobs")
     sp = _openai_sampling(body, body.max_tokens, max_req_len)
     ret = body.logprobs is not None
     logprob = [(ret, None, body.logprobs or 0)] * len(prompts)
     reqs = _expand(engine, prompts, [sp] * len(prompts), logprob, [body.rid] * len(prompts), "prompt")
+    check_context(reqs, body.max_tokens is not None, limits, "max_tokens")
     return Submission(reqs, len(prompts), sp.n, single)
 
 
-def from_chat(engine: Engine, body: ChatCompletionRequest, max_req_len: int, chat_template: str | None) -> Submission:
+def from_chat(engine: Engine, body: ChatCompletionRequest, limits: RequestLimits, chat_template: str | None) -> Submission:
+    max_req_len = limits.context_len
     if not body.messages:
         raise APIError(400, "'messages' must be a non-empty list of {role, content} objects", "messages")
     if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
@@ -179,10 +192,11 @@ def from_chat(engine: Engine, body: ChatCompletionRequest, max_req_len: int, cha
         ids = engine.tokenizer.encode_chat(messages, body.add_generation_prompt, chat_template)
     except ValueError as e:
         raise APIError(400, f"messages: {e}", "messages") from None
+    ids = fit_prompt(ids, limits, "messages")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    if max_tokens is None:
-        max_tokens = SamplingParams.max_new_tokens
-    sp = _openai_sampling(body, max_tokens, max_req_len)
+    sp = _openai_sampling(body, SamplingParams.max_new_tokens if max_tokens is None else max_tokens, max_req_len)
     logprob = [(body.logprobs, None, body.top_logprobs or 0)]
     reqs = _expand(engine, [ids], [sp], logprob, [body.rid], "messages")
+    name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    check_context(reqs, max_tokens is not None, limits, name)
     return Submission(reqs, 1, sp.n, True)
