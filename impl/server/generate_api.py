@@ -4,7 +4,11 @@ Non-streaming: the output dict (``text``, ``output_ids``, ``meta_info``) of one
 request, or a list for a batch or ``n > 1`` (prompt-major). Streaming: one
 ``data: {json}`` event per step with the *cumulative* text and ids (SGLang's
 default), an ``index`` when several requests share the stream, and a final
-``data: [DONE]``.
+``data: [DONE]``. Logprobs are incremental in a stream: each event's
+``output_token_logprobs`` / ``output_top_logprobs`` hold only the tokens that
+are new since the previous event of that request, and the prompt's
+``input_*`` lists come once, in its first event, so a stream's size grows
+linearly with its tokens.
 """
 
 from __future__ import annotations
@@ -40,9 +44,34 @@ async def generate_response(request: Request, aengine: AsyncEngine, sub: Submiss
     return JSONResponse(json_safe(outs if many or not sub.single else outs[0]))
 
 
+_INPUT_LOGPROBS = ("input_token_logprobs", "input_top_logprobs")
+_OUTPUT_LOGPROBS = ("output_token_logprobs", "output_top_logprobs")
+
+
+def incremental_logprobs(out: dict[str, Any], sent: int, first: bool) -> dict[str, Any]:
+    """``out`` with output logprob lists from entry ``sent`` on, and input lists only on the first event."""
+    meta = out["meta_info"]
+    if not any(k in meta for k in _OUTPUT_LOGPROBS):
+        return out
+    meta = dict(meta)
+    for k in _OUTPUT_LOGPROBS:
+        if k in meta:
+            meta[k] = meta[k][sent:]
+    if not first:
+        for k in _INPUT_LOGPROBS:
+            if k in meta:
+                meta[k] = []
+    return {**out, "meta_info": meta}
+
+
 async def _stream(aengine: AsyncEngine, streams: list[RequestStream], many: bool) -> AsyncIterator[bytes]:
+    sent = [0] * len(streams)
+    started = [False] * len(streams)
     try:
         async for i, out in merge(streams):
+            full = len(out["meta_info"].get("output_token_logprobs", ()))
+            out = incremental_logprobs(out, sent[i], not started[i])
+            sent[i], started[i] = full, True
             out = _with_stable_text(out, streams[i].req.sampling_params.stop)
             if many:
                 out = {**out, "index": i}
