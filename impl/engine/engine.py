@@ -32,12 +32,17 @@ from impl.cache.radix_cache import RadixCache
 from impl.config.model_config import ModelConfig
 from impl.engine.kv_lifecycle import KVLifecycle
 from impl.engine.model_runner import ModelRunner
-from impl.engine.output import build_output
+from impl.engine.output import build_output, failed_output
 from impl.engine.req import Req
 from impl.engine.scheduler import Scheduler, SchedulerConfig
 from impl.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger("impl.engine")
+
+
+class EngineUnhealthyError(RuntimeError):
+    """The engine refuses work: a KV integrity check failed (the reason says which); restart it."""
+
 
 # --chunked-prefill-size unset: SGLang's default on GPUs; smaller on CPU, where a
 # long chunk would stall the decode steps batched with it.
@@ -176,7 +181,10 @@ class Engine:
 
     # ---- thread-safe request API (used by the HTTP server) -----------------------------------
     def submit(self, req: Req, stream: bool = False) -> RequestHandle:
-        """Validate and enqueue a prepared Req; raises ValueError for an unservable request."""
+        """Validate and enqueue a prepared Req; raises ValueError for an unservable request,
+        EngineUnhealthyError once the engine is unhealthy (see ``health``)."""
+        if self.scheduler.unhealthy is not None:
+            raise EngineUnhealthyError(f"the engine is unhealthy ({self.scheduler.unhealthy}); restart the server")
         self.scheduler.validate(req)
         handle = RequestHandle(req.rid, stream)
         req.on_output = lambda r, h=handle: self._on_output(h, r)
@@ -217,7 +225,15 @@ class Engine:
     def _on_output(self, handle: RequestHandle, req: Req) -> None:
         if not (handle.stream or req.is_finished):
             return
-        out = build_output(req, self._decode)
+        try:
+            out = build_output(req, self._decode)
+        except Exception as e:
+            if not req.is_finished:
+                raise  # the scheduler fails the request; its final output comes through here next
+            # The final output itself failed: the client still gets exactly one final answer.
+            logger.error("building the final output of request %s failed: %s: %s", req.rid, type(e).__name__, e,
+                         exc_info=e)
+            out = failed_output(req, f"internal error while building the output ({type(e).__name__}: {e})")
         if req.is_finished:
             handle.final = out
         handle.queue.put(out)
@@ -297,14 +313,18 @@ class Engine:
         self._thread.start()
 
     def _loop(self) -> None:
+        failures = 0
         while not self._stopping:
             try:
                 busy = self.step()
-            except Exception:  # noqa: BLE001 - one bad batch must not take the server down
-                # The failed forward's requests cannot be resumed safely: abort every
-                # in-flight request (their clients get finish_reason abort) and keep serving.
-                logger.exception("Scheduler step failed; aborting in-flight requests")
-                self.scheduler.abort_request(None)
+                failures = 0
+            except Exception as e:  # noqa: BLE001 - a scheduling bug must not take the server down
+                # Forward and per-request failures are handled inside the step (fault_isolation.py);
+                # this is a failure of the scheduling itself: fail what it concerns, escalate on repeats.
+                failures += 1
+                logger.exception("Scheduler step failed (%d in a row)", failures)
+                with self._step_lock:
+                    self.scheduler.recover_from_step_failure(e, failures)
                 busy = True
             if not busy:
                 self._wake.wait(0.05)
@@ -313,6 +333,12 @@ class Engine:
     def is_alive(self) -> bool:
         """True while the background scheduler thread runs."""
         return self._thread is not None and self._thread.is_alive()
+
+    def health(self) -> str | None:
+        """None when healthy, else why not (a stopped loop, or a failed KV integrity check)."""
+        if self._thread is not None and not self._thread.is_alive():
+            return "the engine's scheduler thread has stopped; see the server log"
+        return self.scheduler.unhealthy
 
     # ---- control and introspection -------------------------------------------------------
     def flush_cache(self) -> bool:

@@ -48,3 +48,20 @@ def build_output(req: Req, decode_text: Callable[[Sequence[int], bool], str] | N
             output_top_logprobs=_top(req.output_top_logprobs) if req.top_logprobs_num else [],
         )
     return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta}
+
+
+def failed_output(req: Req, message: str) -> dict[str, Any]:
+    """The final output of a request whose output could not be built: no text, an error finish reason (500)."""
+    end = req.finished_time if req.finished_time is not None else time.perf_counter()
+    return {
+        "text": "",
+        "output_ids": list(req.output_ids),
+        "meta_info": {
+            "id": req.rid,
+            "prompt_tokens": len(req.origin_input_ids),
+            "completion_tokens": len(req.output_ids),
+            "cached_tokens": req.cached_tokens,
+            "finish_reason": {"type": "abort", "message": message, "status_code": 500},
+            "e2e_latency": end - req.created_time,
+        },
+    }

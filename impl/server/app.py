@@ -21,7 +21,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 import impl
-from impl.engine.engine import Engine
+from impl.engine.engine import Engine, EngineUnhealthyError
 from impl.engine.req import Req
 from impl.server import generate_api, openai_api, req_builder
 from impl.server.async_engine import AsyncEngine, EngineDeadError
@@ -114,7 +114,8 @@ def create_app(engine: Engine) -> FastAPI:
     install_error_handlers(app)
 
     @app.exception_handler(EngineDeadError)
-    async def _engine_dead(request: Request, exc: EngineDeadError):
+    @app.exception_handler(EngineUnhealthyError)
+    async def _engine_dead(request: Request, exc: Exception):
         return error_response(503, str(exc))
 
     args = state.args
@@ -155,8 +156,9 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/health")
     async def health():
-        if not aengine.alive():
-            return error_response(503, "the engine's scheduler thread has stopped; see the server log")
+        reason = engine.health()
+        if reason is not None:
+            return error_response(503, f"unhealthy: {reason}")
         return JSONResponse({"status": "ok"})
 
     @app.get("/health_generate")
@@ -165,10 +167,14 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         req = engine.make_req([bos if bos is not None else 0], {"max_new_tokens": 1, "temperature": 0.0})
         (stream,) = aengine.submit([req], False)
         try:
-            await asyncio.wait_for(stream.result(), HEALTH_GENERATE_TIMEOUT_S)
+            final = await asyncio.wait_for(stream.result(), HEALTH_GENERATE_TIMEOUT_S)
         except asyncio.TimeoutError:
             aengine.abort(req.rid)
             return error_response(503, f"health_generate: no token within {HEALTH_GENERATE_TIMEOUT_S:.0f}s")
+        meta = final["meta_info"]
+        if meta["completion_tokens"] < 1 or (meta["finish_reason"] or {}).get("type") == "abort":
+            return error_response(503, f"health_generate: the probe request produced no token "
+                                       f"(finish_reason {meta['finish_reason']})")
         return JSONResponse({"status": "ok"})
 
     @app.post("/generate")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from impl.engine.req import Req
 
 
 LIVENESS_POLL_S = 1.0
+logger = logging.getLogger("impl.server")
 
 
 class EngineDeadError(RuntimeError):
@@ -146,7 +148,10 @@ class AsyncEngine:
             s.recorded = True
             self._live.discard(s.rid)
         if self.on_finish is not None:
-            self.on_finish(s.req)
+            try:
+                self.on_finish(s.req)
+            except Exception:  # noqa: BLE001 - metrics / logging must never cost the client its answer
+                logger.exception("recording finished request %s failed", s.rid)
 
     def alive(self) -> bool:
         """The scheduler thread runs."""

@@ -20,7 +20,9 @@ from starlette.requests import Request
 
 from impl.server.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from impl.server.req_builder import Submission
-from impl.server.streaming import DONE, abort_unfinished, error_event, json_safe, merge, sse, stable_text, until_disconnect
+from impl.server.errors import error_response
+from impl.server.streaming import (DONE, abort_unfinished, error_event, failure_of, json_safe, merge, sse, stable_text,
+                                   until_disconnect)
 
 
 def _with_stable_text(out: dict[str, Any], stops: list[str]) -> dict[str, Any]:
@@ -41,6 +43,9 @@ async def generate_response(request: Request, aengine: AsyncEngine, sub: Submiss
     outs = await until_disconnect(request, collect(), lambda: abort_unfinished(streams, aengine.abort))
     if outs is None:  # the client went away; nobody reads this
         return JSONResponse({}, status_code=499)
+    failed = next((f for f in map(failure_of, outs) if f is not None), None)
+    if failed is not None:
+        return error_response(failed[0], failed[1])
     return JSONResponse(json_safe(outs if many or not sub.single else outs[0]))
 
 
@@ -69,6 +74,10 @@ async def _stream(aengine: AsyncEngine, streams: list[RequestStream], many: bool
     started = [False] * len(streams)
     try:
         async for i, out in merge(streams):
+            failed = failure_of(out) if out["meta_info"]["finish_reason"] is not None else None
+            if failed is not None:
+                yield error_event(failed[1], failed[0], i if many else None)
+                continue
             full = len(out["meta_info"].get("output_token_logprobs", ()))
             out = incremental_logprobs(out, sent[i], not started[i])
             sent[i], started[i] = full, True

@@ -109,9 +109,21 @@ async def until_disconnect(request: Request, work: Awaitable[T], on_disconnect: 
             task.cancel()
 
 
-def error_event(exc: EngineDeadError) -> bytes:
-    """The last event of a stream whose engine died: an OpenAI-style error object."""
-    return sse({"error": {"message": str(exc), "type": "ServiceUnavailableError", "code": 503}})
+def failure_of(out: dict[str, Any]) -> tuple[int, str] | None:
+    """(HTTP status, message) when this final output says the request failed (not a client abort)."""
+    fr = out["meta_info"].get("finish_reason")
+    if fr and fr.get("type") == "abort" and fr.get("status_code"):
+        return int(fr["status_code"]), str(fr.get("message") or "the request failed")
+    return None
+
+
+def error_event(exc: EngineDeadError | str, status: int = 503, index: int | None = None) -> bytes:
+    """An OpenAI-style error object as a stream event (the stream's requests failed or its engine died)."""
+    kind = "ServiceUnavailableError" if status == 503 else ("BadRequestError" if status < 500 else "InternalServerError")
+    event: dict[str, Any] = {"error": {"message": str(exc), "type": kind, "code": status}}
+    if index is not None:
+        event["index"] = index
+    return sse(event)
 
 
 def abort_unfinished(streams: Sequence[RequestStream], abort: Callable[[str], None]) -> None:
