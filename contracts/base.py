@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-CAPABILITIES = frozenset({"args", "engine", "http", "cuda", "bench"})
+CAPABILITIES = frozenset({"args", "engine", "http", "cuda", "bench", "faults"})  # faults: generate_with_faults
 
 
 class ContractViolation(AssertionError):
