@@ -80,6 +80,21 @@ def fit_prompt(ids: list[int], limits: RequestLimits, field: str) -> list[int]:
                         "with --allow-auto-truncate", field)
 
 
+TEXT_BOUND_SLACK = 2  # normalizers may shrink a text a little; refuse only far beyond the bound
+
+
+def check_text_size(chars: int, max_token_chars: int, limits: RequestLimits, field: str) -> None:
+    """Refuse, before tokenizing, a text that certainly has more tokens than the context holds.
+
+    Every token covers at most ``max_token_chars`` characters, so a text of C characters has at least
+    C / max_token_chars tokens. Under --allow-auto-truncate the caller truncates instead."""
+    bound = TEXT_BOUND_SLACK * max_token_chars * limits.context_len
+    if chars > bound and not limits.allow_auto_truncate:
+        raise APIError(400, f"'{field}': the prompt has {chars} characters, at least {chars // max_token_chars} "
+                            f"tokens, but the context holds {limits.context_len} tokens; shorten the prompt, or start "
+                            "the server with --allow-auto-truncate", field)
+
+
 def check_context(reqs: Sequence[Req], explicit_max_new_tokens: bool, limits: RequestLimits, name: str) -> None:
     """prompt + max_new_tokens must fit the context when the client chose max_new_tokens (400 naming both)."""
     for r in reqs:

@@ -63,10 +63,11 @@ class RequestModels:
 
 
 def request_models(lim: RequestLimits) -> RequestModels:
+    ctx = I32_MAX if lim.allow_auto_truncate else max(1, lim.context_len)  # auto-truncate: longer is cut, not refused
     TokT = Annotated[int, Field(ge=0, le=min(I32_MAX, lim.vocab_size - 1))]
-    IdsT = Annotated[list[TokT], Field(min_length=1, max_length=max(1, lim.context_len))]
+    IdsT = Annotated[list[TokT], Field(min_length=1, max_length=ctx)]
     TextT = Annotated[str, Field(min_length=1)]
-    NewTokensT = Annotated[int, Field(ge=0, le=max(0, lim.context_len))]
+    NewTokensT = Annotated[int, Field(ge=0, le=ctx)]
     NT = Annotated[int, Field(ge=1, le=lim.max_n)]
     TopKT = Annotated[int, Field(ge=-1, le=I32_MAX, json_schema_extra={"not": {"const": 0}})]
     StopStrT = Annotated[str, Field(min_length=1, max_length=lim.max_stop_string_len)]

@@ -20,7 +20,7 @@ from impl.engine.engine import Engine
 from impl.engine.req import Req
 from impl.sampling.sampling_params import SamplingParams
 from impl.server.errors import APIError
-from impl.server.intake import check_context, fit_prompt
+from impl.server.intake import TEXT_BOUND_SLACK, check_context, check_text_size, fit_prompt
 from impl.server.limits import RequestLimits
 from impl.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
@@ -77,6 +77,9 @@ def _per_prompt(value: Any, b: int, name: str) -> list[Any]:
 def _encode(engine: Engine, text: str, name: str, limits: RequestLimits) -> list[int]:
     if not text:
         raise APIError(400, f"'{name}' must be a non-empty string", name)
+    check_text_size(len(text), engine.tokenizer.max_token_chars, limits, name)
+    if limits.allow_auto_truncate:  # the first context_len tokens come from at most this many characters
+        text = text[: TEXT_BOUND_SLACK * engine.tokenizer.max_token_chars * limits.context_len]
     return fit_prompt(engine.encode(text), limits, name)
 
 
@@ -188,6 +191,9 @@ def from_chat(engine: Engine, body: ChatCompletionRequest, limits: RequestLimits
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    chars = sum(len(m["content"]) if isinstance(m.get("content"), str) else
+                sum(len(p["text"]) for p in m.get("content") or []) for m in messages)
+    check_text_size(chars, engine.tokenizer.max_token_chars, limits, "messages")
     try:
         ids = engine.tokenizer.encode_chat(messages, body.add_generation_prompt, chat_template)
     except ValueError as e:
