@@ -38,6 +38,9 @@ ERROR_SCHEMA: dict[str, Any] = {
     },
 }
 
+# One server-sent event: 'data: <JSON object>' (a chunk, or an error object), the last one 'data: [DONE]'.
+SSE_EVENT: dict[str, Any] = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
+
 _ERRORS = {
     "400": "Invalid request: the message names the field to fix",
     "401": "Missing or wrong API key (servers started with --api-key)",
@@ -77,7 +80,7 @@ def install_openapi(app: FastAPI, bodies: dict[str, type[BaseModel]], streaming:
                     ok = responses.setdefault("200", {"description": "Successful Response"})
                     content = {"application/json": {"schema": {"type": ["object", "array"]}}}
                     if path in streaming:
-                        content["text/event-stream"] = {"schema": {"type": "string"}}
+                        content["text/event-stream"] = {"schema": SSE_EVENT}
                     ok["content"] = content
                     codes = _ERRORS
                 else:

@@ -20,13 +20,24 @@ list); anything else is a 400 saying the feature is not supported.
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from impl.server.limits import RequestLimits
 
 I64_MAX = 2**63 - 1
 I32_MAX = 2**31 - 1
 Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+def _integral(v: Any) -> Any:
+    """JSON Schema counts 3.0 as an integer: accept integral floats as ints (strict mode still refuses true, "3")."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+def Int(**range_: Any) -> Any:
+    return Annotated[int, Field(**range_), BeforeValidator(_integral)]
 
 
 class _Body(BaseModel):
@@ -64,17 +75,18 @@ class RequestModels:
 
 def request_models(lim: RequestLimits) -> RequestModels:
     ctx = I32_MAX if lim.allow_auto_truncate else max(1, lim.context_len)  # auto-truncate: longer is cut, not refused
-    TokT = Annotated[int, Field(ge=0, le=min(I32_MAX, lim.vocab_size - 1))]
+    TokT = Int(ge=0, le=min(I32_MAX, lim.vocab_size - 1))
     IdsT = Annotated[list[TokT], Field(min_length=1, max_length=ctx)]
     TextT = Annotated[str, Field(min_length=1)]
-    NewTokensT = Annotated[int, Field(ge=0, le=ctx)]
-    NT = Annotated[int, Field(ge=1, le=lim.max_n)]
-    TopKT = Annotated[int, Field(ge=-1, le=I32_MAX, json_schema_extra={"not": {"const": 0}})]
+    NewTokensT = Int(ge=0, le=ctx)
+    NT = Int(ge=1, le=lim.max_n)
+    TopKT = Int(ge=-1, le=I32_MAX, json_schema_extra={"not": {"const": 0}})
     StopStrT = Annotated[str, Field(min_length=1, max_length=lim.max_stop_string_len)]
     StopT = Union[StopStrT, Annotated[list[StopStrT], Field(max_length=lim.max_stop_strings)]]
     StopIdsT = Annotated[list[TokT], Field(max_length=lim.max_stop_token_ids)]
-    SeedT = Annotated[int, Field(ge=0, le=I64_MAX - lim.max_n)]
-    LogprobsNumT = Annotated[int, Field(ge=0, le=lim.max_logprobs)]
+    SeedT = Int(ge=0, le=I64_MAX - lim.max_n)
+    LogprobsNumT = Int(ge=0, le=lim.max_logprobs)
+    StartT = Int(ge=-1, le=I32_MAX)
     batch = lim.max_batch_size
     RidT = Annotated[str, Field(min_length=1, max_length=256)]
 
@@ -117,13 +129,17 @@ def request_models(lim: RequestLimits) -> RequestModels:
     class GenerateRequest(_Body):
         """POST /generate (SGLang-native). A batch: lists in ``text`` / ``input_ids`` and per-prompt lists elsewhere."""
 
+        model_config = ConfigDict(json_schema_extra={"oneOf": [  # exactly one of text / input_ids
+            {"required": ["text"], "properties": {"text": {"type": ["string", "array"]}}},
+            {"required": ["input_ids"], "properties": {"input_ids": {"type": "array"}}},
+        ]})
+
         text: Union[TextT, many(TextT), None] = None
         input_ids: Union[IdsT, many(IdsT), None] = None
         sampling_params: Union[SamplingParamsBody, many(SamplingParamsBody), None] = None
         rid: Union[RidT, many(RidT), None] = None
         return_logprob: Union[bool, many(bool), None] = None
-        logprob_start_len: Union[Annotated[int, Field(ge=-1, le=I32_MAX)],
-                                 many(Annotated[int, Field(ge=-1, le=I32_MAX)]), None] = None
+        logprob_start_len: Union[StartT, many(StartT), None] = None
         top_logprobs_num: Union[LogprobsNumT, many(LogprobsNumT), None] = None
         stream: bool = False
 
@@ -151,7 +167,7 @@ def request_models(lim: RequestLimits) -> RequestModels:
         user: Optional[str] = None
         # OpenAI fields this server does not implement: only their "unused" value is accepted
         logit_bias: Optional[Annotated[dict[str, float], Field(max_length=0)]] = None
-        best_of: Optional[Literal[1]] = None
+        best_of: Optional[Int(ge=1, le=1)] = None
 
         _top_k = field_validator("top_k")(_no_zero_top_k)
 
@@ -175,7 +191,7 @@ def request_models(lim: RequestLimits) -> RequestModels:
         prompt: Union[TextT, many(TextT), IdsT, many(IdsT)]
         max_tokens: Optional[NewTokensT] = 16
         logprobs: Optional[LogprobsNumT] = None
-        echo: Literal[False] = False
+        echo: Annotated[bool, Field(json_schema_extra={"const": False})] = False
         suffix: Optional[Literal[""]] = None
 
         @field_validator("echo", mode="before")
@@ -215,6 +231,12 @@ def request_models(lim: RequestLimits) -> RequestModels:
 
     class ChatCompletionRequest(_OpenAISampling):
         """POST /v1/chat/completions."""
+
+        model_config = ConfigDict(json_schema_extra={
+            # OpenAI's rule, in the schema: top_logprobs > 0 needs logprobs: true
+            "if": {"properties": {"top_logprobs": {"type": "integer", "minimum": 1}}, "required": ["top_logprobs"]},
+            "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+        })
 
         messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=4096)]
         max_tokens: Optional[NewTokensT] = None
@@ -260,6 +282,11 @@ def request_models(lim: RequestLimits) -> RequestModels:
 
     class AbortRequest(_Body):
         """POST /abort_request: one request id, or every request."""
+
+        model_config = ConfigDict(json_schema_extra={"anyOf": [
+            {"required": ["rid"], "properties": {"rid": {"type": "string"}}},
+            {"required": ["abort_all"], "properties": {"abort_all": {"const": True}}},
+        ]})
 
         rid: Optional[RidT] = None
         abort_all: bool = False

@@ -178,7 +178,7 @@ def from_completion(engine: Engine, body: CompletionRequest, limits: RequestLimi
     ret = body.logprobs is not None
     logprob = [(ret, None, body.logprobs or 0)] * len(prompts)
     reqs = _expand(engine, prompts, [sp] * len(prompts), logprob, [body.rid] * len(prompts), "prompt")
-    check_context(reqs, body.max_tokens is not None, limits, "max_tokens")
+    check_context(reqs, "max_tokens" in body.model_fields_set and body.max_tokens is not None, limits, "max_tokens")
     return Submission(reqs, len(prompts), sp.n, single)
 
 

@@ -22,14 +22,8 @@ PER_REQUEST = ("logprobs", "sampler", "stop", "detok")
 
 
 @pytest.fixture(scope="module")
-def fault_url():
-    from contracts.adapters.impl_http import start
-
-    server = start(ARGV_OFF, mutant="InjectedFaults")
-    try:
-        yield server.url
-    finally:
-        server.stop()
+def fault_url(hardened_url) -> str:
+    return hardened_url
 
 
 def _ids(seed: int, n: int = 6) -> list[int]:
@@ -137,15 +131,23 @@ def test_failed_batch_fails_only_that_batch(fault_url, route, stream):
     assert httpx.get(fault_url + "/health_generate", timeout=60).status_code == 200
 
 
-def test_integrity_failure_makes_the_server_unhealthy(fault_url):
-    """Last on this server: after it, the engine refuses work until restarted."""
-    status, out = _call(fault_url, "/generate", _body("/generate", 90, "fault-integrity-1"), False)
-    assert status == 200  # the request itself finished; the integrity check after it fails
-    deadline = time.monotonic() + 30
-    while (h := httpx.get(fault_url + "/health", timeout=TIMEOUT)).status_code == 200:
-        assert time.monotonic() < deadline, "the failed integrity check never made /health unhealthy"
-        time.sleep(0.05)
-    assert h.status_code == 503 and "integrity" in h.json()["error"]["message"]
-    assert httpx.get(fault_url + "/health_generate", timeout=60).status_code == 503
-    r = post(fault_url, "/generate", _body("/generate", 91, "late-1"))
-    assert r.status_code == 503 and "unhealthy" in r.json()["error"]["message"]
+@pytest.mark.soak
+def test_integrity_failure_makes_the_server_unhealthy():
+    """A server of its own (it ends unhealthy); in ``make soak`` (CI covers the engine side: ENGINE-FAULT-ONE-FINAL)."""
+    from contracts.adapters.impl_http import start
+
+    server = start(ARGV_OFF, mutant="InjectedFaults")
+    try:
+        url = server.url
+        status, out = _call(url, "/generate", _body("/generate", 90, "fault-integrity-1"), False)
+        assert status == 200  # the request itself finished; the integrity check after it fails
+        deadline = time.monotonic() + 30
+        while (h := httpx.get(url + "/health", timeout=TIMEOUT)).status_code == 200:
+            assert time.monotonic() < deadline, "the failed integrity check never made /health unhealthy"
+            time.sleep(0.05)
+        assert h.status_code == 503 and "integrity" in h.json()["error"]["message"]
+        assert httpx.get(url + "/health_generate", timeout=60).status_code == 503
+        r = post(url, "/generate", _body("/generate", 91, "late-1"))
+        assert r.status_code == 503 and "unhealthy" in r.json()["error"]["message"]
+    finally:
+        server.stop()

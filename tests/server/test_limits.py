@@ -199,16 +199,8 @@ def test_foreign_host_and_origin_are_403(url):
     assert same.status_code == 200
 
 
-@pytest.fixture(scope="module")
-def open_url() -> str:
-    from contracts.adapters.impl_http import base_url
-    from contracts.http_support import ARGV_OFF
-
-    return base_url([*ARGV_OFF, "--allowed-origins", "http://app.example", "--allowed-hosts", "llm.internal",
-                     "--max-n", "2", "--allow-auto-truncate"])
-
-
-def test_allowed_origins_hosts_and_flags(open_url):
+def test_allowed_origins_hosts_and_flags(hardened_url):
+    open_url = hardened_url
     r = httpx.options(open_url + "/generate", headers={"origin": "http://app.example",
                                                        "access-control-request-method": "POST"}, timeout=TIMEOUT)
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://app.example"
