@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve test spec soak bench bench-kernels bench-engine bench-yoco bench-cpu-fused gpu-check docs clean
+.PHONY: serve test spec soak bench bench-kernels bench-engine bench-yoco bench-cpu-fused bench-detokenize gpu-check docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,9 @@ bench-yoco: $(STAMP)
 
 bench-cpu-fused: $(STAMP)
 	$(PY) bench/bench_cpu_fused.py
+
+bench-detokenize: $(STAMP)
+	$(PY) bench/bench_detokenize.py
 
 gpu-check:
 	bash scripts/gpu_check.sh

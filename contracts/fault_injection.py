@@ -8,7 +8,7 @@ rid contains ``fault-<stage>`` raises at that stage:
 * ``logprobs``: assembling its prompt logprobs (``Scheduler._prompt_logprobs``);
 * ``sampler``: sampling its row (``impl.engine.scheduler.sample``; the whole batched call raises);
 * ``stop``: stop checking after a token (``Scheduler._check_finished``);
-* ``detok``: building its output dicts (``impl.engine.engine.build_output``, the detokenizer's caller);
+* ``detok``: building its outputs on the detokenizer stage (``impl.engine.detokenizer_stage.build_output``);
 * ``forward``: the forward pass of the first batch that holds it (the whole batch fails);
 * ``integrity``: the next KV integrity check after it finishes (the engine must turn unhealthy).
 
@@ -38,7 +38,7 @@ def stage_of(rid: str | None) -> str | None:
 
 
 def _patches() -> list[tuple[Any, str, Any]]:
-    import impl.engine.engine as engine_mod
+    import impl.engine.detokenizer_stage as stage_mod
     import impl.engine.scheduler as sched_mod
     from impl.engine.kv_lifecycle import KVLifecycle
     from impl.engine.model_runner import ModelRunner
@@ -81,12 +81,12 @@ def _patches() -> list[tuple[Any, str, Any]]:
             raise boom("stop", req.rid)
         return orig_check(self, req, tok)
 
-    orig_build = engine_mod.build_output
+    orig_build = stage_mod.build_output
 
-    def build_output(req, decode_text):
-        if stage_of(req.rid) == "detok":
-            raise boom("detok", req.rid)
-        return orig_build(req, decode_text)
+    def build_output(em):
+        if stage_of(em.handle.req.rid) == "detok":
+            raise boom("detok", em.handle.req.rid)
+        return orig_build(em)
 
     orig_forward = ModelRunner.forward
 
@@ -113,7 +113,7 @@ def _patches() -> list[tuple[Any, str, Any]]:
         (Scheduler, "_prompt_logprobs", prompt_logprobs),
         (sched_mod, "sample", sample),
         (Scheduler, "_check_finished", check_finished),
-        (engine_mod, "build_output", build_output),
+        (stage_mod, "build_output", build_output),
         (ModelRunner, "forward", forward),
         (KVLifecycle, "check_integrity", check_integrity),
     ]
@@ -184,10 +184,10 @@ def _one_run(engine, run, sampling_params) -> FaultRun:
     handles: list[Any] = []
     refused: dict[int, dict[str, Any]] = {}
     for i, (r, rid) in enumerate(run):
-        req = engine.make_req(list(r.input_ids), sampling_params(r), r.return_logprob, r.logprob_start_len,
-                              r.top_logprobs_num, rid)
+        reqs = engine.expand_requests([list(r.input_ids)], sampling_params(r), r.return_logprob, r.logprob_start_len,
+                                      r.top_logprobs_num, rid)
         try:
-            handles.append(engine.submit(req, stream=True))
+            handles.append(engine.submit(reqs, stream=True)[0])
         except EngineUnhealthyError as e:
             handles.append(None)
             refused[i] = {"text": "", "output_ids": [], "meta_info": {
@@ -198,6 +198,9 @@ def _one_run(engine, run, sampling_params) -> FaultRun:
         if not engine.step() and not engine.scheduler.has_work:
             break
     engine.step()  # one idle step: the idle integrity check runs
+    engine._detokenizer.drain()  # every output built so far is delivered
+    engine.step()  # aborts the detokenizer stage asked for
+    engine._detokenizer.drain()
     finals = []
     for i, h in enumerate(handles):
         if h is None:
@@ -205,7 +208,7 @@ def _one_run(engine, run, sampling_params) -> FaultRun:
             continue
         outs = []
         while not h.queue.empty():
-            outs.append(h.queue.get_nowait())
+            outs.append(h.queue.get_nowait().to_sglang())
         finals.append([o for o in outs if o["meta_info"]["finish_reason"] is not None])
-    kv = engine.scheduler.kv
-    return FaultRun(finals, kv.capacity - 1, kv.available(), engine.health())
+    load = engine.load()
+    return FaultRun(finals, load.kv_tokens_total, load.kv_tokens_available, engine.health())

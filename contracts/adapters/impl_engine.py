@@ -88,11 +88,11 @@ def generate(argv: Sequence[str], requests: Sequence[GenRequest], batched: bool 
 
     with capture_logs("impl") as log:
         outs = call(requests) if batched else [o for r in requests for o in call([r])]
-    kv = engine.scheduler.kv
+    load = engine.load()
     return GenResult(
         outputs=[_to_output(o) for o in outs],
         work=engine.work_counters(),
         log=startup + list(log),
-        kv_capacity=kv.capacity - 1,  # slot 0 is the reserved pad slot
-        kv_available_after=kv.available(),
+        kv_capacity=load.kv_tokens_total,
+        kv_available_after=load.kv_tokens_available,
     )

@@ -180,9 +180,7 @@ class FaultAbortsEveryRequest(_FaultsPatched):
         orig = _orig("impl.engine.fault_isolation", "FaultIsolation.fail_request")
 
         def fail_request(self, req, exc, stage, status=500, message=None):
-            for r in [*self.running, *self.waiting, *([self.chunked_req] if self.chunked_req else [])]:
-                if r is not req:
-                    orig(self, r, None, stage, status, "aborted because another request failed")
             orig(self, req, exc, stage, status, message)
+            self.abort_request(None)  # what the engine loop used to do: abort everything in flight
 
         return {"impl.engine.fault_isolation:FaultIsolation.fail_request": fail_request}

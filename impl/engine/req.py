@@ -81,6 +81,9 @@ class Req:
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     input_logprob_next_pos: int = 0
+    # text: the request's IncrementalDetokenizer (set by Engine.submit; stepped on the scheduler
+    # thread only when the request has stop strings, else on the detokenizer thread)
+    detok: Any = None
     # stop strings: where in the decoded output text the matched stop string starts
     stop_text_pos: int | None = None
     stop_checked_chars: int = 0

@@ -28,7 +28,7 @@ import queue
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -68,12 +68,10 @@ class Scheduler(FaultIsolation):
         config: SchedulerConfig,
         runner,  # .forward(fb) -> logits [R, V]; .req_to_token_pool, .token_to_kv_pool, .device
         kv: KVLifecycle,
-        decode_text: Callable[[Sequence[int], bool], str] | None = None,
     ):
         self.config = config
         self.runner = runner
         self.kv = kv
-        self.decode_text = decode_text
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.chunked_req: Req | None = None
@@ -85,26 +83,9 @@ class Scheduler(FaultIsolation):
         self.unhealthy: str | None = None  # set once by a failed integrity check (fault_isolation.py)
 
     # ---- thread-safe entry points ---------------------------------------------
-    def validate(self, req: Req) -> None:
-        """Raise ValueError for a request this engine can never serve (call before add_request)."""
-        n = len(req.origin_input_ids)
-        if n == 0:
-            raise ValueError("the prompt is empty; pass a non-empty prompt or input_ids")
-        if n >= self.config.max_req_len:
-            raise ValueError(
-                f"the prompt has {n} tokens, but this engine serves at most {self.config.max_req_len - 1} prompt tokens "
-                "(context length and KV pool size); shorten the prompt or raise --context-length / --max-total-tokens"
-            )
-        vs = self.config.vocab_size
-        if vs is not None and (min(req.origin_input_ids) < 0 or max(req.origin_input_ids) >= vs):
-            raise ValueError(f"input_ids must be token ids in [0, {vs}), got values outside that range")
-        if req.return_logprob and req.logprob_start_len >= n:
-            raise ValueError(f"logprob_start_len={req.logprob_start_len} must be below the prompt length {n}")
-        if req.top_logprobs_num < 0:
-            raise ValueError(f"top_logprobs_num must be >= 0, got {req.top_logprobs_num}")
-        req.sampling_params.verify(vs)
-
     def add_request(self, req: Req) -> None:
+        if req.sampling_params.stop and req.detok is None:
+            raise ValueError(f"request {req.rid} has stop strings but no detokenizer (Engine.submit sets req.detok)")
         self.inbox.put(("add", req))
 
     def abort_request(self, rid: str | None) -> None:
@@ -358,6 +339,8 @@ class Scheduler(FaultIsolation):
         if req.return_logprob:
             req.output_token_logprobs.append((logprob, tok))
             req.output_top_logprobs.append(top)
+        if sp.stop:  # this thread owns the detokenizer of a request with stop strings
+            req.detok.step((tok,))
         reason = self._check_finished(req, tok)
         if reason is not None:
             self._release_and_finish(req, reason)
@@ -372,10 +355,11 @@ class Scheduler(FaultIsolation):
                 return FinishReason("stop", matched=tok)
         if req.seq_len >= self.config.max_req_len:
             return FinishReason("length", length=n)
-        if sp.stop and self.decode_text is not None and n >= sp.min_new_tokens:
-            text = self.decode_text(req.output_ids, sp.skip_special_tokens)
+        if sp.stop and n >= sp.min_new_tokens:
+            # only the new text plus the longest stop string's tail can hold a new match
+            text = req.detok.text
             lo = max(0, req.stop_checked_chars - max(len(s) for s in sp.stop) + 1)
-            hits = [(text.find(s, lo), s) for s in sp.stop if text.find(s, lo) >= 0]
+            hits = [(pos, s) for s in sp.stop if (pos := text.find(s, lo)) >= 0]
             req.stop_checked_chars = len(text)
             if hits:
                 pos, s = min(hits)

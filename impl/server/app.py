@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 import impl
 from impl.engine.engine import Engine, EngineUnhealthyError
+from impl.engine.output import ReqOutput
 from impl.engine.req import Req
 from impl.server import generate_api, openai_api, req_builder
 from impl.server.async_engine import AsyncEngine, EngineDeadError
@@ -62,39 +63,30 @@ def served_model_name(engine: Engine) -> str:
 
 def build_state(engine: Engine) -> ServerState:
     name = served_model_name(engine)
-    holder: dict[str, AsyncEngine] = {}
-    gauges = Gauges(
-        num_running=lambda: holder["a"].num_running(),
-        num_waiting=lambda: holder["a"].num_waiting(),
-        kv_usage=lambda: holder["a"].kv_usage(),
-        work_counters=engine.work_counters,
-    )
-    metrics = ServerMetrics(name, gauges)
+    metrics = ServerMetrics(name, Gauges(load=engine.load, work_counters=engine.work_counters))
     log_requests = bool(engine.resolved_args.log_requests)
 
-    def on_finish(req: Req) -> None:  # on the scheduler thread
-        record_finished(metrics, req)
+    def on_finish(req: Req, out: ReqOutput) -> None:  # on the detokenizer thread
+        record_finished(metrics, out)
         if log_requests:
             logger.info("Finished request %s: %d prompt tokens %s..., output %s, finish_reason %s", req.rid,
-                        len(req.origin_input_ids), req.origin_input_ids[:16], req.output_ids,
-                        req.finished_reason.to_json() if req.finished_reason else None)
+                        len(req.origin_input_ids), req.origin_input_ids[:16], out.output_ids,
+                        out.finish_reason.to_json() if out.finish_reason else None)
 
-    aengine = holder["a"] = AsyncEngine(engine, on_finish=on_finish)
-    max_req_len = engine.scheduler_config.max_req_len
+    aengine = AsyncEngine(engine, on_finish=on_finish)
+    max_req_len = engine.load().max_req_len
     limits = RequestLimits.from_args(engine.resolved_args, max_req_len, engine.model_config.vocab_size)
     return ServerState(engine, aengine, metrics, name, max_req_len, time.time(), limits, request_models(limits))
 
 
-def record_finished(metrics: ServerMetrics, req: Req) -> None:
-    end = req.finished_time if req.finished_time is not None else time.perf_counter()
-    ttft = None if req.first_token_time is None else req.first_token_time - req.created_time
+def record_finished(metrics: ServerMetrics, out: ReqOutput) -> None:
     metrics.observe_finished(
-        prompt_tokens=len(req.origin_input_ids),
-        completion_tokens=len(req.output_ids),
-        cached_tokens=req.cached_tokens,
-        aborted=req.finished_reason is not None and req.finished_reason.type == "abort",
-        ttft=ttft,
-        e2e=end - req.created_time,
+        prompt_tokens=out.prompt_tokens,
+        completion_tokens=out.completion_tokens,
+        cached_tokens=out.cached_tokens,
+        aborted=out.finish_type == "abort",
+        ttft=out.ttft,
+        e2e=out.e2e_latency,
     )
 
 
@@ -164,17 +156,17 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health_generate")
     async def health_generate():
         bos = engine.tokenizer.bos_token_id
-        req = engine.make_req([bos if bos is not None else 0], {"max_new_tokens": 1, "temperature": 0.0})
-        (stream,) = aengine.submit([req], False)
+        reqs = engine.expand_requests([[bos if bos is not None else 0]], {"max_new_tokens": 1, "temperature": 0.0})
+        (stream,) = aengine.submit(reqs, False)
+        req = stream.req
         try:
             final = await asyncio.wait_for(stream.result(), HEALTH_GENERATE_TIMEOUT_S)
         except asyncio.TimeoutError:
             aengine.abort(req.rid)
             return error_response(503, f"health_generate: no token within {HEALTH_GENERATE_TIMEOUT_S:.0f}s")
-        meta = final["meta_info"]
-        if meta["completion_tokens"] < 1 or (meta["finish_reason"] or {}).get("type") == "abort":
-            return error_response(503, f"health_generate: the probe request produced no token "
-                                       f"(finish_reason {meta['finish_reason']})")
+        if final.completion_tokens < 1 or final.finish_type == "abort":
+            fr = final.finish_reason.to_json() if final.finish_reason else None
+            return error_response(503, f"health_generate: the probe request produced no token (finish_reason {fr})")
         return JSONResponse({"status": "ok"})
 
     @app.post("/generate")
@@ -233,11 +225,12 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         info = engine.get_server_info()
         if info.get("api_key"):
             info["api_key"] = "<redacted>"
+        load = engine.load()
         info.update(
             served_model_name=state.model_name,
-            num_running_reqs=aengine.num_running(),
-            num_waiting_reqs=aengine.num_waiting(),
-            token_usage=aengine.kv_usage(),
+            num_running_reqs=load.num_running_reqs,
+            num_waiting_reqs=load.num_waiting_reqs,
+            token_usage=load.token_usage,
         )
         return JSONResponse(json_safe(info))
 

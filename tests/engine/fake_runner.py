@@ -16,6 +16,7 @@ from impl.cache.allocator import TokenSlotAllocator
 from impl.cache.kv_pool import ReqToTokenPool
 from impl.cache.radix_cache import RadixCache
 from impl.engine.forward_batch import WorkCounters
+from impl.engine.intake import IntakeLimits, validate_req
 from impl.engine.kv_lifecycle import KVLifecycle
 from impl.engine.req import Req
 from impl.engine.scheduler import Scheduler, SchedulerConfig
@@ -80,7 +81,7 @@ def make_req(rid, ids, seed=0, **kw) -> Req:
 
 def run(sched: Scheduler, reqs: list[Req], max_steps: int = 10_000) -> list[Req]:
     for r in reqs:
-        sched.validate(r)
+        validate_req(r, IntakeLimits(sched.config.max_req_len, sched.config.vocab_size))
         sched.add_request(r)
     steps = 0
     while sched.has_work:
