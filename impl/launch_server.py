@@ -82,6 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(server_args.log_level)
     logger.info("yoco-gemma4 %s: launching the HTTP server", impl.__version__)
     try:
+        from impl.server.limits import RequestLimits
+
+        RequestLimits.from_args(server_args)  # a bad limit flag fails before the model loads
         engine = build_engine(server_args)
     except (ValueError, RuntimeError) as e:
         logger.error("%s", e)

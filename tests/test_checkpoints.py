@@ -14,7 +14,7 @@ from impl.testing import checkpoints as ck
 from impl.testing.hf_quirks import assistant_kv_sharing_patch
 
 TEXT = ["e2b", "k_eq_v", "moe", "noshare"]
-ASSISTANTS = ["assistant", "assistant_ordered"]
+ASSISTANTS = ["assistant", "assistant_ordered", "assistant_bench"]
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 

@@ -199,7 +199,8 @@ def render(cfgs, scenarios, args, cmd: str, elapsed: float, load: str) -> str:
         "Reading the numbers: requests reach the server one HTTP request at a time, so after the first prefill "
         "batch the later arrivals are prefilled in mixed prefill + decode batches, which run the prefill backend "
         "(interpreted triton) for every row; that is why TPOT here is seconds and gains with the flag too. "
-        "MTP rows stay refused until the speculative loop lands; they fill in from the same command.", "",
+        "MTP drafts with `assistant_bench` (random weights, not distilled: few drafts are accepted, so MTP "
+        "shows the loop's overhead here, not its gain).", "",
     ]
     for c in cfgs:
         if c.refused:

@@ -214,10 +214,33 @@ TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
             vocab_size_per_layer_input=TOKENIZER_VOCAB_SIZE,
         ),
     ),
+    "assistant_bench": CheckpointRecipe(
+        kind="assistant",
+        seed=9,
+        on_demand=True,
+        description="MTP assistant for 'e2b_bench' (the serving campaign's MTP columns): 4 all-shared layers, "
+        "hidden 64, backbone 256, its target's heads and window",
+        text_config=_text(
+            layer_types=[S, S, S, F],
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=8,
+            num_key_value_heads=1,
+            head_dim=32,
+            global_head_dim=64,
+            sliding_window=128,
+            max_position_embeddings=8192,
+            num_kv_shared_layers=4,
+            hidden_size_per_layer_input=0,
+            vocab_size_per_layer_input=0,
+        ),
+        assistant=dict(backbone_hidden_size=256, use_ordered_embeddings=False),
+    ),
 }
 
 # the assistant recipes must fit the target they draft for
-ASSISTANT_TARGETS = {"assistant": "e2b", "assistant_ordered": "e2b", "assistant_distilled": "e2b"}
+ASSISTANT_TARGETS = {"assistant": "e2b", "assistant_ordered": "e2b", "assistant_distilled": "e2b",
+                     "assistant_bench": "e2b_bench"}
 
 
 # ---------------------------------------------------------------- paths
