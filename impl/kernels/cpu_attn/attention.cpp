@@ -123,6 +123,9 @@ struct Softmax {
   }
 };
 
+// Below this many query vectors per tile the dots run as loops, not gemms.
+constexpr int64_t kGemmLanes = 16;
+
 struct TileArgs {
   int64_t D;
   float scale;
@@ -136,7 +139,20 @@ inline void attend_tile(const TileArgs& a, const float* q, int64_t lanes, const 
                         Softmax& st) {
   const int64_t D = a.D;
   // Column-major BLAS: S^T [n, lanes] = K [n x D] . Q^T, i.e. row-major S [lanes, n] = scale * Q K^T.
-  sgemm(true, false, n, lanes, D, a.scale, k, ldk, q, D, 0.f, s, n);
+  if (lanes >= kGemmLanes) {
+    sgemm(true, false, n, lanes, D, a.scale, k, ldk, q, D, 0.f, s, n);
+  } else {  // few query vectors (decode): a gemm this thin costs more in BLAS overhead than the dots
+    for (int64_t j = 0; j < n; ++j) {
+      const float* kr = k + j * ldk;
+      for (int64_t i = 0; i < lanes; ++i) {
+        const float* qr = q + i * D;
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t d = 0; d < D; ++d) dot += qr[d] * kr[d];
+        s[i * n + j] = dot * a.scale;
+      }
+    }
+  }
   for (int64_t i = 0; i < lanes; ++i) {
     float* row = s + i * n;
     const int64_t b = std::clamp<int64_t>(lo[i] - t0, 0, n), e = std::clamp<int64_t>(hi[i] - t0, 0, n);
@@ -172,7 +188,20 @@ inline void attend_tile(const TileArgs& a, const float* q, int64_t lanes, const 
     }
   }
   // acc^T [D, lanes] += V^T [D x n] . P^T, i.e. row-major acc [lanes, D] += P V.
-  sgemm(false, false, D, lanes, n, 1.f, v, ldv, s, n, 1.f, st.acc.data(), D);
+  if (lanes >= kGemmLanes) {
+    sgemm(false, false, D, lanes, n, 1.f, v, ldv, s, n, 1.f, st.acc.data(), D);
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      const float* vr = v + j * ldv;
+      for (int64_t i = 0; i < lanes; ++i) {
+        const float p = s[i * n + j];
+        if (p == 0.f) continue;
+        float* acc = st.acc.data() + i * D;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) acc[d] += p * vr[d];
+      }
+    }
+  }
 }
 
 // Keys per tile: about 128 KB of float32 K (and as much V) per tile.
