@@ -257,7 +257,12 @@ def measure_generation(sides: dict[bool, Side], n: int, requests: int, new_token
 # ------------------------------------------------------------------ report
 
 
-def machine_notes(args) -> str:
+def kernels_line(engine) -> str:
+    """The engine's startup line naming the triton backend's kernel provider."""
+    return "; ".join(ln for ln in engine.startup_log if ln.startswith("Attention kernels")) or "no triton backend"
+
+
+def machine_notes(args, kernels: str) -> str:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -268,13 +273,11 @@ def machine_notes(args) -> str:
         pass
     import triton
 
-    from impl.kernels.triton_env import TRITON_INTERPRETED
-
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
     return (
         f"{cpu}, {os.cpu_count()} CPU cores (shared with other jobs; load average {load[0]:.1f} at the end), "
-        f"no GPU; torch {torch.__version__} with {args.threads} intra-op thread(s), triton {triton.__version__} "
-        f"{'under its interpreter (TRITON_INTERPRET=1)' if TRITON_INTERPRETED else 'compiled'}; float32"
+        f"no GPU; torch {torch.__version__} with {args.threads} intra-op thread(s), triton {triton.__version__}; "
+        f"{kernels}; float32"
     )
 
 
@@ -480,6 +483,10 @@ def main(argv=None) -> int:
     ap.add_argument("--chat", type=int, default=256, help="prompt length standing in for chat 1k/1k")
     ap.add_argument("--summ", type=int, default=1024, help="prompt length standing in for summarisation 8k/1k")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (both engines)")
+    ap.add_argument("--off-backend", default="triton", choices=["triton", "torch_native"],
+                    help="attention backend of the flag-off engine: triton (the flag is the only difference) or "
+                    "torch_native (what `make serve` runs on CPU without the flag)")
+    ap.add_argument("--section", default=SECTION, help="docs/benchmarks.md section --write-docs replaces")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", default=PLOT)
     ap.add_argument("--write-docs", action="store_true", help=f"rewrite the '{SECTION}' section of docs/benchmarks.md")
@@ -503,7 +510,8 @@ def main(argv=None) -> int:
     sides: dict[bool, Side] = {}
     for flag in (False, True):
         eng = Engine(
-            model_path=path, attention_backend="triton", kv_sharing_fast_prefill=flag, disable_radix_cache=True,
+            model_path=path, attention_backend="triton" if flag else args.off_backend, kv_sharing_fast_prefill=flag,
+            disable_radix_cache=True,
             dtype="float32", random_seed=0, max_total_tokens=capacity,
         )
         timer = GroupTimer()
@@ -514,7 +522,9 @@ def main(argv=None) -> int:
         raise SystemExit(f"{args.model} has no KV-shared layers: fast prefill does not apply")
     print(
         f"model {args.model} ({cfg.num_hidden_layers} layers, {cfg.num_kv_shared_layers} KV-shared, hidden "
-        f"{cfg.hidden_size}); triton backend; {args.threads} thread(s); lengths {lengths}; reps {args.reps}",
+        f"{cfg.hidden_size}); off: {args.off_backend} backend, on: triton backend; "
+        f"{kernels_line(sides[True].engine)}; {args.threads} thread(s); lengths {lengths}; "
+        f"reps {args.reps}",
         flush=True,
     )
     gen = torch.Generator().manual_seed(args.seed)
@@ -554,7 +564,7 @@ def main(argv=None) -> int:
     if args.chat == args.summ:
         names = {args.chat: "chat + summarisation (scaled)"}
     elapsed = time.perf_counter() - t_start
-    notes = machine_notes(args)
+    notes = machine_notes(args, kernels_line(sides[True].engine))
     extra = " ".join(sys.argv[1:] if argv is None else argv)
     cmd = ".venv/bin/python bench/bench_yoco.py" + (f" {extra}" if extra else "")
     section = render_section(args, notes, cmd, rows, gens, names, acc, cfg, elapsed)
