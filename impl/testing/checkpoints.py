@@ -225,6 +225,28 @@ TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
             vocab_size_per_layer_input=TOKENIZER_VOCAB_SIZE,
         ),
     ),
+    "e2b_bench_wide": CheckpointRecipe(
+        kind="text",
+        seed=10,
+        on_demand=True,
+        description="e2b structure, wider (the peer benchmark's larger checkpoint): hidden 512, 8 heads, head_dim "
+        "64/128, window 256, MLP 2048 (4096 shared), PLE 32",
+        text_config=_text(
+            layer_types=_E2B_LAYERS,
+            hidden_size=512,
+            intermediate_size=2048,
+            num_attention_heads=8,
+            num_key_value_heads=1,
+            head_dim=64,
+            global_head_dim=128,
+            sliding_window=256,
+            max_position_embeddings=8192,
+            num_kv_shared_layers=20,
+            use_double_wide_mlp=True,
+            hidden_size_per_layer_input=32,
+            vocab_size_per_layer_input=TOKENIZER_VOCAB_SIZE,
+        ),
+    ),
     # Benchmark checkpoints at real dimensions: on demand only (never built by make test / build_all).
     "e2b-dims": CheckpointRecipe(
         kind="text",
