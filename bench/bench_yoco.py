@@ -35,6 +35,7 @@ import argparse
 import os
 import platform
 import re
+import shlex
 import statistics
 import sys
 import time
@@ -545,7 +546,7 @@ def main(argv=None) -> int:
         names = {args.chat: "chat + summarisation (scaled)"}
     elapsed = time.perf_counter() - t_start
     notes = machine_notes(args, kernels_line(sides[True].engine))
-    extra = " ".join(sys.argv[1:] if argv is None else argv)
+    extra = shlex.join(sys.argv[1:] if argv is None else argv)
     cmd = ".venv/bin/python bench/bench_yoco.py" + (f" {extra}" if extra else "")
     section = render_section(args, notes, cmd, rows, gens, names, acc, cfg, elapsed)
     print()
