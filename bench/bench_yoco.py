@@ -391,7 +391,7 @@ def render_section(args, notes: str, cmd: str, rows, gens, names, acc: Accuracy,
         "",
         f"Machine: {notes}.",
         "",
-        f"### Prefill (one request, 1 new token; alternating on/off runs, the median run per flag)",
+        "### Prefill (one request, 1 new token; alternating on/off runs, the median run per flag)",
         "",
         "*measured bound* = off time / (off time - time in `cross_decoder` during the off runs), from timing "
         "wrappers on the model's `self_decoder` / `cross_decoder` in the same runs: the speedup if the shared "

@@ -82,6 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(server_args.log_level)
     logger.info("yoco-gemma4 %s: launching the HTTP server", impl.__version__)
     try:
+        from impl.server.limits import RequestLimits
+
+        RequestLimits.from_args(server_args)  # a bad limit flag fails before the model loads
         engine = build_engine(server_args)
     except (ValueError, RuntimeError) as e:
         logger.error("%s", e)
@@ -120,7 +123,7 @@ class GracefulServer(uvicorn.Server):
         self._captured_signals.clear()  # exit 0 after a graceful shutdown (uvicorn would re-raise the signal)
 
     async def shutdown(self, sockets=None) -> None:
-        busy = self.aengine.num_running() + self.aengine.num_waiting()
+        busy = self.aengine.load().num_reqs
         if busy:
             logger.info("Shutting down: %d request(s) in flight get %.0fs to finish, then are aborted", busy,
                         SHUTDOWN_GRACE_S)

@@ -17,17 +17,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 import impl
-from impl.engine.engine import Engine
+from impl.engine.engine import Engine, EngineUnhealthyError
+from impl.engine.output import ReqOutput
 from impl.engine.req import Req
 from impl.server import generate_api, openai_api, req_builder
 from impl.server.async_engine import AsyncEngine, EngineDeadError
 from impl.server.auth import APIKeyMiddleware
-from impl.server.errors import APIError, error_response, install_error_handlers, parse_body
+from impl.server.browser_guard import BrowserGuardMiddleware, parse_list
+from impl.server.errors import APIError, error_response, install_error_handlers, parse_json
+from impl.server.intake import off_loop, read_body
+from impl.server.limits import RequestLimits
 from impl.server.metrics import Gauges, ServerMetrics
-from impl.server.protocol import AbortRequest, ChatCompletionRequest, CompletionRequest, GenerateRequest
+from impl.server.openapi_schema import install_openapi
+from impl.server.protocol import RequestModels, request_models
 from impl.server.streaming import json_safe
 
 HEALTH_GENERATE_TIMEOUT_S = 60.0
@@ -42,6 +48,8 @@ class ServerState:
     model_name: str
     max_req_len: int
     started: float
+    limits: RequestLimits
+    models: RequestModels
 
     @property
     def args(self):
@@ -55,37 +63,31 @@ def served_model_name(engine: Engine) -> str:
 
 def build_state(engine: Engine) -> ServerState:
     name = served_model_name(engine)
-    holder: dict[str, AsyncEngine] = {}
-    gauges = Gauges(
-        num_running=lambda: holder["a"].num_running(),
-        num_waiting=lambda: holder["a"].num_waiting(),
-        kv_usage=lambda: holder["a"].kv_usage(),
-        work_counters=engine.work_counters,
-    )
-    metrics = ServerMetrics(name, gauges)
+    spec_stats = engine.spec_worker.stats.as_dict if engine.spec_worker is not None else None
+    metrics = ServerMetrics(name, Gauges(load=engine.load, work_counters=engine.work_counters, spec_stats=spec_stats))
     log_requests = bool(engine.resolved_args.log_requests)
 
-    def on_finish(req: Req) -> None:  # on the scheduler thread
-        record_finished(metrics, req)
+    def on_finish(req: Req, out: ReqOutput) -> None:  # on the detokenizer thread
+        record_finished(metrics, out)
         if log_requests:
             logger.info("Finished request %s: %d prompt tokens %s..., output %s, finish_reason %s", req.rid,
-                        len(req.origin_input_ids), req.origin_input_ids[:16], req.output_ids,
-                        req.finished_reason.to_json() if req.finished_reason else None)
+                        len(req.origin_input_ids), req.origin_input_ids[:16], out.output_ids,
+                        out.finish_reason.to_json() if out.finish_reason else None)
 
-    aengine = holder["a"] = AsyncEngine(engine, on_finish=on_finish)
-    return ServerState(engine, aengine, metrics, name, engine.scheduler_config.max_req_len, time.time())
+    aengine = AsyncEngine(engine, on_finish=on_finish)
+    max_req_len = engine.load().max_req_len
+    limits = RequestLimits.from_args(engine.resolved_args, max_req_len, engine.model_config.vocab_size)
+    return ServerState(engine, aengine, metrics, name, max_req_len, time.time(), limits, request_models(limits))
 
 
-def record_finished(metrics: ServerMetrics, req: Req) -> None:
-    end = req.finished_time if req.finished_time is not None else time.perf_counter()
-    ttft = None if req.first_token_time is None else req.first_token_time - req.created_time
+def record_finished(metrics: ServerMetrics, out: ReqOutput) -> None:
     metrics.observe_finished(
-        prompt_tokens=len(req.origin_input_ids),
-        completion_tokens=len(req.output_ids),
-        cached_tokens=req.cached_tokens,
-        aborted=req.finished_reason is not None and req.finished_reason.type == "abort",
-        ttft=ttft,
-        e2e=end - req.created_time,
+        prompt_tokens=out.prompt_tokens,
+        completion_tokens=out.completion_tokens,
+        cached_tokens=out.cached_tokens,
+        aborted=out.finish_type == "abort",
+        ttft=out.ttft,
+        e2e=out.e2e_latency,
     )
 
 
@@ -105,12 +107,24 @@ def create_app(engine: Engine) -> FastAPI:
     install_error_handlers(app)
 
     @app.exception_handler(EngineDeadError)
-    async def _engine_dead(request: Request, exc: EngineDeadError):
+    @app.exception_handler(EngineUnhealthyError)
+    async def _engine_dead(request: Request, exc: Exception):
         return error_response(503, str(exc))
 
-    if state.args.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=state.args.api_key)
+    args = state.args
+    if args.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=args.api_key)
+    origins = parse_list(args.allowed_origins)
+    if origins:  # listed origins may read the answers (CORS); the guard refuses every other origin
+        app.add_middleware(CORSMiddleware, allow_origins=["*"] if "*" in origins else list(origins),
+                           allow_methods=["*"], allow_headers=["*"])
+    app.add_middleware(BrowserGuardMiddleware, bound_host=args.host, allowed_hosts=args.allowed_hosts,
+                       allowed_origins=args.allowed_origins)
     _add_routes(app, state)
+    m = state.models
+    install_openapi(app, {"/generate": m.generate, "/v1/completions": m.completion,
+                          "/v1/chat/completions": m.chat, "/abort_request": m.abort},
+                    streaming={"/generate", "/v1/completions", "/v1/chat/completions"})
     return app
 
 
@@ -123,43 +137,62 @@ def _check_model(state: ServerState, model: str | None) -> None:
 def _add_routes(app: FastAPI, state: ServerState) -> None:
     aengine, engine = state.aengine, state.engine
 
+    async def body_of(request: Request, model, build=None):
+        """Read the body (415 / 413 first), then validate (and build) it on the intake pool."""
+        raw = await read_body(request, state.limits)
+
+        def work():
+            body = parse_json(raw, model)
+            return body, (build(body) if build is not None else None)
+
+        return await off_loop(work)
+
     @app.get("/health")
-    async def health() -> Response:
-        if not aengine.alive():
-            return error_response(503, "the engine's scheduler thread has stopped; see the server log")
-        return Response(status_code=200)
+    async def health():
+        reason = engine.health()
+        if reason is not None:
+            return error_response(503, f"unhealthy: {reason}")
+        return JSONResponse({"status": "ok"})
 
     @app.get("/health_generate")
-    async def health_generate() -> Response:
+    async def health_generate():
         bos = engine.tokenizer.bos_token_id
-        req = engine.make_req([bos if bos is not None else 0], {"max_new_tokens": 1, "temperature": 0.0})
-        (stream,) = aengine.submit([req], False)
+        reqs = engine.expand_requests([[bos if bos is not None else 0]], {"max_new_tokens": 1, "temperature": 0.0})
+        (stream,) = aengine.submit(reqs, False)
+        req = stream.req
         try:
-            await asyncio.wait_for(stream.result(), HEALTH_GENERATE_TIMEOUT_S)
+            final = await asyncio.wait_for(stream.result(), HEALTH_GENERATE_TIMEOUT_S)
         except asyncio.TimeoutError:
             aengine.abort(req.rid)
             return error_response(503, f"health_generate: no token within {HEALTH_GENERATE_TIMEOUT_S:.0f}s")
-        return Response(status_code=200)
+        if final.completion_tokens < 1 or final.finish_type == "abort":
+            fr = final.finish_reason.to_json() if final.finish_reason else None
+            return error_response(503, f"health_generate: the probe request produced no token (finish_reason {fr})")
+        return JSONResponse({"status": "ok"})
 
     @app.post("/generate")
     async def generate(request: Request):
-        body = await parse_body(request, GenerateRequest)
-        sub = req_builder.from_generate(engine, body)
+        body, sub = await body_of(request, state.models.generate,
+                                  lambda b: req_builder.from_generate(engine, b, state.limits))
         return await generate_api.generate_response(request, aengine, sub, body.stream)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await parse_body(request, CompletionRequest)
-        _check_model(state, body.model)
-        sub = req_builder.from_completion(engine, body, state.max_req_len)
+        def build(b):
+            _check_model(state, b.model)
+            return req_builder.from_completion(engine, b, state.limits)
+
+        body, sub = await body_of(request, state.models.completion, build)
         call = _call(state, "completion", sub, body.logprobs is not None, body)
         return await openai_api.openai_response(request, aengine, call, body.stream)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = await parse_body(request, ChatCompletionRequest)
-        _check_model(state, body.model)
-        sub = req_builder.from_chat(engine, body, state.max_req_len, state.args.chat_template)
+        def build(b):
+            _check_model(state, b.model)
+            return req_builder.from_chat(engine, b, state.limits, state.args.chat_template)
+
+        body, sub = await body_of(request, state.models.chat, build)
         call = _call(state, "chat", sub, body.logprobs, body)
         return await openai_api.openai_response(request, aengine, call, body.stream)
 
@@ -193,27 +226,28 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         info = engine.get_server_info()
         if info.get("api_key"):
             info["api_key"] = "<redacted>"
+        load = engine.load()
         info.update(
             served_model_name=state.model_name,
-            num_running_reqs=aengine.num_running(),
-            num_waiting_reqs=aengine.num_waiting(),
-            token_usage=aengine.kv_usage(),
+            num_running_reqs=load.num_running_reqs,
+            num_waiting_reqs=load.num_waiting_reqs,
+            token_usage=load.token_usage,
         )
         return JSONResponse(json_safe(info))
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics():
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/abort_request")
     async def abort_request(request: Request):
-        body = await parse_body(request, AbortRequest)
+        body, _ = await body_of(request, state.models.abort)
         if not body.abort_all and not body.rid:
             raise APIError(400, "pass 'rid' (the request id to abort) or 'abort_all': true", "rid")
         aengine.abort(None if body.abort_all else body.rid)
         return {"success": True}
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @app.api_route("/flush_cache", methods=["GET", "POST"], response_class=PlainTextResponse)
     async def flush_cache():
         ok = await asyncio.get_running_loop().run_in_executor(None, engine.flush_cache)
         if not ok:
