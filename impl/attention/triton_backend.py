@@ -1,4 +1,4 @@
-"""TritonAttnBackend: the triton kernels of ``impl.kernels`` behind the AttentionBackend interface.
+"""TritonAttnBackend: the triton backend's metadata and kernels behind the AttentionBackend interface.
 
 Per pass the model calls ``init_forward_metadata`` (every row a query) and, with
 YOCO fast prefill, ``init_cross_decoder_metadata`` (selected rows only). Both
@@ -6,7 +6,10 @@ produce a :class:`TritonAttnMetadata`; the window and logit cap of each layer ar
 passed at launch, so sliding and full layers share one metadata. A request with
 exactly one query row everywhere (decode, or a YOCO back half that kept only the
 last row of each request) goes to the split-KV decode kernel; anything else to
-the extend kernel.
+the extend kernel. Who runs the kernels is the backend's *provider*
+(``triton_providers.py``): compiled Triton on CUDA, the compiled CPU kernels on
+CPU, or explicitly the Triton interpreter or the torch reference; all read this
+same metadata.
 """
 
 from __future__ import annotations
@@ -17,8 +20,7 @@ import torch
 
 from impl.attention.base import AttentionBackend, AttentionLayer
 from impl.attention.triton_metadata import TritonAttnMetadata, build_kv_indices, build_metadata
-from impl.kernels.decode_attention import decode_attention_fwd
-from impl.kernels.extend_attention import extend_attention_fwd
+from impl.attention.triton_providers import KernelProvider, select_provider
 from impl.forward_batch import ForwardBatch
 
 
@@ -28,9 +30,7 @@ class TritonAttnBackend(AttentionBackend):
     def __init__(self, model_config, token_to_kv_pool, req_to_token_pool, device):
         super().__init__(model_config, token_to_kv_pool, req_to_token_pool, device)
         self.num_kv_heads = max(1, int(getattr(model_config, "num_key_value_heads", 1) or 1))
-        self.num_sms = (
-            torch.cuda.get_device_properties(self.device).multi_processor_count if self.device.type == "cuda" else None
-        )
+        self.provider: KernelProvider = select_provider(self.device)
         self.forward_metadata: TritonAttnMetadata | None = None
         self.cross_metadata: TritonAttnMetadata | None = None
         self._batch = None  # the ForwardBatch forward_metadata was built for
@@ -43,7 +43,8 @@ class TritonAttnBackend(AttentionBackend):
             self.req_to_token_pool.req_to_token, fb.req_pool_indices, fb.seq_lens_cpu
         )
         self.forward_metadata = build_metadata(
-            fb.extend_seq_lens_cpu, fb.positions, kv_indptr, kv_indices, fb.seq_lens_cpu, self.num_kv_heads, self.num_sms
+            fb.extend_seq_lens_cpu, fb.positions, kv_indptr, kv_indices, fb.seq_lens_cpu, self.num_kv_heads,
+            self.provider.fill_units, self.provider.split_policy,
         )
         self.cross_metadata = None  # a back half belongs to one pass
         self._batch = fb
@@ -70,7 +71,8 @@ class TritonAttnBackend(AttentionBackend):
             fwd.kv_indices,
             fb.seq_lens_cpu,
             self.num_kv_heads,
-            self.num_sms,
+            self.provider.fill_units,
+            self.provider.split_policy,
         )
         # The window is not stored: forward() passes layer.sliding_window at launch, as for every layer.
 
@@ -102,12 +104,12 @@ class TritonAttnBackend(AttentionBackend):
         q3 = q.reshape(n, layer.num_heads, d).to(k_buf.dtype)  # kernels take one dtype for q and the cache
         o = torch.empty_like(q3)
         if md.use_decode_kernel:
-            decode_attention_fwd(
+            self.provider.decode(
                 q3, o, k_buf, v_buf, md.q_positions, md.kv_indptr, md.kv_indices, md.num_kv_splits, md.max_kv_splits,
                 layer.scaling, layer.sliding_window, layer.logit_cap,
             )
         else:
-            extend_attention_fwd(
+            self.provider.extend(
                 q3, o, k_buf, v_buf, md.qo_indptr, md.q_positions, md.kv_indptr, md.kv_indices, md.max_q_len,
                 layer.scaling, layer.sliding_window, layer.logit_cap,
             )

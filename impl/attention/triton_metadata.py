@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from impl.kernels.decode_attention import num_kv_splits_for
-from impl.kernels.launch_config import kv_split_policy
+from impl.kernels.launch_config import KVSplitPolicy, kv_split_policy
 
 
 @dataclass
@@ -70,8 +70,12 @@ def build_metadata(
     seq_lens_cpu: list[int],
     num_kv_heads: int,
     num_sms: int | None,
+    split_policy: KVSplitPolicy | None = None,
 ) -> TritonAttnMetadata:
-    """Metadata for ``q_lens[b]`` query rows of request ``b`` at ``q_positions`` over the given keys."""
+    """Metadata for ``q_lens[b]`` query rows of request ``b`` at ``q_positions`` over the given keys.
+
+    Decode splits follow ``split_policy`` (default: the Triton launch policy), filling ``num_sms``
+    parallel units (GPU SMs, CPU threads) twice over; ``None``: no fill limit."""
     device = kv_indptr.device
     single = len(q_lens) > 0 and all(n == 1 for n in q_lens)
     md = TritonAttnMetadata(
@@ -84,7 +88,7 @@ def build_metadata(
         use_decode_kernel=single,
     )
     if single:
-        policy = kv_split_policy()
+        policy = split_policy or kv_split_policy()
         splits = num_kv_splits_for(seq_lens_cpu, num_kv_heads, policy, num_sms)
         md.num_kv_splits = torch.tensor(splits, dtype=torch.int32, device=device)
         md.max_kv_splits = max(splits)

@@ -34,6 +34,7 @@ from impl.args.platform import Platform
 from impl.args.resolution import resolutions_of
 from impl.args.server_args import ServerArgs
 from impl.args.unsupported import refuse_unimplemented
+from impl.attention.triton_providers import attention_kernels_of, kernel_startup_lines
 from impl.cache.allocator import TokenSlotAllocator
 from impl.cache.radix_cache import RadixCache
 from impl.config.model_config import ModelConfig
@@ -120,12 +121,8 @@ class Engine:
             + ("" if args.chunked_prefill_size is not None else " (default)")
             + f"; radix cache {'off' if tree is None else 'on'}",
         ] + ([self.spec_worker.describe()] if self.spec_worker else [])
-        if "triton" in self.runner.backend_names:
-            from impl.kernels.triton_env import triton_startup_warning
-
-            warning = triton_startup_warning()
-            if warning:
-                self.startup_log.append(warning)
+        self.attention_kernels = attention_kernels_of(self.runner.prefill_backend, self.runner.decode_backend)
+        self.startup_log += kernel_startup_lines(self.runner.prefill_backend, self.runner.decode_backend)
         for line in self.startup_log:
             logger.info(line)
 
@@ -336,6 +333,7 @@ class Engine:
             num_kv_layers=self.runner.token_to_kv_pool.num_kv_layers,
             chunked_prefill_size=self.scheduler_config.chunked_prefill_size,
             max_running_requests=self.scheduler_config.max_running_requests,
+            attention_kernels=dict(self.attention_kernels),
             startup_log=list(self.startup_log),
             work_counters=self.work_counters(),
         )

@@ -14,15 +14,9 @@ import torch
 
 HAS_CUDA: bool = torch.cuda.is_available()
 
-if not HAS_CUDA:
+# The interpreter is also what IMPL_TRITON_KERNELS=interpreter asks for (impl/attention/triton_providers.py).
+if not HAS_CUDA or os.environ.get("IMPL_TRITON_KERNELS", "").strip().lower() == "interpreter":
     os.environ["TRITON_INTERPRET"] = "1"
 
 # True when Triton kernels run under the interpreter (CPU): correct but slow.
 TRITON_INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-INTERPRETER_WARNING = "Triton kernels run under the interpreter on CPU: correct but slow"
-
-
-def triton_startup_warning() -> str | None:
-    """The line the startup log prints when Triton runs interpreted (None when compiled)."""
-    return INTERPRETER_WARNING if TRITON_INTERPRETED else None

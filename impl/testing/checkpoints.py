@@ -66,6 +66,9 @@ class CheckpointRecipe:
     # num_global_key_value_heads, no per_layer_config) instead of transformers' form
     published_config_form: bool = False
     description: str = ""
+    # dtype the weights are built and stored in: "bfloat16" halves the build's memory and the files
+    # of the real-dimension recipes (the engine loads them in whatever --dtype asks for)
+    dtype: str = "float32"
     # kind "distilled": (target checkpoint, initial assistant checkpoint)
     distill_from: tuple[str, str] | None = None
 
@@ -108,6 +111,24 @@ _ASSISTANT_TEXT = _text(
     num_kv_shared_layers=4,
     hidden_size_per_layer_input=0,
     vocab_size_per_layer_input=0,
+)
+
+# Gemma-4 E2B's layer dimensions (../shared/design/GEMMA4.md) with the tiny tokenizer's vocabulary:
+# hidden 1536, 8 query heads / 1 KV head, head_dim 256 sliding / 512 full, MLP 6144 (12288 on the
+# KV-shared layers), window 512, PLE 256, transformers' default Gemma-4 RoPE (sliding: default, theta
+# 1e4; full: proportional, partial_rotary_factor 0.25, theta 1e6), final logit softcap 30.
+_E2B_DIMS = dict(
+    hidden_size=1536,
+    intermediate_size=6144,
+    num_attention_heads=8,
+    num_key_value_heads=1,
+    head_dim=256,
+    global_head_dim=512,
+    sliding_window=512,
+    max_position_embeddings=8192,
+    use_double_wide_mlp=True,
+    hidden_size_per_layer_input=256,
+    vocab_size_per_layer_input=TOKENIZER_VOCAB_SIZE,
 )
 
 TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
@@ -214,9 +235,49 @@ TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
             vocab_size_per_layer_input=TOKENIZER_VOCAB_SIZE,
         ),
     ),
+    "e2b_bench_wide": CheckpointRecipe(
+        kind="text",
+        seed=10,
+        on_demand=True,
+        description="e2b structure, wider (the peer benchmark's larger checkpoint): hidden 512, 8 heads, head_dim "
+        "64/128, window 256, MLP 2048 (4096 shared), PLE 32",
+        text_config=_text(
+            layer_types=_E2B_LAYERS,
+            hidden_size=512,
+            intermediate_size=2048,
+            num_attention_heads=8,
+            num_key_value_heads=1,
+            head_dim=64,
+            global_head_dim=128,
+            sliding_window=256,
+            max_position_embeddings=8192,
+            num_kv_shared_layers=20,
+            use_double_wide_mlp=True,
+            hidden_size_per_layer_input=32,
+            vocab_size_per_layer_input=TOKENIZER_VOCAB_SIZE,
+        ),
+    ),
+    # Benchmark checkpoints at real dimensions: on demand only (never built by make test / build_all).
+    "e2b-dims": CheckpointRecipe(
+        kind="text",
+        seed=8,
+        on_demand=True,
+        dtype="bfloat16",
+        description="Gemma-4 E2B layer dimensions, 35 layers / 20 KV-shared, [s x4, f] x7, vocabulary 512 (bf16 weights, "
+        "3.7 GB; 7.4 GB loaded as float32)",
+        text_config=_text(layer_types=_E2B_LAYERS, num_kv_shared_layers=20, **_E2B_DIMS),
+    ),
+    "e2b-dims-7l": CheckpointRecipe(
+        kind="text",
+        seed=9,
+        on_demand=True,
+        description="E2B layer dimensions in 7 layers (self: s s f, KV-shared: s s s f; the 15:20 split of 35 as 3:4): "
+        "what a shared 2-core / 24 GB machine can load in float32 (1.5 GB)",
+        text_config=_text(layer_types=[S, S, F, S, S, S, F], num_kv_shared_layers=4, **_E2B_DIMS),
+    ),
     "assistant_bench": CheckpointRecipe(
         kind="assistant",
-        seed=9,
+        seed=11,
         on_demand=True,
         description="MTP assistant for 'e2b_bench' (the serving campaign's MTP columns): 4 all-shared layers, "
         "hidden 64, backbone 256, its target's heads and window",
@@ -392,18 +453,24 @@ def build_checkpoint(name: str, out_dir: str) -> None:
         write_tokenizer_files(out_dir, model_max_length=int(recipe.text_config["max_position_embeddings"]))
         return
     torch.manual_seed(recipe.seed)
+    dtype = getattr(torch, recipe.dtype)
     text_config = Gemma4TextConfig(**dict(recipe.text_config))
-    if recipe.kind == "text":
-        model = Gemma4ForCausalLM(text_config)
-    elif recipe.kind == "assistant":
-        config = Gemma4AssistantConfig(text_config=text_config, **dict(recipe.assistant))
-        with assistant_kv_sharing_patch():
-            model = Gemma4AssistantForCausalLM(config)
-    else:
-        raise ValueError(f"recipe {name!r} has unknown kind {recipe.kind!r}")
-    model = model.to(torch.float32).eval()
+    saved_default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # build in the stored dtype: no float32 copy of a large model
+    try:
+        if recipe.kind == "text":
+            model = Gemma4ForCausalLM(text_config)
+        elif recipe.kind == "assistant":
+            config = Gemma4AssistantConfig(text_config=text_config, **dict(recipe.assistant))
+            with assistant_kv_sharing_patch():
+                model = Gemma4AssistantForCausalLM(config)
+        else:
+            raise ValueError(f"recipe {name!r} has unknown kind {recipe.kind!r}")
+    finally:
+        torch.set_default_dtype(saved_default)
+    model = model.to(dtype).eval()
     reinit_weights(model, seed=recipe.seed)
-    model.config.dtype = torch.float32
+    model.config.dtype = dtype
     with _quiet_transformers():
         model.save_pretrained(out_dir, safe_serialization=True)
     if recipe.published_config_form:

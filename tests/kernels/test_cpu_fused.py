@@ -153,13 +153,15 @@ def test_switch_off_and_failed_build_fall_back_to_torch(monkeypatch, caplog):
 def test_stale_build_lock_is_removed_fresh_one_kept(tmp_path):
     import time
 
+    from impl.kernels import cpp_build
+
     lock = tmp_path / "lock"
     lock.write_text("")
-    cpu_fused._clear_stale_lock(str(lock))
+    cpp_build.clear_stale_lock(str(lock))
     assert lock.exists()  # a build may be running right now
-    old = time.time() - 2 * cpu_fused._STALE_LOCK_S
+    old = time.time() - 2 * cpp_build.STALE_LOCK_S
     os.utime(lock, (old, old))
-    cpu_fused._clear_stale_lock(str(lock))
+    cpp_build.clear_stale_lock(str(lock))
     assert not lock.exists()
 
 

@@ -20,17 +20,14 @@ source, flags, CPU and torch version, so ``-march=native`` code never runs on an
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import platform
-import shutil
-import sys
 import threading
-import time
 from types import ModuleType
 
 import torch
+
+from impl.kernels.cpp_build import build_extension
 
 logger = logging.getLogger("impl.kernels")
 
@@ -38,8 +35,6 @@ ENV_SWITCH = "IMPL_CPU_FUSED"
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_layer.cpp")
 # -ffp-contract=off: no FMA may fuse a product into an add (RoPE's x*cos + rot*sin rounds both products).
 _CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp-simd"]
-
-_STALE_LOCK_S = 600.0
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -73,53 +68,7 @@ def error() -> str | None:
 
 
 def _build() -> ModuleType:
-    from torch.utils.cpp_extension import load as load_extension
-
-    if shutil.which("ninja") is None:
-        try:  # the PyPI ninja package ships the binary beside the interpreter's scripts
-            import ninja
-
-            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-        except ImportError as e:
-            raise RuntimeError("ninja is not installed (pip install ninja)") from e
-    with open(_SOURCE, "rb") as f:
-        source = f.read()
-    key = hashlib.sha256(
-        source + " ".join(_CFLAGS).encode() + _cpu_id().encode() + torch.__version__.encode()
-    ).hexdigest()[:16]
-    name = f"impl_cpu_fused_{key}"
-    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "torch_extensions", f"py{sys.version_info.major}{sys.version_info.minor}_cpu"
-    )
-    build_dir = os.path.join(root, name)
-    os.makedirs(build_dir, exist_ok=True)
-    _clear_stale_lock(os.path.join(build_dir, "lock"))
-    return load_extension(name=name, sources=[_SOURCE], extra_cflags=_CFLAGS, build_directory=build_dir, verbose=False)
-
-
-def _clear_stale_lock(path: str) -> None:
-    """torch waits forever on a build lock left by a process killed mid-build; a build takes ~20 s,
-    so a lock older than ``_STALE_LOCK_S`` is such a leftover and goes."""
-    try:
-        age = time.time() - os.path.getmtime(path)
-    except OSError:
-        return
-    if age > _STALE_LOCK_S:
-        logger.warning("removing a stale extension build lock (%.0f s old): %s", age, path)
-        try:
-            os.remove(path)
-        except OSError:
-            pass
-
-
-def _cpu_id() -> str:
-    """The CPU model and feature flags (``-march=native`` code is only valid on the same kind of CPU)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
-        return "".join(sorted(set(lines)))
-    except OSError:
-        return platform.processor() + platform.machine()
+    return build_extension("impl_cpu_fused", _SOURCE, _CFLAGS)
 
 
 def usable_for(*tensors: torch.Tensor) -> bool:

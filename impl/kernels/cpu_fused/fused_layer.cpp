@@ -19,7 +19,9 @@
 namespace {
 
 // Elements of one MLP row block's gate/up output (64K floats = 256 KB: fits a core's L2).
+// With MLP weights far larger than that, blocks have at least kMlpMinRowsLargeWeights rows.
 constexpr int64_t kMlpBlockElems = int64_t{1} << 16;
+constexpr int64_t kMlpMinRowsLargeWeights = 256;
 
 inline float inv_rms(const float* x, int64_t d, float eps) {
   float s = 0.f;
@@ -184,7 +186,10 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   // double-wide MLP would otherwise stream 4 MB through memory three times).
   auto m = torch::empty_like(h);  // [n, hidden]
   // (scaled by the thread count: each thread's share of a block's matmul keeps its cache size)
-  const int64_t block = std::max<int64_t>(1, kMlpBlockElems * at::get_num_threads() / (2 * inter));
+  int64_t block = std::max<int64_t>(1, kMlpBlockElems * at::get_num_threads() / (2 * inter));
+  // Every block streams the MLP weights once more: when they outgrow the cache (real model sizes,
+  // e.g. E2B's 1536 x 12288), blocks of a few rows would read them from memory per handful of rows.
+  if (3 * inter * hid > kMlpBlockElems * 16) block = std::max<int64_t>(block, kMlpMinRowsLargeWeights);
   auto gate_t = gate_up_w.t();
   auto down_t = down_w.t();
   for (int64_t lo = 0; lo < n; lo += block) {

@@ -1,0 +1,112 @@
+"""The triton backend's kernel providers on one extend and one decode batch, side by side (not a test).
+
+Shapes are Gemma-4 E2B's attention: 8 query heads / 1 KV head, head_dim 256 with a 512-key sliding
+window and head_dim 512 full; one request of ``--tokens`` new tokens (no prefix) for extend, and a
+decode step of ``--decode-batch`` requests over ``--tokens`` keys each. KV slots are scattered over
+the pool, as the engine's allocator leaves them after some traffic. Providers: the compiled CPU
+kernels (``impl/kernels/cpu_attn``), the Triton kernels under the interpreter, and the torch
+reference (``impl/kernels/reference.py``), all on the same metadata; runs alternate between
+providers, median per provider.
+
+Usage: ``python bench/bench_cpu_attn.py [--tokens 1024 --threads 1 --reps 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import impl.kernels.triton_env  # noqa: E402,F401  (interpreter on CPU before triton is imported)
+
+import torch  # noqa: E402
+
+
+def make_batch(q_lens, seq_lens, heads, kv_heads, head_dim, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    total = sum(seq_lens)
+    capacity = total + 64
+    slots = torch.randperm(capacity - 1, generator=g)[:total] + 1
+    k = torch.randn(capacity, kv_heads, head_dim, generator=g).to(dtype)
+    v = torch.randn(capacity, kv_heads, head_dim, generator=g).to(dtype)
+    q = (torch.randn(sum(q_lens), heads, head_dim, generator=g) * head_dim**-0.5).to(dtype)
+    qo = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+    kv = torch.tensor([0] + torch.tensor(seq_lens).cumsum(0).tolist(), dtype=torch.int32)
+    pos = torch.cat([torch.arange(s - n, s) for n, s in zip(q_lens, seq_lens)])
+    return q, k, v, qo, pos, kv, slots
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--decode-batch", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--skip-interpreter", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    from impl.attention.triton_providers import CPU_SPLIT_POLICY
+    from impl.kernels import cpu_attn
+    from impl.kernels.decode_attention import decode_attention_fwd, num_kv_splits_for
+    from impl.kernels.extend_attention import extend_attention_fwd
+    from impl.kernels.reference import attention_ref, decode_attention_ref
+
+    if cpu_attn.load() is None:
+        print(f"compiled CPU attention kernels unavailable: {cpu_attn.error()}")
+        return 1
+    n = args.tokens
+    rows = []
+    for head_dim, window, label in ((256, 512, "sliding (head_dim 256, window 512)"), (512, None, "full (head_dim 512)")):
+        q, k, v, qo, pos, kv, slots = make_batch([n], [n], 8, 1, head_dim, dtype, seed=head_dim)
+        ext = dict(
+            cpu=lambda: cpu_attn.extend_attention_fwd(q, torch.empty_like(q), k, v, qo, pos, kv, slots, n, 1.0, window),
+            interpreter=lambda: extend_attention_fwd(q, torch.empty_like(q), k, v, qo, pos, kv, slots, n, 1.0, window),
+            reference=lambda: attention_ref(q, k, v, qo, pos, kv, slots, 1.0, window, compute_dtype=torch.float32),
+        )
+        b = args.decode_batch
+        dq, dk, dv, _, dpos, dkv, dslots = make_batch([1] * b, [n] * b, 8, 1, head_dim, dtype, seed=head_dim + 1)
+        splits = num_kv_splits_for([n] * b, 1, CPU_SPLIT_POLICY, args.threads)
+        ns = torch.tensor(splits, dtype=torch.int32)
+        one = torch.ones(b, dtype=torch.int32)
+        dec = dict(
+            cpu=lambda: cpu_attn.decode_attention_fwd(dq, torch.empty_like(dq), dk, dv, dpos, dkv, dslots, ns,
+                                                      max(splits), 1.0, window),
+            interpreter=lambda: decode_attention_fwd(dq, torch.empty_like(dq), dk, dv, dpos, dkv, dslots, one, 1, 1.0,
+                                                     window),
+            reference=lambda: decode_attention_ref(dq, dk, dv, dpos, dkv, dslots, 1.0, window,
+                                                   compute_dtype=torch.float32),
+        )
+        for what, fns in ((f"extend {n} tokens, {label}", ext), (f"decode {b} x {n} keys, {label}", dec)):
+            if args.skip_interpreter:
+                fns.pop("interpreter")
+            times = {name: [] for name in fns}
+            for fn in fns.values():  # warm-up (first-call builds, interpreter caches)
+                fn()
+            for _ in range(args.reps):
+                for name, fn in fns.items():
+                    t = time.perf_counter()
+                    fn()
+                    times[name].append(time.perf_counter() - t)
+            med = {name: statistics.median(ts) for name, ts in times.items()}
+            rows.append((what, med))
+            print(what, {k2: round(v2 * 1e3, 2) for k2, v2 in med.items()}, "ms", flush=True)
+    print()
+    print(f"{args.dtype}, {args.threads} thread(s), median of {args.reps} alternating runs per provider")
+    print("| batch | CPU kernels (ms) | interpreter (ms) | torch reference (ms) | interpreter / CPU | reference / CPU |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for what, med in rows:
+        c = med["cpu"]
+        it = med.get("interpreter")
+        print(f"| {what} | {c * 1e3:.1f} | {'-' if it is None else f'{it * 1e3:.0f}'} | {med['reference'] * 1e3:.1f} "
+              f"| {'-' if it is None else f'{it / c:.0f}x'} | {med['reference'] / c:.1f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

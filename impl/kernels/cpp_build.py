@@ -1,0 +1,73 @@
+"""Build a C++ torch extension on first use: the helper the CPU kernel packages share.
+
+``build_extension(prefix, source, cflags)`` compiles one source file with ninja into torch's
+extension cache (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) under a name that
+hashes the source, the flags, the CPU model and flags and the torch version, so ``-march=native``
+code never runs on another CPU and an edit rebuilds. It raises when ninja or a compiler is
+missing or the build fails; callers turn that into one warning and their torch path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import sys
+import time
+from types import ModuleType
+
+import torch
+
+logger = logging.getLogger("impl.kernels")
+
+# A build takes ~20-60 s; a lock older than this was left by a process killed mid-build.
+STALE_LOCK_S = 600.0
+
+
+def build_extension(prefix: str, source: str, cflags: list[str]) -> ModuleType:
+    from torch.utils.cpp_extension import load as load_extension
+
+    if shutil.which("ninja") is None:
+        try:  # the PyPI ninja package ships the binary beside the interpreter's scripts
+            import ninja
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        except ImportError as e:
+            raise RuntimeError("ninja is not installed (pip install ninja)") from e
+    with open(source, "rb") as f:
+        text = f.read()
+    key = hashlib.sha256(text + " ".join(cflags).encode() + cpu_id().encode() + torch.__version__.encode()).hexdigest()
+    name = f"{prefix}_{key[:16]}"
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "torch_extensions", f"py{sys.version_info.major}{sys.version_info.minor}_cpu"
+    )
+    build_dir = os.path.join(root, name)
+    os.makedirs(build_dir, exist_ok=True)
+    clear_stale_lock(os.path.join(build_dir, "lock"))
+    return load_extension(name=name, sources=[source], extra_cflags=cflags, build_directory=build_dir, verbose=False)
+
+
+def clear_stale_lock(path: str) -> None:
+    """torch waits forever on a build lock left by a process killed mid-build: remove an old one."""
+    try:
+        age = time.time() - os.path.getmtime(path)
+    except OSError:
+        return
+    if age > STALE_LOCK_S:
+        logger.warning("removing a stale extension build lock (%.0f s old): %s", age, path)
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
+def cpu_id() -> str:
+    """The CPU model and feature flags (``-march=native`` code is only valid on the same kind of CPU)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() + platform.machine()

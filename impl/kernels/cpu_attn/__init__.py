@@ -1,0 +1,142 @@
+"""Compiled CPU attention kernels: the triton backend's extend and decode kernels for CPU tensors.
+
+``attention.cpp`` (a C++ extension built on first use with ``impl.kernels.cpp_build``) implements
+the same two launches as ``impl/kernels/extend_attention.py`` and ``decode_attention.py``, with the
+same arguments: the metadata of ``impl/attention/triton_metadata.py`` (qo_indptr, q_positions,
+kv_indptr, kv_indices, num_kv_splits), the window and logit cap per layer. So the YOCO back half's
+metadata (``init_cross_decoder_metadata``) is what they read too. Float32, bfloat16 and float16
+pools; scores, softmax and the output accumulate in float32. Tiles over the keys run as BLAS gemms,
+work items on ATen's thread pool (see the header of ``attention.cpp``).
+
+``load()`` returns None, after one warning, when ninja or a compiler is missing or the build fails;
+the triton backend then runs the torch reference over the same metadata
+(``impl.kernels.reference``). ``IMPL_CPU_ATTN=0`` turns the kernels off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from types import ModuleType
+
+import torch
+
+from impl.kernels.checks import check_attention_args, check_index, require
+from impl.kernels.cpp_build import build_extension
+
+logger = logging.getLogger("impl.kernels")
+
+ENV_SWITCH = "IMPL_CPU_ATTN"
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention.cpp")
+_CFLAGS = ["-O3", "-march=native", "-std=c++17", "-fopenmp-simd"]
+
+_lock = threading.Lock()
+_module: ModuleType | None = None
+_tried = False
+_error: str | None = None
+
+
+def enabled_by_env() -> bool:
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def load() -> ModuleType | None:
+    """The compiled extension, or None (disabled, no toolchain, or the build failed: see ``error()``)."""
+    global _module, _tried, _error
+    if not enabled_by_env():
+        return None
+    with _lock:
+        if _tried:
+            return _module
+        _tried = True
+        try:
+            _module = _build()
+        except Exception as e:  # no compiler / ninja, or a failed build: the torch reference still works
+            _error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+            logger.warning("compiled CPU attention kernels unavailable (%s); the triton backend runs the torch "
+                           "reference attention on CPU", _error)
+        return _module
+
+
+def error() -> str | None:
+    return _error
+
+
+def _build() -> ModuleType:
+    return build_extension("impl_cpu_attn", _SOURCE, _CFLAGS)
+
+
+def _ext() -> ModuleType:
+    ext = load()
+    if ext is None:
+        raise ValueError(f"the compiled CPU attention kernels are not available ({error() or ENV_SWITCH + '=0'})")
+    return ext
+
+
+def _check_cpu(*tensors: torch.Tensor, name: str) -> None:
+    for t in tensors:
+        require(t.device.type == "cpu", f"{name}: the CPU kernels take CPU tensors, got one on {t.device}")
+
+
+def extend_attention_fwd(
+    q: torch.Tensor,  # [Tq, H, D]
+    o: torch.Tensor,  # [Tq, H, D] (written)
+    k_buf: torch.Tensor,  # [capacity, KVH, D]
+    v_buf: torch.Tensor,
+    qo_indptr: torch.Tensor,  # [B + 1]
+    q_positions: torch.Tensor,  # [Tq]
+    kv_indptr: torch.Tensor,  # [B + 1]
+    kv_indices: torch.Tensor,  # [>= kv_indptr[-1]]
+    max_q_len: int,  # unused (the Triton grid size), kept so both providers take one signature
+    sm_scale: float,
+    window: int | None = None,
+    logit_cap: float | None = None,
+) -> torch.Tensor:
+    name = "cpu_attn.extend_attention_fwd"
+    check_attention_args(q, o, k_buf, v_buf, name)
+    _check_cpu(q, k_buf, name=name)
+    batch = qo_indptr.shape[0] - 1
+    check_index(qo_indptr, None, name, "qo_indptr", q.device)
+    check_index(kv_indptr, batch + 1, name, "kv_indptr", q.device)
+    check_index(q_positions, q.shape[0], name, "q_positions", q.device)
+    check_index(kv_indices, None, name, "kv_indices", q.device)
+    require(window is None or window > 0, f"{name}: window must be positive or None, got {window}")
+    require(logit_cap is None or logit_cap >= 0, f"{name}: logit_cap must be >= 0 or None, got {logit_cap}")
+    if batch == 0 or q.shape[0] == 0:
+        return o
+    _ext().extend_attention(q, o, k_buf, v_buf, qo_indptr, q_positions, kv_indptr, kv_indices, float(sm_scale),
+                            int(window or 0), float(logit_cap or 0.0))
+    return o
+
+
+def decode_attention_fwd(
+    q: torch.Tensor,  # [B, H, D]
+    o: torch.Tensor,  # [B, H, D] (written)
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    q_positions: torch.Tensor,  # [B]
+    kv_indptr: torch.Tensor,  # [B + 1]
+    kv_indices: torch.Tensor,
+    num_kv_splits: torch.Tensor,  # [B], each in 1..max_kv_splits
+    max_kv_splits: int,
+    sm_scale: float,
+    window: int | None = None,
+    logit_cap: float | None = None,
+) -> torch.Tensor:
+    name = "cpu_attn.decode_attention_fwd"
+    check_attention_args(q, o, k_buf, v_buf, name)
+    _check_cpu(q, k_buf, name=name)
+    batch = q.shape[0]
+    check_index(q_positions, batch, name, "q_positions", q.device)
+    check_index(kv_indptr, batch + 1, name, "kv_indptr", q.device)
+    check_index(kv_indices, None, name, "kv_indices", q.device)
+    check_index(num_kv_splits, batch, name, "num_kv_splits", q.device)
+    require(max_kv_splits >= 1, f"{name}: max_kv_splits must be >= 1, got {max_kv_splits}")
+    require(window is None or window > 0, f"{name}: window must be positive or None, got {window}")
+    require(logit_cap is None or logit_cap >= 0, f"{name}: logit_cap must be >= 0 or None, got {logit_cap}")
+    if batch == 0:
+        return o
+    _ext().decode_attention(q, o, k_buf, v_buf, q_positions, kv_indptr, kv_indices, num_kv_splits, int(max_kv_splits),
+                            float(sm_scale), int(window or 0), float(logit_cap or 0.0))
+    return o

@@ -1,0 +1,32 @@
+"""PARITY-GREEDY once more with the triton backend's kernels under the Triton interpreter.
+
+On CPU the triton backend runs the compiled CPU kernels (``test_contracts.py`` covers every
+contract that way); this run keeps the Triton kernels themselves covered by the same contract,
+through ``IMPL_TRITON_KERNELS=interpreter`` and engines private to the test.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from contracts.base import all_contracts
+
+
+def test_parity_greedy_on_the_interpreter(subject, monkeypatch):
+    if subject.name != "impl":
+        pytest.skip("the provider is chosen in process")
+    if torch.cuda.is_available():
+        pytest.skip("on CUDA the Triton kernels run compiled in test_contracts.py")
+    from contracts.adapters.impl_engine import engine_for, isolated_engines
+    from contracts.yoco_engine import _argv
+
+    (contract,) = [c for c in all_contracts() if c.id == "PARITY-GREEDY"]
+    monkeypatch.setenv("IMPL_TRITON_KERNELS", "interpreter")
+    with isolated_engines():
+        engine, log = engine_for(_argv(subject, "--kv-sharing-fast-prefill", "--disable-radix-cache"))
+        line = "Attention kernels: triton backend, Triton kernels under the interpreter"
+        assert any(line in msg for _, msg in log), f"no {line!r} in the startup log {log}"
+        assert engine.get_server_info()["attention_kernels"]["prefill"] == {"backend": "triton",
+                                                                           "provider": "interpreter"}
+        contract.run(subject)

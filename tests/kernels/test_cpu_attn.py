@@ -1,0 +1,156 @@
+"""Compiled CPU attention kernels (impl/kernels/cpu_attn) vs the torch reference and vs the Triton
+kernels under the interpreter, on the same metadata (tolerance rule: kernel_cases)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from kernel_cases import assert_close_to_truth, make_case, tolerance
+from impl.kernels import cpu_attn
+from impl.kernels.decode_attention import decode_attention_fwd as triton_decode
+from impl.kernels.extend_attention import extend_attention_fwd as triton_extend
+from impl.kernels.triton_env import TRITON_INTERPRETED
+
+pytestmark = [
+    pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel tests here run on CPU tensors"),
+    pytest.mark.skipif(cpu_attn.load() is None, reason=f"CPU attention extension unavailable: {cpu_attn.error()}"),
+]
+
+
+def cpu_extend(case):
+    return cpu_attn.extend_attention_fwd(case.q, torch.empty_like(case.q), case.k_buf, case.v_buf, case.qo_indptr,
+                                         case.q_positions, case.kv_indptr, case.kv_indices, case.max_q_len,
+                                         case.scaling, case.window, case.logit_cap)
+
+
+def cpu_decode(case, splits):
+    n = torch.tensor(splits, dtype=torch.int32)
+    return cpu_attn.decode_attention_fwd(case.q, torch.empty_like(case.q), case.k_buf, case.v_buf, case.q_positions,
+                                         case.kv_indptr, case.kv_indices, n, max(splits), case.scaling, case.window,
+                                         case.logit_cap)
+
+
+def interp_extend(case):
+    assert TRITON_INTERPRETED
+    return triton_extend(case.q, torch.empty_like(case.q), case.k_buf, case.v_buf, case.qo_indptr, case.q_positions,
+                         case.kv_indptr, case.kv_indices, case.max_q_len, case.scaling, case.window, case.logit_cap)
+
+
+def interp_decode(case, splits):
+    n = torch.tensor(splits, dtype=torch.int32)
+    return triton_decode(case.q, torch.empty_like(case.q), case.k_buf, case.v_buf, case.q_positions, case.kv_indptr,
+                         case.kv_indices, n, max(splits), case.scaling, case.window, case.logit_cap)
+
+
+def assert_agree(cpu, interp, case, dtype):
+    """Both within the tolerance of the truth, so within twice it of each other."""
+    _, tol = tolerance(case, dtype)
+    err = float((cpu.float() - interp.float()).abs().max()) if cpu.numel() else 0.0
+    assert err <= 2 * tol, f"CPU kernel and interpreted Triton kernel differ by {err:.3g} (> {2 * tol:.3g})"
+
+
+@st.composite
+def extend_shapes(draw):
+    head_dim = draw(st.sampled_from([16, 32, 64, 80, 256, 512]))
+    longest = 40 if head_dim <= 80 else 12
+    batch = draw(st.integers(1, 3))
+    return dict(
+        prefix_lens=[draw(st.integers(0, longest)) for _ in range(batch)],
+        extend_lens=[draw(st.integers(1, longest)) for _ in range(batch)],
+        num_kv_heads=(kvh := draw(st.sampled_from([1, 2]))),
+        num_heads=kvh * draw(st.sampled_from([1, 3, 8])),
+        head_dim=head_dim,
+        dtype=draw(st.sampled_from([torch.float32, torch.bfloat16])),
+        seed=draw(st.integers(0, 2**16)),
+        scaling=draw(st.sampled_from([1.0, head_dim**-0.5])),
+        window=draw(st.one_of(st.none(), st.integers(1, 2 * longest + 2))),
+        logit_cap=draw(st.sampled_from([None, 5.0])),
+    )
+
+
+@settings(max_examples=30, deadline=None)
+@given(extend_shapes())
+@example(dict(prefix_lens=[17, 0, 5], extend_lens=[1, 20, 1], num_kv_heads=2, num_heads=6, head_dim=80,
+              dtype=torch.bfloat16, seed=3, scaling=1.0, window=7, logit_cap=None))  # mixed batch, GQA group 3
+def test_extend_matches_reference(shape):
+    case = make_case(**shape)
+    assert_close_to_truth(cpu_extend(case), case, shape["dtype"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window,cap", [(None, None), (5, None), (None, 30.0)])
+def test_extend_agrees_with_interpreted_triton(dtype, window, cap):
+    case = make_case([6, 0, 11], [9, 14, 1], 8, 1, 32, dtype, seed=21, window=window, logit_cap=cap)
+    cpu = cpu_extend(case)
+    assert_close_to_truth(cpu, case, dtype)
+    assert_agree(cpu, interp_extend(case), case, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_yoco_back_half_selected_rows(dtype):
+    """The back half's metadata: selected rows (any row, several per request) over the full context."""
+    case = make_case([4, 0, 9], [12, 7, 5], 8, 1, 64, dtype, seed=5, window=6)
+    rows = [[3, 11], [6], [0, 2, 4]]
+    sel = case.select(rows)
+    part = cpu_extend(sel)
+    assert_close_to_truth(part, sel, dtype)
+    assert_agree(part, interp_extend(sel), sel, dtype)
+    full = cpu_extend(case)
+    starts = case.qo_indptr.tolist()
+    idx = torch.tensor([starts[b] + r for b, rs in enumerate(rows) for r in rs])
+    torch.testing.assert_close(part.float(), full[idx].float(), rtol=0, atol=_same_rows_tol(full, dtype))
+
+
+def _same_rows_tol(full, dtype):
+    return 1e-5 if dtype == torch.float32 else 2.0**-7 * float(full.float().abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("splits", [[1, 1, 1], [2, 5, 1], [4, 4, 4]])
+def test_decode_with_splits_matches_reference_and_interpreter(dtype, splits):
+    case = make_case([40, 9, 0], [1, 1, 1], 8, 1, 64, dtype, seed=9, window=None, logit_cap=30.0)
+    cpu = cpu_decode(case, splits)
+    assert_close_to_truth(cpu, case, dtype)
+    assert_agree(cpu, interp_decode(case, splits), case, dtype)
+
+
+@pytest.mark.parametrize("window", [None, 300])
+def test_long_context_spans_many_key_tiles(window):
+    """Gemma-4 head dims (256 sliding, 512 full): 130 / 64 keys per tile, so 700 keys cross several tiles,
+    and a 300-key window starts inside a tile; decode splits as well."""
+    for head_dim in (256, 512):
+        case = make_case([600, 0], [3, 100], 8, 1, head_dim, torch.float32, seed=head_dim, window=window)
+        assert_close_to_truth(cpu_extend(case), case, torch.float32)
+        last = case.select([[2], [99]])
+        assert_close_to_truth(cpu_decode(last, [3, 2]), last, torch.float32)
+
+
+def test_consecutive_float32_slots_read_in_place():
+    """Contiguous slots take the no-copy path; scattered ones are gathered: both equal the truth."""
+    case = make_case([50], [30], 4, 1, 64, torch.float32, seed=3)
+    case.kv_indices = torch.arange(1, 81, dtype=torch.int64)
+    assert_close_to_truth(cpu_extend(case), case, torch.float32)
+
+
+def test_query_without_visible_keys_gives_zeros():
+    """kv_len shorter than a query's position + 1 is fine; a request with no keys at all yields zeros."""
+    case = make_case([0, 3], [2, 2], 2, 1, 16, torch.float32, seed=4)
+    case.kv_indptr = torch.tensor([0, 0, 5], dtype=torch.int32)  # request 0 sees no key
+    out = cpu_extend(case)
+    assert out[:2].abs().max() == 0
+    assert_close_to_truth(out, case, torch.float32)
+
+
+def test_bad_inputs_are_refused_with_a_message():
+    case = make_case([3], [2], 2, 1, 16, torch.float32, seed=1)
+    with pytest.raises(ValueError, match="dtype"):
+        cpu_attn.extend_attention_fwd(case.q, torch.empty_like(case.q), case.k_buf.double(), case.v_buf.double(),
+                                      case.qo_indptr, case.q_positions, case.kv_indptr, case.kv_indices, 2, 1.0)
+    bad = case.kv_indices.clone()
+    bad[0] = 10_000
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        cpu_attn.extend_attention_fwd(case.q, torch.empty_like(case.q), case.k_buf, case.v_buf, case.qo_indptr,
+                                      case.q_positions, case.kv_indptr, bad, 2, 1.0)
