@@ -3,7 +3,7 @@
 ``FastPrefillComputesEveryRow`` gives the same tokens, logprobs and work counters as the
 real fast path, so the PARITY and WORK contracts must pass against it (if one failed,
 the mutant would not prove that the THRU contracts add anything). ``spec/test_mutants.py``
-proves THRU-PREFILL-SPEEDUP and THRU-SUMM-SCENARIO fail against it. The full list of
+proves THRU-PREFILL-SPEEDUP fails against it. The full list of
 non-THRU engine contracts runs with ``YOCO_THRU_SCOPE=all`` (slow); CI runs the two that
 look at exactly what the mutant fakes: work counters, and greedy tokens + logprobs.
 """

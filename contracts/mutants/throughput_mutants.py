@@ -3,7 +3,9 @@
 ``FastPrefillComputesEveryRow`` is the mutant only a throughput contract can catch: it
 gives the same tokens, the same logprobs and the same work counters as the real fast
 path (``spec/test_throughput_mutants.py`` proves the PARITY and WORK contracts pass
-against it).
+against it). It is claimed by THRU-PREFILL-SPEEDUP only: with the compiled CPU kernels the
+summarisation scenario's gain (~1.27x) sits too close to the mutant's (~1.0x, noise up to ~1.1x)
+for a reliable kill there; THRU-SUMM-SCENARIO kills the slowed decode instead (~0.8x expected).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from contracts.mutants import mutant
 from contracts.mutants.patching import PatchedSubject, original
 
 
-@mutant("THRU-PREFILL-SPEEDUP", "THRU-SUMM-SCENARIO")
+@mutant("THRU-PREFILL-SPEEDUP")
 class FastPrefillComputesEveryRow(PatchedSubject):
     """Fast prefill runs the cross-decoder on every row (the normal metadata), then keeps only the selected
     (LM-head) rows, and reports the counters of the real fast path: rows it claims were skipped were computed."""
@@ -40,7 +42,7 @@ class FastPrefillComputesEveryRow(PatchedSubject):
         return {"impl.model.gemma4:Gemma4ForCausalLM.forward": forward}
 
 
-@mutant("THRU-DECODE-NO-REGRESSION")
+@mutant("THRU-DECODE-NO-REGRESSION", "THRU-SUMM-SCENARIO")
 class DecodeSlowWithFlag(PatchedSubject):
     """With the flag on, every decode batch runs the model twice (the first result is discarded)."""
 
