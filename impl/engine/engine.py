@@ -65,6 +65,9 @@ class Engine:
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise ValueError(f"Engine got unknown server argument(s) {unknown}; see ServerArgs for the valid names")
+        if kwargs.get("dp_size", 1) != 1:
+            raise ValueError(f"--dp-size {kwargs['dp_size']}: an Engine is one replica; data-parallel replicas run "
+                             "behind the HTTP server (python -m impl.launch_server --dp-size N)")
         self.server_args = ServerArgs(model_path=model_path, **kwargs)
         platform = Platform.detect(self.server_args.device)
         model_config = ModelConfig.from_server_args(self.server_args)
