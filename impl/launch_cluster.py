@@ -117,8 +117,12 @@ def worker_argv(server_flags: Sequence[str], port: int = 0) -> list[str]:
 
 
 def router_argv(worker_urls: Sequence[str], host: str, port: int, policy: str, extra: Sequence[str] = ()) -> list[str]:
+    """The router's command line; its Prometheus exporter gets a free loopback port unless ``extra`` names one
+    (the router's default, 29000, would collide between two routers on one host)."""
+    prom = [] if "--prometheus-port" in extra else ["--prometheus-host", "127.0.0.1", "--prometheus-port",
+                                                     str(free_port())]
     return [sys.executable, "-m", "sglang_router.launch_router", "--host", host, "--port", str(port),
-            "--worker-urls", *worker_urls, "--policy", policy, "--log-level", "warn", *extra]
+            "--worker-urls", *worker_urls, "--policy", policy, "--log-level", "warn", *prom, *extra]
 
 
 def wait_router(url: str, router: Child, num_workers: int, deadline: float, api_key: str | None = None) -> None:
