@@ -32,6 +32,7 @@ if why:  # CI installs the extra; elsewhere say why these tests did not run
 
 ROUTER_FLAGS = ["--health-check-interval-secs", "2", "--worker-startup-timeout-secs", "300"]
 THROUGH_ROUTER = ("H1", "H2", "H3", "H4", "H5", "H9")
+ON_DP_WORKER = ("H1", "H2", "H3", "H4", "H5", "H6", "H7", "H8", "H9")  # every HTTP contract, on --dp-size 2
 LONG = {"temperature": 0.0, "ignore_eos": True}
 
 
@@ -79,6 +80,11 @@ def _contract(rule: str):
 @pytest.mark.parametrize("rule", THROUGH_ROUTER)
 def test_http_contracts_through_the_router(cluster, rule):
     _contract(rule).run(HttpSubject(cluster.url))
+
+
+@pytest.mark.parametrize("rule", ON_DP_WORKER)
+def test_http_contracts_on_the_dp2_worker(cluster, rule):
+    _contract(rule).run(HttpSubject(cluster.url_b))
 
 
 def test_both_workers_got_traffic(cluster):
