@@ -4,13 +4,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve test spec bench bench-kernels bench-engine bench-yoco bench-cpu-fused gpu-check docs clean
+.PHONY: serve serve-cluster bench-cluster test spec bench bench-kernels bench-engine bench-yoco bench-cpu-fused gpu-check docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,bench]"
+	$(PY) -m pip install -q -e ".[test,bench,cluster]"
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -18,6 +18,12 @@ venv: $(STAMP)
 
 serve: $(STAMP)
 	$(PY) -m impl.launch_server $(ARGS)
+
+# K workers behind sglang-router: make serve-cluster WORKERS=4 POLICY=power_of_two ARGS="--model-path DIR"
+WORKERS ?= 2
+POLICY ?= cache_aware
+serve-cluster: $(STAMP)
+	$(PY) -m impl.launch_cluster --num-workers $(WORKERS) --policy $(POLICY) -- $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -35,6 +41,9 @@ bench-kernels: $(STAMP)
 
 bench-engine: $(STAMP)
 	$(PY) bench/bench_engine.py
+
+bench-cluster: $(STAMP)
+	$(PY) bench/bench_cluster.py
 
 bench-yoco: $(STAMP)
 	$(PY) bench/bench_yoco.py

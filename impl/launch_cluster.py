@@ -103,10 +103,16 @@ class Child:
         return self.proc.returncode
 
 
-def spawn(name: str, argv: list[str], out: IO[str] | None) -> Child:
+def spawn(name: str, argv: list[str], out: IO[str] | None, cores: Sequence[int] | None = None) -> Child:
+    """Start ``argv`` in its own session, its output relayed to ``out`` with a ``[name]`` prefix; ``cores``: pin it
+    to those CPU cores (affinity and OMP_NUM_THREADS, so torch runs one thread per core it owns)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    pin = None
+    if cores:
+        env["OMP_NUM_THREADS"] = str(len(cores))
+        pin = lambda: os.sched_setaffinity(0, cores)  # noqa: E731 - runs in the child before exec
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True, errors="replace")
+                            start_new_session=True, errors="replace", preexec_fn=pin)
     child = Child(name, argv, proc)
     threading.Thread(target=child.pump, args=(out,), name=f"pump-{name}", daemon=True).start()
     return child
@@ -159,14 +165,18 @@ class Cluster:
 
 def start_cluster(num_workers: int, server_flags: Sequence[str], policy: str = "cache_aware",
                   host: str = "127.0.0.1", port: int = 0, router_flags: Sequence[str] = (),
-                  out: IO[str] | None = sys.stderr) -> Cluster:
-    """Start the workers (in parallel) and then the router; on any failure stop what started and raise."""
+                  out: IO[str] | None = sys.stderr, pin: bool = True) -> Cluster:
+    """Start the workers (in parallel, each pinned to its share of the cores unless ``pin`` is False) and then
+    the router; on any failure stop what started and raise."""
     why = router_available()
     if why:
         raise RuntimeError(why)
     if policy == "power_of_two" and num_workers < 2:
         raise ValueError("--policy power_of_two needs at least 2 workers (the router refuses it otherwise)")
-    cluster = Cluster([spawn(f"worker {i}", worker_argv(server_flags), out) for i in range(num_workers)])
+    from impl.server.dp_front import core_shares
+
+    shares = core_shares(num_workers) if pin else [None] * num_workers
+    cluster = Cluster([spawn(f"worker {i}", worker_argv(server_flags), out, shares[i]) for i in range(num_workers)])
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         urls = [w.wait_ready(deadline) for w in cluster.workers]
@@ -201,6 +211,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="Router host (default 127.0.0.1).")
     p.add_argument("--port", type=int, default=30000, help="Router port (default 30000; 0: a free port).")
     p.add_argument("--router-args", default="", help="Extra sglang_router.launch_router flags, one string.")
+    p.add_argument("--no-pin", action="store_true",
+                   help="Do not pin each worker to its share of the CPU cores (default: pinned, as --dp-size does).")
     return p
 
 
@@ -218,7 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        cluster = start_cluster(ns.num_workers, server_flags, ns.policy, ns.host, ns.port, ns.router_args.split())
+        cluster = start_cluster(ns.num_workers, server_flags, ns.policy, ns.host, ns.port, ns.router_args.split(),
+                                pin=not ns.no_pin)
     except (RuntimeError, ValueError) as e:
         print(f"launch_cluster: {e}", file=sys.stderr)
         return 2
