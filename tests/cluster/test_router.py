@@ -1,13 +1,14 @@
 """Two workers behind the real ``sglang-router`` (the ``cluster`` extra), all on loopback.
 
-Worker A is a plain server; worker B runs ``--dp-size 2`` (two replicas behind
-its front). Router 1 (round_robin) carries the HTTP contracts and the kill
-tests; router 2 (power_of_two) picks by the workers' ``/get_load``; router 3
-runs cache_aware with ``--dp-aware`` (it registers B's ranks from ``dp_size`` in
-B's ``/server_info`` and pins requests with ``data_parallel_rank``). One set of processes
-serves the whole module (starting them is the expensive part); the tests run
-in file order, and the last two kill worker B (SIGKILL) and then worker A
-(SIGTERM).
+Worker A is a plain server; worker B runs ``--dp-size 2 --load-balance-method
+shortest_queue`` (two replicas behind its front). Router 1 (round_robin) carries
+the HTTP contracts and the kill tests; router 2 (power_of_two) picks by the
+workers' ``/get_load``; router 3 runs cache_aware with ``--dp-aware`` (it
+registers B's ranks from ``dp_size`` in B's ``/server_info`` and pins requests
+with ``data_parallel_rank``). One set of processes serves the whole module
+(starting them is the expensive part), so the tests run in file order and the
+destructive ones come last: SIGKILL of A (B serves the rest; A is restarted on
+its port), a killed replica of B, SIGTERM of A through the router, SIGTERM of B.
 """
 
 from __future__ import annotations
@@ -36,10 +37,14 @@ ON_DP_WORKER = ("H1", "H2", "H3", "H4", "H5", "H6", "H7", "H8", "H9")  # every H
 LONG = {"temperature": 0.0, "ignore_eos": True}
 
 
+DP_FLAGS = ["--dp-size", "2", "--load-balance-method", "shortest_queue"]
+
+
 class Cluster:
     def __init__(self) -> None:
-        self.a = spawn("worker A", worker_argv(ARGV_OFF), None)
-        self.b = spawn("worker B", worker_argv([*ARGV_OFF, "--dp-size", "2"]), None)
+        self.port_a = free_port()  # fixed: A is restarted on it after the SIGKILL test
+        self.a = spawn("worker A", worker_argv(ARGV_OFF, self.port_a), None)
+        self.b = spawn("worker B", worker_argv([*ARGV_OFF, *DP_FLAGS]), None)
         self.router = self.router2 = self.router3 = None
         try:
             deadline = time.monotonic() + START_TIMEOUT_S
@@ -90,6 +95,21 @@ def test_http_contracts_on_the_dp2_worker(cluster, rule):
 def test_both_workers_got_traffic(cluster):
     for url in (cluster.url_a, cluster.url_b):  # the contracts' traffic, round-robin over A and B
         assert metrics(url)["sglang:prompt_tokens_total"] > 0, url
+
+
+def _info(url: str) -> dict:
+    return httpx.get(url + "/get_server_info", timeout=30).json()
+
+
+def test_dp_startup_log_and_server_info_name_each_rank(cluster):
+    log = cluster.b.log()
+    for rank in (0, 1):
+        assert f"Data-parallel rank {rank}: pid" in log and f"Data-parallel rank {rank} ready" in log
+        assert f"[DP{rank}] Model " in log  # each replica's own engine lines carry its rank
+    assert "2 data-parallel replicas ready; dispatch: shortest_queue" in log
+    info = _info(cluster.url_b)
+    assert info["dp_size"] == 2 and [r["dp_rank"] for r in info["dp_ranks"]] == [0, 1]
+    assert len({tuple(r["cores"]) for r in info["dp_ranks"]}) == min(2, len(os.sched_getaffinity(0)))
 
 
 def test_dp_aware_registration_and_chat_without_model(cluster):
@@ -165,27 +185,97 @@ def _healthy(router: str, worker: str) -> bool:
     return any(w["url"] == worker and w.get("is_healthy", True) for w in workers)
 
 
+async def _post(client: httpx.AsyncClient, url: str, body: dict, stream: bool = False):
+    if not stream:
+        r = await client.post(url + "/generate", json=body)
+        return r.status_code, r.json()
+    async with client.stream("POST", url + "/generate", json={**body, "stream": True}) as r:
+        return r.status_code, [line async for line in r.aiter_lines() if line.startswith("data: ")]
+
+
+def test_shortest_queue_sends_work_to_the_idle_rank(cluster):
+    url = cluster.url_b
+    before = [r["requests_served"] for r in _info(url)["dp_ranks"]]
+
+    async def run():
+        async with httpx.AsyncClient(timeout=120) as c:
+            long = asyncio.create_task(_post(c, url, {"input_ids": prompt_ids(1, 8),
+                                                      "sampling_params": {**LONG, "max_new_tokens": 400}}))
+            while sum(r["in_flight"] for r in _info(url)["dp_ranks"]) == 0:
+                await asyncio.sleep(0.02)
+            busy_rank = next(r["dp_rank"] for r in _info(url)["dp_ranks"] if r["in_flight"])
+            for i in range(3):
+                code, _ = await _post(c, url, {"input_ids": prompt_ids(2 + i, 4),
+                                               "sampling_params": {**LONG, "max_new_tokens": 2}})
+                assert code == 200
+            assert (await long)[0] == 200
+            return busy_rank
+
+    busy = asyncio.run(run())
+    after = [r["requests_served"] for r in _info(url)["dp_ranks"]]
+    assert after[busy] - before[busy] == 1 and after[1 - busy] - before[1 - busy] == 3, (before, after)
+
+
 def test_sigkill_of_a_worker_loses_only_its_in_flight_requests(cluster):
     bodies = [{"input_ids": prompt_ids(60 + i, 16), "sampling_params": {**LONG, "max_new_tokens": 64}}
-              for i in range(9)]
-    in_flight_on_b: list[int] = []
+              for i in range(8)]
+    in_flight_on_a: list[int] = []
 
-    async def kill_b() -> None:
-        busy = lambda: sum(e["num_reqs"] + e["num_waiting_reqs"] for e in _load(cluster.url_b))  # noqa: E731
-        assert await asyncio.to_thread(_wait_until, lambda: busy() > 0), "worker B never got a request"
-        in_flight_on_b.append(busy())
-        os.kill(cluster.b.proc.pid, signal.SIGKILL)
+    async def kill_a() -> None:
+        busy = lambda: sum(e["num_reqs"] + e["num_waiting_reqs"] for e in _load(cluster.url_a))  # noqa: E731
+        assert await asyncio.to_thread(_wait_until, lambda: busy() > 0), "worker A never got a request"
+        in_flight_on_a.append(busy())
+        os.kill(cluster.a.proc.pid, signal.SIGKILL)
 
-    got = asyncio.run(_run_all(cluster.url, bodies, kill_b))
+    got = asyncio.run(_run_all(cluster.url, bodies, kill_a))
     lost = [g for g in got if g != 64]
-    assert len(lost) <= in_flight_on_b[0], f"{len(lost)} requests lost, {in_flight_on_b[0]} were on worker B: {got}"
-    assert len(got) - len(lost) >= len(bodies) - in_flight_on_b[0]
-    # B's replicas follow their front; the router's health check marks B down; then it serves from A alone
-    assert _wait_until(lambda: cluster.b.proc.poll() is not None)
-    assert _wait_until(lambda: not _healthy(cluster.url, cluster.url_b), 60), "the router never marked B unhealthy"
+    assert len(lost) <= in_flight_on_a[0], f"{len(lost)} requests lost, {in_flight_on_a[0]} were on worker A: {got}"
+    assert _wait_until(lambda: not _healthy(cluster.url, cluster.url_a), 60), "the router never marked A unhealthy"
     after = asyncio.run(_run_all(cluster.url, [{"input_ids": prompt_ids(80 + i, 8),
                                                 "sampling_params": {**LONG, "max_new_tokens": 4}} for i in range(4)]))
-    assert after == [4] * 4, after
+    assert after == [4] * 4, after  # B alone serves what comes next
+    # A comes back on its port; the router's health check takes it in again
+    cluster.a = spawn("worker A", worker_argv(ARGV_OFF, cluster.port_a), None)
+    assert cluster.a.wait_ready(time.monotonic() + START_TIMEOUT_S) == cluster.url_a
+    assert _wait_until(lambda: _healthy(cluster.url, cluster.url_a), 60), "the router never took A back"
+
+
+def test_a_dead_replica_fails_its_requests_cleanly_and_health_says_so(cluster):
+    url = cluster.url_b
+    pid1 = _info(url)["dp_ranks"][1]["pid"]
+    body = {"sampling_params": {**LONG, "max_new_tokens": 200}}
+
+    async def run():
+        async with httpx.AsyncClient(timeout=60) as c:
+            tasks = [asyncio.create_task(_post(c, url, {**body, "input_ids": prompt_ids(10 + i, 8)}, i >= 2))
+                     for i in range(4)]
+            while sum(e["num_reqs"] + e["num_waiting_reqs"] for e in _load(url)) < 4:
+                await asyncio.sleep(0.02)
+            os.kill(pid1, signal.SIGKILL)
+            t0 = time.monotonic()
+            out = await asyncio.gather(*tasks)
+            return out, time.monotonic() - t0
+
+    out, took = asyncio.run(run())
+    assert took < 30  # nothing hangs
+    plain_ok = [o for o in out[:2] if o[0] == 200 and o[1]["meta_info"]["completion_tokens"] == 200]
+    plain_lost = [o[1]["error"]["message"] for o in out[:2] if o[0] == 503]
+    stream_ok = [o for o in out[2:] if o[0] == 200 and o[1][-1] == "data: [DONE]" and '"error"' not in o[1][-2]]
+    stream_lost = [o[1][-2] for o in out[2:] if o[0] == 200 and o[1][-1] == "data: [DONE]" and '"error"' in o[1][-2]]
+    # shortest_queue put two of the four on rank 1: exactly those are lost, each with an error naming the rank
+    assert len(plain_ok) + len(stream_ok) == 2 and len(plain_lost) + len(stream_lost) == 2, out
+    assert all("data-parallel rank 1" in m and "exited" in m for m in plain_lost + stream_lost), out
+    h = httpx.get(url + "/health")
+    assert h.status_code == 503 and "data-parallel rank 1" in h.json()["error"]["message"]
+    code, again = asyncio.run(_once(url))
+    assert code == 200 and again["meta_info"]["completion_tokens"] == 2  # rank 0 keeps serving
+    assert [e["dp_rank"] for e in _load(url)] == [0]
+    assert _wait_until(lambda: not _healthy(cluster.url, cluster.url_b), 60), "the router never marked B unhealthy"
+
+
+async def _once(url: str):
+    async with httpx.AsyncClient(timeout=60) as c:
+        return await _post(c, url, {"input_ids": prompt_ids(30, 4), "sampling_params": {**LONG, "max_new_tokens": 2}})
 
 
 def test_sigterm_of_a_worker_loses_nothing(cluster):
@@ -197,6 +287,15 @@ def test_sigterm_of_a_worker_loses_nothing(cluster):
         assert await asyncio.to_thread(_wait_until, lambda: busy() == len(bodies)), "the requests never reached A"
         cluster.a.proc.send_signal(signal.SIGTERM)
 
-    got = asyncio.run(_run_all(cluster.url, bodies, term_a))
+    got = asyncio.run(_run_all(cluster.url, bodies, term_a))  # B is marked down: all go to A
     assert got == [24] * len(bodies), got
     assert cluster.a.proc.wait(30) == 0
+
+
+def test_sigterm_stops_the_dp_front_and_its_replicas(cluster):
+    pids = [r["pid"] for r in _info(cluster.url_b)["dp_ranks"]]
+    assert cluster.b.stop() == 0
+    time.sleep(0.5)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
