@@ -2,6 +2,7 @@
 
 Systems, all up at once on loopback and measured side by side:
 * ``1 server``: ``impl.launch_server`` (torch uses every core; this is also ``--dp-size 1``);
+* ``1 server pinned to 1 core``: the same, one core and one thread (a per-core reference);
 * ``router + K workers`` for each K in ``--workers``: ``impl.launch_cluster``'s pieces, each worker pinned to
   its share of the cores, router policy ``--policy``;
 * ``--dp-size 2``: one front, two replicas pinned to a share of the cores each.
@@ -51,6 +52,7 @@ def start_systems(args) -> list[System]:
     systems: list[System] = []
     deadline = time.monotonic() + START_TIMEOUT_S
     single = spawn("single", worker_argv(SERVER_FLAGS), None)
+    one_core = spawn("one core", worker_argv(SERVER_FLAGS), None, core_shares(1)[0][:1])
     dp = spawn("dp2", worker_argv([*SERVER_FLAGS, "--dp-size", "2"]), None) if not args.skip_dp else None
     clusters = []
     for k in args.workers:
@@ -58,6 +60,7 @@ def start_systems(args) -> list[System]:
         clusters.append((k, [spawn(f"w{k}.{i}", worker_argv(SERVER_FLAGS), None, shares[i]) for i in range(k)]))
     try:
         systems.append(System("1 server (= --dp-size 1)", single.wait_ready(deadline), [single], 1))
+        systems.append(System("1 server pinned to 1 core (reference)", one_core.wait_ready(deadline), [one_core], 1))
         if dp is not None:
             systems.append(System("--dp-size 2", dp.wait_ready(deadline), [dp], 3))
         for k, workers in clusters:
@@ -68,7 +71,7 @@ def start_systems(args) -> list[System]:
             systems.append(System(f"router + {k} workers", url, [router, *workers], k + 1))
             wait_router(url, router, k, deadline)
     except BaseException:
-        for c in [single, dp, *(w for _, ws in clusters for w in ws)]:
+        for c in [single, one_core, dp, *(w for _, ws in clusters for w in ws)]:
             if c is not None:
                 c.stop()
         for s in systems:
@@ -99,10 +102,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     p.add_argument("--policy", default="round_robin", choices=("round_robin", "cache_aware", "power_of_two", "random"))
-    p.add_argument("--num-requests", type=int, default=32)
+    p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--output-len", type=int, default=32)
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--output-len", type=int, default=96)
+    p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-dp", action="store_true")
     args = p.parse_args()

@@ -2,8 +2,8 @@
 ``/flush_cache``.
 
 ``/get_load`` has SGLang's shape: a JSON array with one entry per data-parallel
-rank (``dp_rank``, ``num_reqs`` running, ``num_waiting_reqs``, ``num_tokens`` =
-KV-cache tokens in use). ``sglang-router`` polls it for its load-aware policies
+rank (``dp_rank``, ``num_reqs`` = running + waiting requests, ``num_waiting_reqs``,
+``num_tokens`` = KV-cache tokens in use). ``sglang-router`` polls it for its load-aware policies
 (``power_of_two``, ``cache_aware``'s balance check) and its ``/get_loads``.
 A single server is rank 0; the ``--dp-size`` front (``impl.server.dp_front``)
 asks every replica and renumbers the entries.
@@ -26,7 +26,8 @@ def load_entry(aengine: AsyncEngine, dp_rank: int = 0) -> dict[str, Any]:
     engine = aengine.engine
     total = engine.runner.budget.num_tokens
     in_use = max(0, total - engine.scheduler.kv.available()) if total else 0
-    return {"dp_rank": dp_rank, "num_reqs": aengine.num_running(), "num_waiting_reqs": aengine.num_waiting(),
+    waiting = aengine.num_waiting()
+    return {"dp_rank": dp_rank, "num_reqs": aengine.num_running() + waiting, "num_waiting_reqs": waiting,
             "num_tokens": int(in_use)}
 
 

@@ -157,7 +157,7 @@ def test_get_load_follows_load(cluster):
         while time.monotonic() < deadline and not seen.get("busy"):
             loads = _load(cluster.url_a) + _load(cluster.url_b)
             router = httpx.get(cluster.url2 + "/get_loads", timeout=10).json()["workers"]
-            if any(e["num_reqs"] + e["num_waiting_reqs"] > 0 and e["num_tokens"] > 0 for e in loads) and \
+            if any(e["num_reqs"] > 0 and e["num_tokens"] > 0 for e in loads) and \
                     any(w["load"] > 0 for w in router):
                 seen.update(busy=loads, router=router)
             await asyncio.sleep(0.05)
@@ -222,7 +222,7 @@ def test_sigkill_of_a_worker_loses_only_its_in_flight_requests(cluster):
     in_flight_on_a: list[int] = []
 
     async def kill_a() -> None:
-        busy = lambda: sum(e["num_reqs"] + e["num_waiting_reqs"] for e in _load(cluster.url_a))  # noqa: E731
+        busy = lambda: sum(e["num_reqs"] for e in _load(cluster.url_a))  # noqa: E731
         assert await asyncio.to_thread(_wait_until, lambda: busy() > 0), "worker A never got a request"
         in_flight_on_a.append(busy())
         os.kill(cluster.a.proc.pid, signal.SIGKILL)
@@ -249,7 +249,7 @@ def test_a_dead_replica_fails_its_requests_cleanly_and_health_says_so(cluster):
         async with httpx.AsyncClient(timeout=60) as c:
             tasks = [asyncio.create_task(_post(c, url, {**body, "input_ids": prompt_ids(10 + i, 8)}, i >= 2))
                      for i in range(4)]
-            while sum(e["num_reqs"] + e["num_waiting_reqs"] for e in _load(url)) < 4:
+            while sum(e["num_reqs"] for e in _load(url)) < 4:
                 await asyncio.sleep(0.02)
             os.kill(pid1, signal.SIGKILL)
             t0 = time.monotonic()
@@ -283,7 +283,7 @@ def test_sigterm_of_a_worker_loses_nothing(cluster):
               for i in range(4)]
 
     async def term_a() -> None:
-        busy = lambda: sum(e["num_reqs"] + e["num_waiting_reqs"] for e in _load(cluster.url_a))  # noqa: E731
+        busy = lambda: sum(e["num_reqs"] for e in _load(cluster.url_a))  # noqa: E731
         assert await asyncio.to_thread(_wait_until, lambda: busy() == len(bodies)), "the requests never reached A"
         cluster.a.proc.send_signal(signal.SIGTERM)
 
