@@ -60,14 +60,14 @@ def _while_busy(url: str, body: dict, fn):
 
 
 def test_get_load_counts_a_running_request(url):
-    body = {"input_ids": prompt_ids(70, 20), "sampling_params": {**GREEDY, "max_new_tokens": 200}}
+    body = {"input_ids": prompt_ids(70, 20), "sampling_params": {**GREEDY, "max_new_tokens": 480}}
     load, r = _while_busy(url, body, lambda: httpx.get(url + "/get_load").json()[0])
     assert r.status_code == 200
-    assert load["num_reqs"] == 1 and load["num_waiting_reqs"] == 0 and 20 <= load["num_tokens"] <= 220, load
+    assert load["num_reqs"] == 1 and load["num_waiting_reqs"] == 0 and 20 <= load["num_tokens"] <= 500, load
 
 
 def test_flush_cache_timeout_waits_for_idle(url):
-    body = {"input_ids": prompt_ids(71, 6), "sampling_params": {**GREEDY, "max_new_tokens": 150}}
+    body = {"input_ids": prompt_ids(71, 6), "sampling_params": {**GREEDY, "max_new_tokens": 480}}
 
     def flush_twice():
         busy = httpx.post(url + "/flush_cache")  # no timeout: refused at once while the request runs
@@ -78,5 +78,5 @@ def test_flush_cache_timeout_waits_for_idle(url):
     (busy, waited, took), r = _while_busy(url, body, flush_twice)
     assert busy.status_code == 400 and "timeout" in busy.json()["error"]["message"]
     assert waited.status_code == 200 and waited.text == "Cache flushed.\n"
-    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 150  # it waited, not aborted
+    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 480  # it waited, not aborted
     assert took > 0.0
