@@ -12,6 +12,7 @@ asks every replica and renumbers the entries.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any, Callable
 
@@ -40,8 +41,10 @@ def add_cluster_routes(app: FastAPI, aengine: AsyncEngine) -> None:
 async def flush_when_idle(flush: Callable[[], bool], timeout: float) -> bool:
     """Call ``flush`` (off the event loop) until it succeeds or ``timeout`` seconds have passed (SGLang's
     ``/flush_cache?timeout=S``: wait for the server to go idle, then flush). True when flushed."""
+    if not math.isfinite(timeout) or timeout < 0:
+        raise ValueError(f"invalid value for 'timeout': {timeout}; pass ?timeout=SECONDS, a number >= 0")
     loop = asyncio.get_running_loop()
-    deadline = time.monotonic() + max(0.0, timeout)
+    deadline = time.monotonic() + timeout
     while True:
         if await loop.run_in_executor(None, flush):
             return True

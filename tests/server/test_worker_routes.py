@@ -80,3 +80,6 @@ def test_flush_cache_timeout_waits_for_idle(url):
     assert waited.status_code == 200 and waited.text == "Cache flushed.\n"
     assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 480  # it waited, not aborted
     assert took > 0.0
+    for bad in ("-1", "nan", "inf", "soon"):
+        r = httpx.post(url + f"/flush_cache?timeout={bad}")
+        assert r.status_code == 400 and "timeout" in r.json()["error"]["message"], (bad, r.text)
