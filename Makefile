@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve serve-cluster bench-cluster test spec bench bench-kernels bench-engine bench-yoco bench-cpu-fused gpu-check docs clean
+.PHONY: serve serve-cluster bench-cluster test spec lint bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-detokenize gpu-check docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ test: $(STAMP)
 spec: $(STAMP)
 	$(PY) -m pytest spec -q
 
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
 docs: $(STAMP)
 	$(PY) -m contracts.docs --write
 
@@ -48,8 +52,15 @@ bench-cluster: $(STAMP)
 bench-yoco: $(STAMP)
 	$(PY) bench/bench_yoco.py
 
+bench-spec: $(STAMP)
+	$(PY) bench/bench_spec.py --backend torch_native
+	$(PY) bench/bench_spec.py --backend triton --batch-sizes 1 --new-tokens 16 --rounds 1
+
 bench-cpu-fused: $(STAMP)
 	$(PY) bench/bench_cpu_fused.py
+
+bench-detokenize: $(STAMP)
+	$(PY) bench/bench_detokenize.py
 
 gpu-check:
 	bash scripts/gpu_check.sh

@@ -15,6 +15,13 @@ fails when this file is stale. Rule ids refer to `../shared/design/RULES.md`. `p
 contract against the subject given by `--subject` (default `impl`) and proves each one fails against
 its mutants.
 
+Writing one: any module of `contracts/` registers `@contract(id, rule, source, rules, needs)` over a
+`check(subject)`; inside, `require(cond, message)` or `raise violation(message)` fails the contract
+being run (`Contract.run` sets its id in a context variable). `contracts/expect.py` holds the
+accept / reject expectations (`expect_accepted`, `expect_rejected`, `must_accept`, `must_reject`).
+Any module of `contracts/mutants/` registers mutants with `@mutant(*contract_ids)`; the seed-004 ones
+that only disable a helper or change a value are rows of `kv_cache_mutants.TABLE`.
+
 | id | rule | rule ids | source | needs | mutants |
 |---|---|---|---|---|---|
 """

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 
-from contracts.base import ContractViolation, contract, require
+from contracts.base import contract, require, violation
 from contracts.models import random_prompts
 from contracts.subject import GenRequest
 
@@ -50,7 +50,7 @@ def _hf_model(path: str):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
-def _compare_to_reference(cid: str, path: str, prompts, outputs, what: str) -> None:
+def _compare_to_reference(path: str, prompts, outputs, what: str) -> None:
     for i, (p, o) in enumerate(zip(prompts, outputs)):
         ref, gaps = reference_greedy(path, tuple(p), NEW_TOKENS)
         for step, (a, b) in enumerate(zip(o.output_ids, ref)):
@@ -58,8 +58,7 @@ def _compare_to_reference(cid: str, path: str, prompts, outputs, what: str) -> N
                 continue
             if gaps[step] < TIE_GAP:
                 break  # a near tie: later tokens may legitimately differ
-            raise ContractViolation(
-                cid, f"{what}: prompt {i} (len {len(p)}) step {step}: engine chose {a}, transformers {b} "
+            raise violation(f"{what}: prompt {i} (len {len(p)}) step {step}: engine chose {a}, transformers {b} "
                 f"(top-2 gap {gaps[step]:.4f}); engine {o.output_ids}, transformers {list(ref)}",
             )
 
@@ -77,12 +76,11 @@ def _greedy(prompts, n=NEW_TOKENS):
     needs=("engine",),
 )
 def greedy_matches_transformers(subject) -> None:
-    cid = "ENGINE-GREEDY-MATCHES-TRANSFORMERS"
     for name in ("e2b", "k_eq_v", "moe", "noshare"):
         path = subject.tiny_model(name)
         ps = _prompts(path)
         out = subject.generate(["--model-path", path, "--attention-backend", "torch_native"], _greedy(ps))
-        _compare_to_reference(cid, path, ps, out.outputs, f"{name}, batched")
+        _compare_to_reference(path, ps, out.outputs, f"{name}, batched")
 
 
 @contract(
@@ -93,7 +91,6 @@ def greedy_matches_transformers(subject) -> None:
     needs=("engine",),
 )
 def outputs_invariant(subject) -> None:
-    cid = "ENGINE-OUTPUTS-INVARIANT"
     path = subject.tiny_model("e2b")
     ps = _prompts(path, lengths=[30, 12, 45, 7], seed=6)
     base_argv = ["--model-path", path, "--attention-backend", "torch_native"]
@@ -103,7 +100,7 @@ def outputs_invariant(subject) -> None:
     hits = subject.generate(base_argv, _greedy(ps + ps), batched=False)
     require(
         all(o.cached_tokens > 0 for o in hits.outputs[len(ps):]),
-        cid, f"repeated prompts must hit the prefix cache; cached_tokens {[o.cached_tokens for o in hits.outputs]}",
+        f"repeated prompts must hit the prefix cache; cached_tokens {[o.cached_tokens for o in hits.outputs]}",
     )
     cases = {
         "radix-cache hits": [o.output_ids for o in hits.outputs[len(ps):]],
@@ -114,11 +111,11 @@ def outputs_invariant(subject) -> None:
     tiny = subject.generate([*base_argv, "--max-total-tokens", "80", "--chunked-prefill-size", "16"], _greedy(ps))
     require(
         any("retract" in m.lower() or "preempt" in m.lower() for _, m in tiny.log),
-        cid, "an 80-token KV budget for 4 requests needing 126 tokens must force a preemption (logged); none was logged",
+        "an 80-token KV budget for 4 requests needing 126 tokens must force a preemption (logged); none was logged",
     )
     cases["preemption under an 80-token KV budget"] = [o.output_ids for o in tiny.outputs]
     for what, got in cases.items():
-        require(got == want, cid, f"{what}: greedy outputs changed: {got} vs {want}")
+        require(got == want, f"{what}: greedy outputs changed: {got} vs {want}")
 
 
 @contract(
@@ -129,7 +126,6 @@ def outputs_invariant(subject) -> None:
     needs=("engine",),
 )
 def seeded_sampling_repeats(subject) -> None:
-    cid = "ENGINE-SEEDED-SAMPLING-REPEATS"
     path = subject.tiny_model("e2b")
     ps = _prompts(path, lengths=[10, 20, 5], seed=7)
     argv = ["--model-path", path, "--attention-backend", "torch_native"]
@@ -137,11 +133,11 @@ def seeded_sampling_repeats(subject) -> None:
     a = [o.output_ids for o in subject.generate(argv, reqs).outputs]
     b = [o.output_ids for o in subject.generate(argv, reqs).outputs]
     alone = [o.output_ids for o in subject.generate(argv, reqs, batched=False).outputs]
-    require(a == b, cid, f"the same seeds gave different samples on a second run: {a} vs {b}")
-    require(a == alone, cid, f"seeded samples depend on the batch: batched {a}, alone {alone}")
+    require(a == b, f"the same seeds gave different samples on a second run: {a} vs {b}")
+    require(a == alone, f"seeded samples depend on the batch: batched {a}, alone {alone}")
     other = [GenRequest(p, max_new_tokens=12, temperature=1.0, seed=900 + i) for i, p in enumerate(ps)]
     c = [o.output_ids for o in subject.generate(argv, other).outputs]
-    require(c != a, cid, "different seeds gave identical samples for every prompt: the seed is not used")
+    require(c != a, "different seeds gave identical samples for every prompt: the seed is not used")
 
 
 @contract(
@@ -152,17 +148,16 @@ def seeded_sampling_repeats(subject) -> None:
     needs=("engine",),
 )
 def kv_freed(subject) -> None:
-    cid = "ENGINE-KV-FREED"
     path = subject.tiny_model("e2b")
     ps = _prompts(path, lengths=[30, 12, 45, 7], seed=8)
     for flags in ((), ("--disable-radix-cache",), ("--max-total-tokens", "80", "--chunked-prefill-size", "16")):
         try:
             out = subject.generate(["--model-path", path, "--attention-backend", "torch_native", *flags], _greedy(ps))
         except AssertionError as e:  # the engine's own KV integrity check tripped during the run
-            raise ContractViolation(cid, f"flags {flags}: the engine's KV accounting failed during the run: {e}") from e
+            raise violation(f"flags {flags}: the engine's KV accounting failed during the run: {e}") from e
         require(
             out.kv_available_after == out.kv_capacity,
-            cid, f"flags {flags}: after all requests finished {out.kv_available_after} of {out.kv_capacity} KV slots "
+            f"flags {flags}: after all requests finished {out.kv_available_after} of {out.kv_capacity} KV slots "
             "are usable; the rest leaked",
         )
 
@@ -176,7 +171,6 @@ def kv_freed(subject) -> None:
     needs=("engine",),
 )
 def triton_greedy_parity(subject) -> None:
-    cid = "TRITON-GREEDY-PARITY"
     for name in ("e2b", "k_eq_v", "moe", "noshare"):
         path = subject.tiny_model(name)
         ps = _prompts(path, lengths=[5, 14, 23, 40], seed=9)  # window 16: 14 + 12 new tokens crosses it
@@ -184,4 +178,4 @@ def triton_greedy_parity(subject) -> None:
         ref = subject.generate(["--model-path", path, "--attention-backend", "torch_native"], reqs)
         tri = subject.generate(["--model-path", path, "--attention-backend", "triton"], reqs)
         for i, (a, b) in enumerate(zip(ref.outputs, tri.outputs)):
-            require(a.output_ids == b.output_ids, cid, f"{name} prompt {i} (len {len(ps[i])}): torch_native {a.output_ids}, triton {b.output_ids}")
+            require(a.output_ids == b.output_ids, f"{name} prompt {i} (len {len(ps[i])}): torch_native {a.output_ids}, triton {b.output_ids}")

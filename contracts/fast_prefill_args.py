@@ -25,12 +25,11 @@ def _mentions_fast_prefill(text: str) -> bool:
     rules=("F1",),
 )
 def flag_default_off(subject) -> None:
-    cid = "FLAG-DEFAULT-OFF"
     args = subject.parse_args([])
-    require(FIELD in args, cid, f"ServerArgs must have a field {FIELD!r}; fields are {sorted(args)[:8]}...")
-    expect_equal(args[FIELD], False, cid, f"default of {FIELD} with no flags")
+    require(FIELD in args, f"ServerArgs must have a field {FIELD!r}; fields are {sorted(args)[:8]}...")
+    expect_equal(args[FIELD], False, f"default of {FIELD} with no flags")
     args = subject.parse_args(argv_for(E2B))
-    expect_equal(args[FIELD], False, cid, f"{FIELD} for a Gemma-4 model path without {FLAG}")
+    expect_equal(args[FIELD], False, f"{FIELD} for a Gemma-4 model path without {FLAG}")
 
 
 @contract(
@@ -40,11 +39,10 @@ def flag_default_off(subject) -> None:
     rules=("F2",),
 )
 def flag_cli_parse(subject) -> None:
-    cid = "FLAG-CLI-PARSE"
-    expect_equal(subject.parse_args([FLAG])[FIELD], True, cid, f"{FIELD} after parsing [{FLAG}]")
-    expect_equal(subject.parse_args(["--port", "31000"])[FIELD], False, cid, f"{FIELD} when {FLAG} is absent")
+    expect_equal(subject.parse_args([FLAG])[FIELD], True, f"{FIELD} after parsing [{FLAG}]")
+    expect_equal(subject.parse_args(["--port", "31000"])[FIELD], False, f"{FIELD} when {FLAG} is absent")
     on = subject.parse_args(argv_for(E2B, FLAG, "--attention-backend", "triton"))
-    expect_equal(on[FIELD], True, cid, f"{FIELD} parsed among other flags")
+    expect_equal(on[FIELD], True, f"{FIELD} parsed among other flags")
 
 
 @contract(
@@ -54,16 +52,14 @@ def flag_cli_parse(subject) -> None:
     rules=("F3",),
 )
 def flag_argparse_registered(subject) -> None:
-    cid = "FLAG-ARGPARSE-REGISTERED"
     opts = subject.cli_options()
-    require(FLAG in opts, cid, f"{FLAG} must be a registered command-line option")
+    require(FLAG in opts, f"{FLAG} must be a registered command-line option")
     opt = opts[FLAG]
-    expect_equal(opt.action, "store_true", cid, f"argparse action of {FLAG}")
-    expect_equal(opt.dest, FIELD, cid, f"argparse dest of {FLAG}")
-    require(opt.default is False, cid, f"{FLAG} default must be False, got {opt.default!r}")
+    expect_equal(opt.action, "store_true", f"argparse action of {FLAG}")
+    expect_equal(opt.dest, FIELD, f"argparse dest of {FLAG}")
+    require(opt.default is False, f"{FLAG} default must be False, got {opt.default!r}")
     require(
         len(opt.help) >= 20 and "prefill" in opt.help.lower(),
-        cid,
         f"{FLAG} needs help text saying what it does (mentioning prefill); got {opt.help!r}",
     )
 
@@ -75,14 +71,13 @@ def flag_argparse_registered(subject) -> None:
     rules=("F4",),
 )
 def flag_modelconfig_plumbing(subject) -> None:
-    cid = "FLAG-MODELCONFIG-PLUMBING"
     on = subject.check(argv_for(E2B, FLAG))
     off = subject.check(argv_for(E2B))
-    expect_equal(on.model_config.get(FIELD), True, cid, f"ModelConfig.{FIELD} built from args with {FLAG}")
-    expect_equal(off.model_config.get(FIELD), False, cid, f"ModelConfig.{FIELD} built from args without {FLAG}")
+    expect_equal(on.model_config.get(FIELD), True, f"ModelConfig.{FIELD} built from args with {FLAG}")
+    expect_equal(off.model_config.get(FIELD), False, f"ModelConfig.{FIELD} built from args without {FLAG}")
     rest_on = {k: v for k, v in on.model_config.items() if k != FIELD}
     rest_off = {k: v for k, v in off.model_config.items() if k != FIELD}
-    require(rest_on == rest_off, cid, "the flag must change nothing in ModelConfig but kv_sharing_fast_prefill")
+    require(rest_on == rest_off, "the flag must change nothing in ModelConfig but kv_sharing_fast_prefill")
 
 
 # Settings that are valid without the flag; with the flag off none may be touched by it.
@@ -104,30 +99,28 @@ _OFF_CASES = [
     rules=("F5",),
 )
 def flag_off_noop(subject) -> None:
-    cid = "FLAG-OFF-NOOP"
     for argv in _OFF_CASES:
         out = subject.check(argv)
         if out.error is not None:
             require(
                 not _mentions_fast_prefill(str(out.error)),
-                cid,
                 f"flag off, {argv[2:]} was rejected for a fast-prefill reason: {out.error}",
             )
         lines = [m for _, m in out.log if _mentions_fast_prefill(m)]
-        require(not lines, cid, f"flag off, {argv[2:]}: the startup log must not mention fast prefill; got {lines}")
+        require(not lines, f"flag off, {argv[2:]}: the startup log must not mention fast prefill; got {lines}")
         by_flag = [r for r in out.resolutions if _mentions_fast_prefill(r[0])]
-        require(not by_flag, cid, f"flag off, {argv[2:]}: fast-prefill rules declared resolutions {by_flag}")
-        expect_equal(out.resolved.get(FIELD), False, cid, f"resolved {FIELD} with the flag off")
+        require(not by_flag, f"flag off, {argv[2:]}: fast-prefill rules declared resolutions {by_flag}")
+        expect_equal(out.resolved.get(FIELD), False, f"resolved {FIELD} with the flag off")
         if "--attention-backend" in argv:
             given = argv[argv.index("--attention-backend") + 1]
-            expect_equal(out.resolved.get("attention_backend"), given, cid, "an explicit attention backend with the flag off")
+            expect_equal(out.resolved.get("attention_backend"), given, "an explicit attention backend with the flag off")
     # Same model, flag absent vs explicitly on: model config identical apart from the flag.
     off = subject.check(argv_for(E2B, "--attention-backend", "triton"))
     on = subject.check(argv_for(E2B, FLAG, "--attention-backend", "triton"))
-    expect_accepted(off, cid, "E2B with triton and the flag off")
-    expect_accepted(on, cid, "E2B with triton and the flag on")
+    expect_accepted(off, "E2B with triton and the flag off")
+    expect_accepted(on, "E2B with triton and the flag on")
     diff = {k for k in set(off.resolved) | set(on.resolved) if off.resolved.get(k) != on.resolved.get(k)}
-    require(diff == {FIELD}, cid, f"turning the flag on must change only {FIELD} in the resolved args; changed {sorted(diff)}")
+    require(diff == {FIELD}, f"turning the flag on must change only {FIELD} in the resolved args; changed {sorted(diff)}")
 
 
 @contract(
@@ -138,14 +131,13 @@ def flag_off_noop(subject) -> None:
     rules=("F6",),
 )
 def flag_on_startup_log(subject) -> None:
-    cid = "FLAG-ON-STARTUP-LOG"
     for model, n in ((E2B, 20), (E4B, 18), ("gemma-4-E2B-mm", 20)):
         out = subject.check(argv_for(model, FLAG, "--attention-backend", "triton"))
-        expect_accepted(out, cid, f"{FLAG} on {model} with triton")
+        expect_accepted(out, f"{FLAG} on {model} with triton")
         want = ENABLED.format(model=model, n=n)
         hits = [(lv, m) for lv, m in out.log if m == want]
-        require(len(hits) == 1, cid, f"expected exactly one log line {want!r}; got {[m for _, m in out.log if 'fast prefill' in m.lower()]}")
-        expect_equal(hits[0][0], "INFO", cid, f"level of {want!r}")
+        require(len(hits) == 1, f"expected exactly one log line {want!r}; got {[m for _, m in out.log if 'fast prefill' in m.lower()]}")
+        expect_equal(hits[0][0], "INFO", f"level of {want!r}")
 
 
 @contract(
@@ -155,10 +147,9 @@ def flag_on_startup_log(subject) -> None:
     rules=("F7",),
 )
 def reject_non_gemma4(subject) -> None:
-    cid = "VAL-REJECT-NON-GEMMA4"
     for model, mtype in (("Llama-3.1-8B-Instruct", "llama"), ("Qwen2.5-7B-Instruct", "qwen2"), ("DeepSeek-V3", "deepseek_v3"), (ASSISTANT, "gemma4_assistant")):
         out = subject.check(argv_for(model, FLAG, "--attention-backend", "triton"))
-        expect_rejected(out, cid, f"{FLAG} on {mtype}", mentions=(FLAG, mtype, "Gemma-4"))
+        expect_rejected(out, f"{FLAG} on {mtype}", mentions=(FLAG, mtype, "Gemma-4"))
 
 
 @contract(
@@ -168,14 +159,13 @@ def reject_non_gemma4(subject) -> None:
     rules=("F8",),
 )
 def reject_non_triton(subject) -> None:
-    cid = "VAL-REJECT-NON-TRITON"
     for flag in ("--attention-backend", "--prefill-attention-backend"):
         for backend in ("torch_native", "flashinfer", "fa3"):
             out = subject.check(argv_for(E2B, FLAG, flag, backend))
-            expect_rejected(out, cid, f"{FLAG} with {flag} {backend}", mentions=(FLAG, flag, backend, "triton"))
+            expect_rejected(out, f"{FLAG} with {flag} {backend}", mentions=(FLAG, flag, backend, "triton"))
     # Decode-only choice does not touch prefill: accepted.
     out = subject.check(argv_for(E2B, FLAG, "--decode-attention-backend", "torch_native"))
-    expect_accepted(out, cid, f"{FLAG} with only --decode-attention-backend torch_native")
+    expect_accepted(out, f"{FLAG} with only --decode-attention-backend torch_native")
 
 
 @contract(
@@ -185,18 +175,16 @@ def reject_non_triton(subject) -> None:
     rules=("F8",),
 )
 def unset_backend_resolves_triton(subject) -> None:
-    cid = "RES-UNSET-BACKEND-TRITON"
     out = subject.check(argv_for(E2B, FLAG))
-    expect_accepted(out, cid, f"{FLAG} on E2B with no backend given")
-    expect_equal(out.user.get("attention_backend"), None, cid, "the user's attention_backend (resolving view)")
-    expect_equal(out.resolved.get("attention_backend"), "triton", cid, "resolved attention_backend")
+    expect_accepted(out, f"{FLAG} on E2B with no backend given")
+    expect_equal(out.user.get("attention_backend"), None, "the user's attention_backend (resolving view)")
+    expect_equal(out.resolved.get("attention_backend"), "triton", "resolved attention_backend")
     decl = [r for r in out.resolutions if r[1] == "attention_backend" and r[2] == "triton"]
-    require(decl, cid, f"the change to triton must be a declared resolution; declared: {out.resolutions}")
+    require(decl, f"the change to triton must be a declared resolution; declared: {out.resolutions}")
     logged = [m for _, m in out.log if "attention_backend" in m and "triton" in m]
-    require(logged, cid, "the resolution to triton must appear in the startup log")
+    require(logged, "the resolution to triton must appear in the startup log")
     require(
         any(m == ENABLED.format(model=E2B, n=20) for _, m in out.log),
-        cid,
         "after resolving to triton the fast-prefill INFO line must be logged",
     )
 
@@ -208,18 +196,17 @@ def unset_backend_resolves_triton(subject) -> None:
     rules=("F9",),
 )
 def reject_no_shared_layers(subject) -> None:
-    cid = "VAL-REJECT-NO-SHARED-LAYERS"
     out = subject.check(argv_for(DENSE31B, FLAG, "--attention-backend", "triton"))
-    expect_rejected(out, cid, f"{FLAG} on {DENSE31B} (0 shared layers)", mentions=(FLAG, "num_kv_shared_layers"))
+    expect_rejected(out, f"{FLAG} on {DENSE31B} (0 shared layers)", mentions=(FLAG, "num_kv_shared_layers"))
 
 
-def _reject_algo(subject, cid: str, algo: str) -> None:
+def _reject_algo(subject, algo: str) -> None:
     for extra in ((), ("--attention-backend", "triton")):
         out = subject.check(argv_for(E2B, FLAG, "--speculative-algorithm", algo, *extra))
-        expect_rejected(out, cid, f"{FLAG} with --speculative-algorithm {algo}", mentions=(FLAG, algo, "--speculative-algorithm"))
+        expect_rejected(out, f"{FLAG} with --speculative-algorithm {algo}", mentions=(FLAG, algo, "--speculative-algorithm"))
     out = subject.check(argv_for(E2B, "--speculative-algorithm", algo, "--attention-backend", "triton"))
     if out.error is not None:
-        require(not _mentions_fast_prefill(str(out.error)), cid, f"{algo} without the flag must not be refused for fast prefill")
+        require(not _mentions_fast_prefill(str(out.error)), f"{algo} without the flag must not be refused for fast prefill")
 
 
 @contract(
@@ -229,7 +216,7 @@ def _reject_algo(subject, cid: str, algo: str) -> None:
     rules=("F10",),
 )
 def reject_eagle(subject) -> None:
-    _reject_algo(subject, "VAL-REJECT-EAGLE", "EAGLE")
+    _reject_algo(subject, "EAGLE")
 
 
 @contract(
@@ -239,7 +226,7 @@ def reject_eagle(subject) -> None:
     rules=("F11",),
 )
 def reject_eagle3(subject) -> None:
-    _reject_algo(subject, "VAL-REJECT-EAGLE3", "EAGLE3")
+    _reject_algo(subject, "EAGLE3")
 
 
 @contract(
@@ -250,14 +237,13 @@ def reject_eagle3(subject) -> None:
     rules=("F12",),
 )
 def nextn_accepted(subject) -> None:
-    cid = "SPEC-NEXTN-ACCEPTED"
     for flags in ((FLAG,), (FLAG, "--attention-backend", "triton"), ()):
         out = subject.check(argv_for(E2B, *flags, "--speculative-algorithm", "NEXTN", draft=ASSISTANT))
-        expect_accepted(out, cid, f"NEXTN with a Gemma-4 assistant draft, flags {flags}")
-        expect_equal(out.user.get("speculative_algorithm"), "NEXTN", cid, "the user's speculative_algorithm")
-        expect_equal(out.resolved.get("speculative_algorithm"), "FROZEN_KV_MTP", cid, "resolved speculative_algorithm")
+        expect_accepted(out, f"NEXTN with a Gemma-4 assistant draft, flags {flags}")
+        expect_equal(out.user.get("speculative_algorithm"), "NEXTN", "the user's speculative_algorithm")
+        expect_equal(out.resolved.get("speculative_algorithm"), "FROZEN_KV_MTP", "resolved speculative_algorithm")
         info = [m for lv, m in out.log if lv == "INFO" and "NEXTN" in m and "FROZEN_KV_MTP" in m and "promot" in m.lower()]
-        require(len(info) == 1, cid, f"expected one INFO line saying NEXTN is promoted to FROZEN_KV_MTP; log was {out.log}")
+        require(len(info) == 1, f"expected one INFO line saying NEXTN is promoted to FROZEN_KV_MTP; log was {out.log}")
 
 
 @contract(
@@ -268,7 +254,6 @@ def nextn_accepted(subject) -> None:
     rules=("F12",),
 )
 def nextn_needs_assistant(subject) -> None:
-    cid = "SPEC-NEXTN-NEEDS-ASSISTANT"
     for draft in ("Llama-3.1-8B-Instruct", E2B, None):
         out = subject.check(argv_for(E2B, FLAG, "--speculative-algorithm", "NEXTN", draft=draft))
-        expect_rejected(out, cid, f"NEXTN with draft {draft}", mentions=("NEXTN", "FROZEN_KV_MTP", "--speculative-draft-model-path"))
+        expect_rejected(out, f"NEXTN with draft {draft}", mentions=("NEXTN", "FROZEN_KV_MTP", "--speculative-draft-model-path"))

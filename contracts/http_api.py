@@ -30,9 +30,9 @@ SOURCE = "issue 8 (HTTP server)"
 PROMPT_TEXT = "The sea is calm and the sky is"
 
 
-def _generate(url: str, body: dict[str, Any], cid: str) -> Any:
+def _generate(url: str, body: dict[str, Any]) -> Any:
     r = post(url, "/generate", body)
-    require(r.status_code == 200, cid, f"POST /generate {body} answered {r.status_code}: {r.text[:300]}")
+    require(r.status_code == 200, f"POST /generate {body} answered {r.status_code}: {r.text[:300]}")
     return r.json()
 
 
@@ -53,27 +53,26 @@ def _greedy(max_new_tokens: int, **extra: Any) -> dict[str, Any]:
     needs=("http",),
 )
 def stream_equals_nonstream(subject) -> None:
-    cid = "HTTP-STREAM-EQUALS-NONSTREAM"
     url = subject.base_url(ARGV_OFF)
     ids = prompt_ids(1, 9)
     body = {"input_ids": ids, "sampling_params": _greedy(8)}
-    full = _generate(url, body, cid)
+    full = _generate(url, body)
     cases = [body]
     text = full["text"]
     if len(text) >= 4:  # a stop string from the middle of the greedy output: both modes must trim it alike
         cases.append({"input_ids": ids, "sampling_params": _greedy(8, stop=[text[2:4]])})
     for case in cases:
-        plain = _generate(url, case, cid)
+        plain = _generate(url, case)
         sse = post_stream(url, "/generate", case)
-        require(sse.done and sse.events, cid, f"/generate stream must send events and end with data: [DONE]; got {sse.raw[-3:]}")
+        require(sse.done and sse.events, f"/generate stream must send events and end with data: [DONE]; got {sse.raw[-3:]}")
         last = sse.events[-1]
         for ev in sse.events:
-            require(last["text"].startswith(ev["text"]), cid,
+            require(last["text"].startswith(ev["text"]),
                     f"/generate stream: cumulative text {ev['text']!r} is not a prefix of the final text {last['text']!r}")
-        require(last["text"] == plain["text"] and last["output_ids"] == plain["output_ids"], cid,
+        require(last["text"] == plain["text"] and last["output_ids"] == plain["output_ids"],
                 f"/generate {case['sampling_params']}: stream ended with text {last['text']!r} ids {last['output_ids']}, "
                 f"non-stream gave {plain['text']!r} ids {plain['output_ids']}")
-        require(last["meta_info"]["finish_reason"] == plain["meta_info"]["finish_reason"], cid,
+        require(last["meta_info"]["finish_reason"] == plain["meta_info"]["finish_reason"],
                 f"/generate: finish_reason differs: stream {last['meta_info']['finish_reason']} vs "
                 f"{plain['meta_info']['finish_reason']}")
     client = openai_client(url)
@@ -86,7 +85,7 @@ def stream_equals_nonstream(subject) -> None:
         for c in chunk.choices:
             joined += c.text
             reason = c.finish_reason or reason
-    require(joined == ref.choices[0].text and reason == ref.choices[0].finish_reason, cid,
+    require(joined == ref.choices[0].text and reason == ref.choices[0].finish_reason,
             f"/v1/completions: joined stream {joined!r} ({reason}) != non-stream {ref.choices[0].text!r} "
             f"({ref.choices[0].finish_reason})")
     msgs = [{"role": "user", "content": "Say something."}]
@@ -97,7 +96,7 @@ def stream_equals_nonstream(subject) -> None:
         for c in chunk.choices:
             joined += c.delta.content or ""
             reason = c.finish_reason or reason
-    require(joined == ref.choices[0].message.content and reason == ref.choices[0].finish_reason, cid,
+    require(joined == ref.choices[0].message.content and reason == ref.choices[0].finish_reason,
             f"/v1/chat/completions: joined stream {joined!r} ({reason}) != non-stream "
             f"{ref.choices[0].message.content!r} ({ref.choices[0].finish_reason})")
 
@@ -105,14 +104,14 @@ def stream_equals_nonstream(subject) -> None:
 # ---------------------------------------------------------------- H2
 
 
-def _finish_reasons_per_index(events: list[dict[str, Any]], route: str, cid: str) -> dict[int, list[Any]]:
+def _finish_reasons_per_index(events: list[dict[str, Any]], route: str) -> dict[int, list[Any]]:
     seen: dict[int, list[Any]] = {}
     finished: set[int] = set()
     for ev in events:
         for c in ev.get("choices", []):
             k = c["index"]
             if k in finished:
-                raise violation(cid, f"{route}: choice {k} sent a chunk after its final finish_reason: {c}")
+                raise violation(f"{route}: choice {k} sent a chunk after its final finish_reason: {c}")
             seen.setdefault(k, []).append(c.get("finish_reason"))
             if c.get("finish_reason") is not None:
                 finished.add(k)
@@ -128,13 +127,12 @@ def _finish_reasons_per_index(events: list[dict[str, Any]], route: str, cid: str
     needs=("http",),
 )
 def one_finish_reason(subject) -> None:
-    cid = "HTTP-ONE-FINISH-REASON"
     url = subject.base_url(ARGV_OFF)
     model = model_name(url)
     sse = post_stream(url, "/generate", {"input_ids": prompt_ids(2, 7), "sampling_params": _greedy(5)})
     reasons = [ev["meta_info"]["finish_reason"] for ev in sse.events]
-    require(sse.done and sse.after_done == 0, cid, "/generate stream must end with data: [DONE] and nothing after it")
-    require(sum(r is not None for r in reasons) == 1 and reasons[-1] is not None, cid,
+    require(sse.done and sse.after_done == 0, "/generate stream must end with data: [DONE] and nothing after it")
+    require(sum(r is not None for r in reasons) == 1 and reasons[-1] is not None,
             f"/generate stream: finish_reason per event must be null until exactly one final value, got {reasons}")
     for route, body in (
         ("/v1/completions", {"model": model, "prompt": PROMPT_TEXT, "max_tokens": 4, "n": 2, "temperature": 0.8,
@@ -144,12 +142,12 @@ def one_finish_reason(subject) -> None:
                                   "stream_options": {"include_usage": True}}),
     ):
         sse = post_stream(url, route, body)
-        require(sse.done and sse.after_done == 0, cid, f"{route} stream must end with data: [DONE] and nothing after it")
-        per = _finish_reasons_per_index(sse.events, route, cid)
-        require(sorted(per) == [0, 1], cid, f"{route} n=2: chunks must carry choice indexes 0 and 1, got {sorted(per)}")
+        require(sse.done and sse.after_done == 0, f"{route} stream must end with data: [DONE] and nothing after it")
+        per = _finish_reasons_per_index(sse.events, route)
+        require(sorted(per) == [0, 1], f"{route} n=2: chunks must carry choice indexes 0 and 1, got {sorted(per)}")
         for k, rs in per.items():
             finals = [r for r in rs if r is not None]
-            require(len(finals) == 1, cid, f"{route}: choice {k} got finish_reasons {rs}; exactly one must be non-null")
+            require(len(finals) == 1, f"{route}: choice {k} got finish_reasons {rs}; exactly one must be non-null")
 
 
 # ---------------------------------------------------------------- H3
@@ -165,45 +163,44 @@ def one_finish_reason(subject) -> None:
     needs=("http",),
 )
 def usage_exact(subject) -> None:
-    cid = "HTTP-USAGE-EXACT"
     url = subject.base_url(ARGV_OFF)
     model = model_name(url)
     ids = prompt_ids(4, 11)
-    out = _generate(url, {"input_ids": ids, "sampling_params": _greedy(5)}, cid)
+    out = _generate(url, {"input_ids": ids, "sampling_params": _greedy(5)})
     meta = out["meta_info"]
-    require((meta["prompt_tokens"], meta["completion_tokens"], len(out["output_ids"])) == (11, 5, 5), cid,
+    require((meta["prompt_tokens"], meta["completion_tokens"], len(out["output_ids"])) == (11, 5, 5),
             f"/generate with 11 prompt ids and max_new_tokens=5 (ignore_eos): meta_info says prompt_tokens="
             f"{meta['prompt_tokens']}, completion_tokens={meta['completion_tokens']}, output_ids has "
             f"{len(out['output_ids'])}; expected 11, 5, 5")
-    n = _generate(url, {"text": PROMPT_TEXT, "sampling_params": _greedy(1)}, cid)["meta_info"]["prompt_tokens"]
+    n = _generate(url, {"text": PROMPT_TEXT, "sampling_params": _greedy(1)})["meta_info"]["prompt_tokens"]
     client = openai_client(url)
     r = client.completions.create(model=model, prompt=PROMPT_TEXT, max_tokens=3, n=2, temperature=0.7, seed=3,
                                   logprobs=2, extra_body={"ignore_eos": True})
     u = r.usage
-    require((u.prompt_tokens, u.completion_tokens, u.total_tokens) == (n, 6, n + 6), cid,
+    require((u.prompt_tokens, u.completion_tokens, u.total_tokens) == (n, 6, n + 6),
             f"/v1/completions n=2, a {n}-token prompt, max_tokens=3: usage {u.prompt_tokens}/{u.completion_tokens}/"
             f"{u.total_tokens}, expected {n}/6/{n + 6} (the prompt counts once, completions per choice)")
     for c in r.choices:
         lp = c.logprobs
-        require(lp is not None and len(lp.tokens) == 3 and len(lp.token_logprobs) == 3, cid,
+        require(lp is not None and len(lp.tokens) == 3 and len(lp.token_logprobs) == 3,
                 f"/v1/completions logprobs=2: choice {c.index} needs 3 token entries, got {lp}")
-        require(all(t is not None and len(t) <= 2 for t in lp.top_logprobs), cid,
+        require(all(t is not None and len(t) <= 2 for t in lp.top_logprobs),
                 f"/v1/completions logprobs=2: each top_logprobs entry holds at most 2 tokens, got {lp.top_logprobs}")
     msgs = [{"role": "user", "content": "Count to three."}]
     ref = client.chat.completions.create(model=model, messages=msgs, max_tokens=4, temperature=0, logprobs=True,
                                          top_logprobs=1, extra_body={"ignore_eos": True})
     require(ref.usage.completion_tokens == 4 and ref.usage.total_tokens == ref.usage.prompt_tokens + 4
-            and ref.usage.prompt_tokens > 0, cid, f"/v1/chat/completions max_tokens=4 (ignore_eos): usage {ref.usage}")
-    require(len(ref.choices[0].logprobs.content) == 4, cid,
+            and ref.usage.prompt_tokens > 0, f"/v1/chat/completions max_tokens=4 (ignore_eos): usage {ref.usage}")
+    require(len(ref.choices[0].logprobs.content) == 4,
             f"/v1/chat/completions logprobs: 4 entries expected, got {len(ref.choices[0].logprobs.content)}")
     streamed = None
     for chunk in client.chat.completions.create(model=model, messages=msgs, max_tokens=4, temperature=0, stream=True,
                                                 stream_options={"include_usage": True}, extra_body={"ignore_eos": True}):
         if chunk.usage is not None:
             streamed = chunk.usage
-    require(streamed is not None, cid, "/v1/chat/completions stream with include_usage sent no usage chunk")
+    require(streamed is not None, "/v1/chat/completions stream with include_usage sent no usage chunk")
     require((streamed.prompt_tokens, streamed.completion_tokens, streamed.total_tokens)
-            == (ref.usage.prompt_tokens, ref.usage.completion_tokens, ref.usage.total_tokens), cid,
+            == (ref.usage.prompt_tokens, ref.usage.completion_tokens, ref.usage.total_tokens),
             f"/v1/chat/completions: streamed usage {streamed} != non-stream usage {ref.usage}")
 
 
@@ -264,7 +261,6 @@ def _error_message(r: httpx.Response) -> str | None:
     needs=("http",),
 )
 def bad_input_400(subject) -> None:
-    cid = "HTTP-BAD-INPUT-400"
     url = subject.base_url(ARGV_OFF)
     info = get_json(url, "/get_model_info")
     ctx, vocab = int(info["context_length"]), int(info["vocab_size"])
@@ -276,25 +272,25 @@ def bad_input_400(subject) -> None:
             r = post(url, path, body)
         shown = body if isinstance(body, str) or len(str(body)) < 120 else str(body)[:120] + "..."
         if gateway and r.status_code in (400, 422) and _error_message(r) is None:
-            require(r.text.strip() != "", cid, f"POST {path} {shown}: {gateway} refused it with an empty body")
+            require(r.text.strip() != "", f"POST {path} {shown}: {gateway} refused it with an empty body")
             continue  # the router's own typed parse refused it; no worker saw it
-        require(r.status_code == 400, cid, f"POST {path} {shown}: expected 400, got {r.status_code}: {r.text[:200]}")
+        require(r.status_code == 400, f"POST {path} {shown}: expected 400, got {r.status_code}: {r.text[:200]}")
         try:
             msg = r.json()["error"]["message"]
         except (ValueError, KeyError, TypeError):
-            raise violation(cid, f"POST {path} {shown}: the 400 body must be {{'error': {{'message': ...}}}}, "
+            raise violation(f"POST {path} {shown}: the 400 body must be {{'error': {{'message': ...}}}}, "
                                  f"got {r.text[:200]}") from None
         missing = [w for w in words if w.lower() not in msg.lower()]
-        require(not missing, cid, f"POST {path} {shown}: the error must name {missing}; it said {msg!r}")
+        require(not missing, f"POST {path} {shown}: the error must name {missing}; it said {msg!r}")
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     for extra in ({"model": "unknown"}, {}):
         r = post(url, "/v1/chat/completions", {**chat, **extra})
-        require(r.status_code == 200, cid, f"POST /v1/chat/completions with {extra or 'no model'} must be served "
+        require(r.status_code == 200, f"POST /v1/chat/completions with {extra or 'no model'} must be served "
                                            f"('unknown' is sglang-router's stand-in for no model); got "
                                            f"{r.status_code}: {r.text[:200]}")
-    require(httpx.get(url + "/health", timeout=TIMEOUT).status_code == 200, cid, "/health failed after bad requests")
-    out = _generate(url, {"input_ids": prompt_ids(5, 4), "sampling_params": _greedy(2)}, cid)
-    require(out["meta_info"]["completion_tokens"] == 2, cid, f"a valid request after bad ones must still work: {out}")
+    require(httpx.get(url + "/health", timeout=TIMEOUT).status_code == 200, "/health failed after bad requests")
+    out = _generate(url, {"input_ids": prompt_ids(5, 4), "sampling_params": _greedy(2)})
+    require(out["meta_info"]["completion_tokens"] == 2, f"a valid request after bad ones must still work: {out}")
 
 
 # ---------------------------------------------------------------- H8
@@ -323,18 +319,17 @@ REQUIRED_METRICS = (
     needs=("http",),
 )
 def metrics_contract(subject) -> None:
-    cid = "HTTP-METRICS"
     url = subject.base_url(ARGV_OFF)
     before = metrics(url)
     missing = [m for m in REQUIRED_METRICS if m not in before]
-    require(not missing, cid, f"/metrics lacks {missing}")
+    require(not missing, f"/metrics lacks {missing}")
     post_stream(url, "/generate", {"input_ids": prompt_ids(6, 8), "sampling_params": _greedy(4)})
     after = metrics(url)
     deltas = {k: after[k] - before[k] for k in REQUIRED_METRICS[:5]}
     want = {"sglang:prompt_tokens_total": 8, "sglang:generation_tokens_total": 4,
             "sglang:time_to_first_token_seconds_count": 1, "sglang:time_per_output_token_seconds_count": 1,
             "sglang:e2e_request_latency_seconds_count": 1}
-    require(deltas == want, cid, f"one streamed request (8 prompt ids, 4 tokens) moved the metrics by {deltas}, "
+    require(deltas == want, f"one streamed request (8 prompt ids, 4 tokens) moved the metrics by {deltas}, "
                                  f"expected {want}")
-    require(after["sglang:num_running_reqs"] == 0 and after["sglang:num_queue_reqs"] == 0, cid,
+    require(after["sglang:num_running_reqs"] == 0 and after["sglang:num_queue_reqs"] == 0,
             f"an idle server reports {after['sglang:num_running_reqs']} running / {after['sglang:num_queue_reqs']} waiting")

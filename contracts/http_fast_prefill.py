@@ -14,7 +14,16 @@ from __future__ import annotations
 from typing import Any
 
 from contracts.base import contract, require
-from contracts.http_support import ARGV_OFF, ARGV_ON, get_json, metrics, model_name, openai_client, post, prompt_ids
+from contracts.http_support import (
+    ARGV_OFF,
+    ARGV_ON,
+    get_json,
+    metrics,
+    model_name,
+    openai_client,
+    post,
+    prompt_ids,
+)
 
 SOURCE = "seeds/000 PR-B; issue 8 (HTTP server)"
 FIELD = "kv_sharing_fast_prefill"
@@ -34,25 +43,24 @@ def _prefill_backend(info: dict[str, Any]) -> Any:
     needs=("http",),
 )
 def server_info_flag(subject) -> None:
-    cid = "HTTP-SERVER-INFO-FLAG"
     urls = {}
     for launched, argv in ((True, ARGV_ON), (False, ARGV_OFF)):
         url = urls[launched] = subject.base_url(argv)
         info = get_json(url, "/get_server_info")
-        require(isinstance(info.get(FIELD), bool), cid, f"/get_server_info must report {FIELD} as a bool, got "
+        require(isinstance(info.get(FIELD), bool), f"/get_server_info must report {FIELD} as a bool, got "
                                                         f"{info.get(FIELD)!r}")
         res = info.get("resolutions")
-        require(isinstance(res, list) and all(isinstance(r, str) and " by " in r for r in res), cid,
+        require(isinstance(res, list) and all(isinstance(r, str) and " by " in r for r in res),
                 f"/get_server_info must list the declared resolutions, each naming its source ('... by <rule>'), got {res!r}")
         if info[FIELD]:
-            require(_prefill_backend(info) == "triton", cid,
+            require(_prefill_backend(info) == "triton",
                     f"fast prefill on, but the reported prefill backend is {_prefill_backend(info)!r}, not triton")
         model_flag = get_json(url, "/get_model_info").get(FIELD)
-        require(model_flag == info[FIELD], cid, f"/get_model_info says {FIELD}={model_flag!r}, /get_server_info "
+        require(model_flag == info[FIELD], f"/get_model_info says {FIELD}={model_flag!r}, /get_server_info "
                                                 f"says {info[FIELD]!r}")
     if urls[True] != urls[False]:
         on, off = (get_json(urls[k], "/get_server_info")[FIELD] for k in (True, False))
-        require(on is True and off is False, cid, f"launched with the flag the server reports {FIELD}={on}; without "
+        require(on is True and off is False, f"launched with the flag the server reports {FIELD}={on}; without "
                                                   f"it {off}; expected True and False")
 
 
@@ -75,7 +83,6 @@ def _outputs(url: str, prompts: list[list[int]], tokens: int) -> tuple[list[list
     needs=("http",),
 )
 def parity_fast_prefill(subject) -> None:
-    cid = "HTTP-PARITY-FAST-PREFILL"
     prompts = [prompt_ids(20, 5), prompt_ids(21, 9), prompt_ids(22, 13)]
     url_on, url_off = subject.base_url(ARGV_ON), subject.base_url(ARGV_OFF)
     two = url_on != url_off  # one server at a URL (or a gateway without /metrics): parity only
@@ -83,7 +90,7 @@ def parity_fast_prefill(subject) -> None:
     on = _outputs(url_on, prompts, 3)
     skipped = metrics(url_on).get("yoco:skipped_cross_decoder_rows_total", 0.0) - skipped_before if two else 0.0
     off = _outputs(url_off, prompts, 3)
-    require(on == off, cid, f"greedy outputs differ with fast prefill on vs off: on={on}, off={off}")
+    require(on == off, f"greedy outputs differ with fast prefill on vs off: on={on}, off={off}")
     if two:
-        require(skipped > 0, cid, "the flag-on server skipped no cross-decoder rows while prefilling multi-token prompts: "
+        require(skipped > 0, "the flag-on server skipped no cross-decoder rows while prefilling multi-token prompts: "
                                   "fast prefill did not run, so the parity check proved nothing")

@@ -10,7 +10,14 @@ from typing import Any
 import httpx
 
 from contracts.base import contract, require, violation
-from contracts.http_support import ARGV_OFF, TIMEOUT, get_json, metrics, post, prompt_ids
+from contracts.http_support import (
+    ARGV_OFF,
+    TIMEOUT,
+    get_json,
+    metrics,
+    post,
+    prompt_ids,
+)
 
 SOURCE = "issue 8 (HTTP server)"
 NUM_CLIENTS = 32
@@ -51,23 +58,22 @@ async def _stream_all(url: str, bodies: list[dict[str, Any]]) -> list[list[int] 
     needs=("http",),
 )
 def concurrent_streams(subject) -> None:
-    cid = "HTTP-CONCURRENT-STREAMS"
     url = subject.base_url(ARGV_OFF)
     expected = []
     for i in range(NUM_PROMPTS):
         r = post(url, "/generate", _body(i))
-        require(r.status_code == 200, cid, f"sequential request {i} answered {r.status_code}: {r.text[:200]}")
+        require(r.status_code == 200, f"sequential request {i} answered {r.status_code}: {r.text[:200]}")
         expected.append(r.json()["output_ids"])
     forwards_before = get_json(url, "/get_server_info").get("work_counters", {}).get("forwards")
     bodies = [_body(k % NUM_PROMPTS) for k in range(NUM_CLIENTS)]
     got = asyncio.run(_stream_all(url, bodies))
     wrong = [(k, g, expected[k % NUM_PROMPTS]) for k, g in enumerate(got) if g != expected[k % NUM_PROMPTS]]
-    require(not wrong, cid, f"{len(wrong)} of {NUM_CLIENTS} concurrent streams differ from the sequential greedy "
+    require(not wrong, f"{len(wrong)} of {NUM_CLIENTS} concurrent streams differ from the sequential greedy "
                             f"output (client, got, expected): {wrong[:3]}")
     forwards_after = get_json(url, "/get_server_info").get("work_counters", {}).get("forwards")
     if forwards_before is not None and forwards_after is not None:
         used, tokens = forwards_after - forwards_before, NUM_CLIENTS * NEW_TOKENS
-        require(used <= tokens // 2, cid, f"{NUM_CLIENTS} concurrent requests took {used} forwards for {tokens} tokens: "
+        require(used <= tokens // 2, f"{NUM_CLIENTS} concurrent requests took {used} forwards for {tokens} tokens: "
                                           "they were not batched together")
 
 
@@ -97,32 +103,31 @@ def _wait_aborted(url: str, aborted_before: float, seconds: float) -> tuple[int,
     needs=("http",),
 )
 def disconnect_aborts(subject) -> None:
-    cid = "HTTP-DISCONNECT-ABORTS"
     url = subject.base_url(ARGV_OFF)
     ctx = int(get_json(url, "/get_model_info")["context_length"])
     long = {"input_ids": prompt_ids(7, 6), "sampling_params": {"temperature": 0.0, "max_new_tokens": ctx - 8,
                                                                 "ignore_eos": True}}
     busy, _, aborted = _state(url)
-    require(busy == 0, cid, "the server must be idle before the disconnect test")
+    require(busy == 0, "the server must be idle before the disconnect test")
     with httpx.stream("POST", url + "/generate", json={**long, "stream": True}, timeout=TIMEOUT) as r:
-        require(r.status_code == 200, cid, f"streaming /generate answered {r.status_code}")
+        require(r.status_code == 200, f"streaming /generate answered {r.status_code}")
         events = 0
         for line in r.iter_lines():
             events += line.startswith("data: ")
             if events >= 2:
                 break  # leaving the block closes the connection mid-stream
     busy, usage, now = _wait_aborted(url, aborted, 5)
-    require(now == aborted + 1 and busy == 0, cid, f"5 s after a streaming client disconnected: {busy} request(s) run, "
+    require(now == aborted + 1 and busy == 0, f"5 s after a streaming client disconnected: {busy} request(s) run, "
                                                   f"aborted count went {aborted} -> {now}; the request was not aborted")
-    require(usage == 0.0, cid, f"after the abort the KV pool should hold no live request, token_usage={usage}")
+    require(usage == 0.0, f"after the abort the KV pool should hold no live request, token_usage={usage}")
     try:  # a short wait: a fast replica (--dp-size, a core of its own) decodes the ~500 tokens in about 1 s
         r = httpx.post(url + "/generate", json=long, timeout=httpx.Timeout(0.25, connect=10.0))
-        raise violation(cid, f"the {ctx - 8}-token request finished within 0.25 s ({r.status_code}), before the "
+        raise violation(f"the {ctx - 8}-token request finished within 0.25 s ({r.status_code}), before the "
                              "client could disconnect; nothing was tested")
     except httpx.TimeoutException:
         pass  # the client gave up: the connection is closed
     busy, usage, after = _wait_aborted(url, now, 5)
-    require(after == now + 1 and busy == 0, cid, f"5 s after a non-streaming client disconnected: {busy} request(s) "
+    require(after == now + 1 and busy == 0, f"5 s after a non-streaming client disconnected: {busy} request(s) "
                                                  f"run, aborted count went {now} -> {after}")
     r = post(url, "/generate", {"input_ids": prompt_ids(8, 4), "sampling_params": {"max_new_tokens": 1}})
-    require(r.status_code == 200, cid, f"the server must keep serving after disconnects; got {r.status_code}")
+    require(r.status_code == 200, f"the server must keep serving after disconnects; got {r.status_code}")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from contracts.base import contract
-from contracts.kv_common import SEED, VALUE_TYPES, must_accept, must_reject
+from contracts.expect import VALUE_TYPES, must_accept, must_reject
+
+SEED = "seeds/004"
 
 FN = f"{SEED} handle_cache_compatibility"
 BACKUP = "--disaggregation-decode-retraction-backup"
@@ -20,20 +22,18 @@ STORAGE = ("--hicache-storage-backend", "file")
     rules=("K11",),
 )
 def host_pool_decode_only(subject) -> None:
-    cid = "HOST-POOL-PD-DECODE-ONLY"
     for mode in ("null", "prefill"):
-        must_reject(subject, cid, (*HOST_POOL, "--disaggregation-mode", mode), (BACKUP, "host_pool", "decode"), types=VALUE_TYPES)
-    must_accept(subject, cid, (*HOST_POOL, *DECODE))
-    must_accept(subject, cid, (BACKUP, "cpu_tensor"))
+        must_reject(subject, (*HOST_POOL, "--disaggregation-mode", mode), (BACKUP, "host_pool", "decode"), types=VALUE_TYPES)
+    must_accept(subject, (*HOST_POOL, *DECODE))
+    must_accept(subject, (BACKUP, "cpu_tensor"))
 
 
 @contract("HOST-POOL-NO-DCP", f"{BACKUP}=host_pool with --dcp-size > 1 is a ValueError.", FN, rules=("K12",))
 def host_pool_no_dcp(subject) -> None:
-    cid = "HOST-POOL-NO-DCP"
     for size in ("2", "8"):
-        must_reject(subject, cid, (*HOST_POOL, *DECODE, "--dcp-size", size), (BACKUP, "host_pool", "--dcp-size"), types=VALUE_TYPES)
-    must_accept(subject, cid, (*HOST_POOL, *DECODE, "--dcp-size", "1"))
-    must_accept(subject, cid, (*DECODE, "--dcp-size", "2"))
+        must_reject(subject, (*HOST_POOL, *DECODE, "--dcp-size", size), (BACKUP, "host_pool", "--dcp-size"), types=VALUE_TYPES)
+    must_accept(subject, (*HOST_POOL, *DECODE, "--dcp-size", "1"))
+    must_accept(subject, (*DECODE, "--dcp-size", "2"))
 
 
 @contract(
@@ -43,14 +43,13 @@ def host_pool_no_dcp(subject) -> None:
     rules=("K13",),
 )
 def host_pool_priority(subject) -> None:
-    cid = "HOST-POOL-PRIORITY-PREEMPTION"
     must_reject(
-        subject, cid, (*HOST_POOL, *DECODE, "--enable-priority-scheduling"), (BACKUP, "--disable-priority-preemption"),
+        subject, (*HOST_POOL, *DECODE, "--enable-priority-scheduling"), (BACKUP, "--disable-priority-preemption"),
         types=VALUE_TYPES,
     )
-    must_accept(subject, cid, (*HOST_POOL, *DECODE, "--enable-priority-scheduling", "--disable-priority-preemption"))
-    must_accept(subject, cid, (*HOST_POOL, *DECODE))
-    must_accept(subject, cid, (*DECODE, "--enable-priority-scheduling"))
+    must_accept(subject, (*HOST_POOL, *DECODE, "--enable-priority-scheduling", "--disable-priority-preemption"))
+    must_accept(subject, (*HOST_POOL, *DECODE))
+    must_accept(subject, (*DECODE, "--enable-priority-scheduling"))
 
 
 @contract(
@@ -63,13 +62,12 @@ def host_pool_priority(subject) -> None:
     "LMCache exclusivity with hierarchical cache / radix off / speculative / DP attention / DCP / PD).",
 )
 def hicache_vs_no_radix(subject) -> None:
-    cid = "HICACHE-VS-NO-RADIX"
     must_reject(
-        subject, cid, ("--enable-hierarchical-cache", "--disable-radix-cache"),
+        subject, ("--enable-hierarchical-cache", "--disable-radix-cache"),
         ("enable-hierarchical-cache", "disable-radix-cache", "mutually exclusive"), types=VALUE_TYPES,
     )
-    must_accept(subject, cid, ("--enable-hierarchical-cache",))
-    must_accept(subject, cid, ("--disable-radix-cache",))
+    must_accept(subject, ("--enable-hierarchical-cache",))
+    must_accept(subject, ("--disable-radix-cache",))
 
 
 @contract(
@@ -79,10 +77,9 @@ def hicache_vs_no_radix(subject) -> None:
     rules=("K15",),
 )
 def decode_offload_decode_side(subject) -> None:
-    cid = "DECODE-OFFLOAD-DECODE-SIDE"
     for mode in ("null", "prefill"):
-        must_reject(subject, cid, (OFFLOAD, *STORAGE, "--disaggregation-mode", mode), (OFFLOAD.lstrip("-"), "decode"), types=VALUE_TYPES)
-    must_accept(subject, cid, (OFFLOAD, *STORAGE, *DECODE))
+        must_reject(subject, (OFFLOAD, *STORAGE, "--disaggregation-mode", mode), (OFFLOAD.lstrip("-"), "decode"), types=VALUE_TYPES)
+    must_accept(subject, (OFFLOAD, *STORAGE, *DECODE))
 
 
 @contract(
@@ -92,10 +89,9 @@ def decode_offload_decode_side(subject) -> None:
     rules=("K16",),
 )
 def decode_offload_needs_storage(subject) -> None:
-    cid = "DECODE-OFFLOAD-NEEDS-STORAGE"
-    must_reject(subject, cid, (OFFLOAD, *DECODE), (OFFLOAD.lstrip("-"), "hicache-storage-backend"), types=VALUE_TYPES)
+    must_reject(subject, (OFFLOAD, *DECODE), (OFFLOAD.lstrip("-"), "hicache-storage-backend"), types=VALUE_TYPES)
     for backend in ("file", "mooncake"):
-        must_accept(subject, cid, (OFFLOAD, *DECODE, "--hicache-storage-backend", backend))
+        must_accept(subject, (OFFLOAD, *DECODE, "--hicache-storage-backend", backend))
 
 
 @contract(
@@ -105,12 +101,11 @@ def decode_offload_needs_storage(subject) -> None:
     rules=("K17",),
 )
 def decode_offload_vs_host_pool(subject) -> None:
-    cid = "DECODE-OFFLOAD-VS-HOST-POOL"
     must_reject(
-        subject, cid, (OFFLOAD, *STORAGE, *DECODE, *HOST_POOL),
+        subject, (OFFLOAD, *STORAGE, *DECODE, *HOST_POOL),
         (OFFLOAD.lstrip("-"), BACKUP.lstrip("-"), "host_pool", "mutually exclusive"), types=VALUE_TYPES,
     )
-    must_accept(subject, cid, (OFFLOAD, *STORAGE, *DECODE, BACKUP, "cpu_tensor"))
+    must_accept(subject, (OFFLOAD, *STORAGE, *DECODE, BACKUP, "cpu_tensor"))
 
 
 @contract(
@@ -122,9 +117,8 @@ def decode_offload_vs_host_pool(subject) -> None:
     "resolution_result; same range.",
 )
 def swa_ratio_range(subject) -> None:
-    cid = "SWA-RATIO-RANGE"
     for bad in ("0", "0.0", "-0.25", "1.5", "1.0001"):
-        must_reject(subject, cid, ("--swa-full-tokens-ratio", bad), ("--swa-full-tokens-ratio", "(0, 1.0]"), types=VALUE_TYPES)
+        must_reject(subject, ("--swa-full-tokens-ratio", bad), ("--swa-full-tokens-ratio", "(0, 1.0]"), types=VALUE_TYPES)
     for good in ("1.0", "1", "0.5", "0.001"):
-        must_accept(subject, cid, ("--swa-full-tokens-ratio", good))
-    must_accept(subject, cid, ())
+        must_accept(subject, ("--swa-full-tokens-ratio", good))
+    must_accept(subject, ())

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-from contracts.base import contract
-from contracts.kv_common import DSV3, E2B, RUNTIME_TYPES, SEED, VALUE_TYPES, must_accept, must_reject, require, warnings_about
+from contracts.base import contract, require
+from contracts.expect import (
+    RUNTIME_TYPES,
+    VALUE_TYPES,
+    must_accept,
+    must_reject,
+    warnings_about,
+)
+from contracts.models import DSV3, E2B
+
+SEED = "seeds/004"
 
 MXFP8 = ("--kv-cache-dtype", "mxfp8")
 NVFP4 = ("--kv-cache-dtype", "nvfp4")
@@ -19,12 +28,11 @@ FP4_MX = ("--kv-cache-dtype", "fp4_mx_block16")
     "handle_mxfp8_kv_cache_compatibility (they apply to disjoint dtypes); we run them in that order.",
 )
 def mxfp8_blackwell(subject) -> None:
-    cid = "KV-MXFP8-BLACKWELL"
     for platform in ("cpu", "ampere", "hopper"):
-        must_reject(subject, cid, MXFP8, ("--kv-cache-dtype", "mxfp8", "Blackwell"), platform=platform, types=VALUE_TYPES)
+        must_reject(subject, MXFP8, ("--kv-cache-dtype", "mxfp8", "Blackwell"), platform=platform, types=VALUE_TYPES)
     for platform in ("sm100", "sm120"):
-        must_accept(subject, cid, MXFP8, platform=platform)
-    must_accept(subject, cid, ("--kv-cache-dtype", "fp8_e4m3"), platform="hopper")
+        must_accept(subject, MXFP8, platform=platform)
+    must_accept(subject, ("--kv-cache-dtype", "fp8_e4m3"), platform="hopper")
 
 
 @contract(
@@ -39,16 +47,15 @@ def mxfp8_blackwell(subject) -> None:
     "seed has none of these.",
 )
 def nvfp4_sm100_sm120(subject) -> None:
-    cid = "KV-NVFP4-SM100-SM120"
     for platform in ("hopper", "ampere"):
         for backend in ("triton", "trtllm_mha"):
             must_reject(
-                subject, cid, (*NVFP4, "--attention-backend", backend),
+                subject, (*NVFP4, "--attention-backend", backend),
                 ("--kv-cache-dtype", "nvfp4", "SM100", "SM120", "fp4_mx_block16"), platform=platform, types=RUNTIME_TYPES,
             )
     for platform in ("sm100", "sm120"):
-        must_accept(subject, cid, (*NVFP4, "--attention-backend", "triton"), platform=platform)
-    must_accept(subject, cid, (*FP4_MX, "--attention-backend", "triton"), platform="hopper")
+        must_accept(subject, (*NVFP4, "--attention-backend", "triton"), platform=platform)
+    must_accept(subject, (*FP4_MX, "--attention-backend", "triton"), platform="hopper")
 
 
 @contract(
@@ -61,7 +68,6 @@ def nvfp4_sm100_sm120(subject) -> None:
     "trtllm_mha decode).",
 )
 def kv4_mixed_backends_warn(subject) -> None:
-    cid = "KV4-MIXED-BACKENDS-WARN"
     cases = (
         (E2B, "sm100", (*NVFP4, "--prefill-attention-backend", "flashinfer", "--decode-attention-backend", "triton"), "flashinfer", "triton"),
         (E2B, "hopper", (*FP4_MX, "--prefill-attention-backend", "fa3", "--decode-attention-backend", "torch_native"), "fa3", "torch_native"),
@@ -69,12 +75,12 @@ def kv4_mixed_backends_warn(subject) -> None:
         (DSV3, "sm120", (*NVFP4, "--prefill-attention-backend", "fa3", "--decode-attention-backend", "flashmla"), "fa3", "flashmla"),
     )
     for model, platform, flags, prefill, decode in cases:
-        out = must_accept(subject, cid, flags, model=model, platform=platform)
+        out = must_accept(subject, flags, model=model, platform=platform)
         hits = warnings_about(out, "KV4", prefill, decode)
-        require(len(hits) == 1, cid, f"{flags} on {model}: expected one WARNING naming KV4, {prefill} and {decode}; log was {out.log}")
+        require(len(hits) == 1, f"{flags} on {model}: expected one WARNING naming KV4, {prefill} and {decode}; log was {out.log}")
     for flags in ((*NVFP4, "--attention-backend", "triton"), (*NVFP4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", "triton")):
-        out = must_accept(subject, cid, flags, platform="sm100")
-        require(not warnings_about(out, "KV4"), cid, f"{flags}: no mixed-backend KV4 warning expected; log was {out.log}")
+        out = must_accept(subject, flags, platform="sm100")
+        require(not warnings_about(out, "KV4"), f"{flags}: no mixed-backend KV4 warning expected; log was {out.log}")
 
 
 @contract(
@@ -85,15 +91,14 @@ def kv4_mixed_backends_warn(subject) -> None:
     note="SGLang 0.5.23 drops cutlass_mla from this list (flashinfer, trtllm_mla only).",
 )
 def kv4_fa4_mla_decode(subject) -> None:
-    cid = "KV4-FA4-MLA-DECODE"
     for decode in ("cutlass_mla", "flashinfer", "trtllm_mla"):
-        must_accept(subject, cid, (*NVFP4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", decode), model=DSV3, platform="sm100")
+        must_accept(subject, (*NVFP4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", decode), model=DSV3, platform="sm100")
     for decode in ("triton", "flashmla", "fa3"):
         must_reject(
-            subject, cid, (*NVFP4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", decode),
+            subject, (*NVFP4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", decode),
             ("decode-attention-backend", decode, "trtllm_mla", "cutlass_mla"), model=DSV3, platform="sm100",
         )
-    must_reject(subject, cid, (*FP4_MX, "--attention-backend", "fa4"), ("decode-attention-backend", "fa4"), model=DSV3, platform="hopper")
+    must_reject(subject, (*FP4_MX, "--attention-backend", "fa4"), ("decode-attention-backend", "fa4"), model=DSV3, platform="hopper")
 
 
 @contract(
@@ -103,15 +108,14 @@ def kv4_fa4_mla_decode(subject) -> None:
     rules=("K5",),
 )
 def kv4_fa4_mha_decode(subject) -> None:
-    cid = "KV4-FA4-MHA-DECODE"
     for decode in ("triton", "torch_native", "flex_attention"):
-        must_accept(subject, cid, (*NVFP4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", decode), platform="sm100")
+        must_accept(subject, (*NVFP4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", decode), platform="sm100")
     for decode in ("flashinfer", "trtllm_mha", "fa3"):
         must_reject(
-            subject, cid, (*NVFP4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", decode),
+            subject, (*NVFP4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", decode),
             ("decode-attention-backend", decode, "flex_attention"), platform="sm100",
         )
-    must_reject(subject, cid, (*NVFP4, "--attention-backend", "fa4"), ("decode-attention-backend", "fa4"), platform="sm120")
+    must_reject(subject, (*NVFP4, "--attention-backend", "fa4"), ("decode-attention-backend", "fa4"), platform="sm120")
 
 
 @contract(
@@ -123,13 +127,12 @@ def kv4_fa4_mha_decode(subject) -> None:
     note="SGLang 0.5.23 drops cutlass_mla from this list (flashinfer, trtllm_mla only).",
 )
 def kv4_mla_backend(subject) -> None:
-    cid = "KV4-MLA-BACKEND"
     for backend in ("cutlass_mla", "flashinfer", "trtllm_mla"):
-        must_accept(subject, cid, (*NVFP4, "--attention-backend", backend), model=DSV3, platform="sm100")
+        must_accept(subject, (*NVFP4, "--attention-backend", backend), model=DSV3, platform="sm100")
     for backend in ("triton", "flashmla", "fa3", "torch_native"):
-        must_reject(subject, cid, (*NVFP4, "--attention-backend", backend), ("attention-backend", backend, "trtllm_mla"), model=DSV3, platform="sm100")
+        must_reject(subject, (*NVFP4, "--attention-backend", backend), ("attention-backend", backend, "trtllm_mla"), model=DSV3, platform="sm100")
     # No backend given: the CUDA default (triton) is what is checked.
-    must_reject(subject, cid, NVFP4, ("attention-backend", "triton"), model=DSV3, platform="sm120")
+    must_reject(subject, NVFP4, ("attention-backend", "triton"), model=DSV3, platform="sm120")
 
 
 @contract(
@@ -140,13 +143,12 @@ def kv4_mla_backend(subject) -> None:
     rules=("K7",),
 )
 def kv4_mha_backend(subject) -> None:
-    cid = "KV4-MHA-BACKEND"
     for backend in ("triton", "torch_native", "flex_attention", "trtllm_mha"):
-        must_accept(subject, cid, (*NVFP4, "--attention-backend", backend), platform="sm120")
+        must_accept(subject, (*NVFP4, "--attention-backend", backend), platform="sm120")
     for backend in ("flashinfer", "fa3", "cutlass_mla"):
-        must_reject(subject, cid, (*NVFP4, "--attention-backend", backend), ("attention-backend", backend, "trtllm_mha"), platform="sm120")
-    must_reject(subject, cid, (*FP4_MX, "--attention-backend", "flashinfer"), ("attention-backend", "flashinfer"), platform="hopper")
-    must_accept(subject, cid, FP4_MX, platform="hopper")
+        must_reject(subject, (*NVFP4, "--attention-backend", backend), ("attention-backend", backend, "trtllm_mha"), platform="sm120")
+    must_reject(subject, (*FP4_MX, "--attention-backend", "flashinfer"), ("attention-backend", "flashinfer"), platform="hopper")
+    must_accept(subject, FP4_MX, platform="hopper")
 
 
 @contract(
@@ -157,6 +159,5 @@ def kv4_mha_backend(subject) -> None:
     note="Our message also names --kv-cache-dtype (the seed's names no flag).",
 )
 def kv4_non_cuda(subject) -> None:
-    cid = "KV4-NON-CUDA"
     for flags in (NVFP4, FP4_MX, (*FP4_MX, "--attention-backend", "triton"), (*NVFP4, "--attention-backend", "torch_native")):
-        must_reject(subject, cid, flags, ("--kv-cache-dtype", "KV4 is not tested on non-CUDA platforms"), platform="cpu", types=RUNTIME_TYPES)
+        must_reject(subject, flags, ("--kv-cache-dtype", "KV4 is not tested on non-CUDA platforms"), platform="cpu", types=RUNTIME_TYPES)

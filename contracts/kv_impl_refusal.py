@@ -3,11 +3,11 @@ listing every such flag (issue 3, item 5). Specific to this engine: SGLang imple
 
 from __future__ import annotations
 
-from contracts.base import contract
-from contracts.kv_common import DSV3, E2B, PREFILL_ONLY_OK, SEED, norm, require
-from contracts.models import argv_for
+from contracts.base import contract, require
+from contracts.expect import norm
+from contracts.models import DSV3, E2B, PREFILL_ONLY_OK, argv_for
 
-CID = "IMPL-REFUSES-UNIMPLEMENTED"
+SEED = "seeds/004"
 
 # (flags, platform, flags the refusal must name). Every case passes validation (check) first.
 SINGLE = [
@@ -59,7 +59,7 @@ COMBINED = (
 
 
 @contract(
-    CID,
+    "IMPL-REFUSES-UNIMPLEMENTED",
     "At launch, after validation, settings whose feature this engine does not implement (PD disaggregation, "
     "hierarchical cache, LMCache, unified memory, page-major layout, HiSparse, context parallelism, DCP, TP/PP > 1, "
     "non-triton/torch_native, linear-attention and Mamba backends, FP4/MXFP8/FP8 KV, prefill-only embedding, "
@@ -73,19 +73,19 @@ COMBINED = (
 def impl_refuses_unimplemented(subject) -> None:
     for flags, platform, model in ACCEPTED:
         err = subject.refuse(argv_for(model, *flags), platform)
-        require(err is None, CID, f"{list(flags)} on {platform} is implemented and must start; refused with {err}")
+        require(err is None, f"{list(flags)} on {platform} is implemented and must start; refused with {err}")
     for flags, platform, mentions in SINGLE:
         out = subject.check(argv_for(E2B, *flags), platform)
-        require(out.error is None, CID, f"{list(flags)} on {platform} must pass validation first; check raised {out.error}")
+        require(out.error is None, f"{list(flags)} on {platform} must pass validation first; check raised {out.error}")
         err = subject.refuse(argv_for(E2B, *flags), platform)
-        require(isinstance(err, ValueError), CID, f"{list(flags)} on {platform}: expected a ValueError at launch, got {err!r}")
+        require(isinstance(err, ValueError), f"{list(flags)} on {platform}: expected a ValueError at launch, got {err!r}")
         missing = [m for m in mentions if norm(m) not in norm(str(err))]
-        require(not missing, CID, f"{list(flags)}: the refusal must name {missing}; it said {str(err)!r}")
+        require(not missing, f"{list(flags)}: the refusal must name {missing}; it said {str(err)!r}")
     flags, mentions = COMBINED
     err = subject.refuse(argv_for(E2B, *flags), "cpu")
-    require(isinstance(err, ValueError), CID, f"{list(flags)}: expected ONE ValueError listing every flag, got {err!r}")
+    require(isinstance(err, ValueError), f"{list(flags)}: expected ONE ValueError listing every flag, got {err!r}")
     missing = [m for m in mentions if norm(m) not in norm(str(err))]
-    require(not missing, CID, f"{list(flags)}: the single refusal must list every flag; missing {missing} in {str(err)!r}")
+    require(not missing, f"{list(flags)}: the single refusal must list every flag; missing {missing} in {str(err)!r}")
     # Validation comes first: an invalid combination is reported as such.
     err = subject.refuse(argv_for(DSV3, "--enable-page-major-kv-layout"), "cpu")
-    require(err is not None and "--enable-unified-memory" in str(err), CID, f"page-major alone must fail validation first; got {err!r}")
+    require(err is not None and "--enable-unified-memory" in str(err), f"page-major alone must fail validation first; got {err!r}")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from contracts.base import contract
-from contracts.kv_common import DSV3, E2B, MIMO, SEED, UM, UM_TRITON, must_accept, must_reject, require
+from contracts.base import contract, require
+from contracts.expect import must_accept, must_reject
+from contracts.models import DSV3, E2B, MIMO, UM, UM_TRITON
+
+SEED = "seeds/004"
 
 FN = f"{SEED} handle_page_major_kv_layout"
 PMF = "--enable-page-major-kv-layout"
@@ -20,24 +23,23 @@ UMF = "--enable-unified-memory"
     "sees True; our resolving_view shows user values only, so that guard reads the resolved view.",
 )
 def um_implies_page_major(subject) -> None:
-    cid = "UM-IMPLIES-PAGE-MAJOR"
     for model, flags in ((E2B, UM_TRITON), (DSV3, (*UM, "--attention-backend", "flashinfer"))):
-        out = must_accept(subject, cid, flags, model=model)
-        require(out.user.get("enable_page_major_kv_layout") is False, cid, "the user's enable_page_major_kv_layout must stay False")
-        require(out.resolved.get("enable_page_major_kv_layout") is True, cid, f"{UMF} must resolve enable_page_major_kv_layout to True")
+        out = must_accept(subject, flags, model=model)
+        require(out.user.get("enable_page_major_kv_layout") is False, "the user's enable_page_major_kv_layout must stay False")
+        require(out.resolved.get("enable_page_major_kv_layout") is True, f"{UMF} must resolve enable_page_major_kv_layout to True")
         decl = [r for r in out.resolutions if r[1] == "enable_page_major_kv_layout" and r[2] is True]
-        require(decl, cid, f"the implied page-major layout must be a declared resolution; declared {out.resolutions}")
+        require(decl, f"the implied page-major layout must be a declared resolution; declared {out.resolutions}")
         logged = [m for _, m in out.log if "enable_page_major_kv_layout" in m]
-        require(logged, cid, "the implied page-major layout must appear in the startup log")
-    out = must_accept(subject, cid, (*UM_TRITON, PMF))
-    require(out.resolved.get("enable_page_major_kv_layout") is True, cid, f"{UMF} {PMF}: resolved page-major must be True")
-    out = must_accept(subject, cid, ("--attention-backend", "triton"))
+        require(logged, "the implied page-major layout must appear in the startup log")
+    out = must_accept(subject, (*UM_TRITON, PMF))
+    require(out.resolved.get("enable_page_major_kv_layout") is True, f"{UMF} {PMF}: resolved page-major must be True")
+    out = must_accept(subject, ("--attention-backend", "triton"))
     require(
-        not [r for r in out.resolutions if r[1] == "enable_page_major_kv_layout"], cid,
+        not [r for r in out.resolutions if r[1] == "enable_page_major_kv_layout"],
         f"without {UMF} nothing may declare the page-major layout; declared {out.resolutions}",
     )
     # The implication has teeth: the page-major backend allow-list applies to a bare --enable-unified-memory.
-    must_reject(subject, cid, (*UM, "--attention-backend", "torch_native"), (PMF, "torch_native"))
+    must_reject(subject, (*UM, "--attention-backend", "torch_native"), (PMF, "torch_native"))
 
 
 @contract(
@@ -47,10 +49,9 @@ def um_implies_page_major(subject) -> None:
     rules=("K34",),
 )
 def page_major_needs_um(subject) -> None:
-    cid = "PAGE-MAJOR-NEEDS-UM"
     for platform in ("cpu", "hopper"):
-        must_reject(subject, cid, (PMF, "--attention-backend", "triton"), (PMF, UMF), platform=platform)
-    must_reject(subject, cid, (PMF,), (PMF, UMF), model=DSV3)
+        must_reject(subject, (PMF, "--attention-backend", "triton"), (PMF, UMF), platform=platform)
+    must_reject(subject, (PMF,), (PMF, UMF), model=DSV3)
 
 
 @contract(
@@ -64,12 +65,11 @@ def page_major_needs_um(subject) -> None:
     "sliding 256/256): SGLang's head_dim is the full-attention width (our ModelConfig.global_head_dim).",
 )
 def um_uniform_kv_rows(subject) -> None:
-    cid = "UM-UNIFORM-KV-ROWS"
-    must_reject(subject, cid, UM_TRITON, (UMF, "head_dim", "v_head_dim", "192", "128"), model=MIMO)
-    must_accept(subject, cid, ("--attention-backend", "triton"), model=MIMO)
-    must_accept(subject, cid, (*UM, "--attention-backend", "flashinfer"), model=DSV3)
+    must_reject(subject, UM_TRITON, (UMF, "head_dim", "v_head_dim", "192", "128"), model=MIMO)
+    must_accept(subject, ("--attention-backend", "triton"), model=MIMO)
+    must_accept(subject, (*UM, "--attention-backend", "flashinfer"), model=DSV3)
     for model in (E2B, "gemma-4-31B-it", "Llama-3.1-8B-Instruct"):
-        must_accept(subject, cid, UM_TRITON, model=model)
+        must_accept(subject, UM_TRITON, model=model)
 
 
 @contract(
@@ -84,20 +84,19 @@ def um_uniform_kv_rows(subject) -> None:
     "{triton, fa3, fa4} for asymmetric K/V models.",
 )
 def page_major_backends(subject) -> None:
-    cid = "PAGE-MAJOR-BACKENDS"
     for backend in ("triton", "fa3", "trtllm_mla", "flashinfer", "cutedsl_mla", "tokenspeed_mla", "flashmla"):
-        must_accept(subject, cid, (*UM, "--attention-backend", backend), model=DSV3)
+        must_accept(subject, (*UM, "--attention-backend", backend), model=DSV3)
     for backend in ("cutlass_mla", "fa4", "torch_native", "trtllm_mha"):
-        must_reject(subject, cid, (*UM, "--attention-backend", backend), (PMF, backend, "--attention-backend"), model=DSV3)
+        must_reject(subject, (*UM, "--attention-backend", backend), (PMF, backend, "--attention-backend"), model=DSV3)
     for backend in ("triton", "fa3", "fa4", "flashinfer", "trtllm_mha"):
-        must_accept(subject, cid, (*UM, "--attention-backend", backend), model=E2B)
+        must_accept(subject, (*UM, "--attention-backend", backend), model=E2B)
     for backend in ("torch_native", "flashmla", "cutlass_mla", "flex_attention"):
-        must_reject(subject, cid, (*UM, "--attention-backend", backend), (PMF, backend, "--attention-backend"), model=E2B)
+        must_reject(subject, (*UM, "--attention-backend", backend), (PMF, backend, "--attention-backend"), model=E2B)
     # The CPU default (torch_native) is a resolved backend too, and each role counts.
-    must_reject(subject, cid, UM, (PMF, "torch_native"), model=E2B, platform="cpu")
-    must_accept(subject, cid, UM, model=E2B, platform="hopper")
+    must_reject(subject, UM, (PMF, "torch_native"), model=E2B, platform="cpu")
+    must_accept(subject, UM, model=E2B, platform="hopper")
     must_reject(
-        subject, cid, (*UM, "--prefill-attention-backend", "triton", "--decode-attention-backend", "flex_attention"),
+        subject, (*UM, "--prefill-attention-backend", "triton", "--decode-attention-backend", "flex_attention"),
         (PMF, "flex_attention"), model=E2B,
     )
 
@@ -110,17 +109,16 @@ def page_major_backends(subject) -> None:
     rules=("K37",),
 )
 def page_major_linear_decode(subject) -> None:
-    cid = "PAGE-MAJOR-LINEAR-DECODE"
     for backend in ("triton", "flashinfer"):
-        must_accept(subject, cid, (*UM_TRITON, "--linear-attn-decode-backend", backend))
+        must_accept(subject, (*UM_TRITON, "--linear-attn-decode-backend", backend))
     for backend in ("flashkda", "cutedsl", "helion", "nvidia_kda"):
-        must_reject(subject, cid, (*UM_TRITON, "--linear-attn-decode-backend", backend), ("linear-attn-decode-backend", backend, "DECODE"))
-        must_accept(subject, cid, ("--attention-backend", "triton", "--linear-attn-decode-backend", backend))
-    must_reject(subject, cid, (*UM_TRITON, "--linear-attn-backend", "flashkda"), ("linear-attn-backend", "flashkda", "DECODE"))
+        must_reject(subject, (*UM_TRITON, "--linear-attn-decode-backend", backend), ("linear-attn-decode-backend", backend, "DECODE"))
+        must_accept(subject, ("--attention-backend", "triton", "--linear-attn-decode-backend", backend))
+    must_reject(subject, (*UM_TRITON, "--linear-attn-backend", "flashkda"), ("linear-attn-backend", "flashkda", "DECODE"))
     mla = (*UM, "--attention-backend", "flashinfer")
     for backend in ("cutedsl", "helion", "triton"):
-        must_accept(subject, cid, (*mla, "--linear-attn-decode-backend", backend), model=DSV3)
-    must_reject(subject, cid, (*mla, "--linear-attn-decode-backend", "flashkda"), ("linear-attn-decode-backend", "flashkda"), model=DSV3)
+        must_accept(subject, (*mla, "--linear-attn-decode-backend", backend), model=DSV3)
+    must_reject(subject, (*mla, "--linear-attn-decode-backend", "flashkda"), ("linear-attn-decode-backend", "flashkda"), model=DSV3)
 
 
 @contract(
@@ -132,17 +130,16 @@ def page_major_linear_decode(subject) -> None:
     note="SGLang 0.5.23 also allows flashinfer for prefill.",
 )
 def page_major_linear_prefill(subject) -> None:
-    cid = "PAGE-MAJOR-LINEAR-PREFILL"
     for backend in ("triton", "flashkda"):
-        must_accept(subject, cid, (*UM_TRITON, "--linear-attn-prefill-backend", backend))
+        must_accept(subject, (*UM_TRITON, "--linear-attn-prefill-backend", backend))
     for backend in ("flashinfer", "cutedsl", "helion"):
-        must_reject(subject, cid, (*UM_TRITON, "--linear-attn-prefill-backend", backend), ("linear-attn-prefill-backend", backend, "PREFILL"))
-        must_accept(subject, cid, ("--attention-backend", "triton", "--linear-attn-prefill-backend", backend))
+        must_reject(subject, (*UM_TRITON, "--linear-attn-prefill-backend", backend), ("linear-attn-prefill-backend", backend, "PREFILL"))
+        must_accept(subject, ("--attention-backend", "triton", "--linear-attn-prefill-backend", backend))
     mla = (*UM, "--attention-backend", "flashinfer")
     for backend in ("cutedsl", "helion", "flashkda"):
-        must_accept(subject, cid, (*mla, "--linear-attn-prefill-backend", backend), model=DSV3)
+        must_accept(subject, (*mla, "--linear-attn-prefill-backend", backend), model=DSV3)
     # flashinfer passes the decode list but not the prefill one.
-    must_reject(subject, cid, (*mla, "--linear-attn-backend", "flashinfer"), ("linear-attn-backend", "flashinfer", "PREFILL"), model=DSV3)
+    must_reject(subject, (*mla, "--linear-attn-backend", "flashinfer"), ("linear-attn-backend", "flashinfer", "PREFILL"), model=DSV3)
 
 
 @contract(
@@ -152,7 +149,6 @@ def page_major_linear_prefill(subject) -> None:
     rules=("K39",),
 )
 def page_major_mamba(subject) -> None:
-    cid = "PAGE-MAJOR-MAMBA"
-    must_reject(subject, cid, (*UM_TRITON, "--mamba-backend", "flashinfer"), ("--mamba-backend", "flashinfer", "triton"))
-    must_accept(subject, cid, (*UM_TRITON, "--mamba-backend", "triton"))
-    must_accept(subject, cid, ("--attention-backend", "triton", "--mamba-backend", "flashinfer"))
+    must_reject(subject, (*UM_TRITON, "--mamba-backend", "flashinfer"), ("--mamba-backend", "flashinfer", "triton"))
+    must_accept(subject, (*UM_TRITON, "--mamba-backend", "triton"))
+    must_accept(subject, ("--attention-backend", "triton", "--mamba-backend", "flashinfer"))

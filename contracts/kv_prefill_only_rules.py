@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from contracts.base import contract
-from contracts.kv_common import PREFILL_ONLY_OK, SEED, VALUE_TYPES, must_accept, must_reject
+from contracts.expect import VALUE_TYPES, must_accept, must_reject
+from contracts.models import PREFILL_ONLY_OK
+
+SEED = "seeds/004"
 
 FLAG = "--prefill-only-disable-kv-cache"
 ARGS_FN = f"{SEED} validate_prefill_only_disable_kv_cache_args"
@@ -34,12 +37,11 @@ def _without(flags: tuple[str, ...], *drop: str) -> tuple[str, ...]:
     "ours raises RuntimeError. This contract observes the ordering through the resolved backend the rule names.",
 )
 def prefill_only_after_backend_resolution(subject) -> None:
-    cid = "PREFILL-ONLY-AFTER-BACKEND-RESOLUTION"
     unset = _without(PREFILL_ONLY_OK, "--attention-backend")
-    must_reject(subject, cid, unset, (FLAG, "'triton'"), platform="hopper", types=VALUE_TYPES)
-    must_reject(subject, cid, unset, (FLAG, "'torch_native'"), platform="cpu", types=VALUE_TYPES)
-    must_accept(subject, cid, (*unset, "--prefill-attention-backend", "fa3"), platform="hopper")
-    must_accept(subject, cid, (*unset, "--prefill-attention-backend", "fa4"), platform="cpu")
+    must_reject(subject, unset, (FLAG, "'triton'"), platform="hopper", types=VALUE_TYPES)
+    must_reject(subject, unset, (FLAG, "'torch_native'"), platform="cpu", types=VALUE_TYPES)
+    must_accept(subject, (*unset, "--prefill-attention-backend", "fa3"), platform="hopper")
+    must_accept(subject, (*unset, "--prefill-attention-backend", "fa4"), platform="cpu")
 
 
 @contract(
@@ -49,29 +51,28 @@ def prefill_only_after_backend_resolution(subject) -> None:
     rules=("K10",),
 )
 def prefill_only_fa_backend(subject) -> None:
-    cid = "PREFILL-ONLY-FA-BACKEND"
     base = _without(PREFILL_ONLY_OK, "--attention-backend")
     for flags in (("--attention-backend", "fa3"), ("--attention-backend", "fa4"),
                   ("--prefill-attention-backend", "fa4", "--decode-attention-backend", "triton")):
-        must_accept(subject, cid, (*base, *flags), platform="hopper")
+        must_accept(subject, (*base, *flags), platform="hopper")
     for backend in ("triton", "flashinfer", "torch_native", "trtllm_mha"):
-        must_reject(subject, cid, (*base, "--attention-backend", backend), (FLAG, backend, "fa3", "fa4"), platform="hopper", types=VALUE_TYPES)
+        must_reject(subject, (*base, "--attention-backend", backend), (FLAG, backend, "fa3", "fa4"), platform="hopper", types=VALUE_TYPES)
     must_reject(
-        subject, cid, (*base, "--prefill-attention-backend", "triton", "--decode-attention-backend", "fa3"),
+        subject, (*base, "--prefill-attention-backend", "triton", "--decode-attention-backend", "fa3"),
         (FLAG, "triton"), platform="hopper", types=VALUE_TYPES,
     )
 
 
-def _precondition(subject, cid: str, bad: tuple[str, ...], mentions: tuple[str, ...], platform: str = "hopper",
+def _precondition(subject, bad: tuple[str, ...], mentions: tuple[str, ...], platform: str = "hopper",
                   good: tuple[str, ...] | None = None, alone: tuple[str, ...] | None = None) -> None:
     """The baseline is accepted; ``bad`` is rejected naming ``mentions``; ``good`` is accepted; without
     the flag, ``alone`` (the offending setting by itself) is accepted."""
-    must_accept(subject, cid, PREFILL_ONLY_OK, platform=platform)
-    must_reject(subject, cid, bad, (FLAG, *mentions), platform=platform, types=VALUE_TYPES)
+    must_accept(subject, PREFILL_ONLY_OK, platform=platform)
+    must_reject(subject, bad, (FLAG, *mentions), platform=platform, types=VALUE_TYPES)
     if good is not None:
-        must_accept(subject, cid, good, platform=platform)
+        must_accept(subject, good, platform=platform)
     if alone is not None:
-        must_accept(subject, cid, alone, platform=platform)
+        must_accept(subject, alone, platform=platform)
 
 
 @contract(
@@ -84,7 +85,7 @@ def _precondition(subject, cid: str, bad: tuple[str, ...], mentions: tuple[str, 
     "first among the KV-cache hooks, after the backend default. K40-K47 are otherwise unchanged in 0.5.23.",
 )
 def prefill_only_needs_embedding(subject) -> None:
-    _precondition(subject, "PREFILL-ONLY-NEEDS-EMBEDDING", _without(PREFILL_ONLY_OK, "--is-embedding"), ("--is-embedding",))
+    _precondition(subject, _without(PREFILL_ONLY_OK, "--is-embedding"), ("--is-embedding",))
 
 
 @contract(
@@ -94,10 +95,9 @@ def prefill_only_needs_embedding(subject) -> None:
     rules=("K41",),
 )
 def prefill_only_no_fp4(subject) -> None:
-    cid = "PREFILL-ONLY-NO-FP4-KV"
     for dtype in ("nvfp4", "fp4_mx_block16"):
         _precondition(
-            subject, cid, (*PREFILL_ONLY_OK, "--kv-cache-dtype", dtype), ("--kv-cache-dtype", dtype), platform="sm100",
+            subject, (*PREFILL_ONLY_OK, "--kv-cache-dtype", dtype), ("--kv-cache-dtype", dtype), platform="sm100",
             good=(*PREFILL_ONLY_OK, "--kv-cache-dtype", "bf16"),
         )
 
@@ -105,7 +105,7 @@ def prefill_only_no_fp4(subject) -> None:
 @contract("PREFILL-ONLY-NO-MXFP8-KV", f"{FLAG} with --kv-cache-dtype mxfp8 is a ValueError.", ARGS_FN, rules=("K42",))
 def prefill_only_no_mxfp8(subject) -> None:
     _precondition(
-        subject, "PREFILL-ONLY-NO-MXFP8-KV", (*PREFILL_ONLY_OK, "--kv-cache-dtype", "mxfp8"), ("--kv-cache-dtype", "mxfp8"),
+        subject, (*PREFILL_ONLY_OK, "--kv-cache-dtype", "mxfp8"), ("--kv-cache-dtype", "mxfp8"),
         platform="sm120", alone=("--kv-cache-dtype", "mxfp8"),
     )
 
@@ -117,16 +117,15 @@ def prefill_only_no_mxfp8(subject) -> None:
     rules=("K43",),
 )
 def prefill_only_no_chunking(subject) -> None:
-    cid = "PREFILL-ONLY-NO-CHUNKING"
     unset = _without(PREFILL_ONLY_OK, "--chunked-prefill-size")
-    _precondition(subject, cid, unset, ("--chunked-prefill-size", "-1"))
-    _precondition(subject, cid, (*unset, "--chunked-prefill-size", "8192"), ("--chunked-prefill-size", "-1"))
+    _precondition(subject, unset, ("--chunked-prefill-size", "-1"))
+    _precondition(subject, (*unset, "--chunked-prefill-size", "8192"), ("--chunked-prefill-size", "-1"))
 
 
 @contract("PREFILL-ONLY-NO-RADIX-CACHE", f"{FLAG} needs --disable-radix-cache.", ARGS_FN, rules=("K44",))
 def prefill_only_no_radix(subject) -> None:
     _precondition(
-        subject, "PREFILL-ONLY-NO-RADIX-CACHE", _without(PREFILL_ONLY_OK, "--disable-radix-cache"), ("--disable-radix-cache",)
+        subject, _without(PREFILL_ONLY_OK, "--disable-radix-cache"), ("--disable-radix-cache",)
     )
 
 
@@ -137,19 +136,18 @@ def prefill_only_no_radix(subject) -> None:
     rules=("K45",),
 )
 def prefill_only_no_attn_cp(subject) -> None:
-    cid = "PREFILL-ONLY-NO-ATTN-CP"
     for size in ("2", "4"):
-        _precondition(subject, cid, (*PREFILL_ONLY_OK, "--attn-cp-size", size), ("--attn-cp-size",),
+        _precondition(subject, (*PREFILL_ONLY_OK, "--attn-cp-size", size), ("--attn-cp-size",),
                       good=(*PREFILL_ONLY_OK, "--attn-cp-size", "1"), alone=("--attn-cp-size", size))
 
 
 @contract("PREFILL-ONLY-NO-PREFILL-CP", f"{FLAG} with --enable-prefill-cp is a ValueError.", ARGS_FN, rules=("K46",))
 def prefill_only_no_prefill_cp(subject) -> None:
-    _precondition(subject, "PREFILL-ONLY-NO-PREFILL-CP", (*PREFILL_ONLY_OK, "--enable-prefill-cp"), ("--enable-prefill-cp",),
+    _precondition(subject, (*PREFILL_ONLY_OK, "--enable-prefill-cp"), ("--enable-prefill-cp",),
                   alone=("--enable-prefill-cp",))
 
 
 @contract("PREFILL-ONLY-NO-HISPARSE", f"{FLAG} with --enable-hisparse is a ValueError.", ARGS_FN, rules=("K47",))
 def prefill_only_no_hisparse(subject) -> None:
-    _precondition(subject, "PREFILL-ONLY-NO-HISPARSE", (*PREFILL_ONLY_OK, "--enable-hisparse"), ("--enable-hisparse",),
+    _precondition(subject, (*PREFILL_ONLY_OK, "--enable-hisparse"), ("--enable-hisparse",),
                   alone=("--enable-hisparse",))

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from contracts.base import contract
-from contracts.kv_common import (
+from contracts.base import contract, require
+from contracts.expect import (
     ASSERT_TYPES,
-    DSV3,
-    E2B,
-    LAZY_COMPACTION_ENV,
-    LLAMA,
-    MLA_SWA,
-    SEED,
-    UM,
-    UM_TRITON,
     VALUE_TYPES,
     must_accept,
     must_reject,
-    require,
     warnings_about,
 )
+from contracts.models import DSV3, E2B, LLAMA, MLA_SWA, UM, UM_TRITON
+
+SEED = "seeds/004"
+# The environment switch that disables lazy compaction (SGLang: SGLANG_DISABLE_LAZY_COMPACTION).
+LAZY_COMPACTION_ENV = "YOCO_DISABLE_LAZY_COMPACTION"
 
 FN = f"{SEED} handle_unified_memory_pool"
 DCP_FN = f"{SEED} _validate_unified_memory_dcp"
@@ -35,24 +31,22 @@ PD = ("--disaggregation-mode", "decode")
     "{mooncake}) and also refuses mooncake with speculative decoding, plus decode-offload / host-pool sub-rules.",
 )
 def um_pd_mooncake(subject) -> None:
-    cid = "UM-PD-MOONCAKE"
     for backend in ("nixl", "fake", "mooncake_tcp"):
         for mode in ("decode", "prefill"):
             must_reject(
-                subject, cid, (*UM_TRITON, "--disaggregation-mode", mode, "--disaggregation-transfer-backend", backend),
+                subject, (*UM_TRITON, "--disaggregation-mode", mode, "--disaggregation-transfer-backend", backend),
                 (UMF, "mooncake", backend),
             )
-        must_accept(subject, cid, (*UM_TRITON, "--disaggregation-transfer-backend", backend))
-        must_accept(subject, cid, (*PD, "--disaggregation-transfer-backend", backend))
-    must_accept(subject, cid, (*UM_TRITON, *PD, "--disaggregation-transfer-backend", "mooncake"))
+        must_accept(subject, (*UM_TRITON, "--disaggregation-transfer-backend", backend))
+        must_accept(subject, (*PD, "--disaggregation-transfer-backend", backend))
+    must_accept(subject, (*UM_TRITON, *PD, "--disaggregation-transfer-backend", "mooncake"))
 
 
 @contract("UM-PD-NO-PP", f"{UMF} with PD disaggregation needs --pp-size 1.", FN, rules=("K20",))
 def um_pd_no_pp(subject) -> None:
-    cid = "UM-PD-NO-PP"
-    must_reject(subject, cid, (*UM_TRITON, *PD, "--pp-size", "2"), (UMF, "pp-size", "pipeline parallel"))
-    must_accept(subject, cid, (*UM_TRITON, "--pp-size", "2"))
-    must_accept(subject, cid, (*UM_TRITON, *PD, "--pp-size", "1"))
+    must_reject(subject, (*UM_TRITON, *PD, "--pp-size", "2"), (UMF, "pp-size", "pipeline parallel"))
+    must_accept(subject, (*UM_TRITON, "--pp-size", "2"))
+    must_accept(subject, (*UM_TRITON, *PD, "--pp-size", "1"))
 
 
 @contract(
@@ -64,21 +58,19 @@ def um_pd_no_pp(subject) -> None:
     "that is not a boolean is a ValueError naming it.",
 )
 def um_pd_lazy_compaction(subject) -> None:
-    cid = "UM-PD-LAZY-COMPACTION"
     for value in ("1", "true", "YES"):
-        must_reject(subject, cid, (*UM_TRITON, *PD), (UMF, LAZY_COMPACTION_ENV, "lazy compaction"), env={LAZY_COMPACTION_ENV: value})
+        must_reject(subject, (*UM_TRITON, *PD), (UMF, LAZY_COMPACTION_ENV, "lazy compaction"), env={LAZY_COMPACTION_ENV: value})
     for value in ("0", "false"):
-        must_accept(subject, cid, (*UM_TRITON, *PD), env={LAZY_COMPACTION_ENV: value})
-    must_accept(subject, cid, (*UM_TRITON, *PD))
-    must_accept(subject, cid, UM_TRITON, env={LAZY_COMPACTION_ENV: "1"})
-    must_reject(subject, cid, (*UM_TRITON, *PD), (LAZY_COMPACTION_ENV,), env={LAZY_COMPACTION_ENV: "maybe"}, types=VALUE_TYPES)
+        must_accept(subject, (*UM_TRITON, *PD), env={LAZY_COMPACTION_ENV: value})
+    must_accept(subject, (*UM_TRITON, *PD))
+    must_accept(subject, UM_TRITON, env={LAZY_COMPACTION_ENV: "1"})
+    must_reject(subject, (*UM_TRITON, *PD), (LAZY_COMPACTION_ENV,), env={LAZY_COMPACTION_ENV: "maybe"}, types=VALUE_TYPES)
 
 
 @contract("UM-PD-NO-HISPARSE", f"{UMF} with PD disaggregation is not compatible with --enable-hisparse.", FN, rules=("K22",))
 def um_pd_no_hisparse(subject) -> None:
-    cid = "UM-PD-NO-HISPARSE"
-    must_reject(subject, cid, (*UM_TRITON, *PD, "--enable-hisparse"), (UMF, "--enable-hisparse"))
-    must_accept(subject, cid, (*UM_TRITON, "--enable-hisparse"))
+    must_reject(subject, (*UM_TRITON, *PD, "--enable-hisparse"), (UMF, "--enable-hisparse"))
+    must_accept(subject, (*UM_TRITON, "--enable-hisparse"))
 
 
 @contract(
@@ -91,12 +83,11 @@ def um_pd_no_hisparse(subject) -> None:
     "hierarchical cache).",
 )
 def um_spec_algorithm(subject) -> None:
-    cid = "UM-SPEC-ALGORITHM"
     for algo in ("EAGLE", "EAGLE3", "NGRAM", "STANDALONE"):
-        must_reject(subject, cid, (*UM_TRITON, "--speculative-algorithm", algo), (UMF, "--speculative-algorithm", algo, "DSPARK"))
-        must_accept(subject, cid, ("--attention-backend", "triton", "--speculative-algorithm", algo))
-    must_accept(subject, cid, (*UM_TRITON, "--speculative-algorithm", "DSPARK"))
-    must_accept(subject, cid, UM_TRITON)
+        must_reject(subject, (*UM_TRITON, "--speculative-algorithm", algo), (UMF, "--speculative-algorithm", algo, "DSPARK"))
+        must_accept(subject, ("--attention-backend", "triton", "--speculative-algorithm", algo))
+    must_accept(subject, (*UM_TRITON, "--speculative-algorithm", "DSPARK"))
+    must_accept(subject, UM_TRITON)
 
 
 @contract(
@@ -107,13 +98,12 @@ def um_spec_algorithm(subject) -> None:
     note="SGLang 0.5.23 checks --speculative-eagle-topk in {None, 1} for every algorithm, not only DSPARK.",
 )
 def um_dspark_topk(subject) -> None:
-    cid = "UM-DSPARK-TOPK"
     dspark = (*UM_TRITON, "--speculative-algorithm", "DSPARK")
     for k in ("2", "4"):
-        must_reject(subject, cid, (*dspark, "--speculative-eagle-topk", k), (UMF, "DSPARK", "--speculative-eagle-topk", k))
-    must_accept(subject, cid, (*dspark, "--speculative-eagle-topk", "1"))
-    must_accept(subject, cid, dspark)
-    must_accept(subject, cid, (*UM_TRITON, "--speculative-eagle-topk", "4"))
+        must_reject(subject, (*dspark, "--speculative-eagle-topk", k), (UMF, "DSPARK", "--speculative-eagle-topk", k))
+    must_accept(subject, (*dspark, "--speculative-eagle-topk", "1"))
+    must_accept(subject, dspark)
+    must_accept(subject, (*UM_TRITON, "--speculative-eagle-topk", "4"))
 
 
 @contract(
@@ -125,18 +115,17 @@ def um_dspark_topk(subject) -> None:
     "(tokenspeed_mla dropped).",
 )
 def um_dspark_backends(subject) -> None:
-    cid = "UM-DSPARK-BACKENDS"
     dspark = ("--enable-unified-memory", "--speculative-algorithm", "DSPARK")
     for backend in ("trtllm_mla", "cutedsl_mla", "tokenspeed_mla", "triton"):
-        must_accept(subject, cid, (*dspark, "--attention-backend", backend), model=DSV3)
-    must_accept(subject, cid, (*dspark, "--attention-backend", "triton"), model=E2B)
+        must_accept(subject, (*dspark, "--attention-backend", backend), model=DSV3)
+    must_accept(subject, (*dspark, "--attention-backend", "triton"), model=E2B)
     for model, backend in ((DSV3, "flashmla"), (DSV3, "flashinfer"), (E2B, "fa3"), (E2B, "fa4")):
-        must_reject(subject, cid, (*dspark, "--attention-backend", backend), (UMF, "DSPARK", backend, "tokenspeed_mla"), model=model)
-        must_accept(subject, cid, (*UM, "--attention-backend", backend), model=model)
+        must_reject(subject, (*dspark, "--attention-backend", backend), (UMF, "DSPARK", backend, "tokenspeed_mla"), model=model)
+        must_accept(subject, (*UM, "--attention-backend", backend), model=model)
     # Both roles count.
     for prefill, decode in (("triton", "fa3"), ("fa3", "triton")):
         must_reject(
-            subject, cid, (*dspark, "--prefill-attention-backend", prefill, "--decode-attention-backend", decode), (UMF, "DSPARK", "fa3")
+            subject, (*dspark, "--prefill-attention-backend", prefill, "--decode-attention-backend", decode), (UMF, "DSPARK", "fa3")
         )
 
 
@@ -148,10 +137,9 @@ def um_dspark_backends(subject) -> None:
     note="SGLang 0.5.23 refuses only --enable-lmcache in general (hierarchical cache only with EAGLE/EAGLE3).",
 )
 def um_no_host_tiered(subject) -> None:
-    cid = "UM-NO-HOST-TIERED-CACHE"
     for flag in ("--enable-hierarchical-cache", "--enable-lmcache"):
-        must_reject(subject, cid, (*UM_TRITON, flag), (UMF, flag))
-        must_accept(subject, cid, ("--attention-backend", "triton", flag))
+        must_reject(subject, (*UM_TRITON, flag), (UMF, flag))
+        must_accept(subject, ("--attention-backend", "triton", flag))
 
 
 @contract(
@@ -161,11 +149,10 @@ def um_no_host_tiered(subject) -> None:
     rules=("K27",),
 )
 def um_dcp_gate(subject) -> None:
-    cid = "UM-DCP-GATE"
-    must_reject(subject, cid, (*UM_TRITON, "--dcp-size", "2"), (UMF, "--dcp-size"))
-    must_accept(subject, cid, (*UM_TRITON, "--dcp-size", "1"))
-    must_accept(subject, cid, ("--attention-backend", "triton", "--dcp-size", "2"))
-    must_accept(subject, cid, (*UM, "--attention-backend", "flashinfer", "--dcp-size", "2"), model=DSV3)
+    must_reject(subject, (*UM_TRITON, "--dcp-size", "2"), (UMF, "--dcp-size"))
+    must_accept(subject, (*UM_TRITON, "--dcp-size", "1"))
+    must_accept(subject, ("--attention-backend", "triton", "--dcp-size", "2"))
+    must_accept(subject, (*UM, "--attention-backend", "flashinfer", "--dcp-size", "2"), model=DSV3)
 
 
 @contract(
@@ -182,23 +169,22 @@ def um_dcp_gate(subject) -> None:
     "and never raises.",
 )
 def um_prefill_cuda_graph(subject) -> None:
-    cid = "UM-PREFILL-CUDA-GRAPH"
     for platform in ("hopper", "sm100"):
-        out = must_accept(subject, cid, UM_TRITON, platform=platform)
-        require(out.user.get("cuda_graph_backend_prefill") is None, cid, "the user's cuda_graph_backend_prefill must stay unset")
+        out = must_accept(subject, UM_TRITON, platform=platform)
+        require(out.user.get("cuda_graph_backend_prefill") is None, "the user's cuda_graph_backend_prefill must stay unset")
         require(
-            out.resolved.get("cuda_graph_backend_prefill") == "disabled", cid,
+            out.resolved.get("cuda_graph_backend_prefill") == "disabled",
             f"{UMF} on {platform}: prefill capture must resolve to disabled; resolved "
             f"{out.resolved.get('cuda_graph_backend_prefill')!r}",
         )
         decl = [r for r in out.resolutions if r[1] == "cuda_graph_backend_prefill" and r[2] == "disabled"]
-        require(decl, cid, f"disabling prefill capture must be a declared resolution; declared {out.resolutions}")
+        require(decl, f"disabling prefill capture must be a declared resolution; declared {out.resolutions}")
         hits = warnings_about(out, UMF, "prefill", "cuda-graph")
-        require(len(hits) == 1, cid, f"{UMF} on {platform}: expected one WARNING about disabling prefill cuda-graph capture; log {out.log}")
+        require(len(hits) == 1, f"{UMF} on {platform}: expected one WARNING about disabling prefill cuda-graph capture; log {out.log}")
     for backend in ("full", "breakable", "piecewise"):
         for platform in ("hopper", "cpu"):
             must_reject(
-                subject, cid, (*UM_TRITON, "--cuda-graph-backend-prefill", backend),
+                subject, (*UM_TRITON, "--cuda-graph-backend-prefill", backend),
                 (UMF, "--cuda-graph-backend-prefill", backend, "disabled"), platform=platform, types=VALUE_TYPES,
             )
     quiet = (
@@ -208,13 +194,13 @@ def um_prefill_cuda_graph(subject) -> None:
         (("--attention-backend", "triton"), "hopper"),
     )
     for flags, platform in quiet:
-        out = must_accept(subject, cid, flags, platform=platform)
-        require(not warnings_about(out, "prefill", "cuda-graph"), cid, f"{flags} on {platform}: no prefill-capture warning expected; log {out.log}")
+        out = must_accept(subject, flags, platform=platform)
+        require(not warnings_about(out, "prefill", "cuda-graph"), f"{flags} on {platform}: no prefill-capture warning expected; log {out.log}")
         require(
-            not [r for r in out.resolutions if r[1] == "cuda_graph_backend_prefill"], cid,
+            not [r for r in out.resolutions if r[1] == "cuda_graph_backend_prefill"],
             f"{flags} on {platform}: prefill capture is already off; nothing to resolve, declared {out.resolutions}",
         )
-    must_accept(subject, cid, ("--attention-backend", "triton", "--cuda-graph-backend-prefill", "full"), platform="hopper")
+    must_accept(subject, ("--attention-backend", "triton", "--cuda-graph-backend-prefill", "full"), platform="hopper")
 
 
 @contract(
@@ -224,11 +210,10 @@ def um_prefill_cuda_graph(subject) -> None:
     rules=("K29",),
 )
 def um_dcp_mla_only(subject) -> None:
-    cid = "UM-DCP-MLA-ONLY"
     for model, backend in ((E2B, "triton"), (LLAMA, "triton"), (LLAMA, "flashinfer")):
-        must_reject(subject, cid, (*UM, "--attention-backend", backend, "--dcp-size", "2"), (UMF, "--dcp-size", "MLA"), model=model)
+        must_reject(subject, (*UM, "--attention-backend", backend, "--dcp-size", "2"), (UMF, "--dcp-size", "MLA"), model=model)
     for backend in ("flashinfer", "trtllm_mla"):
-        must_accept(subject, cid, (*UM, "--attention-backend", backend, "--dcp-size", "2"), model=DSV3)
+        must_accept(subject, (*UM, "--attention-backend", backend, "--dcp-size", "2"), model=DSV3)
 
 
 @contract(
@@ -238,11 +223,10 @@ def um_dcp_mla_only(subject) -> None:
     rules=("K30",),
 )
 def um_dcp_no_hybrid_swa(subject) -> None:
-    cid = "UM-DCP-NO-HYBRID-SWA"
     flags = (*UM, "--attention-backend", "flashinfer")
-    must_reject(subject, cid, (*flags, "--dcp-size", "2"), (UMF, "--dcp-size", "sliding-window"), model=MLA_SWA)
-    must_accept(subject, cid, (*flags, "--dcp-size", "1"), model=MLA_SWA)
-    must_accept(subject, cid, (*flags, "--dcp-size", "2"), model=DSV3)
+    must_reject(subject, (*flags, "--dcp-size", "2"), (UMF, "--dcp-size", "sliding-window"), model=MLA_SWA)
+    must_accept(subject, (*flags, "--dcp-size", "1"), model=MLA_SWA)
+    must_accept(subject, (*flags, "--dcp-size", "2"), model=DSV3)
 
 
 @contract(
@@ -252,12 +236,11 @@ def um_dcp_no_hybrid_swa(subject) -> None:
     rules=("K31",),
 )
 def um_dcp_no_pd(subject) -> None:
-    cid = "UM-DCP-NO-PD"
     flags = (*UM, "--attention-backend", "flashinfer", "--dcp-size", "2")
     for mode in ("decode", "prefill"):
-        must_reject(subject, cid, (*flags, "--disaggregation-mode", mode), (UMF, "--dcp-size", "disaggregation"), model=DSV3)
-        must_accept(subject, cid, (*UM, "--attention-backend", "flashinfer", "--disaggregation-mode", mode), model=DSV3)
-    must_accept(subject, cid, flags, model=DSV3)
+        must_reject(subject, (*flags, "--disaggregation-mode", mode), (UMF, "--dcp-size", "disaggregation"), model=DSV3)
+        must_accept(subject, (*UM, "--attention-backend", "flashinfer", "--disaggregation-mode", mode), model=DSV3)
+    must_accept(subject, flags, model=DSV3)
 
 
 @contract(
@@ -268,14 +251,13 @@ def um_dcp_no_pd(subject) -> None:
     note="SGLang 0.5.23 drops tokenspeed_mla from this set.",
 )
 def um_dcp_backends(subject) -> None:
-    cid = "UM-DCP-BACKENDS"
     for backend in ("flashinfer", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla"):
-        must_accept(subject, cid, (*UM, "--attention-backend", backend, "--dcp-size", "2"), model=DSV3)
+        must_accept(subject, (*UM, "--attention-backend", backend, "--dcp-size", "2"), model=DSV3)
     for backend in ("triton", "fa3", "flashmla"):
-        must_reject(subject, cid, (*UM, "--attention-backend", backend, "--dcp-size", "2"), (UMF, "--dcp-size", backend), model=DSV3)
-        must_accept(subject, cid, (*UM, "--attention-backend", backend), model=DSV3)
+        must_reject(subject, (*UM, "--attention-backend", backend, "--dcp-size", "2"), (UMF, "--dcp-size", backend), model=DSV3)
+        must_accept(subject, (*UM, "--attention-backend", backend), model=DSV3)
     must_reject(
-        subject, cid,
+        subject,
         (*UM, "--prefill-attention-backend", "flashinfer", "--decode-attention-backend", "triton", "--dcp-size", "2"),
         (UMF, "triton"), model=DSV3, types=ASSERT_TYPES,
     )

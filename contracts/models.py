@@ -140,3 +140,24 @@ def random_prompts(model_path: str, lengths: list[int], seed: int) -> list[list[
     rng = random.Random(seed)
     vocab = vocab_size(model_path)
     return [[rng.randrange(8, vocab) for _ in range(n)] for n in lengths]
+
+
+# Fixture names the seed-004 (KV-cache) contracts use.
+E2B = "gemma-4-E2B-it"  # MHA, hybrid sliding window, uniform K/V rows per layer type
+DSV3 = "DeepSeek-V3"  # MLA
+LLAMA = "Llama-3.1-8B-Instruct"  # MHA, full attention only
+MIMO = "MiMo-V2-Flash"  # MHA, K/V rows 192 / 128
+MLA_SWA = "MLA-hybrid-SWA-test"  # MLA with sliding-window layers
+
+# argv fragments shared by the seed-004 contracts and their mutants.
+UM = ("--enable-unified-memory",)
+UM_TRITON = ("--enable-unified-memory", "--attention-backend", "triton")
+PREFILL_ONLY_OK = (
+    "--prefill-only-disable-kv-cache",
+    "--is-embedding",
+    "--chunked-prefill-size",
+    "-1",
+    "--disable-radix-cache",
+    "--attention-backend",
+    "fa3",
+)

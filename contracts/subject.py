@@ -57,6 +57,7 @@ class GenRequest:
     logprob_start_len: int | None = None
     top_logprobs_num: int = 0
     ignore_eos: bool = True
+    top_k: int = -1
 
 
 @dataclass
@@ -66,6 +67,9 @@ class GenOutput:
     input_logprobs: list[float | None] = field(default_factory=list)
     finish_reason: Any = None
     cached_tokens: int = 0
+    # speculative decoding (meta_info): verifies and mean tokens committed per verify; None without it
+    spec_verify_ct: int | None = None
+    spec_accept_length: float | None = None
 
 
 @dataclass
@@ -100,7 +104,9 @@ class Subject(Protocol):
 
     def tiny_model(self, name: str) -> str:
         """Folder of a tiny HF checkpoint (config.json, safetensors, tokenizer) this subject can serve:
-        "e2b" (35 layers, 20 KV-shared), "k_eq_v", "moe", "noshare"."""
+        "e2b" (35 layers, 20 KV-shared), "k_eq_v", "moe", "noshare"; MTP drafts for "e2b": "assistant"
+        (random weights), "assistant_distilled" (distilled from "e2b"), "assistant_oracle" (proposes the
+        target's own greedy tokens; engine subjects only)."""
         ...
 
     # ---- http --------------------------------------------------------------------

@@ -8,7 +8,7 @@ difference.
 
 from __future__ import annotations
 
-from contracts.base import ContractViolation, contract, require
+from contracts.base import contract, require, violation
 from contracts.models import random_prompts
 from contracts.subject import GenRequest
 
@@ -35,28 +35,25 @@ def _argv(subject, *flags: str) -> list[str]:
             "--decode-attention-backend", "torch_native", *flags]
 
 
-def _compare(cid: str, what: str, off, on) -> None:
-    require(len(off.outputs) == len(on.outputs), cid, f"{what}: {len(off.outputs)} outputs with the flag off, {len(on.outputs)} on")
+def _compare(what: str, off, on) -> None:
+    require(len(off.outputs) == len(on.outputs), f"{what}: {len(off.outputs)} outputs with the flag off, {len(on.outputs)} on")
     for i, (a, b) in enumerate(zip(off.outputs, on.outputs)):
         if a.output_ids != b.output_ids:
             step = next((k for k, (x, y) in enumerate(zip(a.output_ids, b.output_ids)) if x != y), None)
-            raise ContractViolation(
-                cid, f"{what}: prompt {i}: greedy tokens differ at step {step}: flag off {a.output_ids}, flag on {b.output_ids}"
+            raise violation(f"{what}: prompt {i}: greedy tokens differ at step {step}: flag off {a.output_ids}, flag on {b.output_ids}"
             )
         for step, (la, lb) in enumerate(zip(a.output_logprobs, b.output_logprobs)):
             require(
                 abs(la - lb) <= LOGPROB_TOL,
-                cid,
                 f"{what}: prompt {i} step {step}: output logprob {la:.6f} (off) vs {lb:.6f} (on) differ by more than {LOGPROB_TOL}",
             )
-        require(len(a.input_logprobs) == len(b.input_logprobs), cid, f"{what}: prompt {i}: prompt logprob counts differ")
+        require(len(a.input_logprobs) == len(b.input_logprobs), f"{what}: prompt {i}: prompt logprob counts differ")
         for j, (la, lb) in enumerate(zip(a.input_logprobs, b.input_logprobs)):
             if la is None or lb is None:
-                require(la is None and lb is None, cid, f"{what}: prompt {i} prompt logprob {j}: {la} vs {lb}")
+                require(la is None and lb is None, f"{what}: prompt {i} prompt logprob {j}: {la} vs {lb}")
                 continue
             require(
                 abs(la - lb) <= LOGPROB_TOL,
-                cid,
                 f"{what}: prompt {i}: prompt logprob {j} {la:.6f} (off) vs {lb:.6f} (on) differ by more than {LOGPROB_TOL}",
             )
 
@@ -70,13 +67,12 @@ def _compare(cid: str, what: str, off, on) -> None:
     needs=("engine",),
 )
 def parity_greedy(subject) -> None:
-    cid = "PARITY-GREEDY"
     ps = prompts(subject.tiny_model(MODEL))
     reqs = [GenRequest(p, max_new_tokens=4, return_logprob=True) for p in ps]
     for batched in (True, False):
         off = subject.generate(_argv(subject, "--disable-radix-cache"), reqs, batched=batched)
         on = subject.generate(_argv(subject, "--disable-radix-cache", FLAG), reqs, batched=batched)
-        _compare(cid, f"{'batched' if batched else 'one by one'}", off, on)
+        _compare(f"{'batched' if batched else 'one by one'}", off, on)
 
 
 @contract(
@@ -88,20 +84,19 @@ def parity_greedy(subject) -> None:
     needs=("engine",),
 )
 def parity_edge_batches(subject) -> None:
-    cid = "PARITY-EDGE-BATCHES"
     ps = prompts(subject.tiny_model(MODEL), lengths=[1, 9, 40, 57, 33, 70], seed=1)
     # Chunked prefill: 16-token chunks, so later chunks attend to a cached prefix.
     reqs = [GenRequest(p, max_new_tokens=3, return_logprob=True) for p in ps]
     for flags in (("--chunked-prefill-size", "16", "--disable-radix-cache"), ()):
         off = subject.generate(_argv(subject, *flags), reqs + reqs, batched=True)
         on = subject.generate(_argv(subject, *flags, FLAG), reqs + reqs, batched=True)
-        _compare(cid, f"flags {flags}", off, on)
+        _compare(f"flags {flags}", off, on)
     # Radix hits: the second copy of each prompt reuses cached prefix KV; flag off vs on over those hits.
     off2 = subject.generate(_argv(subject), reqs + reqs, batched=False)
     on2 = subject.generate(_argv(subject, FLAG), reqs + reqs, batched=False)
     for res in (off2, on2):
-        require(any(o.cached_tokens > 0 for o in res.outputs[len(reqs):]), cid, "repeated prompts must hit the radix cache")
-    _compare(cid, "radix-cache hits", off2, on2)
+        require(any(o.cached_tokens > 0 for o in res.outputs[len(reqs):]), "repeated prompts must hit the radix cache")
+    _compare("radix-cache hits", off2, on2)
 
 
 @contract(
@@ -112,7 +107,6 @@ def parity_edge_batches(subject) -> None:
     needs=("engine",),
 )
 def parity_prompt_logprobs(subject) -> None:
-    cid = "PARITY-PROMPT-LOGPROBS"
     ps = prompts(subject.tiny_model(MODEL), lengths=[5, 20, 37], seed=2)
     reqs = [GenRequest(p, max_new_tokens=2, return_logprob=True, logprob_start_len=s) for p, s in zip(ps, (0, 3, 30))]
     # Whole prompts, then 16-token chunks (later chunks attend to a cached prefix).
@@ -120,8 +114,8 @@ def parity_prompt_logprobs(subject) -> None:
         off = subject.generate(_argv(subject, *flags), reqs)
         on = subject.generate(_argv(subject, *flags, FLAG), reqs)
         for o, p, s in zip(on.outputs, ps, (0, 3, 30)):
-            require(len(o.input_logprobs) == len(p) - s, cid, f"expected {len(p) - s} prompt logprobs, got {len(o.input_logprobs)}")
-        _compare(cid, f"prompt logprobs, flags {flags}", off, on)
+            require(len(o.input_logprobs) == len(p) - s, f"expected {len(p) - s} prompt logprobs, got {len(o.input_logprobs)}")
+        _compare(f"prompt logprobs, flags {flags}", off, on)
 
 
 @contract(
@@ -133,23 +127,22 @@ def parity_prompt_logprobs(subject) -> None:
     needs=("engine",),
 )
 def work_cross_decoder_rows(subject) -> None:
-    cid = "WORK-CROSS-DECODER-ROWS"
     ps = prompts(subject.tiny_model(MODEL), lengths=[3, 4, 2, 30, 17], seed=3)
     total = sum(len(p) for p in ps)
     reqs = [GenRequest(p, max_new_tokens=1) for p in ps]  # one prefill forward, nothing else
     on = subject.generate(_argv(subject, "--disable-radix-cache", FLAG), reqs).work
     off = subject.generate(_argv(subject, "--disable-radix-cache"), reqs).work
-    require(on["self_decoder_rows"] == total, cid, f"self-decoder rows with the flag on: {on['self_decoder_rows']}, expected every row ({total})")
-    require(on["cross_decoder_rows"] == len(ps), cid, f"cross-decoder rows with the flag on: {on['cross_decoder_rows']}, expected one per request ({len(ps)})")
-    require(on["lm_head_rows"] == len(ps), cid, f"LM-head rows: {on['lm_head_rows']}, expected {len(ps)}")
-    require(off["cross_decoder_rows"] == total, cid, f"cross-decoder rows with the flag off: {off['cross_decoder_rows']}, expected {total}")
-    require(on["skipped_cross_decoder_rows"] == total - len(ps), cid, f"skipped rows: {on['skipped_cross_decoder_rows']}, expected {total - len(ps)}")
+    require(on["self_decoder_rows"] == total, f"self-decoder rows with the flag on: {on['self_decoder_rows']}, expected every row ({total})")
+    require(on["cross_decoder_rows"] == len(ps), f"cross-decoder rows with the flag on: {on['cross_decoder_rows']}, expected one per request ({len(ps)})")
+    require(on["lm_head_rows"] == len(ps), f"LM-head rows: {on['lm_head_rows']}, expected {len(ps)}")
+    require(off["cross_decoder_rows"] == total, f"cross-decoder rows with the flag off: {off['cross_decoder_rows']}, expected {total}")
+    require(on["skipped_cross_decoder_rows"] == total - len(ps), f"skipped rows: {on['skipped_cross_decoder_rows']}, expected {total - len(ps)}")
     # Prompt logprobs: every row from logprob_start_len feeds the LM head, so the cross-decoder runs on them too.
     reqs = [GenRequest(ps[3], max_new_tokens=1, return_logprob=True, logprob_start_len=10)]
     w = subject.generate(_argv(subject, "--disable-radix-cache", FLAG), reqs).work
     want = len(ps[3]) - 10 + 1  # rows 9..29: logits at row j-1 score prompt token j (10..29); row 29 the next token
-    require(w["cross_decoder_rows"] == want, cid, f"with prompt logprobs from 10 of 30 tokens the cross-decoder must run {want} rows, ran {w['cross_decoder_rows']}")
+    require(w["cross_decoder_rows"] == want, f"with prompt logprobs from 10 of 30 tokens the cross-decoder must run {want} rows, ran {w['cross_decoder_rows']}")
     # Decode batches take the normal path: every decode row goes through the cross-decoder.
     reqs = [GenRequest(p, max_new_tokens=3) for p in ps]
     w = subject.generate(_argv(subject, "--disable-radix-cache", FLAG), reqs).work
-    require(w["cross_decoder_rows"] == 3 * len(ps), cid, f"prefill (1 row each) + 2 decode steps must run {3 * len(ps)} cross-decoder rows, ran {w['cross_decoder_rows']}")
+    require(w["cross_decoder_rows"] == 3 * len(ps), f"prefill (1 row each) + 2 decode steps must run {3 * len(ps)} cross-decoder rows, ran {w['cross_decoder_rows']}")

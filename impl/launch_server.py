@@ -143,7 +143,7 @@ class GracefulServer(uvicorn.Server):
         self._captured_signals.clear()  # exit 0 after a graceful shutdown (uvicorn would re-raise the signal)
 
     async def shutdown(self, sockets=None) -> None:
-        busy = self.aengine.num_running() + self.aengine.num_waiting()
+        busy = self.aengine.load().num_reqs
         if busy:
             logger.info("Shutting down: %d request(s) in flight get %.0fs to finish, then are aborted", busy,
                         SHUTDOWN_GRACE_S)

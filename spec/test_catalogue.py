@@ -10,10 +10,10 @@ from contracts.mutants import all_mutants
 
 # F<n>, K<n>: seed rules of shared/design/RULES.md. M<n>, E<n>, T<n>, H<n>: acceptance items of the
 # model (issue 4), engine (issue 5), triton (issue 6) and HTTP (issue 8) issues, which no seed states.
-RULE_ID = r"[FK]\d+|[METH]\d+"
+RULE_ID = r"[FK]\d+|[METHS]\d+"
 
 # Rule ids of shared/design/RULES.md that must be covered by at least one contract.
-REQUIRED_RULES = {f"F{i}" for i in range(1, 13)} | {f"K{i}" for i in range(1, 48)}
+REQUIRED_RULES = {f"F{i}" for i in range(1, 13)} | {f"K{i}" for i in range(1, 48)} | {f"S{i}" for i in range(1, 5)}
 
 
 def test_every_contract_has_a_mutant():
@@ -43,3 +43,21 @@ def test_docs_catalogue_in_sync():
     with open(docs.path()) as f:
         current = f.read()
     assert current == docs.render(), "docs/contracts.md is stale: run `python -m contracts.docs --write`"
+
+
+def test_require_names_the_running_contract():
+    """``require(cond, message)`` takes the contract id from ``Contract.run``; outside a run it refuses."""
+    import pytest
+
+    from contracts.base import Contract, ContractViolation, require
+
+    def check(subject) -> None:
+        require(subject == "good", f"subject was {subject!r}")
+
+    c = Contract("TEST-RUNNING-ID", "a rule", "here", ("T0",), frozenset({"args"}), check)
+    c.run("good")
+    with pytest.raises(ContractViolation, match=r"^\[TEST-RUNNING-ID\] subject was 'bad'$") as e:
+        c.run("bad")
+    assert e.value.contract_id == "TEST-RUNNING-ID"
+    with pytest.raises(RuntimeError, match="outside a contract check"):
+        require(False, "no contract runs")

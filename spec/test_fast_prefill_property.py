@@ -34,6 +34,8 @@ def oracle(arch, n_shared, backend, prefill, decode, algo, draft, flag) -> bool:
     """True = accept. Written from seed 000's Behaviour section, independently of impl."""
     if algo == "NEXTN" and draft != "assistant":
         return False  # NEXTN is implemented only as FROZEN_KV_MTP with a Gemma-4 assistant draft
+    if algo == "NEXTN" and arch != "gemma4":
+        return False  # the Gemma-4 assistant's backbone (hidden size, layer types) must match the target's
     if not flag:
         return True
     if arch != "gemma4" or n_shared == 0:

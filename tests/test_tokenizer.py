@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from impl.model.detokenizer import IncrementalDetokenizer
+from impl.engine.detokenizer import IncrementalDetokenizer
 from impl.model.tokenizer import Tokenizer
 from impl.testing.tokenizer_factory import GEMMA_CHAT_TEMPLATE, write_tokenizer_files
 

@@ -95,6 +95,10 @@ class ImplSubject:
     def tiny_model(self, name: str) -> str:
         from impl.testing.checkpoints import tiny_checkpoint
 
+        if name == "assistant_oracle":  # see impl_engine.engine_for
+            from impl.testing.oracle_draft import ORACLE_PREFIX
+
+            return ORACLE_PREFIX + tiny_checkpoint("assistant")
         return tiny_checkpoint(name)
 
     def base_url(self, argv):

@@ -25,11 +25,13 @@ _ENGINES: dict[tuple[str, ...], tuple[Any, list[tuple[str, str]]]] = {}
 def isolated_engines() -> Iterator[None]:
     """Engines built inside are private to the block and shut down after it, so a mutant's
     damage (a leaked slot, a corrupted cache) never reaches the engines other checks reuse."""
-    global _ENGINES
+    global _ENGINES, _CONTINUATIONS
     saved, _ENGINES = _ENGINES, {}
+    saved_cont, _CONTINUATIONS = _CONTINUATIONS, {}
     try:
         yield
     finally:
+        _CONTINUATIONS = saved_cont
         for engine, _ in _ENGINES.values():
             try:
                 engine.shutdown()
@@ -39,22 +41,71 @@ def isolated_engines() -> Iterator[None]:
 
 
 def engine_for(argv: Sequence[str]) -> tuple[Any, list[tuple[str, str]]]:
-    """(Engine, startup log) for ``argv``, built once per distinct argv."""
+    """(Engine, startup log) for ``argv``, built once per distinct argv.
+
+    ``--speculative-draft-model-path oracle:<assistant>`` (``tiny_model("assistant_oracle")``): the engine
+    loads ``<assistant>`` and then drafts with an oracle that proposes the target's own greedy tokens,
+    taken from a non-speculative engine on the same argv."""
     key = tuple(argv)
     if key not in _ENGINES:
         from impl import Engine
         from impl.args.server_args import ServerArgs
+        from impl.testing.oracle_draft import ORACLE_PREFIX, OracleDrafter
 
         args = ServerArgs.parse(argv)
+        oracle = (args.speculative_draft_model_path or "").startswith(ORACLE_PREFIX)
+        if oracle:
+            args.speculative_draft_model_path = args.speculative_draft_model_path[len(ORACLE_PREFIX):]
         given = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+        if given["model_path"] is None:  # as the launcher does (impl.launch_server.build_engine), without its log line
+            from impl.testing.checkpoints import default_model_path
+
+            given["model_path"] = default_model_path()
         with capture_logs("impl") as log:
             engine = Engine(**given)
+        if oracle:
+            engine.spec_worker.drafter = OracleDrafter(
+                _greedy_continuation(_without_speculation(argv)), engine.runner.model.compute_logits
+            )
         _ENGINES[key] = (engine, list(log))
     return _ENGINES[key]
 
 
+def _without_speculation(argv: Sequence[str]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a.startswith("--speculative-"):
+            skip = "=" not in a
+        else:
+            out.append(a)
+    return out
+
+
+_CONTINUATIONS: dict[tuple[tuple[str, ...], tuple[int, ...], int], list[int]] = {}
+
+
+def _greedy_continuation(argv: list[str]):
+    """The oracle's source: greedy continuations from the non-speculative engine, remembered across engines."""
+
+    def run(token_lists: list[list[int]], n: int) -> list[list[int]]:
+        key = tuple(argv)
+        todo = [t for t in token_lists if (key, tuple(t), n) not in _CONTINUATIONS]
+        if todo:
+            engine, _ = engine_for(argv)
+            sp = {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}
+            for t, o in zip(todo, engine.generate(input_ids=todo, sampling_params=[sp] * len(todo))):
+                _CONTINUATIONS[(key, tuple(t), n)] = o["output_ids"]
+        return [_CONTINUATIONS[(key, tuple(t), n)] for t in token_lists]
+
+    return run
+
+
 def _sampling_params(r: GenRequest) -> dict[str, Any]:
     sp: dict[str, Any] = {"max_new_tokens": r.max_new_tokens, "temperature": r.temperature, "ignore_eos": r.ignore_eos}
+    if r.top_k != -1:
+        sp["top_k"] = r.top_k
     if r.seed is not None:
         sp["seed"] = r.seed
     return sp
@@ -68,6 +119,8 @@ def _to_output(o: dict[str, Any]) -> GenOutput:
         input_logprobs=[lp for lp, _, _ in m.get("input_token_logprobs", [])],
         finish_reason=m["finish_reason"],
         cached_tokens=m["cached_tokens"],
+        spec_verify_ct=m.get("spec_verify_ct"),
+        spec_accept_length=m.get("spec_accept_length"),
     )
 
 
@@ -88,11 +141,11 @@ def generate(argv: Sequence[str], requests: Sequence[GenRequest], batched: bool 
 
     with capture_logs("impl") as log:
         outs = call(requests) if batched else [o for r in requests for o in call([r])]
-    kv = engine.scheduler.kv
+    load = engine.load()
     return GenResult(
         outputs=[_to_output(o) for o in outs],
         work=engine.work_counters(),
         log=startup + list(log),
-        kv_capacity=kv.capacity - 1,  # slot 0 is the reserved pad slot
-        kv_available_after=kv.available(),
+        kv_capacity=load.kv_tokens_total,
+        kv_available_after=load.kv_tokens_available,
     )

@@ -37,6 +37,8 @@ def mutant(*kills: str) -> Callable[[type], type]:
 
 
 def all_mutants() -> list[Mutant]:
-    from contracts.mutants import catalogue  # noqa: F401
+    import contracts.mutants
+    from contracts.base import discover
 
+    discover(contracts.mutants)
     return sorted(_MUTANTS.values(), key=lambda m: m.name)

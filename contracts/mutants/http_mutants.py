@@ -55,14 +55,19 @@ class StreamDropsLastChar(HttpMutant):
 
 @breaks("StreamDropsLastChar")
 def _stream_drops_last_char() -> None:
-    from impl.server import generate_api, openai_api, streaming
+    import dataclasses
 
-    def stable_text(text, stops, finished):
-        t = streaming.stable_text(text, stops, finished)
-        return t[:-1] if finished and t else t
+    from impl.engine import detokenizer_stage
 
-    _set(generate_api, "stable_text", stable_text)
-    _set(openai_api, "stable_text", stable_text)
+    orig = detokenizer_stage.build_output
+
+    def build_output(em):
+        out = orig(em)
+        if em.handle.stream and out.finished and out.text:
+            out = dataclasses.replace(out, text=out.text[:-1], text_delta=out.text_delta[:-1])
+        return out
+
+    _set(detokenizer_stage, "build_output", build_output)
 
 
 @mutant("HTTP-ONE-FINISH-REASON")
@@ -95,9 +100,8 @@ def _usage_prompt_per_choice() -> None:
     from impl.server import openai_api
 
     def usage(sub, finals):
-        metas = [f["meta_info"] for f in finals]
-        prompt = sum(m["prompt_tokens"] for m in metas)
-        completion = sum(m["completion_tokens"] for m in metas)
+        prompt = sum(f.prompt_tokens for f in finals)
+        completion = sum(f.completion_tokens for f in finals)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     _set(openai_api, "usage", usage)
@@ -232,8 +236,10 @@ def _fast_prefill_shifts_logits() -> None:
     orig = ModelRunner.forward
 
     def forward(self, fb):
-        logits = orig(self, fb)
-        return logits.roll(1, dims=-1) if fb.fast_prefill else logits
+        out = orig(self, fb)
+        if fb.fast_prefill:
+            out.logits = out.logits.roll(1, dims=-1)
+        return out
 
     _set(ModelRunner, "forward", forward)
 

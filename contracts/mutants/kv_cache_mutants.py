@@ -20,8 +20,9 @@ def _noop(*args: Any, **kwargs: Any) -> None:
 
 
 class KvPatched(PatchedSubject):
-    """Patches ``impl.args.kv_cache`` attributes: ``NOOP`` helpers become no-ops, ``SET`` replaces values,
-    ``HOOKS`` replaces whole hooks (inside KV_CACHE_HOOKS too)."""
+    """Patches ``impl.args.kv_cache`` attributes: ``NOOP`` helpers become no-ops, ``SET`` replaces values
+    (a ``"module:attribute"`` key patches another module), ``HOOKS`` replaces whole hooks (inside
+    KV_CACHE_HOOKS too). Most mutants are rows of ``TABLE`` at the end of this file."""
 
     NOOP: tuple[str, ...] = ()
     SET: dict[str, Any] = {}
@@ -30,7 +31,7 @@ class KvPatched(PatchedSubject):
     def patches(self) -> dict[str, Any]:
         out = dict(self.PATCHES)
         out.update({f"{KV}:{name}": _noop for name in self.NOOP})
-        out.update({f"{KV}:{name}": value for name, value in self.SET.items()})
+        out.update({name if ":" in name else f"{KV}:{name}": value for name, value in self.SET.items()})
         if self.HOOKS:
             import importlib
 
@@ -52,20 +53,6 @@ def _mxfp8_needs_cuda(server_args):
         raise ValueError("--kv-cache-dtype mxfp8 requires a Blackwell GPU")
 
 
-@mutant("KV-MXFP8-BLACKWELL")
-class Mxfp8AnyCuda(KvPatched):
-    """mxfp8 is accepted on any CUDA GPU (Hopper, Ampere), not only Blackwell."""
-
-    SET = {"_mxfp8_needs_blackwell": _mxfp8_needs_cuda}
-
-
-@mutant("KV-MXFP8-BLACKWELL")
-class Mxfp8Unchecked(KvPatched):
-    """The mxfp8 platform rule is gone."""
-
-    NOOP = ("_mxfp8_needs_blackwell",)
-
-
 def _nvfp4_sm100_only(server_args, dtype):
     from impl.args.resolution import platform_of
 
@@ -73,31 +60,14 @@ def _nvfp4_sm100_only(server_args, dtype):
         raise RuntimeError("--kv-cache-dtype=nvfp4 requires Blackwell SM100 or SM120; use fp4_mx_block16")
 
 
-@mutant("KV-NVFP4-SM100-SM120")
-class Nvfp4Sm100Only(KvPatched):
-    """nvfp4 is refused on SM120 too."""
-
-    SET = {"_nvfp4_needs_sm100_or_sm120": _nvfp4_sm100_only}
-
-
-@mutant("KV-NVFP4-SM100-SM120")
-class Nvfp4AnyCuda(KvPatched):
-    """nvfp4 is accepted on Hopper and Ampere."""
-
-    NOOP = ("_nvfp4_needs_sm100_or_sm120",)
-
-
-@mutant("KV4-MIXED-BACKENDS-WARN")
-class Kv4MixedSilent(KvPatched):
-    """Mixed KV4 prefill/decode backends give no warning."""
-
-    NOOP = ("_warn_kv4_mixed_backends",)
-
-
 def _warn_always(server_args):
     import logging
 
-    from impl.args.resolution import attention_backends_of, resolved_view, resolving_view
+    from impl.args.resolution import (
+        attention_backends_of,
+        resolved_view,
+        resolving_view,
+    )
 
     if resolving_view(server_args).kv_cache_dtype in ("nvfp4", "fp4_mx_block16"):
         p, d = attention_backends_of(resolved_view(server_args))
@@ -118,62 +88,6 @@ class Kv4WarnsAlways(KvPatched):
             _warn_always(server_args)
 
         return {"impl.args.attention:handle_attention_backend_default": default_then_warn}
-
-
-@mutant("KV4-FA4-MLA-DECODE")
-class Kv4Fa4MlaList0523(KvPatched):
-    """SGLang 0.5.23's FA4 + MLA decode list (cutlass_mla dropped)."""
-
-    SET = {"KV4_FA4_MLA_DECODE_BACKENDS": ("flashinfer", "trtllm_mla")}
-
-
-@mutant("KV4-FA4-MLA-DECODE")
-class Kv4Fa4MlaUnchecked(KvPatched):
-    """Any decode backend is accepted with fa4 prefill on MLA."""
-
-    NOOP = ("_kv4_fa4_mla_decode",)
-
-
-@mutant("KV4-FA4-MHA-DECODE")
-class Kv4Fa4MhaAllowsFlashinfer(KvPatched):
-    """flashinfer joins the FA4 + MHA decode list."""
-
-    SET = {"KV4_FA4_MHA_DECODE_BACKENDS": ("triton", "torch_native", "flex_attention", "flashinfer")}
-
-
-@mutant("KV4-MLA-BACKEND")
-class Kv4MlaList0523(KvPatched):
-    """SGLang 0.5.23's KV4 MLA list (cutlass_mla dropped)."""
-
-    SET = {"KV4_MLA_ATTENTION_BACKENDS": ("flashinfer", "trtllm_mla")}
-
-
-@mutant("KV4-MLA-BACKEND")
-class Kv4MlaUnchecked(KvPatched):
-    """Any attention backend is accepted for KV4 on MLA."""
-
-    NOOP = ("_kv4_mla_attention",)
-
-
-@mutant("KV4-MHA-BACKEND")
-class Kv4MhaNoTrtllm(KvPatched):
-    """trtllm_mha is missing from the KV4 MHA list."""
-
-    SET = {"KV4_MHA_ATTENTION_BACKENDS": ("triton", "torch_native", "flex_attention")}
-
-
-@mutant("KV4-MHA-BACKEND")
-class Kv4MhaUnchecked(KvPatched):
-    """Any attention backend is accepted for KV4 on MHA."""
-
-    NOOP = ("_kv4_mha_attention",)
-
-
-@mutant("KV4-NON-CUDA")
-class Kv4OnCpu(KvPatched):
-    """KV4 is accepted off CUDA."""
-
-    NOOP = ("_kv4_not_on_non_cuda",)
 
 
 # ---- K9, K10, K40-K47: prefill-only ---------------------------------------------------------------------
@@ -214,77 +128,14 @@ class PrefillOnlyReadsUserBackend(KvPatched):
     HOOKS = {"handle_prefill_only_disable_kv_cache": _prefill_only_reads_user_backend}
 
 
-@mutant("PREFILL-ONLY-FA-BACKEND")
-class PrefillOnlyAllowsTriton(KvPatched):
-    """triton joins the prefill-only backends."""
-
-    SET = {"PREFILL_ONLY_PREFILL_BACKENDS": ("fa3", "fa4", "triton")}
-
-
-@mutant("PREFILL-ONLY-NEEDS-EMBEDDING")
-class PrefillOnlyNoEmbedding(KvPatched):
-    """--is-embedding is not required."""
-
-    NOOP = ("_prefill_only_needs_embedding",)
-
-
-@mutant("PREFILL-ONLY-NO-FP4-KV")
-class PrefillOnlyFp4(KvPatched):
-    """FP4 KV is accepted with prefill-only."""
-
-    NOOP = ("_prefill_only_not_fp4",)
-
-
-@mutant("PREFILL-ONLY-NO-MXFP8-KV")
-class PrefillOnlyMxfp8(KvPatched):
-    """MXFP8 KV is accepted with prefill-only."""
-
-    NOOP = ("_prefill_only_not_mxfp8",)
-
-
 def _chunk_unset_ok(cfg):
     if cfg.chunked_prefill_size not in (-1, None):
         raise ValueError("--prefill-only-disable-kv-cache requires --chunked-prefill-size=-1")
 
 
-@mutant("PREFILL-ONLY-NO-CHUNKING")
-class PrefillOnlyChunkUnsetOk(KvPatched):
-    """An unset --chunked-prefill-size passes (only explicit sizes are refused)."""
-
-    SET = {"_prefill_only_needs_unchunked_prefill": _chunk_unset_ok}
-
-
-@mutant("PREFILL-ONLY-NO-RADIX-CACHE")
-class PrefillOnlyRadix(KvPatched):
-    """The radix cache may stay on."""
-
-    NOOP = ("_prefill_only_needs_no_radix_cache",)
-
-
 def _attn_cp_above_two(view):
     if view.attn_cp_size > 2:
         raise ValueError("--prefill-only-disable-kv-cache is incompatible with --attn-cp-size > 1")
-
-
-@mutant("PREFILL-ONLY-NO-ATTN-CP")
-class PrefillOnlyAttnCpOffByOne(KvPatched):
-    """--attn-cp-size 2 slips through (off by one)."""
-
-    SET = {"_prefill_only_not_attn_cp": _attn_cp_above_two}
-
-
-@mutant("PREFILL-ONLY-NO-PREFILL-CP")
-class PrefillOnlyPrefillCp(KvPatched):
-    """--enable-prefill-cp is accepted with prefill-only."""
-
-    NOOP = ("_prefill_only_not_prefill_cp",)
-
-
-@mutant("PREFILL-ONLY-NO-HISPARSE")
-class PrefillOnlyHisparse(KvPatched):
-    """--enable-hisparse is accepted with prefill-only."""
-
-    NOOP = ("_prefill_only_not_hisparse",)
 
 
 # ---- K11-K18: cache compatibility -----------------------------------------------------------------------
@@ -293,65 +144,9 @@ def _host_pool_not_null(cfg):
         raise ValueError("--disaggregation-decode-retraction-backup=host_pool is only supported on a PD decode server.")
 
 
-@mutant("HOST-POOL-PD-DECODE-ONLY")
-class HostPoolOnPrefill(KvPatched):
-    """host_pool is accepted on a PD prefill server (only the non-PD case is refused)."""
-
-    SET = {"_host_pool_needs_pd_decode": _host_pool_not_null}
-
-
-@mutant("HOST-POOL-NO-DCP")
-class HostPoolWithDcp(KvPatched):
-    """host_pool is accepted with --dcp-size > 1."""
-
-    NOOP = ("_host_pool_without_dcp",)
-
-
 def _host_pool_priority_ignores_preemption_flag(cfg):
     if cfg.disaggregation_decode_retraction_backup == "host_pool" and cfg.enable_priority_scheduling:
         raise ValueError("--disaggregation-decode-retraction-backup=host_pool requires --disable-priority-preemption")
-
-
-@mutant("HOST-POOL-PRIORITY-PREEMPTION")
-class HostPoolPriorityAlways(KvPatched):
-    """host_pool + priority scheduling is refused even with --disable-priority-preemption."""
-
-    SET = {"_host_pool_priority_needs_no_preemption": _host_pool_priority_ignores_preemption_flag}
-
-
-@mutant("HOST-POOL-PRIORITY-PREEMPTION")
-class HostPoolPriorityUnchecked(KvPatched):
-    """host_pool + priority preemption is accepted."""
-
-    NOOP = ("_host_pool_priority_needs_no_preemption",)
-
-
-@mutant("HICACHE-VS-NO-RADIX")
-class HicacheWithoutRadix(KvPatched):
-    """Hierarchical cache is accepted with the radix cache disabled."""
-
-    NOOP = ("_hierarchical_cache_needs_radix",)
-
-
-@mutant("DECODE-OFFLOAD-DECODE-SIDE")
-class DecodeOffloadAnySide(KvPatched):
-    """Decode KV offload is accepted off the decode side."""
-
-    NOOP = ("_decode_offload_on_decode_side",)
-
-
-@mutant("DECODE-OFFLOAD-NEEDS-STORAGE")
-class DecodeOffloadNoStorage(KvPatched):
-    """Decode KV offload is accepted without a storage backend."""
-
-    NOOP = ("_decode_offload_needs_storage",)
-
-
-@mutant("DECODE-OFFLOAD-VS-HOST-POOL")
-class DecodeOffloadWithHostPool(KvPatched):
-    """Decode KV offload and host_pool are accepted together."""
-
-    NOOP = ("_decode_offload_not_with_host_pool",)
 
 
 def _ratio_allows_zero(ratio):
@@ -362,56 +157,6 @@ def _ratio_allows_zero(ratio):
 def _ratio_excludes_one(ratio):
     if not (0 < ratio < 1.0):
         raise ValueError("--swa-full-tokens-ratio should be in range (0, 1.0].")
-
-
-@mutant("SWA-RATIO-RANGE")
-class SwaRatioAllowsZero(KvPatched):
-    """--swa-full-tokens-ratio 0 is accepted."""
-
-    SET = {"_swa_full_tokens_ratio_in_range": _ratio_allows_zero}
-
-
-@mutant("SWA-RATIO-RANGE")
-class SwaRatioExcludesOne(KvPatched):
-    """--swa-full-tokens-ratio 1.0 is refused."""
-
-    SET = {"_swa_full_tokens_ratio_in_range": _ratio_excludes_one}
-
-
-# ---- K19-K32: unified memory pool -----------------------------------------------------------------------
-@mutant("UM-PD-MOONCAKE")
-class UnifiedPdAnyTransfer(KvPatched):
-    """Unified memory + PD accepts every transfer backend but fake / mooncake_tcp."""
-
-    SET = {"UNIFIED_PD_TRANSFER_BACKENDS": ("mooncake", "nixl")}
-
-
-@mutant("UM-PD-NO-PP")
-class UnifiedPdWithPp(KvPatched):
-    """Unified memory + PD accepts pipeline parallelism."""
-
-    NOOP = ("_unified_pd_no_pipeline_parallel",)
-
-
-@mutant("UM-PD-LAZY-COMPACTION")
-class UnifiedPdIgnoresLazyCompactionEnv(KvPatched):
-    """The lazy-compaction environment switch is ignored."""
-
-    NOOP = ("_unified_pd_lazy_compaction",)
-
-
-@mutant("UM-PD-NO-HISPARSE")
-class UnifiedPdHisparse(KvPatched):
-    """Unified memory + PD accepts HiSparse."""
-
-    NOOP = ("_unified_pd_no_hisparse",)
-
-
-@mutant("UM-SPEC-ALGORITHM")
-class UnifiedSpec0523(KvPatched):
-    """SGLang 0.5.23's speculative list for unified memory (EAGLE, EAGLE3, DFLASH added)."""
-
-    SET = {"UNIFIED_SPECULATIVE_ALGORITHMS": (None, "DSPARK", "EAGLE", "EAGLE3", "DFLASH")}
 
 
 @mutant("UM-DSPARK-TOPK")
@@ -434,20 +179,6 @@ class UnifiedTopkAlways(KvPatched):
         return super().patches()
 
 
-@mutant("UM-DSPARK-TOPK")
-class UnifiedDsparkTree(KvPatched):
-    """DSPARK tree drafts (top-k > 1) are accepted."""
-
-    NOOP = ("_unified_dspark_topk",)
-
-
-@mutant("UM-DSPARK-BACKENDS")
-class UnifiedDsparkBackends0523(KvPatched):
-    """SGLang 0.5.23's DSPARK backend set (fa3/fa4/flashinfer/flashmla in, tokenspeed_mla out)."""
-
-    SET = {"UNIFIED_DSPARK_BACKENDS": frozenset({"triton", "trtllm_mla", "cutedsl_mla", "flashmla", "flashinfer", "fa3", "fa4"})}
-
-
 def _dspark_decode_only(server_args):
     from impl.args import kv_cache
     from impl.args.resolution import attention_backends_of, resolved_view
@@ -457,37 +188,9 @@ def _dspark_decode_only(server_args):
         raise ValueError(f"--enable-unified-memory + DSPARK: backend {decode} is not audited")
 
 
-@mutant("UM-DSPARK-BACKENDS")
-class UnifiedDsparkDecodeOnly(KvPatched):
-    """Only the decode backend is checked for DSPARK."""
-
-    SET = {"_unified_dspark_backends": _dspark_decode_only}
-
-
 def _lmcache_only(cfg):
     if cfg.enable_lmcache:
         raise ValueError("--enable-unified-memory is not yet compatible with --enable-lmcache")
-
-
-@mutant("UM-NO-HOST-TIERED-CACHE")
-class UnifiedWithHicache(KvPatched):
-    """Unified memory accepts the hierarchical cache (only LMCache is refused, as in SGLang 0.5.23)."""
-
-    SET = {"_unified_no_host_tiered_cache": _lmcache_only}
-
-
-@mutant("UM-DCP-GATE", "UM-DCP-MLA-ONLY")
-class UnifiedDcpUnchecked(KvPatched):
-    """The unified-memory DCP checks never run."""
-
-    NOOP = ("_validate_unified_memory_dcp",)
-
-
-@mutant("UM-PREFILL-CUDA-GRAPH")
-class UnifiedPrefillGraphIgnored(KvPatched):
-    """Prefill cuda-graph capture is neither refused nor disabled under unified memory."""
-
-    NOOP = ("_unified_prefill_cuda_graph",)
 
 
 def _prefill_graph_always_refused(server_args, cfg):
@@ -495,13 +198,6 @@ def _prefill_graph_always_refused(server_args, cfg):
 
     if kv_cache.prefill_cuda_graph_backend(server_args) != "disabled":
         raise ValueError("--enable-unified-memory supports decode cuda-graph capture only; pass --cuda-graph-backend-prefill=disabled")
-
-
-@mutant("UM-PREFILL-CUDA-GRAPH")
-class UnifiedPrefillGraphRefusedByDefault(KvPatched):
-    """The default prefill capture is refused instead of disabled with a warning."""
-
-    SET = {"_unified_prefill_cuda_graph": _prefill_graph_always_refused}
 
 
 def _prefill_graph_silent(server_args, cfg):
@@ -513,56 +209,6 @@ def _prefill_graph_silent(server_args, cfg):
     if cfg.cuda_graph_backend_prefill is not None:
         raise ValueError("--enable-unified-memory: pass --cuda-graph-backend-prefill=disabled")
     declare_resolution(server_args, "handle_unified_memory_pool", cuda_graph_backend_prefill="disabled")
-
-
-@mutant("UM-PREFILL-CUDA-GRAPH")
-class UnifiedPrefillGraphSilent(KvPatched):
-    """Prefill capture is disabled without the warning."""
-
-    SET = {"_unified_prefill_cuda_graph": _prefill_graph_silent}
-
-
-@mutant("UM-DCP-NO-HYBRID-SWA")
-class UnifiedDcpHybridSwa(KvPatched):
-    """Unified memory + DCP accepts hybrid sliding-window models."""
-
-    NOOP = ("_unified_dcp_no_hybrid_swa",)
-
-
-@mutant("UM-DCP-MLA-ONLY")
-class UnifiedDcpMha(KvPatched):
-    """Unified memory + DCP accepts MHA models."""
-
-    NOOP = ("_unified_dcp_mla_only",)
-
-
-@mutant("UM-DCP-NO-PD")
-class UnifiedDcpPd(KvPatched):
-    """Unified memory + DCP accepts PD disaggregation."""
-
-    NOOP = ("_unified_dcp_no_pd",)
-
-
-@mutant("UM-DCP-BACKENDS")
-class UnifiedDcpBackends0523(KvPatched):
-    """SGLang 0.5.23's DCP backend set (tokenspeed_mla dropped)."""
-
-    SET = {"UNIFIED_DCP_BACKENDS": frozenset({"flashinfer", "trtllm_mla", "cutedsl_mla"})}
-
-
-@mutant("UM-DCP-BACKENDS")
-class UnifiedDcpAnyBackend(KvPatched):
-    """Unified memory + DCP accepts any backend."""
-
-    NOOP = ("_unified_dcp_backends",)
-
-
-# ---- K33-K39: page-major layout -------------------------------------------------------------------------
-@mutant("UM-IMPLIES-PAGE-MAJOR")
-class UnifiedNoPageMajor(KvPatched):
-    """Unified memory does not declare the page-major layout."""
-
-    NOOP = ("_declare_page_major_for_unified",)
 
 
 def _page_major_guard_on_user_view(server_args):
@@ -589,63 +235,14 @@ class PageMajorGuardOnUserView(KvPatched):
     HOOKS = {"handle_page_major_kv_layout": _page_major_guard_on_user_view}
 
 
-@mutant("PAGE-MAJOR-NEEDS-UM")
-class PageMajorWithoutUnified(KvPatched):
-    """Page-major layout is accepted without unified memory."""
-
-    NOOP = ("_page_major_needs_unified",)
-
-
 def _raw_dims(mc):
     return mc.head_dim, mc.v_head_dim, mc.swa_head_dim, mc.swa_v_head_dim
-
-
-@mutant("UM-UNIFORM-KV-ROWS")
-class UniformRowsMixesLayerTypes(KvPatched):
-    """K/V uniformity compares the sliding-window K width with the full-attention V width (refuses Gemma-4)."""
-
-    SET = {"_kv_row_dims": _raw_dims}
-
-
-@mutant("UM-UNIFORM-KV-ROWS")
-class UniformRowsNoMlaExemption(KvPatched):
-    """MLA models lose their exemption from the uniform-rows rule."""
-
-    SET = {"unified_memory_supported_for_model": lambda mc, use_mla_backend: not _asymmetric(mc)}
 
 
 def _asymmetric(mc) -> bool:
     from impl.args import kv_cache
 
     return kv_cache.has_asymmetric_kv(mc)
-
-
-@mutant("UM-UNIFORM-KV-ROWS")
-class UniformRowsUnchecked(KvPatched):
-    """Unified memory accepts asymmetric K/V rows."""
-
-    NOOP = ("_unified_needs_uniform_kv_rows",)
-
-
-@mutant("PAGE-MAJOR-BACKENDS")
-class PageMajorMhaAllowsTorchNative(KvPatched):
-    """torch_native joins the MHA unified allow-list."""
-
-    SET = {"PAGE_MAJOR_UNIFIED_MHA_BACKENDS": frozenset({"triton", "fa3", "fa4", "flashinfer", "trtllm_mha", "torch_native"})}
-
-
-@mutant("PAGE-MAJOR-BACKENDS")
-class PageMajorMla0523(KvPatched):
-    """SGLang 0.5.23's MLA allow-list (tokenspeed_mla dropped)."""
-
-    SET = {"PAGE_MAJOR_UNIFIED_MLA_BACKENDS": frozenset({"triton", "fa3", "trtllm_mla", "flashinfer", "cutedsl_mla", "flashmla"})}
-
-
-@mutant("PAGE-MAJOR-LINEAR-DECODE")
-class LinearDecodeAllowsFlashkda(KvPatched):
-    """flashkda joins the linear-attention decode list."""
-
-    SET = {"LINEAR_DECODE_BACKENDS": frozenset({"triton", "flashinfer", "flashkda"})}
 
 
 @mutant("PAGE-MAJOR-LINEAR-DECODE", "PAGE-MAJOR-LINEAR-PREFILL")
@@ -656,20 +253,6 @@ class LinearMlaExtrasForAll(KvPatched):
         from impl.args import kv_cache
 
         return {f"{KV}:_linear_attn_allowed": lambda server_args, base: base | kv_cache.LINEAR_MLA_EXTRA_BACKENDS}
-
-
-@mutant("PAGE-MAJOR-LINEAR-PREFILL")
-class LinearPrefill0523(KvPatched):
-    """SGLang 0.5.23's prefill list (flashinfer added)."""
-
-    SET = {"LINEAR_PREFILL_BACKENDS": frozenset({"triton", "flashkda", "flashinfer"})}
-
-
-@mutant("PAGE-MAJOR-MAMBA")
-class MambaAllowsFlashinfer(KvPatched):
-    """flashinfer Mamba kernels are accepted with the page-major layout."""
-
-    SET = {"MAMBA_BACKENDS": (None, "triton", "flashinfer")}
 
 
 # ---- messages ----------------------------------------------------------------------------------------------
@@ -706,27 +289,6 @@ def _refuse_first_only(server_args):
 
 
 @mutant("IMPL-REFUSES-UNIMPLEMENTED")
-class RefusesFirstOnly(KvPatched):
-    """Only the first unimplemented setting is reported (the operator fixes them one launch at a time)."""
-
-    PATCHES = {"impl.args.unsupported:refuse_unimplemented": _refuse_first_only}
-
-
-@mutant("IMPL-REFUSES-UNIMPLEMENTED")
-class AcceptsFp8Kv(KvPatched):
-    """fp8 KV dtypes start although the pool stores them as bf16 (silently ignored)."""
-
-    PATCHES = {"impl.args.unsupported:IMPLEMENTED_KV_CACHE_DTYPES": ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2")}
-
-
-@mutant("IMPL-REFUSES-UNIMPLEMENTED")
-class RefusesBf16Kv(KvPatched):
-    """bf16 KV is refused although the pool implements it."""
-
-    PATCHES = {"impl.args.unsupported:IMPLEMENTED_KV_CACHE_DTYPES": ("auto",)}
-
-
-@mutant("IMPL-REFUSES-UNIMPLEMENTED")
 class IgnoresSpeculative(KvPatched):
     """Speculative settings are silently ignored at launch."""
 
@@ -735,3 +297,82 @@ class IgnoresSpeculative(KvPatched):
 
         kept = [u for u in unsupported.UNIMPLEMENTED if not u.feature.startswith("speculative")]
         return {"impl.args.unsupported:UNIMPLEMENTED": kept}
+
+
+# ---- the table: (mutant, contracts it kills, what breaks, patch) -----------------------------------------------
+# patch: the name of an impl.args.kv_cache helper that becomes a no-op, or {attribute: replacement}
+# (attribute names are in impl.args.kv_cache unless they name their module as "module:attribute").
+TABLE: list[tuple[str, str | tuple[str, ...], str, str | dict[str, Any]]] = [
+    ("Mxfp8AnyCuda", "KV-MXFP8-BLACKWELL", "mxfp8 is accepted on any CUDA GPU (Hopper, Ampere), not only Blackwell.", {"_mxfp8_needs_blackwell": _mxfp8_needs_cuda}),
+    ("Mxfp8Unchecked", "KV-MXFP8-BLACKWELL", "The mxfp8 platform rule is gone.", "_mxfp8_needs_blackwell"),
+    ("Nvfp4Sm100Only", "KV-NVFP4-SM100-SM120", "nvfp4 is refused on SM120 too.", {"_nvfp4_needs_sm100_or_sm120": _nvfp4_sm100_only}),
+    ("Nvfp4AnyCuda", "KV-NVFP4-SM100-SM120", "nvfp4 is accepted on Hopper and Ampere.", "_nvfp4_needs_sm100_or_sm120"),
+    ("Kv4MixedSilent", "KV4-MIXED-BACKENDS-WARN", "Mixed KV4 prefill/decode backends give no warning.", "_warn_kv4_mixed_backends"),
+    ("Kv4Fa4MlaList0523", "KV4-FA4-MLA-DECODE", "SGLang 0.5.23's FA4 + MLA decode list (cutlass_mla dropped).", {"KV4_FA4_MLA_DECODE_BACKENDS": ("flashinfer", "trtllm_mla")}),
+    ("Kv4Fa4MlaUnchecked", "KV4-FA4-MLA-DECODE", "Any decode backend is accepted with fa4 prefill on MLA.", "_kv4_fa4_mla_decode"),
+    ("Kv4Fa4MhaAllowsFlashinfer", "KV4-FA4-MHA-DECODE", "flashinfer joins the FA4 + MHA decode list.", {"KV4_FA4_MHA_DECODE_BACKENDS": ("triton", "torch_native", "flex_attention", "flashinfer")}),
+    ("Kv4MlaList0523", "KV4-MLA-BACKEND", "SGLang 0.5.23's KV4 MLA list (cutlass_mla dropped).", {"KV4_MLA_ATTENTION_BACKENDS": ("flashinfer", "trtllm_mla")}),
+    ("Kv4MlaUnchecked", "KV4-MLA-BACKEND", "Any attention backend is accepted for KV4 on MLA.", "_kv4_mla_attention"),
+    ("Kv4MhaNoTrtllm", "KV4-MHA-BACKEND", "trtllm_mha is missing from the KV4 MHA list.", {"KV4_MHA_ATTENTION_BACKENDS": ("triton", "torch_native", "flex_attention")}),
+    ("Kv4MhaUnchecked", "KV4-MHA-BACKEND", "Any attention backend is accepted for KV4 on MHA.", "_kv4_mha_attention"),
+    ("Kv4OnCpu", "KV4-NON-CUDA", "KV4 is accepted off CUDA.", "_kv4_not_on_non_cuda"),
+    ("PrefillOnlyAllowsTriton", "PREFILL-ONLY-FA-BACKEND", "triton joins the prefill-only backends.", {"PREFILL_ONLY_PREFILL_BACKENDS": ("fa3", "fa4", "triton")}),
+    ("PrefillOnlyNoEmbedding", "PREFILL-ONLY-NEEDS-EMBEDDING", "--is-embedding is not required.", "_prefill_only_needs_embedding"),
+    ("PrefillOnlyFp4", "PREFILL-ONLY-NO-FP4-KV", "FP4 KV is accepted with prefill-only.", "_prefill_only_not_fp4"),
+    ("PrefillOnlyMxfp8", "PREFILL-ONLY-NO-MXFP8-KV", "MXFP8 KV is accepted with prefill-only.", "_prefill_only_not_mxfp8"),
+    ("PrefillOnlyChunkUnsetOk", "PREFILL-ONLY-NO-CHUNKING", "An unset --chunked-prefill-size passes (only explicit sizes are refused).", {"_prefill_only_needs_unchunked_prefill": _chunk_unset_ok}),
+    ("PrefillOnlyRadix", "PREFILL-ONLY-NO-RADIX-CACHE", "The radix cache may stay on.", "_prefill_only_needs_no_radix_cache"),
+    ("PrefillOnlyAttnCpOffByOne", "PREFILL-ONLY-NO-ATTN-CP", "--attn-cp-size 2 slips through (off by one).", {"_prefill_only_not_attn_cp": _attn_cp_above_two}),
+    ("PrefillOnlyPrefillCp", "PREFILL-ONLY-NO-PREFILL-CP", "--enable-prefill-cp is accepted with prefill-only.", "_prefill_only_not_prefill_cp"),
+    ("PrefillOnlyHisparse", "PREFILL-ONLY-NO-HISPARSE", "--enable-hisparse is accepted with prefill-only.", "_prefill_only_not_hisparse"),
+    ("HostPoolOnPrefill", "HOST-POOL-PD-DECODE-ONLY", "host_pool is accepted on a PD prefill server (only the non-PD case is refused).", {"_host_pool_needs_pd_decode": _host_pool_not_null}),
+    ("HostPoolWithDcp", "HOST-POOL-NO-DCP", "host_pool is accepted with --dcp-size > 1.", "_host_pool_without_dcp"),
+    ("HostPoolPriorityAlways", "HOST-POOL-PRIORITY-PREEMPTION", "host_pool + priority scheduling is refused even with --disable-priority-preemption.", {"_host_pool_priority_needs_no_preemption": _host_pool_priority_ignores_preemption_flag}),
+    ("HostPoolPriorityUnchecked", "HOST-POOL-PRIORITY-PREEMPTION", "host_pool + priority preemption is accepted.", "_host_pool_priority_needs_no_preemption"),
+    ("HicacheWithoutRadix", "HICACHE-VS-NO-RADIX", "Hierarchical cache is accepted with the radix cache disabled.", "_hierarchical_cache_needs_radix"),
+    ("DecodeOffloadAnySide", "DECODE-OFFLOAD-DECODE-SIDE", "Decode KV offload is accepted off the decode side.", "_decode_offload_on_decode_side"),
+    ("DecodeOffloadNoStorage", "DECODE-OFFLOAD-NEEDS-STORAGE", "Decode KV offload is accepted without a storage backend.", "_decode_offload_needs_storage"),
+    ("DecodeOffloadWithHostPool", "DECODE-OFFLOAD-VS-HOST-POOL", "Decode KV offload and host_pool are accepted together.", "_decode_offload_not_with_host_pool"),
+    ("SwaRatioAllowsZero", "SWA-RATIO-RANGE", "--swa-full-tokens-ratio 0 is accepted.", {"_swa_full_tokens_ratio_in_range": _ratio_allows_zero}),
+    ("SwaRatioExcludesOne", "SWA-RATIO-RANGE", "--swa-full-tokens-ratio 1.0 is refused.", {"_swa_full_tokens_ratio_in_range": _ratio_excludes_one}),
+    ("UnifiedPdAnyTransfer", "UM-PD-MOONCAKE", "Unified memory + PD accepts every transfer backend but fake / mooncake_tcp.", {"UNIFIED_PD_TRANSFER_BACKENDS": ("mooncake", "nixl")}),
+    ("UnifiedPdWithPp", "UM-PD-NO-PP", "Unified memory + PD accepts pipeline parallelism.", "_unified_pd_no_pipeline_parallel"),
+    ("UnifiedPdIgnoresLazyCompactionEnv", "UM-PD-LAZY-COMPACTION", "The lazy-compaction environment switch is ignored.", "_unified_pd_lazy_compaction"),
+    ("UnifiedPdHisparse", "UM-PD-NO-HISPARSE", "Unified memory + PD accepts HiSparse.", "_unified_pd_no_hisparse"),
+    ("UnifiedSpec0523", "UM-SPEC-ALGORITHM", "SGLang 0.5.23's speculative list for unified memory (EAGLE, EAGLE3, DFLASH added).", {"UNIFIED_SPECULATIVE_ALGORITHMS": (None, "DSPARK", "EAGLE", "EAGLE3", "DFLASH")}),
+    ("UnifiedDsparkTree", "UM-DSPARK-TOPK", "DSPARK tree drafts (top-k > 1) are accepted.", "_unified_dspark_topk"),
+    ("UnifiedDsparkBackends0523", "UM-DSPARK-BACKENDS", "SGLang 0.5.23's DSPARK backend set (fa3/fa4/flashinfer/flashmla in, tokenspeed_mla out).", {"UNIFIED_DSPARK_BACKENDS": frozenset({"triton", "trtllm_mla", "cutedsl_mla", "flashmla", "flashinfer", "fa3", "fa4"})}),
+    ("UnifiedDsparkDecodeOnly", "UM-DSPARK-BACKENDS", "Only the decode backend is checked for DSPARK.", {"_unified_dspark_backends": _dspark_decode_only}),
+    ("UnifiedWithHicache", "UM-NO-HOST-TIERED-CACHE", "Unified memory accepts the hierarchical cache (only LMCache is refused, as in SGLang 0.5.23).", {"_unified_no_host_tiered_cache": _lmcache_only}),
+    ("UnifiedDcpUnchecked", ("UM-DCP-GATE", "UM-DCP-MLA-ONLY"), "The unified-memory DCP checks never run.", "_validate_unified_memory_dcp"),
+    ("UnifiedPrefillGraphIgnored", "UM-PREFILL-CUDA-GRAPH", "Prefill cuda-graph capture is neither refused nor disabled under unified memory.", "_unified_prefill_cuda_graph"),
+    ("UnifiedPrefillGraphRefusedByDefault", "UM-PREFILL-CUDA-GRAPH", "The default prefill capture is refused instead of disabled with a warning.", {"_unified_prefill_cuda_graph": _prefill_graph_always_refused}),
+    ("UnifiedPrefillGraphSilent", "UM-PREFILL-CUDA-GRAPH", "Prefill capture is disabled without the warning.", {"_unified_prefill_cuda_graph": _prefill_graph_silent}),
+    ("UnifiedDcpHybridSwa", "UM-DCP-NO-HYBRID-SWA", "Unified memory + DCP accepts hybrid sliding-window models.", "_unified_dcp_no_hybrid_swa"),
+    ("UnifiedDcpMha", "UM-DCP-MLA-ONLY", "Unified memory + DCP accepts MHA models.", "_unified_dcp_mla_only"),
+    ("UnifiedDcpPd", "UM-DCP-NO-PD", "Unified memory + DCP accepts PD disaggregation.", "_unified_dcp_no_pd"),
+    ("UnifiedDcpBackends0523", "UM-DCP-BACKENDS", "SGLang 0.5.23's DCP backend set (tokenspeed_mla dropped).", {"UNIFIED_DCP_BACKENDS": frozenset({"flashinfer", "trtllm_mla", "cutedsl_mla"})}),
+    ("UnifiedDcpAnyBackend", "UM-DCP-BACKENDS", "Unified memory + DCP accepts any backend.", "_unified_dcp_backends"),
+    ("UnifiedNoPageMajor", "UM-IMPLIES-PAGE-MAJOR", "Unified memory does not declare the page-major layout.", "_declare_page_major_for_unified"),
+    ("PageMajorWithoutUnified", "PAGE-MAJOR-NEEDS-UM", "Page-major layout is accepted without unified memory.", "_page_major_needs_unified"),
+    ("UniformRowsMixesLayerTypes", "UM-UNIFORM-KV-ROWS", "K/V uniformity compares the sliding-window K width with the full-attention V width (refuses Gemma-4).", {"_kv_row_dims": _raw_dims}),
+    ("UniformRowsNoMlaExemption", "UM-UNIFORM-KV-ROWS", "MLA models lose their exemption from the uniform-rows rule.", {"unified_memory_supported_for_model": lambda mc, use_mla_backend: not _asymmetric(mc)}),
+    ("UniformRowsUnchecked", "UM-UNIFORM-KV-ROWS", "Unified memory accepts asymmetric K/V rows.", "_unified_needs_uniform_kv_rows"),
+    ("PageMajorMhaAllowsTorchNative", "PAGE-MAJOR-BACKENDS", "torch_native joins the MHA unified allow-list.", {"PAGE_MAJOR_UNIFIED_MHA_BACKENDS": frozenset({"triton", "fa3", "fa4", "flashinfer", "trtllm_mha", "torch_native"})}),
+    ("PageMajorMla0523", "PAGE-MAJOR-BACKENDS", "SGLang 0.5.23's MLA allow-list (tokenspeed_mla dropped).", {"PAGE_MAJOR_UNIFIED_MLA_BACKENDS": frozenset({"triton", "fa3", "trtllm_mla", "flashinfer", "cutedsl_mla", "flashmla"})}),
+    ("LinearDecodeAllowsFlashkda", "PAGE-MAJOR-LINEAR-DECODE", "flashkda joins the linear-attention decode list.", {"LINEAR_DECODE_BACKENDS": frozenset({"triton", "flashinfer", "flashkda"})}),
+    ("LinearPrefill0523", "PAGE-MAJOR-LINEAR-PREFILL", "SGLang 0.5.23's prefill list (flashinfer added).", {"LINEAR_PREFILL_BACKENDS": frozenset({"triton", "flashkda", "flashinfer"})}),
+    ("MambaAllowsFlashinfer", "PAGE-MAJOR-MAMBA", "flashinfer Mamba kernels are accepted with the page-major layout.", {"MAMBA_BACKENDS": (None, "triton", "flashinfer")}),
+    ("RefusesFirstOnly", "IMPL-REFUSES-UNIMPLEMENTED", "Only the first unimplemented setting is reported (the operator fixes them one launch at a time).", {"impl.args.unsupported:refuse_unimplemented": _refuse_first_only}),
+    ("AcceptsFp8Kv", "IMPL-REFUSES-UNIMPLEMENTED", "fp8 KV dtypes start although the pool stores them as bf16 (silently ignored).", {"impl.args.unsupported:IMPLEMENTED_KV_CACHE_DTYPES": ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2")}),
+    ("RefusesBf16Kv", "IMPL-REFUSES-UNIMPLEMENTED", "bf16 KV is refused although the pool implements it.", {"impl.args.unsupported:IMPLEMENTED_KV_CACHE_DTYPES": ("auto",)}),
+]
+
+
+for _name, _kills, _doc, _patch in TABLE:
+    _attrs: dict[str, Any] = {"__doc__": _doc, "__module__": __name__}
+    if isinstance(_patch, str):
+        _attrs["NOOP"] = (_patch,)
+    else:
+        _attrs["SET"] = _patch
+    globals()[_name] = mutant(*((_kills,) if isinstance(_kills, str) else _kills))(type(_name, (KvPatched,), _attrs))

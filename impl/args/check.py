@@ -17,6 +17,7 @@ def hooks() -> list[Callable[[Any], None]]:
     """The rules in the order they run (read at call time so tests can see the list)."""
     return [
         speculative.handle_speculative_algorithm,
+        speculative.handle_frozen_kv_mtp,
         kv_sharing.handle_kv_sharing_fast_prefill_backend,
         attention.handle_attention_backend_default,
         kv_sharing.validate_kv_sharing_fast_prefill,

@@ -112,8 +112,8 @@ UNIMPLEMENTED: list[Unimplemented] = [
         lambda v: _flags(v, prefill_only_disable_kv_cache=_true, is_embedding=_true),
     ),
     Unimplemented(
-        "speculative decoding (the speculative loop is not implemented yet)",
-        lambda v: _flags(
+        "speculative decoding other than FROZEN_KV_MTP (NEXTN with a Gemma-4 assistant draft)",
+        lambda v: [] if v.speculative_algorithm == "FROZEN_KV_MTP" else _flags(
             v,
             speculative_algorithm=_set,
             speculative_draft_model_path=_set,

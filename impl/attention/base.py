@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from impl.forward_batch import ForwardBatch
+
 
 @dataclass(frozen=True)
 class AttentionLayer:
@@ -55,10 +57,10 @@ class AttentionBackend(ABC):
         self.device = torch.device(device)
 
     @abstractmethod
-    def init_forward_metadata(self, fb) -> None: ...
+    def init_forward_metadata(self, fb: ForwardBatch) -> None: ...
 
     @abstractmethod
-    def init_cross_decoder_metadata(self, fb, rows: torch.Tensor, rows_per_req: list[int]) -> None:
+    def init_cross_decoder_metadata(self, fb: ForwardBatch, rows: torch.Tensor, rows_per_req: list[int]) -> None:
         """YOCO back half: ``rows`` [R] (batch rows, grouped by request, ``rows_per_req[i]`` each)."""
 
     @abstractmethod

@@ -40,6 +40,7 @@ from torch.nn import functional as F
 
 from impl.attention.base import AttentionBackend, AttentionLayer
 from impl.kernels import cpu_fused
+from impl.forward_batch import ForwardBatch
 
 # Gathered sliding-window K elements per chunk of query rows (bounds memory for large windows).
 _WINDOW_CHUNK_ELEMS = 1 << 24
@@ -126,7 +127,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             self._paged_rows = ext.paged_attention_rows
 
     # ---- metadata -----------------------------------------------------------
-    def init_forward_metadata(self, fb) -> None:
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
         starts = fb.extend_start_loc_cpu
         groups = [(i, slice(starts[i], starts[i] + n)) for i, n in enumerate(fb.extend_seq_lens_cpu)]
         plan = self._plan(fb, groups, fb.positions, fb.num_tokens, fb.extend_seq_lens_cpu)
@@ -146,7 +147,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         self.forward_plan = plan
         self.cross_plan = None
 
-    def init_cross_decoder_metadata(self, fb, rows: torch.Tensor, rows_per_req: list[int]) -> None:
+    def init_cross_decoder_metadata(self, fb: ForwardBatch, rows: torch.Tensor, rows_per_req: list[int]) -> None:
         # Queries are the selected rows only (q holds them packed, request by request); each still sees
         # its request's whole context 0..seq_len-1 (prefix + this pass's rows, already written by the
         # self-decoder). No KV is written by the layers that use this plan.
@@ -161,7 +162,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         self.cross_plan = self._plan(fb, groups, fb.positions.index_select(0, rows), int(rows.shape[0]), rows_per_req)
         self.cross_plan.cross = True
 
-    def _plan(self, fb, groups: list[tuple[int, slice]], q_positions: torch.Tensor, num_rows: int, counts: list[int]) -> _Plan:
+    def _plan(self, fb: ForwardBatch, groups: list[tuple[int, slice]], q_positions: torch.Tensor, num_rows: int, counts: list[int]) -> _Plan:
         r2t = self.req_to_token_pool.req_to_token
         dev = r2t.device
         rpi_t = fb.req_pool_indices.to(dev)
@@ -232,7 +233,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         return _gather(k_buf, v_buf, slots, (out[0], out[1]))
 
     # ---- compute ------------------------------------------------------------
-    def forward(self, q, k, v, layer: AttentionLayer, fb, save_kv_cache: bool = True) -> torch.Tensor:
+    def forward(self, q, k, v, layer: AttentionLayer, fb: ForwardBatch, save_kv_cache: bool = True) -> torch.Tensor:
         n = q.shape[0]
         use_cross = k is None and fb.fast_prefill and self.cross_plan is not None
         plan = self.cross_plan if use_cross else self.forward_plan

@@ -19,6 +19,7 @@ from impl.attention.base import AttentionBackend, AttentionLayer
 from impl.attention.triton_metadata import TritonAttnMetadata, build_kv_indices, build_metadata
 from impl.kernels.decode_attention import decode_attention_fwd
 from impl.kernels.extend_attention import extend_attention_fwd
+from impl.forward_batch import ForwardBatch
 
 
 class TritonAttnBackend(AttentionBackend):
@@ -35,7 +36,7 @@ class TritonAttnBackend(AttentionBackend):
         self._batch = None  # the ForwardBatch forward_metadata was built for
 
     # ---- metadata -----------------------------------------------------------
-    def init_forward_metadata(self, fb) -> None:
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
         # Keys: positions 0..seq_len-1 of each request (cached prefix + this pass's rows, which
         # forward() writes to the pool before attending). Queries: every row, at fb.positions.
         kv_indptr, kv_indices = build_kv_indices(
@@ -47,7 +48,7 @@ class TritonAttnBackend(AttentionBackend):
         self.cross_metadata = None  # a back half belongs to one pass
         self._batch = fb
 
-    def init_cross_decoder_metadata(self, fb, rows: torch.Tensor, rows_per_req: list[int]) -> None:
+    def init_cross_decoder_metadata(self, fb: ForwardBatch, rows: torch.Tensor, rows_per_req: list[int]) -> None:
         if len(rows_per_req) != fb.batch_size or sum(rows_per_req) != int(rows.shape[0]) or min(rows_per_req, default=0) < 0:
             raise ValueError(
                 f"cross-decoder rows_per_req {rows_per_req} does not match {fb.batch_size} requests and "
@@ -73,7 +74,7 @@ class TritonAttnBackend(AttentionBackend):
         )
         # The window is not stored: forward() passes layer.sliding_window at launch, as for every layer.
 
-    def _metadata_for(self, k, fb, n: int, layer: AttentionLayer) -> TritonAttnMetadata:
+    def _metadata_for(self, k, fb: ForwardBatch, n: int, layer: AttentionLayer) -> TritonAttnMetadata:
         if k is None and fb.fast_prefill:
             md = self.cross_metadata
             if md is None:
@@ -91,7 +92,7 @@ class TritonAttnBackend(AttentionBackend):
         return md
 
     # ---- compute ------------------------------------------------------------
-    def forward(self, q, k, v, layer: AttentionLayer, fb, save_kv_cache: bool = True) -> torch.Tensor:
+    def forward(self, q, k, v, layer: AttentionLayer, fb: ForwardBatch, save_kv_cache: bool = True) -> torch.Tensor:
         n, d = q.shape[0], layer.head_dim
         if k is not None and save_kv_cache:
             # New rows' K/V go to the pool first: the kernels read prefix and new keys alike through kv_indices.

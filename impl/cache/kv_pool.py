@@ -62,12 +62,6 @@ class TokenToKVPool(TokenToKVPoolBase):
         """Usable slots (slot 0 is reserved)."""
         return self.capacity - 1
 
-    def describe(self) -> str:
-        return (
-            f"KV cache: {self.num_kv_layers} of {self.config.num_hidden_layers} layers hold KV, "
-            f"{self.bytes_per_token} bytes per token, capacity {self.size} tokens"
-        )
-
 
 class ReqToTokenPool:
     """``req_to_token[r, j]``: KV slot of token ``j`` of the request living in row ``r``."""

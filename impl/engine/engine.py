@@ -1,23 +1,30 @@
 """Engine: the offline API (SGLang's shape) over one step-wise scheduler.
 
-``Engine(model_path=None, **server_args)`` checks and resolves the server
+``Engine(model_path, **server_args)`` checks and resolves the server
 arguments, loads the model, sizes the KV pool and logs the startup lines.
 ``generate`` drives ``Scheduler.step()`` on the caller's thread until its
 requests finish; ``start_background_loop()`` instead runs the loop on a thread
-(the HTTP server's mode), and ``submit`` / ``abort`` are safe from any thread:
-each request gets a ``RequestHandle`` whose queue receives its output dicts.
+(the HTTP server's mode). The async API over the same engine is
+``impl.server.async_engine.AsyncEngine``.
+
+Request path: ``expand_requests`` (``impl/engine/intake.py``: batch x ``n``,
+the ``seed + j`` rule, the one validation) -> ``submit`` (thread-safe; one
+``RequestHandle`` per request) -> the scheduler thread runs forwards and hands
+each emission to the detokenizer stage (``impl/engine/detokenizer_stage.py``),
+which builds typed ``ReqOutput`` objects (``impl/engine/output.py``) on its own
+thread and queues them on the handle. ``generate`` returns SGLang's dicts
+(``ReqOutput.to_sglang()``). ``load()`` is the typed load view (running,
+waiting, KV tokens, token budget) for the server, metrics and contract adapters.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import queue
 import threading
-import uuid
-from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterator, Sequence
+import time
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -30,12 +37,17 @@ from impl.args.unsupported import refuse_unimplemented
 from impl.cache.allocator import TokenSlotAllocator
 from impl.cache.radix_cache import RadixCache
 from impl.config.model_config import ModelConfig
+from impl.engine.detokenizer import IncrementalDetokenizer
+from impl.engine.detokenizer_stage import DetokenizerStage, Emission
+from impl.engine.intake import IntakeLimits, InvalidRequest, expand_requests
 from impl.engine.kv_lifecycle import KVLifecycle
+from impl.engine.load import LoadView
 from impl.engine.model_runner import ModelRunner
-from impl.engine.output import build_output
+from impl.engine.output import ReqOutput
 from impl.engine.req import Req
+from impl.engine.request_handle import RequestHandle
 from impl.engine.scheduler import Scheduler, SchedulerConfig
-from impl.sampling.sampling_params import SamplingParams
+from impl.engine.speculative import build_spec_worker
 
 logger = logging.getLogger("impl.engine")
 
@@ -44,23 +56,11 @@ logger = logging.getLogger("impl.engine")
 DEFAULT_CHUNKED_PREFILL = {"cuda": 8192, "cpu": 2048}
 
 
-@dataclass
-class RequestHandle:
-    """One submitted request: its output dicts arrive on ``queue`` (the last has a finish_reason)."""
-
-    rid: str
-    stream: bool
-    queue: "queue.Queue[dict[str, Any]]" = field(default_factory=queue.Queue)
-    final: dict[str, Any] | None = None
-    done: threading.Event = field(default_factory=threading.Event)
+__all__ = ["Engine", "RequestHandle", "ReqOutput", "InvalidRequest"]
 
 
 class Engine:
     def __init__(self, model_path: str | None = None, **kwargs: Any):
-        if model_path is None:
-            from impl.testing.checkpoints import default_model_path
-
-            model_path = default_model_path()
         names = {f.name for f in dataclasses.fields(ServerArgs)}
         unknown = sorted(set(kwargs) - names)
         if unknown:
@@ -68,6 +68,11 @@ class Engine:
         if kwargs.get("dp_size", 1) != 1:
             raise ValueError(f"--dp-size {kwargs['dp_size']}: an Engine is one replica; data-parallel replicas run "
                              "behind the HTTP server (python -m impl.launch_server --dp-size N)")
+        if model_path is None:
+            raise ValueError(
+                "Engine needs a model_path (a Gemma-4 checkpoint directory); python -m impl.launch_server "
+                "without --model-path serves the embedded tiny model (impl.testing.checkpoints.default_model_path())."
+            )
         self.server_args = ServerArgs(model_path=model_path, **kwargs)
         platform = Platform.detect(self.server_args.device)
         model_config = ModelConfig.from_server_args(self.server_args)
@@ -97,7 +102,10 @@ class Engine:
         allocator = TokenSlotAllocator(self.runner.token_to_kv_pool.capacity)
         tree = None if args.disable_radix_cache else RadixCache(allocator)
         kv = KVLifecycle(allocator, self.runner.req_to_token_pool, tree)
-        self.scheduler = Scheduler(self.scheduler_config, self.runner, kv, self._decode)
+        self.spec_worker = build_spec_worker(args, self.runner)
+        self.scheduler = Scheduler(self.scheduler_config, self.runner, kv, spec=self.spec_worker)
+        self.intake_limits = IntakeLimits(self.scheduler_config.max_req_len, self.model_config.vocab_size)
+        self._detokenizer = DetokenizerStage()
         seed = args.random_seed if args.random_seed is not None else int(torch.randint(0, 2**62, (1,)))
         self._seed_gen = torch.Generator().manual_seed(seed)
         self._step_lock = threading.Lock()
@@ -109,7 +117,7 @@ class Engine:
             f"Chunked prefill: {'off' if chunk == -1 else f'{chunk} tokens'}"
             + ("" if args.chunked_prefill_size is not None else " (default)")
             + f"; radix cache {'off' if tree is None else 'on'}",
-        ]
+        ] + ([self.spec_worker.describe()] if self.spec_worker else [])
         if "triton" in self.runner.backend_names:
             from impl.kernels.triton_env import triton_startup_warning
 
@@ -133,29 +141,14 @@ class Engine:
     ):
         """One request -> a dict (a list of n dicts when n > 1); a batch -> a list of dicts
         (prompt-major when n > 1). ``stream=True`` -> an iterator of cumulative dicts."""
-        handles, single = self._submit_request(
-            prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, stream, rid
-        )
+        ids_list, single = self.tokenize_prompts(prompt, input_ids)
+        reqs = self.expand_requests(ids_list, sampling_params, return_logprob, logprob_start_len, top_logprobs_num, rid)
+        handles = self.submit(reqs, stream)
         if stream:
             return self._stream(handles)
         self._drive_until(lambda: all(h.done.is_set() for h in handles))
-        outs = [h.final for h in handles]
+        outs = [h.final.to_sglang() for h in handles]
         return outs[0] if single and len(outs) == 1 else outs
-
-    async def async_generate(self, *args: Any, stream: bool = False, **kwargs: Any):
-        """``generate`` without blocking the event loop; with ``stream=True`` an async iterator."""
-        if stream:
-            return self._async_stream(self.generate(*args, stream=True, **kwargs))
-        return await asyncio.get_running_loop().run_in_executor(None, lambda: self.generate(*args, **kwargs))
-
-    async def _async_stream(self, it: Iterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-        loop = asyncio.get_running_loop()
-        sentinel = object()
-        while True:
-            item = await loop.run_in_executor(None, next, it, sentinel)
-            if item is sentinel:
-                return
-            yield item
 
     def _stream(self, handles: list[RequestHandle]) -> Iterator[dict[str, Any]]:
         pending = list(handles)
@@ -167,8 +160,8 @@ class Engine:
                             out = h.queue.get_nowait()
                         except queue.Empty:
                             break
-                        yield out
-                        if out["meta_info"]["finish_reason"] is not None:
+                        yield out.to_sglang()
+                        if out.finished:
                             pending.remove(h)
                             break
                 if pending:
@@ -177,15 +170,43 @@ class Engine:
             for h in pending:  # the consumer stopped early: do not leave the request running
                 self.abort(h.rid)
 
+    # ---- intake: the one path from arguments to validated requests -------------------------
+    def tokenize_prompts(self, prompt: str | list[str] | None, input_ids: list[int] | list[list[int]] | None
+                         ) -> tuple[list[list[int]], bool]:
+        """(token ids per prompt, whether one prompt was given as a scalar) of ``generate``'s arguments."""
+        if (prompt is None) == (input_ids is None):
+            raise InvalidRequest("pass exactly one of prompt or input_ids", "input_ids")
+        if prompt is not None:
+            single = isinstance(prompt, str)
+            prompts = [prompt] if single else list(prompt)
+            if not all(isinstance(p, str) for p in prompts):
+                raise InvalidRequest("prompt must be a string or a list of strings", "prompt")
+            return [self.encode(p) for p in prompts], single
+        single = not input_ids or not isinstance(input_ids[0], (list, tuple))
+        return ([list(input_ids)] if single else [list(x) for x in input_ids]), single
+
+    def expand_requests(self, input_ids: Sequence[Sequence[int]], *args: Any, **kwargs: Any) -> list[Req]:
+        """A batch of prompts -> validated Reqs (B x n, prompt-major): ``intake.expand_requests``
+        (same arguments after ``input_ids``) with this engine's limits and seed generator."""
+        return expand_requests(input_ids, *args, limits=self.intake_limits, seed_generator=self._seed_gen, **kwargs)
+
     # ---- thread-safe request API (used by the HTTP server) -----------------------------------
-    def submit(self, req: Req, stream: bool = False) -> RequestHandle:
-        """Validate and enqueue a prepared Req; raises ValueError for an unservable request."""
-        self.scheduler.validate(req)
-        handle = RequestHandle(req.rid, stream)
-        req.on_output = lambda r, h=handle: self._on_output(h, r)
-        self.scheduler.add_request(req)
+    def submit(self, reqs: Sequence[Req], stream: bool = False,
+               on_finish: Callable[[Req, ReqOutput], None] | None = None,
+               wake: Callable[[], None] | None = None) -> list[RequestHandle]:
+        """Enqueue Reqs made by ``expand_requests`` (already validated); one handle each.
+        ``on_finish`` / ``wake``: the handles' hooks (see ``RequestHandle``)."""
+        handles = []
+        with self._submit_lock:
+            for req in reqs:
+                req.detok = IncrementalDetokenizer(self.tokenizer,
+                                                   skip_special_tokens=req.sampling_params.skip_special_tokens)
+                handle = RequestHandle(req, stream, on_finish=on_finish, wake=wake)
+                req.on_output = lambda r, h=handle: self._on_output(h, r)
+                self.scheduler.add_request(req)
+                handles.append(handle)
         self._wake.set()
-        return handle
+        return handles
 
     def abort(self, rid: str | None = None) -> None:
         """Abort a request by id (None: every request); its handle receives finish_reason abort."""
@@ -195,80 +216,20 @@ class Engine:
             with self._step_lock:
                 self.scheduler.process_inbox()
 
-    def make_req(
-        self,
-        input_ids: list[int],
-        sampling_params: SamplingParams | dict | None = None,
-        return_logprob: bool = False,
-        logprob_start_len: int | None = None,
-        top_logprobs_num: int | None = None,
-        rid: str | None = None,
-    ) -> Req:
-        sp = SamplingParams.from_dict(sampling_params)
-        seed = sp.seed if sp.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seed_gen))
-        start = -1 if logprob_start_len is None else int(logprob_start_len)
-        return Req(
-            rid=rid or uuid.uuid4().hex,
-            origin_input_ids=[int(t) for t in input_ids],
-            sampling_params=sp,
-            return_logprob=bool(return_logprob),
-            logprob_start_len=start if return_logprob else -1,
-            top_logprobs_num=int(top_logprobs_num or 0) if return_logprob else 0,
-            generator=torch.Generator().manual_seed(seed),
-        )
-
     def _on_output(self, handle: RequestHandle, req: Req) -> None:
+        """Scheduler thread: snapshot the counts, leave the text work to the detokenizer stage."""
         if not (handle.stream or req.is_finished):
             return
-        out = build_output(req, self._decode)
-        if req.is_finished:
-            handle.final = out
-        handle.queue.put(out)
-        if req.is_finished:
-            handle.done.set()
-
-    def _submit_request(self, prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num,
-                        stream, rid) -> tuple[list[RequestHandle], bool]:
-        if (prompt is None) == (input_ids is None):
-            raise ValueError("pass exactly one of prompt or input_ids")
-        if prompt is not None:
-            single = isinstance(prompt, str)
-            prompts = [prompt] if single else list(prompt)
-            if not all(isinstance(p, str) for p in prompts):
-                raise ValueError("prompt must be a string or a list of strings")
-            ids_list = [self.encode(p) for p in prompts]
-        else:
-            single = not input_ids or not isinstance(input_ids[0], (list, tuple))
-            ids_list = [list(input_ids)] if single else [list(x) for x in input_ids]
-        b = len(ids_list)
-        if b == 0:
-            raise ValueError("the batch is empty")
-
-        def per(x: Any, name: str) -> list[Any]:
-            if isinstance(x, (list, tuple)) and not (name == "sampling_params" and isinstance(x, SamplingParams)):
-                if len(x) != b:
-                    raise ValueError(f"{name} has {len(x)} entries for a batch of {b} requests")
-                return list(x)
-            return [x] * b
-
-        sps = [SamplingParams.from_dict(s) for s in per(sampling_params, "sampling_params")]
-        rets, starts, tops = per(return_logprob, "return_logprob"), per(logprob_start_len, "logprob_start_len"), per(
-            top_logprobs_num, "top_logprobs_num"
-        )
-        rids = per(rid, "rid") if rid is not None else [None] * b
-        reqs = []
-        for i in range(b):
-            base = rids[i] or uuid.uuid4().hex
-            for j in range(sps[i].n):
-                sp = dataclasses.replace(sps[i], n=1)
-                if sp.seed is not None:
-                    sp.seed += j
-                reqs.append(self.make_req(ids_list[i], sp, rets[i], starts[i], tops[i], base if sps[i].n == 1 else f"{base}-{j}"))
-        for r in reqs:
-            self.scheduler.validate(r)
-        with self._submit_lock:
-            handles = [self.submit(r, stream) for r in reqs]
-        return handles, single
+        finished = req.finished_time if req.is_finished else None
+        self._detokenizer.put(Emission(
+            handle=handle,
+            num_output=len(req.output_ids),
+            num_input_logprobs=len(req.input_token_logprobs),
+            finish_reason=req.finished_reason,
+            time=finished if finished is not None else time.perf_counter(),
+            text=req.detok.text if req.sampling_params.stop else None,
+            spec=None if req.spec_verify_ct is None else (req.spec_verify_ct, req.spec_accept_length),
+        ))
 
     # ---- the loop ---------------------------------------------------------------------
     def step(self) -> bool:
@@ -289,7 +250,9 @@ class Engine:
             if not progressed and not done():
                 if self.scheduler.has_work:
                     continue
-                raise RuntimeError("scheduler went idle with requests unfinished (engine bug)")
+                self._detokenizer.drain()  # the last outputs may still be on their way
+                if not done():
+                    raise RuntimeError("scheduler went idle with requests unfinished (engine bug)")
 
     def start_background_loop(self) -> None:
         """Run the scheduler on a daemon thread (the HTTP server's mode)."""
@@ -326,11 +289,22 @@ class Engine:
         with self._step_lock:
             self.scheduler.check_integrity()
 
+    def load(self) -> LoadView:
+        """Requests running / waiting, KV tokens, token budget (safe from any thread)."""
+        sched, cfg = self.scheduler, self.scheduler_config
+        return LoadView(
+            num_running_reqs=len(sched.running) + (1 if sched.chunked_req is not None else 0),
+            num_waiting_reqs=len(sched.waiting),
+            kv_tokens_total=sched.kv.capacity - 1,  # slot 0 is the reserved pad slot
+            kv_tokens_available=sched.kv.available(),
+            max_running_requests=cfg.max_running_requests,
+            chunked_prefill_size=cfg.chunked_prefill_size,
+            max_prefill_tokens=cfg.max_prefill_tokens,
+            max_req_len=cfg.max_req_len,
+        )
+
     def work_counters(self) -> dict[str, int]:
         return self.runner.work.as_dict()
-
-    def last_work_counters(self) -> dict[str, int]:
-        return self.runner.last_work.as_dict()
 
     def reset_work_counters(self) -> None:
         self.runner.work.reset()
@@ -350,6 +324,10 @@ class Engine:
             startup_log=list(self.startup_log),
             work_counters=self.work_counters(),
         )
+        if self.spec_worker is not None:
+            info["speculative"] = self.spec_worker.server_info()
+            info["internal_states"] = [{"avg_spec_accept_length": self.spec_worker.stats.avg_accept_length,
+                                        **self.spec_worker.stats.as_dict()}]
         return info
 
     def shutdown(self) -> None:
@@ -361,6 +339,8 @@ class Engine:
             self._thread = None
         with self._step_lock:
             self.scheduler.process_inbox()
+        self._detokenizer.drain()
+        self._detokenizer.stop()
 
     def __enter__(self) -> "Engine":
         return self
@@ -371,9 +351,6 @@ class Engine:
     # ---- text ---------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
-
-    def _decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def _eos_ids(self) -> tuple[int, ...]:
         ids = set(self.model_config.eos_token_ids)

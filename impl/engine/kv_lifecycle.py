@@ -69,10 +69,20 @@ class KVLifecycle:
         req.kv_len += n
         return slots
 
+    def trim(self, req: Req, kv_len: int) -> None:
+        """Free the request's slots of positions ``kv_len ..`` (rejected speculative rows)."""
+        if req.req_pool_idx is None or kv_len >= req.kv_len:
+            return
+        assert kv_len >= req.prefix_len, "trim would free slots the radix cache owns"
+        self.allocator.free(self.req_to_token_pool.req_to_token[req.req_pool_idx, kv_len : req.kv_len].to("cpu", torch.int64))
+        req.kv_len = kv_len
+
     def release(self, req: Req) -> None:
         """Finished, aborted or retracted: cache the computed tokens (radix on) or free them."""
         if req.req_pool_idx is None:
             return
+        # K/V past the request's tokens (speculative rows of a request that finished midway) is freed.
+        self.trim(req, req.seq_len)
         kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len].to("cpu", torch.int64)
         if self.tree is not None:
             # KV exists for fill_ids[:kv_len]; the tree keeps what it lacks, the duplicates are freed.

@@ -20,10 +20,12 @@ from impl.attention.registry import create_attention_backend
 from impl.cache.kv_pool import ReqToTokenPool, TokenToKVPool
 from impl.cache.memory import KVBudget, kv_budget
 from impl.config.model_config import ModelConfig
-from impl.engine.forward_batch import ForwardBatch, WorkCounters
+from impl.forward_batch import ForwardBatch, WorkCounters
 from impl.kernels import cpu_fused
+from impl.kernels.cpu_fused import transform as cpu_fused_transform
 from impl.model import yoco
 from impl.model.loader import load_model, resolve_dtype
+from impl.model.outputs import LogitsOutput
 
 logger = logging.getLogger("impl.engine")
 
@@ -71,8 +73,9 @@ class ModelRunner:
         self.work = WorkCounters()
         self.last_work = WorkCounters()
 
-    def forward(self, fb: ForwardBatch) -> torch.Tensor:
-        """Run ``fb``; returns logits [R, vocab] float32 for ``fb.logits_indices``."""
+    def forward(self, fb: ForwardBatch) -> LogitsOutput:
+        """Run ``fb``; returns the model's LogitsOutput: logits [R, vocab] float32 and the final-normed
+        hidden states [R, hidden] of the rows ``fb.logits_indices``."""
         fb.req_to_token_pool = self.req_to_token_pool
         fb.token_to_kv_pool = self.token_to_kv_pool
         fb.attn_backend = self.decode_backend if fb.forward_mode.is_decode else self.prefill_backend
@@ -83,7 +86,7 @@ class ModelRunner:
         self.last_work = fb.work
         for k, v in fb.work.as_dict().items():
             setattr(self.work, k, getattr(self.work, k) + v)
-        return out.logits
+        return out
 
     def describe(self) -> list[str]:
         mc = self.model_config
@@ -100,7 +103,7 @@ class ModelRunner:
 
     def _cpu_kernels(self) -> str:
         """Which path the decoder layers take on CPU (impl/kernels/cpu_fused)."""
-        if any(layer._fused is not None for layer in self.model.layers):
+        if cpu_fused_transform.fused_layer_count(self.model):
             return "fused decoder layers and sliding-window attention (C++ extension)"
         if not cpu_fused.enabled_by_env():
             return f"torch ops ({cpu_fused.ENV_SWITCH}=0)"

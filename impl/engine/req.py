@@ -77,6 +77,9 @@ class Req:
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     input_logprob_next_pos: int = 0
+    # text: the request's IncrementalDetokenizer (set by Engine.submit; stepped on the scheduler
+    # thread only when the request has stop strings, else on the detokenizer thread)
+    detok: Any = None
     # stop strings: where in the decoded output text the matched stop string starts
     stop_text_pos: int | None = None
     stop_checked_chars: int = 0
@@ -85,6 +88,17 @@ class Req:
     first_token_time: float | None = None
     finished_time: float | None = None
     last_emitted_len: int = 0
+    # speculative decoding (FROZEN_KV_MTP): None when the engine does not speculate
+    spec_verify_ct: int | None = None  # verify forwards this request took part in
+    spec_committed_tokens: int = 0  # tokens those verifies committed
+    spec_hidden: torch.Tensor | None = None  # seed: target hidden of the row that produced the last token
+
+    @property
+    def spec_accept_length(self) -> float | None:
+        """Mean tokens committed per verify (SGLang's ``spec_accept_length``)."""
+        if self.spec_verify_ct is None:
+            return None
+        return self.spec_committed_tokens / self.spec_verify_ct if self.spec_verify_ct else 0.0
 
     def __post_init__(self) -> None:
         if self.return_logprob and self.logprob_start_len >= 0:

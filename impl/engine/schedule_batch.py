@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from impl.engine.forward_batch import ForwardBatch, ForwardMode
+from impl.forward_batch import ForwardBatch, ForwardMode
 from impl.engine.req import Req
 
 

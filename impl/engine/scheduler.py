@@ -28,17 +28,20 @@ import queue
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
-from impl.engine.forward_batch import WorkCounters
+from impl.forward_batch import WorkCounters
 from impl.engine.kv_lifecycle import KVLifecycle
 from impl.engine.req import FinishReason, Req, ReqState
 from impl.engine.schedule_batch import BatchItem, ScheduleBatch
 from impl.sampling.sampler import SampleRow, sample
 
 logger = logging.getLogger("impl.engine")
+
+# _schedule's answer "run a speculative draft + verify round for the running requests"
+_SPEC_ROUND = ScheduleBatch([])
 
 
 @dataclass
@@ -65,14 +68,14 @@ class Scheduler:
     def __init__(
         self,
         config: SchedulerConfig,
-        runner,  # .forward(fb) -> logits [R, V]; .req_to_token_pool, .token_to_kv_pool, .device
+        runner,  # .forward(fb) -> LogitsOutput (logits [R, V]); .req_to_token_pool, .token_to_kv_pool, .device
         kv: KVLifecycle,
-        decode_text: Callable[[Sequence[int], bool], str] | None = None,
+        spec=None,  # FrozenKVMTPWorker when speculative decoding is on (impl/engine/speculative)
     ):
         self.config = config
+        self.spec = spec
         self.runner = runner
         self.kv = kv
-        self.decode_text = decode_text
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.chunked_req: Req | None = None
@@ -83,26 +86,9 @@ class Scheduler:
         self._idle_checked = False
 
     # ---- thread-safe entry points ---------------------------------------------
-    def validate(self, req: Req) -> None:
-        """Raise ValueError for a request this engine can never serve (call before add_request)."""
-        n = len(req.origin_input_ids)
-        if n == 0:
-            raise ValueError("the prompt is empty; pass a non-empty prompt or input_ids")
-        if n >= self.config.max_req_len:
-            raise ValueError(
-                f"the prompt has {n} tokens, but this engine serves at most {self.config.max_req_len - 1} prompt tokens "
-                "(context length and KV pool size); shorten the prompt or raise --context-length / --max-total-tokens"
-            )
-        vs = self.config.vocab_size
-        if vs is not None and (min(req.origin_input_ids) < 0 or max(req.origin_input_ids) >= vs):
-            raise ValueError(f"input_ids must be token ids in [0, {vs}), got values outside that range")
-        if req.return_logprob and req.logprob_start_len >= n:
-            raise ValueError(f"logprob_start_len={req.logprob_start_len} must be below the prompt length {n}")
-        if req.top_logprobs_num < 0:
-            raise ValueError(f"top_logprobs_num must be >= 0, got {req.top_logprobs_num}")
-        req.sampling_params.verify(vs)
-
     def add_request(self, req: Req) -> None:
+        if req.sampling_params.stop and req.detok is None:
+            raise ValueError(f"request {req.rid} has stop strings but no detokenizer (Engine.submit sets req.detok)")
         self.inbox.put(("add", req))
 
     def abort_request(self, rid: str | None) -> None:
@@ -129,15 +115,20 @@ class Scheduler:
                 self._idle_checked = True
             return False
         self._idle_checked = False
+        if batch is _SPEC_ROUND:
+            self.spec.run_round(self)
+            return True
         fb = batch.to_forward_batch(self.runner.req_to_token_pool, self.runner.token_to_kv_pool, self.runner.device)
         fb.work = WorkCounters(
             prefill_tokens=sum(it.n for it in batch.items if not it.is_decode_step),
             decode_tokens=sum(1 for it in batch.items if it.is_decode_step),
             cached_tokens=self._cached_this_step,
         )
-        logits = self.runner.forward(fb)
+        out = self.runner.forward(fb)
         self.num_forwards += 1
-        self._process(batch, logits)
+        if self.spec is not None:
+            self.spec.after_forward(batch, out.hidden_states)
+        self._process(batch, out.logits)
         return True
 
     def check_integrity(self) -> None:
@@ -167,6 +158,8 @@ class Scheduler:
                 return
             if kind == "add":
                 arg.state = ReqState.WAITING
+                if self.spec is not None and arg.spec_verify_ct is None:
+                    arg.spec_verify_ct = 0
                 self.waiting.append(arg)
             else:
                 self._abort(arg)
@@ -202,16 +195,27 @@ class Scheduler:
         logger.info("retracted request %s (KV pool short); it will be prefilled again", req.rid)
 
     def _schedule(self) -> ScheduleBatch | None:
+        """The next batch. With speculation, prefill batches carry no decode rows (mixed chunked
+        prefill is off) and running requests advance by a draft + verify round (``_SPEC_ROUND``)
+        whenever no prefill is scheduled."""
+        if self.spec is None:
+            return self._schedule_batch(decode=True)
+        batch = self._schedule_batch(decode=False)
+        if batch is None and self.running:
+            return _SPEC_ROUND
+        return batch
+
+    def _schedule_batch(self, decode: bool) -> ScheduleBatch | None:
         self._cached_this_step = 0
         # Decode: one slot per running request; retract the newest while they do not fit.
-        while self.running and self.kv.available() < len(self.running):
+        while decode and self.running and self.kv.available() < len(self.running):
             if self.chunked_req is not None:
                 victim, self.chunked_req = self.chunked_req, None
             else:
                 victim = self.running.pop()
             self._retract(victim)
         items: list[BatchItem] = []
-        for req in self.running:
+        for req in self.running if decode else ():
             start = req.kv_len
             rows = req.logits_rows(start, 1)
             items.append(BatchItem(req, start, 1, self.kv.extend(req, 1), rows))
@@ -305,11 +309,15 @@ class Scheduler:
             if it.samples and not r.is_finished and r not in still:
                 still.append(r)
         self.running = still
-        for it in batch.items:
-            if it.samples and not it.req.is_finished and it.req.on_output is not None:
-                if len(it.req.output_ids) - it.req.last_emitted_len >= self.config.stream_interval:
-                    it.req.last_emitted_len = len(it.req.output_ids)
-                    it.req.on_output(it.req)
+        self._emit([it.req for it in batch.items if it.samples])
+
+    def _emit(self, reqs: Sequence[Req]) -> None:
+        """Stream progress: unfinished requests with ``stream_interval`` new tokens since the last emit."""
+        for req in reqs:
+            if not req.is_finished and req.on_output is not None:
+                if len(req.output_ids) - req.last_emitted_len >= self.config.stream_interval:
+                    req.last_emitted_len = len(req.output_ids)
+                    req.on_output(req)
 
     def _prompt_logprobs(self, it: BatchItem, rows: torch.Tensor) -> None:
         req = it.req
@@ -339,6 +347,8 @@ class Scheduler:
         if req.return_logprob:
             req.output_token_logprobs.append((logprob, tok))
             req.output_top_logprobs.append(top)
+        if sp.stop:  # this thread owns the detokenizer of a request with stop strings
+            req.detok.step((tok,))
         reason = self._check_finished(req, tok)
         if reason is not None:
             self._release_and_finish(req, reason)
@@ -353,10 +363,11 @@ class Scheduler:
                 return FinishReason("stop", matched=tok)
         if req.seq_len >= self.config.max_req_len:
             return FinishReason("length", length=n)
-        if sp.stop and self.decode_text is not None and n >= sp.min_new_tokens:
-            text = self.decode_text(req.output_ids, sp.skip_special_tokens)
+        if sp.stop and n >= sp.min_new_tokens:
+            # only the new text plus the longest stop string's tail can hold a new match
+            text = req.detok.text
             lo = max(0, req.stop_checked_chars - max(len(s) for s in sp.stop) + 1)
-            hits = [(text.find(s, lo), s) for s in sp.stop if text.find(s, lo) >= 0]
+            hits = [(pos, s) for s in sp.stop if (pos := text.find(s, lo)) >= 0]
             req.stop_checked_chars = len(text)
             if hits:
                 pos, s = min(hits)

@@ -28,7 +28,7 @@ from torch.nn import functional as F
 
 from impl.attention.base import AttentionLayer
 from impl.config.model_config import ModelConfig
-from impl.engine.forward_batch import ForwardBatch, ForwardMode
+from impl.forward_batch import ForwardBatch, ForwardMode
 from impl.model.decoder_layer import Gemma4DecoderLayer
 from impl.model.norm import RMSNorm
 from impl.model.outputs import LogitsOutput
@@ -128,7 +128,7 @@ class Gemma4AssistantForCausalLM(nn.Module):
         return self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
 
     @torch.no_grad()
-    def forward(self, fb, target_hidden: torch.Tensor) -> LogitsOutput:
+    def forward(self, fb: ForwardBatch, target_hidden: torch.Tensor) -> LogitsOutput:
         """One draft step. fb: one row per request (see build_draft_batch); target_hidden [n, backbone]."""
         if self.target_embed is None:
             raise ValueError("call attach_target(target_model) before running the assistant.")

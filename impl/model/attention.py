@@ -9,6 +9,7 @@ from torch.nn import functional as F
 from impl.attention.base import AttentionLayer
 from impl.model.norm import RMSNorm, rms_norm
 from impl.model.rope import apply_rope_prepared
+from impl.forward_batch import ForwardBatch
 
 
 class Gemma4Attention(nn.Module):
@@ -68,7 +69,7 @@ class Gemma4Attention(nn.Module):
         ones = torch.ones(hkv, d, dtype=qw.dtype, device=qw.device)  # v_norm has no scale
         self._norm_w = torch.cat([qw.expand(h, d), kw.expand(hkv, d), ones], dim=0)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         # x: [n, hidden]; cos/sin: [n, 1, head_dim] from rope.prepare_rope (sin's first half negated)
         layer = self.layer
         n, d, h = x.shape[0], layer.head_dim, layer.num_heads

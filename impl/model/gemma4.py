@@ -25,6 +25,7 @@ from impl.model.decoder_layer import Gemma4DecoderLayer
 from impl.model.norm import RMSNorm
 from impl.model.outputs import LogitsOutput
 from impl.model import rope as rope_mod
+from impl.forward_batch import ForwardBatch
 
 
 def build_attention_layers(config: ModelConfig) -> list[AttentionLayer]:
@@ -112,7 +113,7 @@ class Gemma4ForCausalLM(nn.Module):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def _run_layers(self, layers, h, positions, ple, fb, rope=None) -> torch.Tensor:
+    def _run_layers(self, layers, h, positions, ple, fb: ForwardBatch, rope=None) -> torch.Tensor:
         rope = self.rope_tables(positions) if rope is None else rope
         for layer in layers:
             cos, sin = rope[layer.layer_type]
@@ -120,13 +121,13 @@ class Gemma4ForCausalLM(nn.Module):
             h = layer.forward(h, cos, sin, None if ple is None else ple[:, layer.layer_id], fb)
         return h
 
-    def self_decoder(self, h, positions, ple, fb, rope=None) -> torch.Tensor:
+    def self_decoder(self, h, positions, ple, fb: ForwardBatch, rope=None) -> torch.Tensor:
         """Layers before the first KV-shared one, on every row; they write K/V."""
         if fb.work is not None:
             fb.work.self_decoder_rows += int(h.shape[0])  # rows actually run, not rows expected
         return self._run_layers(list(self.layers)[: self.first_kv_shared_layer], h, positions, ple, fb, rope)
 
-    def cross_decoder(self, h, positions, ple, fb, rope=None) -> torch.Tensor:
+    def cross_decoder(self, h, positions, ple, fb: ForwardBatch, rope=None) -> torch.Tensor:
         """The KV-shared layers; they read their producers' K/V and write none."""
         if fb.work is not None and self.has_cross_decoder:
             fb.work.cross_decoder_rows += int(h.shape[0])
@@ -138,7 +139,7 @@ class Gemma4ForCausalLM(nn.Module):
 
     # ---- forward ------------------------------------------------------------
     @torch.no_grad()
-    def forward(self, fb) -> LogitsOutput:
+    def forward(self, fb: ForwardBatch) -> LogitsOutput:
         fb.attn_backend.init_forward_metadata(fb)
         t, r = fb.num_tokens, int(fb.logits_indices.shape[0])
         h = self.embed(fb.input_ids)  # [T, hidden]
@@ -160,7 +161,7 @@ class Gemma4ForCausalLM(nn.Module):
         self._count_work(fb, t, r, fast)
         return LogitsOutput(logits=self.compute_logits(hidden), hidden_states=hidden)
 
-    def _count_work(self, fb, t: int, r: int, fast: bool) -> None:
+    def _count_work(self, fb: ForwardBatch, t: int, r: int, fast: bool) -> None:
         w = fb.work
         if w is None:
             return

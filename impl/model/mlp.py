@@ -6,11 +6,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from impl.kernels.functional import GELU_TANH
 from impl.model.norm import RMSNorm
-
-
-# hidden_activation names of the tanh-approximated GELU (Gemma-4's; the fused CPU kernels compute this one)
-GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
 
 
 def _act(name: str):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from impl.forward_batch import ForwardBatch
+
 
 def applies(enabled: bool, extend_seq_lens: list[int]) -> bool:
     """Fast prefill runs when the flag is on and the batch extends some request by more than one
@@ -19,7 +21,7 @@ def applies(enabled: bool, extend_seq_lens: list[int]) -> bool:
     return enabled and any(n > 1 for n in extend_seq_lens)
 
 
-def select_rows(fb) -> torch.Tensor:
+def select_rows(fb: ForwardBatch) -> torch.Tensor:
     """[R] int64 batch rows the cross-decoder must compute (the LM-head rows)."""
     return fb.logits_indices
 

@@ -69,8 +69,25 @@ def sample(logits: torch.Tensor, rows: Sequence[SampleRow], eos_ids: Sequence[in
     return SampleOutput(tokens, logprobs, top)
 
 
-def _draw(scaled: torch.Tensor, rows: Sequence[SampleRow]) -> list[int]:
-    """scaled: [b, V] temperature-scaled logits of the non-greedy rows."""
+def penalised_scaled(logits: torch.Tensor, rows: Sequence[SampleRow], eos_ids: Sequence[int]) -> torch.Tensor:
+    """[B, V] logits after penalties and temperature (1 for greedy rows): what ``sample`` draws from."""
+    logits = logits.float().clone()
+    for i, r in enumerate(rows):
+        if needs_penalties(r.params, len(r.output_ids)):
+            apply_penalties(logits[i], r.params, r.prompt_ids, r.output_ids, eos_ids)
+    temps = torch.tensor([1.0 if r.params.is_greedy else r.params.temperature for r in rows], dtype=torch.float32)
+    return logits / temps.to(logits.device)[:, None]
+
+
+def truncated_probs(scaled: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
+    """[b, V] the distribution ``_draw`` samples from (top-k, top-p, min-p applied, renormalised), vocab order."""
+    kept, idx_sorted = _truncate(scaled, rows)
+    kept = kept / kept.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(kept).scatter_(1, idx_sorted, kept)
+
+
+def _truncate(scaled: torch.Tensor, rows: Sequence[SampleRow]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept probabilities sorted descending with dropped entries 0, their token ids) [b, V] each."""
     vocab = scaled.shape[-1]
     probs_sorted, idx_sorted = torch.sort(torch.softmax(scaled, dim=-1), dim=-1, descending=True)  # [b, V]
     ranks = torch.arange(vocab, device=scaled.device)[None, :]
@@ -82,7 +99,13 @@ def _draw(scaled: torch.Tensor, rows: Sequence[SampleRow]) -> list[int]:
     drop |= (torch.cumsum(probs_sorted, dim=-1) - probs_sorted) >= top_p[:, None]
     drop |= probs_sorted < (min_p * probs_sorted[:, 0])[:, None]
     drop[:, 0] = False
-    kept = probs_sorted.masked_fill(drop, 0.0)
+    return probs_sorted.masked_fill(drop, 0.0), idx_sorted
+
+
+def _draw(scaled: torch.Tensor, rows: Sequence[SampleRow]) -> list[int]:
+    """scaled: [b, V] temperature-scaled logits of the non-greedy rows."""
+    vocab = scaled.shape[-1]
+    kept, idx_sorted = _truncate(scaled, rows)
     cdf = torch.cumsum(kept, dim=-1)  # [b, V]
     out = []
     for j, r in enumerate(rows):

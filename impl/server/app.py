@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 import impl
 from impl.engine.engine import Engine
+from impl.engine.output import ReqOutput
 from impl.engine.req import Req
 from impl.server import generate_api, openai_api, req_builder
 from impl.server.async_engine import AsyncEngine, EngineDeadError
@@ -61,37 +62,29 @@ def served_model_name(engine: Engine) -> str:
 
 def build_state(engine: Engine) -> ServerState:
     name = served_model_name(engine)
-    holder: dict[str, AsyncEngine] = {}
-    gauges = Gauges(
-        num_running=lambda: holder["a"].num_running(),
-        num_waiting=lambda: holder["a"].num_waiting(),
-        kv_usage=lambda: holder["a"].kv_usage(),
-        work_counters=engine.work_counters,
-    )
-    metrics = ServerMetrics(name, gauges)
+    spec_stats = engine.spec_worker.stats.as_dict if engine.spec_worker is not None else None
+    metrics = ServerMetrics(name, Gauges(load=engine.load, work_counters=engine.work_counters, spec_stats=spec_stats))
     log_requests = bool(engine.resolved_args.log_requests)
 
-    def on_finish(req: Req) -> None:  # on the scheduler thread
-        record_finished(metrics, req)
+    def on_finish(req: Req, out: ReqOutput) -> None:  # on the detokenizer thread
+        record_finished(metrics, out)
         if log_requests:
             logger.info("Finished request %s: %d prompt tokens %s..., output %s, finish_reason %s", req.rid,
-                        len(req.origin_input_ids), req.origin_input_ids[:16], req.output_ids,
-                        req.finished_reason.to_json() if req.finished_reason else None)
+                        len(req.origin_input_ids), req.origin_input_ids[:16], out.output_ids,
+                        out.finish_reason.to_json() if out.finish_reason else None)
 
-    aengine = holder["a"] = AsyncEngine(engine, on_finish=on_finish)
-    return ServerState(engine, aengine, metrics, name, engine.scheduler_config.max_req_len, time.time())
+    aengine = AsyncEngine(engine, on_finish=on_finish)
+    return ServerState(engine, aengine, metrics, name, engine.load().max_req_len, time.time())
 
 
-def record_finished(metrics: ServerMetrics, req: Req) -> None:
-    end = req.finished_time if req.finished_time is not None else time.perf_counter()
-    ttft = None if req.first_token_time is None else req.first_token_time - req.created_time
+def record_finished(metrics: ServerMetrics, out: ReqOutput) -> None:
     metrics.observe_finished(
-        prompt_tokens=len(req.origin_input_ids),
-        completion_tokens=len(req.output_ids),
-        cached_tokens=req.cached_tokens,
-        aborted=req.finished_reason is not None and req.finished_reason.type == "abort",
-        ttft=ttft,
-        e2e=end - req.created_time,
+        prompt_tokens=out.prompt_tokens,
+        completion_tokens=out.completion_tokens,
+        cached_tokens=out.cached_tokens,
+        aborted=out.finish_type == "abort",
+        ttft=out.ttft,
+        e2e=out.e2e_latency,
     )
 
 
@@ -139,8 +132,9 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health_generate")
     async def health_generate() -> Response:
         bos = engine.tokenizer.bos_token_id
-        req = engine.make_req([bos if bos is not None else 0], {"max_new_tokens": 1, "temperature": 0.0})
-        (stream,) = aengine.submit([req], False)
+        reqs = engine.expand_requests([[bos if bos is not None else 0]], {"max_new_tokens": 1, "temperature": 0.0})
+        (stream,) = aengine.submit(reqs, False)
+        req = stream.req
         try:
             await asyncio.wait_for(stream.result(), HEALTH_GENERATE_TIMEOUT_S)
         except asyncio.TimeoutError:
@@ -200,13 +194,14 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         info = engine.get_server_info()
         if info.get("api_key"):
             info["api_key"] = "<redacted>"
+        load = engine.load()
         info.update(
             served_model_name=state.model_name,
             tokenizer_path=state.args.tokenizer_path or state.args.model_path,
             dp_size=1,
-            num_running_reqs=aengine.num_running(),
-            num_waiting_reqs=aengine.num_waiting(),
-            token_usage=aengine.kv_usage(),
+            num_running_reqs=load.num_running_reqs,
+            num_waiting_reqs=load.num_waiting_reqs,
+            token_usage=load.token_usage,
         )
         return JSONResponse(json_safe(info))
 
@@ -229,7 +224,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
                                        "retry when the server is idle or pass a longer ?timeout=SECONDS")
         return PlainTextResponse("Cache flushed.\n")
 
-    add_cluster_routes(app, aengine)
+    add_cluster_routes(app, engine)
 
 
 def _call(state: ServerState, kind: str, sub, logprobs: bool, body: Any) -> openai_api.Call:

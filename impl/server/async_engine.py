@@ -1,28 +1,31 @@
-"""AsyncEngine: the offline Engine seen from an asyncio event loop.
+"""AsyncEngine: the engine's one async API (the HTTP server's, and offline ``await`` use).
 
-The engine's scheduler runs on its own thread (``Engine.start_background_loop``);
-each request's output dicts arrive on a thread-safe ``RequestHandle.queue``.
-This wrapper adds one thing: a wake-up of the event loop whenever the
-scheduler thread emits output for a request, so a coroutine awaits its next
-chunk without polling and without blocking the loop.
+The engine's scheduler runs on its own thread (``Engine.start_background_loop``)
+and its detokenizer stage on another; each request's ``ReqOutput`` objects
+arrive on a thread-safe ``RequestHandle.queue``. This wrapper adds a wake-up of
+the event loop whenever an output is queued (the handle's ``wake`` hook), so a
+coroutine awaits its next output without polling and without blocking the loop.
 
-The wake-up wraps ``Req.on_output`` (a public field the engine sets in
-``submit``). The scheduler may already have emitted output before the wrap
-takes effect; ``RequestStream`` drains the queue before every wait, so
-nothing is lost.
+* ``generate(...)``: ``Engine.generate``'s arguments and SGLang dicts, awaited
+  (``stream=True``: an async iterator of cumulative dicts, several requests
+  interleaved in arrival order).
+* ``submit(reqs, stream)``: Reqs made by ``Engine.expand_requests`` (already
+  validated) -> one ``RequestStream`` each, whose ``outputs()`` yields ``ReqOutput``.
+* ``load()``: ``Engine.load()``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import queue
-import threading
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Sequence
 
-from impl.engine.engine import Engine, RequestHandle
+from impl.engine.engine import Engine
+from impl.engine.load import LoadView
+from impl.engine.output import ReqOutput
 from impl.engine.req import Req
-
+from impl.engine.request_handle import RequestHandle
 
 LIVENESS_POLL_S = 1.0
 
@@ -35,19 +38,21 @@ class EngineDeadError(RuntimeError):
 class RequestStream:
     """One submitted request, consumed from the event loop."""
 
-    req: Req
     handle: RequestHandle
     alive: Callable[[], bool] = lambda: True
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    final: dict[str, Any] | None = None
-    recorded: bool = False  # on_finish already called
+    final: ReqOutput | None = None
+
+    @property
+    def req(self) -> Req:
+        return self.handle.req
 
     @property
     def rid(self) -> str:
-        return self.req.rid
+        return self.handle.rid
 
-    async def outputs(self) -> AsyncIterator[dict[str, Any]]:
-        """Each output dict as it arrives; the last has a finish_reason."""
+    async def outputs(self) -> AsyncIterator[ReqOutput]:
+        """Each output as it arrives; the last is finished."""
         while self.final is None:
             self.wake.clear()
             got = False
@@ -57,7 +62,7 @@ class RequestStream:
                 except queue.Empty:
                     break
                 got = True
-                if out["meta_info"]["finish_reason"] is not None:
+                if out.finished:
                     self.final = out
                 yield out
                 if self.final is not None:
@@ -70,62 +75,91 @@ class RequestStream:
                         raise EngineDeadError("the engine's scheduler thread has stopped (see the server log); "
                                               "restart the server") from None
 
-    async def result(self) -> dict[str, Any]:
+    async def result(self) -> ReqOutput:
         async for _ in self.outputs():
             pass
         assert self.final is not None
         return self.final
 
 
-class AsyncEngine:
-    """Submit prepared Reqs from coroutines; the engine loop runs on its background thread."""
+async def merge(streams: Sequence[RequestStream]) -> AsyncIterator[tuple[int, ReqOutput]]:
+    """(index, output) pairs from every stream, in arrival order, until all have finished."""
+    if len(streams) == 1:
+        async for out in streams[0].outputs():
+            yield 0, out
+        return
+    q: asyncio.Queue = asyncio.Queue()
 
-    def __init__(self, engine: Engine, on_finish: Callable[[Req], None] | None = None):
+    async def pump(i: int, s: RequestStream) -> None:
+        async for out in s.outputs():
+            await q.put((i, out))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        pending = len(streams)
+        while pending:
+            i, out = await q.get()
+            if out.finished:
+                pending -= 1
+            yield i, out
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+class AsyncEngine:
+    """Requests from coroutines; the engine loop runs on its background thread."""
+
+    def __init__(self, engine: Engine, on_finish: Callable[[Req, ReqOutput], None] | None = None):
         self.engine = engine
-        self.on_finish = on_finish  # called once per request, on the scheduler thread, when it finishes
+        self.on_finish = on_finish  # once per request, on the detokenizer thread, before its final output is visible
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
 
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.engine.start_background_loop()
 
+    async def generate(self, prompt: str | list[str] | None = None, sampling_params: Any = None,
+                       input_ids: list[int] | list[list[int]] | None = None, return_logprob: Any = False,
+                       logprob_start_len: Any = None, top_logprobs_num: Any = None, stream: bool = False,
+                       rid: Any = None):
+        """``Engine.generate`` from a coroutine (the background loop starts on first use)."""
+        self.start()  # idempotent; binds the wake-ups to the running event loop
+        ids_list, single = self.engine.tokenize_prompts(prompt, input_ids)
+        reqs = self.engine.expand_requests(ids_list, sampling_params, return_logprob, logprob_start_len,
+                                           top_logprobs_num, rid)
+        streams = self.submit(reqs, stream)
+        if stream:
+            return self._stream_dicts(streams)
+        outs = [(await s.result()).to_sglang() for s in streams]
+        return outs[0] if single and len(outs) == 1 else outs
+
+    async def _stream_dicts(self, streams: list[RequestStream]) -> AsyncIterator[dict[str, Any]]:
+        try:
+            async for _, out in merge(streams):
+                yield out.to_sglang()
+        finally:
+            for s in streams:
+                if s.final is None:
+                    self.abort(s.rid)
+
     def submit(self, reqs: list[Req], stream: bool) -> list[RequestStream]:
-        """Validate every request first (ValueError names the problem), then enqueue them all."""
-        for r in reqs:
-            self.engine.scheduler.validate(r)
-        streams = []
-        for r in reqs:
-            handle = self.engine.submit(r, stream)
-            s = RequestStream(r, handle, self.alive)
-            self._wrap(s)
-            streams.append(s)
-        return streams
-
-    def _wrap(self, s: RequestStream) -> None:
+        """Enqueue Reqs made by ``Engine.expand_requests`` (validated there, once)."""
         loop = self.loop
-        inner = s.req.on_output
+        streams: list[RequestStream] = []
 
-        def on_output(req: Req) -> None:  # runs on the scheduler thread
-            if req.is_finished:  # before the output is visible, so metrics already count it
-                self._finished(s)
-            if inner is not None:
-                inner(req)
-            if loop is not None and not loop.is_closed():
-                loop.call_soon_threadsafe(s.wake.set)
+        def waker(i: int) -> Callable[[], None]:
+            def wake() -> None:  # detokenizer thread
+                if loop is not None and not loop.is_closed():
+                    loop.call_soon_threadsafe(streams[i].wake.set)
+            return wake
 
-        s.req.on_output = on_output
-        # output emitted before the wrap took effect is drained on the stream's first pass
-        if s.req.is_finished:
-            self._finished(s)
-
-    def _finished(self, s: RequestStream) -> None:
-        with self._lock:
-            if s.recorded:
-                return
-            s.recorded = True
-        if self.on_finish is not None:
-            self.on_finish(s.req)
+        # the handles exist only after submit; their wake hooks look the stream up by index
+        handles = self.engine.submit(reqs, stream, on_finish=self.on_finish, wake=None)
+        for i, h in enumerate(handles):
+            streams.append(RequestStream(h, self.alive))
+            h.wake = waker(i)
+        return streams
 
     def alive(self) -> bool:
         """The scheduler thread runs."""
@@ -137,15 +171,5 @@ class AsyncEngine:
     def shutdown(self) -> None:
         self.engine.shutdown()
 
-    # ---- load, read from the event loop (plain reads of ints the scheduler thread updates) ----
-    def num_running(self) -> int:
-        sched = self.engine.scheduler
-        return len(sched.running) + (1 if sched.chunked_req is not None else 0)
-
-    def num_waiting(self) -> int:
-        return len(self.engine.scheduler.waiting)
-
-    def kv_usage(self) -> float:
-        """Fraction of KV slots neither free nor evictable (SGLang's token_usage)."""
-        total = self.engine.runner.budget.num_tokens
-        return max(0.0, 1.0 - self.engine.scheduler.kv.available() / total) if total else 0.0
+    def load(self) -> LoadView:
+        return self.engine.load()

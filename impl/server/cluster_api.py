@@ -18,24 +18,22 @@ from typing import Any, Callable
 
 from fastapi import FastAPI
 
-from impl.server.async_engine import AsyncEngine
+from impl.engine.engine import Engine
 
 FLUSH_POLL_S = 0.05
 
 
-def load_entry(aengine: AsyncEngine, dp_rank: int = 0) -> dict[str, Any]:
-    engine = aengine.engine
-    total = engine.runner.budget.num_tokens
-    in_use = max(0, total - engine.scheduler.kv.available()) if total else 0
-    waiting = aengine.num_waiting()
-    return {"dp_rank": dp_rank, "num_reqs": aengine.num_running() + waiting, "num_waiting_reqs": waiting,
-            "num_tokens": int(in_use)}
+def load_entry(engine: Engine, dp_rank: int = 0) -> dict[str, Any]:
+    """One rank's ``/get_load`` entry, read from ``Engine.load()``."""
+    load = engine.load()
+    return {"dp_rank": dp_rank, "num_reqs": load.num_reqs, "num_waiting_reqs": load.num_waiting_reqs,
+            "num_tokens": load.kv_tokens_used}
 
 
-def add_cluster_routes(app: FastAPI, aengine: AsyncEngine) -> None:
+def add_cluster_routes(app: FastAPI, engine: Engine) -> None:
     @app.get("/get_load")
     async def get_load() -> list[dict[str, Any]]:
-        return [load_entry(aengine)]
+        return [load_entry(engine)]
 
 
 async def flush_when_idle(flush: Callable[[], bool], timeout: float) -> bool:

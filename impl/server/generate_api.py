@@ -1,5 +1,6 @@
 """POST /generate: SGLang's native API.
 
+Each ``ReqOutput`` becomes SGLang's dict (``ReqOutput.to_sglang()``).
 Non-streaming: the output dict (``text``, ``output_ids``, ``meta_info``) of one
 request, or a list for a batch or ``n > 1`` (prompt-major). Streaming: one
 ``data: {json}`` event per step with the *cumulative* text and ids (SGLang's
@@ -16,13 +17,7 @@ from starlette.requests import Request
 
 from impl.server.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from impl.server.req_builder import Submission
-from impl.server.streaming import DONE, abort_unfinished, error_event, json_safe, merge, sse, stable_text, until_disconnect
-
-
-def _with_stable_text(out: dict[str, Any], stops: list[str]) -> dict[str, Any]:
-    finished = out["meta_info"]["finish_reason"] is not None
-    text = stable_text(out["text"], stops, finished)
-    return out if text == out["text"] else {**out, "text": text}
+from impl.server.streaming import DONE, abort_unfinished, error_event, json_safe, merge, sse, until_disconnect
 
 
 async def generate_response(request: Request, aengine: AsyncEngine, sub: Submission, stream: bool):
@@ -32,7 +27,7 @@ async def generate_response(request: Request, aengine: AsyncEngine, sub: Submiss
         return StreamingResponse(_stream(aengine, streams, many), media_type="text/event-stream")
 
     async def collect() -> list[dict[str, Any]]:
-        return [await s.result() for s in streams]
+        return [(await s.result()).to_sglang() for s in streams]
 
     outs = await until_disconnect(request, collect(), lambda: abort_unfinished(streams, aengine.abort))
     if outs is None:  # the client went away; nobody reads this
@@ -43,10 +38,10 @@ async def generate_response(request: Request, aengine: AsyncEngine, sub: Submiss
 async def _stream(aengine: AsyncEngine, streams: list[RequestStream], many: bool) -> AsyncIterator[bytes]:
     try:
         async for i, out in merge(streams):
-            out = _with_stable_text(out, streams[i].req.sampling_params.stop)
+            body = out.to_sglang()
             if many:
-                out = {**out, "index": i}
-            yield sse(out)
+                body["index"] = i
+            yield sse(body)
         yield DONE
     except EngineDeadError as e:
         yield error_event(e)

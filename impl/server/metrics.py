@@ -3,7 +3,7 @@
 Names follow SGLang's (``sglang:prompt_tokens_total``, ``sglang:time_to_first_token_seconds``,
 ...) so existing dashboards and scrapers work; what only this engine has is
 under ``yoco:`` (rows fast prefill skipped in the cross-decoder). Finished
-requests are recorded on the scheduler thread (``observe_finished``); gauges
+requests are recorded on the detokenizer thread (``observe_finished``); gauges
 and engine counters are read when ``/metrics`` is scraped.
 """
 
@@ -14,6 +14,8 @@ import math
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
+
+from impl.engine.load import LoadView
 
 # SGLang's default buckets (seconds)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -58,10 +60,9 @@ def _num(v: float) -> str:
 class Gauges:
     """Read at scrape time from the engine."""
 
-    num_running: Callable[[], int]
-    num_waiting: Callable[[], int]
-    kv_usage: Callable[[], float]
+    load: Callable[[], LoadView]
     work_counters: Callable[[], dict[str, int]]
+    spec_stats: Callable[[], dict[str, float]] | None = None  # speculative decoding totals (None: off)
 
 
 class ServerMetrics:
@@ -100,6 +101,7 @@ class ServerMetrics:
         labels = f'model_name="{_escape(self.model_name)}"'
         g = self.gauges
         work = g.work_counters()
+        load = g.load()
         out: list[str] = []
 
         def metric(name: str, kind: str, help: str, value: float | None = None, hist: Histogram | None = None) -> None:
@@ -124,16 +126,27 @@ class ServerMetrics:
             metric("sglang:time_per_output_token_seconds", "histogram", "Time per output token after the first.",
                    hist=self.tpot)
             metric("sglang:e2e_request_latency_seconds", "histogram", "End-to-end request latency.", hist=self.e2e)
-        metric("sglang:num_running_reqs", "gauge", "Requests in the running batch.", g.num_running())
-        metric("sglang:num_queue_reqs", "gauge", "Requests waiting to be scheduled.", g.num_waiting())
+        metric("sglang:num_running_reqs", "gauge", "Requests in the running batch.", load.num_running_reqs)
+        metric("sglang:num_queue_reqs", "gauge", "Requests waiting to be scheduled.", load.num_waiting_reqs)
         metric("sglang:token_usage", "gauge", "Fraction of KV-cache slots in use (not free, not evictable).",
-               g.kv_usage())
+               load.token_usage)
         metric("yoco:forwards_total", "counter", "Model forwards.", work.get("forwards", 0))
         metric("yoco:fast_prefill_forwards_total", "counter", "Forwards that ran the KV-sharing fast-prefill split.",
                work.get("fast_prefill_forwards", 0))
         metric("yoco:skipped_cross_decoder_rows_total", "counter",
                "Rows KV-sharing fast prefill did not run through the cross-decoder layers.",
                work.get("skipped_cross_decoder_rows", 0))
+        if g.spec_stats is not None:
+            spec = g.spec_stats()
+            metric("sglang:spec_accept_length", "gauge",
+                   "Mean tokens committed per speculative verify (accepted drafts + 1), since start.",
+                   spec["avg_spec_accept_length"])
+            metric("sglang:spec_draft_tokens_total", "counter", "Draft tokens proposed.", spec["draft_tokens"])
+            metric("sglang:spec_accepted_draft_tokens_total", "counter", "Draft tokens accepted.", spec["accepted_drafts"])
+            metric("sglang:spec_verify_tokens_total", "counter", "Rows verified by the target (bonus + drafts).",
+                   spec["verify_tokens"])
+            metric("sglang:spec_verify_ct_total", "counter", "Request-verifies (one per request per round).",
+                   spec["verify_ct"])
         return "\n".join(out) + "\n"
 
 

@@ -4,7 +4,8 @@ Choice ``k`` of a batch is prompt ``k // n``, choice ``k % n``. Usage counts
 each prompt once and every choice's tokens (OpenAI's rule). Streams send text
 deltas; every choice gets exactly one chunk with a ``finish_reason`` (it also
 carries the choice's last delta), then an optional usage chunk
-(``stream_options.include_usage``), then ``data: [DONE]``.
+(``stream_options.include_usage``), then ``data: [DONE]``. Everything is read
+from typed ``ReqOutput`` objects (``impl/engine/output.py``).
 """
 
 from __future__ import annotations
@@ -17,32 +18,30 @@ from typing import Any, AsyncIterator, Callable
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
+from impl.engine.output import ReqOutput
 from impl.server.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from impl.server.req_builder import Submission
-from impl.server.streaming import DONE, abort_unfinished, error_event, json_safe, merge, sse, stable_text, until_disconnect
+from impl.server.streaming import DONE, abort_unfinished, error_event, json_safe, merge, sse, until_disconnect
 
 
-def finish_reason(meta: dict[str, Any]) -> str | None:
-    fr = meta.get("finish_reason")
-    return None if fr is None else fr["type"]
-
-
-def matched_stop(meta: dict[str, Any]) -> Any:
-    fr = meta.get("finish_reason")
-    return fr.get("matched") if fr and fr["type"] == "stop" else None
-
-
-def usage(sub: Submission, finals: list[dict[str, Any]]) -> dict[str, Any]:
-    metas = [f["meta_info"] for f in finals]
-    firsts = [metas[p * sub.n] for p in range(sub.num_prompts)]
-    prompt = sum(m["prompt_tokens"] for m in firsts)
-    completion = sum(m["completion_tokens"] for m in metas)
+def usage(sub: Submission, finals: list[ReqOutput]) -> dict[str, Any]:
+    firsts = [finals[p * sub.n] for p in range(sub.num_prompts)]
+    prompt = sum(f.prompt_tokens for f in firsts)
+    completion = sum(f.completion_tokens for f in finals)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": sum(m["cached_tokens"] for m in firsts)},
+        "prompt_tokens_details": {"cached_tokens": sum(f.cached_tokens for f in firsts)},
     }
+
+
+def _output_logprobs(out: ReqOutput, start: int) -> tuple[list[tuple[float | None, int]], list[Any]]:
+    """(token logprob pairs, top entries) of output tokens ``start..``."""
+    lp = out.logprobs
+    if lp is None:
+        return [], []
+    return lp.output_token_logprobs[start:], lp.output_top_logprobs[start:]
 
 
 # ---------------------------------------------------------------- logprobs
@@ -62,32 +61,30 @@ class TokenText:
         return s
 
 
-def completion_logprobs(meta: dict[str, Any], start: int, text_offset: int, tt: TokenText) -> dict[str, Any]:
+def completion_logprobs(o: ReqOutput, start: int, text_offset: int, tt: TokenText) -> dict[str, Any]:
     """OpenAI completions logprobs of output tokens ``start..``."""
-    toks = meta.get("output_token_logprobs", [])[start:]
-    tops = (meta.get("output_top_logprobs") or [])[start:]
+    toks, tops = _output_logprobs(o, start)
     out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    for i, (lp, tok, _) in enumerate(toks):
+    for i, (lp, tok) in enumerate(toks):
         s = tt(tok)
         out["tokens"].append(s)
         out["token_logprobs"].append(lp)
         top = tops[i] if i < len(tops) else None
-        out["top_logprobs"].append({tt(t): l for l, t, _ in top} if top else None)
+        out["top_logprobs"].append({tt(t): l for l, t in top} if top else None)
         out["text_offset"].append(text_offset)
         text_offset += len(s)
     return out
 
 
-def chat_logprobs(meta: dict[str, Any], start: int, tt: TokenText) -> dict[str, Any]:
-    toks = meta.get("output_token_logprobs", [])[start:]
-    tops = (meta.get("output_top_logprobs") or [])[start:]
+def chat_logprobs(o: ReqOutput, start: int, tt: TokenText) -> dict[str, Any]:
+    toks, tops = _output_logprobs(o, start)
     content = []
-    for i, (lp, tok, _) in enumerate(toks):
+    for i, (lp, tok) in enumerate(toks):
         s = tt(tok)
         top = (tops[i] if i < len(tops) else None) or []
         content.append({
             "token": s, "logprob": lp, "bytes": list(s.encode("utf-8")),
-            "top_logprobs": [{"token": tt(t), "logprob": l, "bytes": list(tt(t).encode("utf-8"))} for l, t, _ in top],
+            "top_logprobs": [{"token": tt(t), "logprob": l, "bytes": list(tt(t).encode("utf-8"))} for l, t in top],
         })
     return {"content": content}
 
@@ -120,17 +117,16 @@ class Call:
         obj = self.object + (".chunk" if chunk and self.kind == "chat" else "")
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices, **extra}
 
-    def choice(self, k: int, final: dict[str, Any]) -> dict[str, Any]:
-        meta = final["meta_info"]
+    def choice(self, k: int, final: ReqOutput) -> dict[str, Any]:
         c: dict[str, Any] = {"index": k}
         if self.kind == "completion":
-            c["text"] = final["text"]
-            c["logprobs"] = completion_logprobs(meta, 0, 0, self.token_text) if self.logprobs else None
+            c["text"] = final.text
+            c["logprobs"] = completion_logprobs(final, 0, 0, self.token_text) if self.logprobs else None
         else:
-            c["message"] = {"role": "assistant", "content": final["text"]}
-            c["logprobs"] = chat_logprobs(meta, 0, self.token_text) if self.logprobs else None
-        c["finish_reason"] = finish_reason(meta)
-        c["matched_stop"] = matched_stop(meta)
+            c["message"] = {"role": "assistant", "content": final.text}
+            c["logprobs"] = chat_logprobs(final, 0, self.token_text) if self.logprobs else None
+        c["finish_reason"] = final.finish_type
+        c["matched_stop"] = final.matched_stop
         return c
 
 
@@ -139,7 +135,7 @@ async def openai_response(request: Request, aengine: AsyncEngine, call: Call, st
     if stream:
         return StreamingResponse(_stream(aengine, call, streams), media_type="text/event-stream")
 
-    async def collect() -> list[dict[str, Any]]:
+    async def collect() -> list[ReqOutput]:
         return [await s.result() for s in streams]
 
     finals = await until_disconnect(request, collect(), lambda: abort_unfinished(streams, aengine.abort))
@@ -161,11 +157,11 @@ async def _stream(aengine: AsyncEngine, call: Call, streams: list[RequestStream]
     extra = {"usage": None} if call.include_usage else {}
     try:
         async for k, out in merge(streams):
-            chunk = _delta_chunk(call, k, out, states[k], streams[k].req.sampling_params.stop)
+            chunk = _delta_chunk(call, k, out, states[k])
             if chunk is not None:
                 yield sse(call.envelope([chunk], chunk=True, **extra))
         if call.include_usage:
-            finals = [s.final for s in streams]
+            finals = [s.final for s in streams]  # every stream has finished
             yield sse(call.envelope([], chunk=True, usage=usage(call.sub, finals)))
         yield DONE
     except EngineDeadError as e:
@@ -175,27 +171,25 @@ async def _stream(aengine: AsyncEngine, call: Call, streams: list[RequestStream]
         abort_unfinished(streams, aengine.abort)
 
 
-def _delta_chunk(call: Call, k: int, out: dict[str, Any], st: _ChoiceState, stops: list[str]) -> dict[str, Any] | None:
-    meta = out["meta_info"]
-    fr = finish_reason(meta)
-    text = stable_text(out["text"], stops, fr is not None)
-    delta = text[len(st.sent_text):] if text.startswith(st.sent_text) else ""
-    ntok = len(out["output_ids"])
+def _delta_chunk(call: Call, k: int, out: ReqOutput, st: _ChoiceState) -> dict[str, Any] | None:
+    fr = out.finish_type
+    delta = out.text_delta
+    ntok = len(out.output_ids)
     if not delta and fr is None and (not call.logprobs or ntok == st.sent_tokens) and (call.kind != "chat" or st.started):
         return None
     c: dict[str, Any] = {"index": k}
     if call.kind == "completion":
         c["text"] = delta
-        c["logprobs"] = completion_logprobs(meta, st.sent_tokens, len(st.sent_text), call.token_text) if call.logprobs else None
+        c["logprobs"] = completion_logprobs(out, st.sent_tokens, len(st.sent_text), call.token_text) if call.logprobs else None
     else:
         d: dict[str, Any] = {} if st.started else {"role": "assistant"}
         if delta or not st.started:
             d["content"] = delta
         c["delta"] = d
-        c["logprobs"] = chat_logprobs(meta, st.sent_tokens, call.token_text) if call.logprobs else None
+        c["logprobs"] = chat_logprobs(out, st.sent_tokens, call.token_text) if call.logprobs else None
         st.started = True
     c["finish_reason"] = fr
-    c["matched_stop"] = matched_stop(meta) if fr is not None else None
+    c["matched_stop"] = out.matched_stop if fr is not None else None
     st.sent_text += delta
     st.sent_tokens = ntok
     return c

@@ -1,19 +1,20 @@
-"""HTTP request bodies -> prepared engine ``Req`` objects (tokenize, sampling params, ``n``).
+"""HTTP request bodies -> validated engine ``Req`` objects.
 
-Every problem is an ``APIError(400)`` naming the field. A batch of ``B``
-prompts with ``n`` choices becomes ``B * n`` requests, prompt-major; choice
-``j`` of a seeded request gets seed ``seed + j`` (the offline Engine's rule),
-so choices differ but stay reproducible.
+This module only parses: it tokenizes, maps each API's fields onto sampling
+params and logprob options, then hands the batch to ``Engine.expand_requests``
+(``impl/engine/intake.py``: batch x ``n``, the ``seed + j`` rule, the one
+validation). Every problem is an ``APIError(400)`` naming the field; the
+engine's refusals about the prompt name the prompt's field (``text``,
+``input_ids``, ``prompt``, ``messages``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import uuid
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from impl.engine.engine import Engine
+from impl.engine.intake import InvalidRequest
 from impl.engine.req import Req
 from impl.sampling.sampling_params import SamplingParams
 from impl.server.errors import APIError
@@ -38,28 +39,20 @@ def _sampling(d: dict[str, Any] | None, where: str = "sampling_params") -> Sampl
         raise APIError(400, f"{where}: {e}", where) from None
 
 
-def _expand(engine: Engine, prompts: list[list[int]], sps: list[SamplingParams], logprob: list[tuple[bool, int | None, int]],
-            rids: list[str | None], field: str) -> list[Req]:
-    """B prompts x n choices -> validated Reqs; the engine's refusals name ``field`` (the prompt's field)."""
-    reqs = []
-    for i, ids in enumerate(prompts):
-        sp = sps[i]
-        base = rids[i] or uuid.uuid4().hex
-        for j in range(sp.n):
-            one = dataclasses.replace(sp, n=1, stop=list(sp.stop), stop_token_ids=list(sp.stop_token_ids))
-            if one.seed is not None:
-                one.seed += j
-            ret, start, top = logprob[i]
-            reqs.append(engine.make_req(ids, one, ret, start, top, base if sp.n == 1 else f"{base}-{j}"))
-    for r in reqs:
-        try:
-            engine.scheduler.validate(r)
-        except ValueError as e:
-            raise APIError(400, f"{field}: {e}", field) from None
-    return reqs
+def _expand(engine: Engine, prompts: list[list[int]], sps: list[SamplingParams], return_logprob: Any,
+            logprob_start_len: Any, top_logprobs_num: Any, rid: Any, field: str) -> list[Req]:
+    """B prompts x n choices -> validated Reqs (per-prompt values: a scalar or one per prompt);
+    the engine's refusals about the prompt name ``field``."""
+    try:
+        return engine.expand_requests(prompts, sps, return_logprob, logprob_start_len, top_logprobs_num, rid)
+    except InvalidRequest as e:
+        param = field if e.field == "input_ids" else e.field
+        msg = str(e)
+        raise APIError(400, msg if msg.startswith(param) else f"{param}: {msg}", param) from None
 
 
 def _per_prompt(value: Any, b: int, name: str) -> list[Any]:
+    """Per-prompt sampling_params (parsed here: the batch's ``n`` shapes the response)."""
     if isinstance(value, list):
         if len(value) != b:
             raise APIError(400, f"'{name}' has {len(value)} entries for a batch of {b} prompts", name)
@@ -98,18 +91,11 @@ def from_generate(engine: Engine, body: GenerateRequest) -> Submission:
     b = len(prompts)
     sp_dicts = _per_prompt(body.sampling_params, b, "sampling_params")
     sps = [_sampling(d) for d in sp_dicts]
-    rets = _per_prompt(body.return_logprob, b, "return_logprob")
-    starts = _per_prompt(body.logprob_start_len, b, "logprob_start_len")
-    tops = _per_prompt(body.top_logprobs_num, b, "top_logprobs_num")
-    rids = _per_prompt(body.rid, b, "rid")
-    for t in tops:
-        if t is not None and t < 0:
-            raise APIError(400, f"'top_logprobs_num' must be >= 0, got {t}", "top_logprobs_num")
-    logprob = [(bool(r), s, t or 0) for r, s, t in zip(rets, starts, tops)]
     ns = {sp.n for sp in sps}
     if len(ns) != 1:
         raise APIError(400, "every prompt of a batch must use the same sampling_params.n", "sampling_params")
-    reqs = _expand(engine, prompts, sps, logprob, rids, "text" if body.text is not None else "input_ids")
+    reqs = _expand(engine, prompts, sps, body.return_logprob, body.logprob_start_len, body.top_logprobs_num, body.rid,
+                   "text" if body.text is not None else "input_ids")
     return Submission(reqs, b, ns.pop(), single)
 
 
@@ -161,9 +147,8 @@ def from_completion(engine: Engine, body: CompletionRequest, max_req_len: int) -
     if body.logprobs is not None and not 0 <= body.logprobs <= 20:
         raise APIError(400, f"'logprobs' must be in [0, 20], got {body.logprobs}", "logprobs")
     sp = _openai_sampling(body, body.max_tokens, max_req_len)
-    ret = body.logprobs is not None
-    logprob = [(ret, None, body.logprobs or 0)] * len(prompts)
-    reqs = _expand(engine, prompts, [sp] * len(prompts), logprob, [body.rid] * len(prompts), "prompt")
+    reqs = _expand(engine, prompts, [sp] * len(prompts), body.logprobs is not None, None, body.logprobs or 0, body.rid,
+                   "prompt")
     return Submission(reqs, len(prompts), sp.n, single)
 
 
@@ -183,6 +168,5 @@ def from_chat(engine: Engine, body: ChatCompletionRequest, max_req_len: int, cha
     if max_tokens is None:
         max_tokens = SamplingParams.max_new_tokens
     sp = _openai_sampling(body, max_tokens, max_req_len)
-    logprob = [(body.logprobs, None, body.top_logprobs or 0)]
-    reqs = _expand(engine, [ids], [sp], logprob, [body.rid], "messages")
+    reqs = _expand(engine, [ids], [sp], bool(body.logprobs), None, body.top_logprobs or 0, body.rid, "messages")
     return Submission(reqs, 1, sp.n, True)

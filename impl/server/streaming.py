@@ -1,11 +1,9 @@
 """Server-sent events and the stream plumbing shared by /generate and the OpenAI routes.
 
 * ``sse(obj)``: one ``data: {json}\\n\\n`` event; ``DONE`` ends every stream.
-* ``stable_text``: the part of a request's cumulative text that can no longer
-  change: a trailing partial UTF-8 character (U+FFFD) and a trailing prefix of
-  a stop string are held back until the request finishes (the final text is
-  stop-trimmed), so streamed text is always a prefix of the final text.
-* ``merge``: outputs of several requests (a batch, or ``n`` choices) in arrival order.
+* ``merge``: outputs of several requests (a batch, or ``n`` choices) in arrival order
+  (``impl/server/async_engine.py``). Streamed text needs no fixing up here: a
+  ``ReqOutput``'s text is already stable (``impl/engine/detokenizer_stage.py``).
 * ``until_disconnect``: await a result, aborting the requests if the client goes away.
 """
 
@@ -14,14 +12,15 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from starlette.requests import Request
 
-from impl.server.async_engine import EngineDeadError, RequestStream
+from impl.server.async_engine import EngineDeadError, RequestStream, merge
+
+__all__ = ["DONE", "abort_unfinished", "dumps", "error_event", "json_safe", "merge", "sse", "until_disconnect"]
 
 DONE = b"data: [DONE]\n\n"
-REPLACEMENT_CHAR = "\ufffd"
 T = TypeVar("T")
 
 
@@ -46,44 +45,6 @@ def dumps(obj: Any) -> str:
 
 def sse(obj: Any) -> bytes:
     return f"data: {dumps(obj)}\n\n".encode("utf-8")
-
-
-def stable_text(text: str, stops: Sequence[str], finished: bool) -> str:
-    if finished:
-        return text
-    text = text.rstrip(REPLACEMENT_CHAR)
-    hold = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), hold, -1):
-            if text.endswith(s[:k]):
-                hold = k
-                break
-    return text[: len(text) - hold] if hold else text
-
-
-async def merge(streams: Sequence[RequestStream]) -> AsyncIterator[tuple[int, dict[str, Any]]]:
-    """(index, output) pairs from every stream until all have finished."""
-    if len(streams) == 1:
-        async for out in streams[0].outputs():
-            yield 0, out
-        return
-    q: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i: int, s: RequestStream) -> None:
-        async for out in s.outputs():
-            await q.put((i, out))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        pending = len(streams)
-        while pending:
-            i, out = await q.get()
-            if out["meta_info"]["finish_reason"] is not None:
-                pending -= 1
-            yield i, out
-    finally:
-        for t in tasks:
-            t.cancel()
 
 
 async def until_disconnect(request: Request, work: Awaitable[T], on_disconnect: Callable[[], None]) -> T | None:

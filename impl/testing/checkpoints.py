@@ -57,7 +57,7 @@ class CheckpointRecipe:
     empty for a text model. ``on_demand``: not built by ``build_all``.
     """
 
-    kind: str  # "text" | "assistant"
+    kind: str  # "text" | "assistant" | "distilled" (an assistant trained on its target, impl/testing/distill.py)
     text_config: Mapping[str, Any]
     assistant: Mapping[str, Any] = field(default_factory=dict)
     seed: int = 0
@@ -66,6 +66,8 @@ class CheckpointRecipe:
     # num_global_key_value_heads, no per_layer_config) instead of transformers' form
     published_config_form: bool = False
     description: str = ""
+    # kind "distilled": (target checkpoint, initial assistant checkpoint)
+    distill_from: tuple[str, str] | None = None
 
 
 def _text(**overrides: Any) -> dict[str, Any]:
@@ -183,6 +185,14 @@ TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
             centroid_intermediate_top_k=4,
         ),
     ),
+    "assistant_distilled": CheckpointRecipe(
+        kind="distilled",
+        seed=8,
+        description="MTP assistant for 'e2b' distilled from it (the 'assistant' recipe trained on e2b's greedy continuations)",
+        text_config=_ASSISTANT_TEXT,
+        assistant=dict(backbone_hidden_size=64, use_ordered_embeddings=False),
+        distill_from=("e2b", "assistant"),
+    ),
     "e2b_bench": CheckpointRecipe(
         kind="text",
         seed=7,
@@ -207,7 +217,7 @@ TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
 }
 
 # the assistant recipes must fit the target they draft for
-ASSISTANT_TARGETS = {"assistant": "e2b", "assistant_ordered": "e2b"}
+ASSISTANT_TARGETS = {"assistant": "e2b", "assistant_ordered": "e2b", "assistant_distilled": "e2b"}
 
 
 # ---------------------------------------------------------------- paths
@@ -246,10 +256,11 @@ def _transformers_version() -> str:
 def _factory_sources() -> str:
     """Source of the modules that build checkpoints: any edit to them means new folders."""
     import impl.testing.corpus as corpus_mod
+    import impl.testing.distill as distill_mod
     import impl.testing.tokenizer_factory as tok_mod
 
     texts = []
-    for mod_file in (__file__, tok_mod.__file__, corpus_mod.__file__):
+    for mod_file in (__file__, tok_mod.__file__, corpus_mod.__file__, distill_mod.__file__):
         with open(mod_file, encoding="utf-8") as f:
             texts.append(f.read())
     return "\n".join(texts)
@@ -349,6 +360,14 @@ def build_checkpoint(name: str, out_dir: str) -> None:
     from impl.testing.hf_quirks import assistant_kv_sharing_patch
 
     recipe = _recipe(name)
+    if recipe.kind == "distilled":
+        from impl.testing.distill import build_distilled
+
+        target, init = recipe.distill_from
+        with _quiet_transformers():
+            build_distilled(out_dir, tiny_checkpoint(target), tiny_checkpoint(init), recipe.seed)
+        write_tokenizer_files(out_dir, model_max_length=int(recipe.text_config["max_position_embeddings"]))
+        return
     torch.manual_seed(recipe.seed)
     text_config = Gemma4TextConfig(**dict(recipe.text_config))
     if recipe.kind == "text":

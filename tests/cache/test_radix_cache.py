@@ -1,7 +1,6 @@
 """Radix prefix cache: matching, splitting, insertion ownership, locking and LRU eviction."""
 
 import pytest
-import torch
 
 from impl.cache.allocator import TokenSlotAllocator, check_slot_ownership
 from impl.cache.radix_cache import RadixCache

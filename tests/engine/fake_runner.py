@@ -15,7 +15,9 @@ import torch
 from impl.cache.allocator import TokenSlotAllocator
 from impl.cache.kv_pool import ReqToTokenPool
 from impl.cache.radix_cache import RadixCache
-from impl.engine.forward_batch import WorkCounters
+from impl.forward_batch import ForwardBatch, WorkCounters
+from impl.model.outputs import LogitsOutput
+from impl.engine.intake import IntakeLimits, validate_req
 from impl.engine.kv_lifecycle import KVLifecycle
 from impl.engine.req import Req
 from impl.engine.scheduler import Scheduler, SchedulerConfig
@@ -38,7 +40,7 @@ class FakeRunner:
         self.work = WorkCounters()
         self.batches: list[tuple[str, list[int]]] = []
 
-    def forward(self, fb) -> torch.Tensor:
+    def forward(self, fb: ForwardBatch) -> LogitsOutput:
         assert int(fb.out_cache_loc.min()) >= 1, "a row writes the pad slot"
         self.token_store[fb.out_cache_loc] = fb.input_ids
         self.batches.append((fb.forward_mode.value, list(fb.extend_seq_lens_cpu)))
@@ -57,7 +59,7 @@ class FakeRunner:
                 assert -1 not in ctx, "a row reads a slot nobody wrote"
                 rows.append(context_logits(ctx))
             k += n
-        return torch.stack(rows)
+        return LogitsOutput(logits=torch.stack(rows))
 
 
 def make_scheduler(total_tokens=512, chunk=-1, radix=True, max_running=16, max_len=128, max_prefill=4096, eos=(1,)):
@@ -80,7 +82,7 @@ def make_req(rid, ids, seed=0, **kw) -> Req:
 
 def run(sched: Scheduler, reqs: list[Req], max_steps: int = 10_000) -> list[Req]:
     for r in reqs:
-        sched.validate(r)
+        validate_req(r, IntakeLimits(sched.config.max_req_len, sched.config.vocab_size))
         sched.add_request(r)
     steps = 0
     while sched.has_work:

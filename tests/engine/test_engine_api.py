@@ -110,33 +110,44 @@ def test_background_loop_serves_concurrent_submissions():
     eng = Engine(tiny_checkpoint("noshare"), dtype="float32")
     eng.start_background_loop()
     try:
-        handles = [eng.submit(eng.make_req(p, GREEDY)) for p in prompts()]
+        handles = [h for p in prompts() for h in eng.submit(eng.expand_requests([p], GREEDY))]
         for h in handles:
             assert h.done.wait(60)
-        sync = [h.final["output_ids"] for h in handles]
+        sync = [h.final.output_ids for h in handles]
         assert all(len(s) == 6 for s in sync)
-        victim = eng.submit(eng.make_req([2, 3, 4], {"max_new_tokens": 10_000 // 10, "ignore_eos": True}, rid="bg"))
+        (victim,) = eng.submit(eng.expand_requests([[2, 3, 4]], {"max_new_tokens": 10_000 // 10, "ignore_eos": True},
+                                                   rid="bg"))
         eng.abort("bg")
-        assert victim.done.wait(60) and victim.final["meta_info"]["finish_reason"]["type"] == "abort"
+        assert victim.done.wait(60) and victim.final.finish_reason.type == "abort"
     finally:
         eng.shutdown()
     eng.check_integrity()
 
 
-def test_async_generate():
-    eng = engine("e2b")
+def test_async_engine_generate():
+    """The one async API: AsyncEngine.generate takes Engine.generate's arguments."""
+    from impl import Engine
+    from impl.server.async_engine import AsyncEngine
+    from impl.testing.checkpoints import tiny_checkpoint
+
+    eng = Engine(tiny_checkpoint("noshare"), dtype="float32")
+    aeng = AsyncEngine(eng)
 
     async def main():
         a, b = await asyncio.gather(
-            eng.async_generate(input_ids=[2, 5, 6], sampling_params=GREEDY),
-            eng.async_generate(input_ids=[2, 5, 7], sampling_params=GREEDY),
+            aeng.generate(input_ids=[2, 5, 6], sampling_params=GREEDY),
+            aeng.generate(input_ids=[2, 5, 7], sampling_params=GREEDY),
         )
-        chunks = [c async for c in await eng.async_generate(input_ids=[2, 5, 6], sampling_params=GREEDY, stream=True)]
+        chunks = [c async for c in await aeng.generate(input_ids=[2, 5, 6], sampling_params=GREEDY, stream=True)]
         return a, b, chunks
 
-    a, b, chunks = asyncio.run(main())
+    try:
+        a, b, chunks = asyncio.run(main())
+    finally:
+        aeng.shutdown()
     assert a["output_ids"] == eng.generate(input_ids=[2, 5, 6], sampling_params=GREEDY)["output_ids"]
     assert chunks[-1]["output_ids"] == a["output_ids"] and len(b["output_ids"]) == 6
+    assert [len(c["output_ids"]) for c in chunks] == [1, 2, 3, 4, 5, 6]
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,10 @@ def test_greedy_is_argmax_with_logprobs_and_top_k():
 
 def test_top_k_top_p_min_p_restrict_the_support():
     logits = LOGITS.repeat(200, 1)
-    seen = lambda **kw: set(sample(logits, [row(seed=i, **kw) for i in range(200)], []).token_ids)
+
+    def seen(**kw):
+        return set(sample(logits, [row(seed=i, **kw) for i in range(200)], []).token_ids)
+
     assert seen(top_k=2) == {1, 2}
     assert seen(top_p=0.5) <= {1, 2} and 1 in seen(top_p=0.5)
     assert seen(top_p=0.01) == {1}

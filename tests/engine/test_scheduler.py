@@ -2,6 +2,7 @@
 
 import pytest
 
+from impl.engine.intake import IntakeLimits, InvalidRequest, validate_req
 from impl.engine.scheduler import Scheduler
 from fake_runner import VOCAB, context_logits, make_req, make_scheduler, run
 
@@ -137,11 +138,14 @@ def test_seeded_sampling_is_independent_of_batch():
 
 def test_validate_rejects_unservable_requests():
     sched: Scheduler = make_scheduler(total_tokens=20, max_len=20)
-    with pytest.raises(ValueError, match="prompt has 25 tokens"):
-        sched.validate(make_req("x", [2] * 25))
+    limits = IntakeLimits(sched.config.max_req_len, sched.config.vocab_size)
+    with pytest.raises(InvalidRequest, match="prompt has 25 tokens") as e:
+        validate_req(make_req("x", [2] * 25), limits)
+    assert e.value.field == "input_ids"
     with pytest.raises(ValueError, match="empty"):
-        sched.validate(make_req("x", []))
+        validate_req(make_req("x", []), limits)
     with pytest.raises(ValueError, match="input_ids"):
-        sched.validate(make_req("x", [VOCAB + 3]))
-    with pytest.raises(ValueError, match="logprob_start_len"):
-        sched.validate(make_req("x", [2, 3], return_logprob=True, logprob_start_len=2))
+        validate_req(make_req("x", [VOCAB + 3]), limits)
+    with pytest.raises(InvalidRequest, match="logprob_start_len") as e:
+        validate_req(make_req("x", [2, 3], return_logprob=True, logprob_start_len=2), limits)
+    assert e.value.field == "logprob_start_len"

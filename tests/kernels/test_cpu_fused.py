@@ -11,6 +11,7 @@ import torch
 
 from impl.kernels import cpu_fused
 from impl.kernels.cpu_fused import reference as ref
+from impl.kernels.cpu_fused import transform as cpu_fused_transform
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model"))
 
@@ -120,7 +121,7 @@ def test_model_with_fused_kernels_meets_the_parity_bar(name):
 
     hf32, hf64 = hf_pair(name)
     model = load_model(tiny_checkpoint(name), dtype="float32")
-    assert all(layer._fused is not None for layer in model.layers)
+    assert cpu_fused_transform.fused_layer_count(model) == len(model.layers)
     got = _run_session(model)
     for k, seq in SEQS.items():
         with torch.no_grad():
@@ -201,3 +202,19 @@ def test_row_loops_split_across_threads_give_the_same_rows():
         _close(b, a)  # matmuls may block differently with two threads
     _close(two[1], one[1])
     assert torch.equal(one[2], two[2])  # no matmul: each row computed by the same loop
+
+
+def test_float_fast_path_is_bit_identical_to_the_model_file(monkeypatch):
+    """Without the extension the transform installs FloatLayerForward, which must give the reference
+    forward's logits bit for bit (only the per-op dispatch differs)."""
+    from impl.model.loader import load_model
+    from impl.testing.checkpoints import tiny_checkpoint
+
+    monkeypatch.setattr(cpu_fused, "load", lambda: None)
+    fast = load_model(tiny_checkpoint("e2b"), dtype="float32")
+    plain = load_model(tiny_checkpoint("e2b"), dtype="float32", cpu_fast_paths=False)
+    kinds = {type(layer.__dict__.get("forward")).__name__ for layer in fast.layers}
+    assert kinds == {"FloatLayerForward"} and all("forward" not in layer.__dict__ for layer in plain.layers)
+    got, want = _run_session(fast), _run_session(plain)
+    for k in SEQS:
+        assert torch.equal(got[k], want[k]), k

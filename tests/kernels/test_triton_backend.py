@@ -14,7 +14,7 @@ from impl.attention.torch_native import TorchNativeAttnBackend
 from impl.attention.triton_backend import TritonAttnBackend
 from impl.cache.kv_pool import ReqToTokenPool, TokenToKVPool
 from impl.config.model_config import ModelConfig
-from impl.engine.forward_batch import ForwardBatch, ForwardMode
+from impl.forward_batch import ForwardBatch, ForwardMode
 
 WINDOW = 5
 # 4 layers: sliding, full (KV owners), then their KV-shared copies; full layers have a larger head_dim.

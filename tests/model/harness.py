@@ -8,7 +8,7 @@ import torch
 
 from impl.attention.torch_native import TorchNativeAttnBackend
 from impl.cache.kv_pool import ReqToTokenPool, TokenToKVPool
-from impl.engine.forward_batch import ForwardBatch, ForwardMode, WorkCounters
+from impl.forward_batch import ForwardBatch, ForwardMode, WorkCounters
 
 
 @dataclass

@@ -8,13 +8,17 @@ import pytest
 from pydantic import ValidationError
 
 from impl.server.errors import validation_message
+from impl.engine.detokenizer_stage import hold_stop_prefix
+from impl.engine.load import LoadView
 from impl.server.metrics import Gauges, ServerMetrics, parse_metrics
 from impl.server.protocol import ChatCompletionRequest, GenerateRequest
-from impl.server.streaming import json_safe, stable_text
+from impl.server.streaming import json_safe
 
 
 def _metrics() -> ServerMetrics:
-    gauges = Gauges(lambda: 2, lambda: 1, lambda: 0.25, lambda: {"forwards": 7, "skipped_cross_decoder_rows": 40})
+    load = LoadView(num_running_reqs=2, num_waiting_reqs=1, kv_tokens_total=400, kv_tokens_available=300,
+                    max_running_requests=8, chunked_prefill_size=64, max_prefill_tokens=256, max_req_len=128)
+    gauges = Gauges(lambda: load, lambda: {"forwards": 7, "skipped_cross_decoder_rows": 40})
     return ServerMetrics('tiny "e2b"', gauges)
 
 
@@ -30,6 +34,7 @@ def test_metrics_counts_and_histograms():
     assert got[f"sglang:num_aborted_requests_total{{{lab}}}"] == 1
     assert got[f"sglang:cache_hit_rate{{{lab}}}"] == pytest.approx(4 / 16)
     assert got[f"sglang:num_running_reqs{{{lab}}}"] == 2 and got[f"sglang:num_queue_reqs{{{lab}}}"] == 1
+    assert got[f"sglang:token_usage{{{lab}}}"] == pytest.approx(0.25)
     assert got[f"yoco:skipped_cross_decoder_rows_total{{{lab}}}"] == 40
     # histograms are cumulative and end with +Inf == count
     assert got[f'sglang:time_to_first_token_seconds_bucket{{{lab},le="0.02"}}'] == 0
@@ -41,18 +46,16 @@ def test_metrics_counts_and_histograms():
 
 
 @pytest.mark.parametrize(
-    "text,stops,finished,want",
+    "text,stops,want",
     [
-        ("hello wor", ["world"], False, "hello "),  # a stop string may be starting: hold it back
-        ("hello wor", ["world"], True, "hello wor"),  # final text is never held back
-        ("abc\ufffd", [], False, "abc"),  # an incomplete UTF-8 character
-        ("abc", ["x"], False, "abc"),
-        ("xab", ["abx", "b"], False, "x"),  # the longest held-back prefix wins
-        ("", ["a"], False, ""),
+        ("hello wor", ["world"], "hello "),  # a stop string may be starting: hold it back
+        ("abc", ["x"], "abc"),
+        ("xab", ["abx", "b"], "x"),  # the longest held-back prefix wins
+        ("", ["a"], ""),
     ],
 )
-def test_stable_text(text, stops, finished, want):
-    assert stable_text(text, stops, finished) == want
+def test_hold_stop_prefix(text, stops, want):
+    assert hold_stop_prefix(text, stops) == want
 
 
 def test_json_safe_replaces_non_finite():
@@ -76,16 +79,21 @@ def test_validation_names_the_field():
 
 def test_request_stream_drains_output_emitted_before_waiting():
     """Output queued before the consumer waits is seen without any wake-up."""
-    from impl.engine.engine import RequestHandle
+    from impl.engine.output import ReqOutput
+    from impl.engine.req import FinishReason
+    from impl.engine.request_handle import RequestHandle
     from impl.server.async_engine import RequestStream
 
-    handle = RequestHandle("r", stream=True)
-    handle.queue.put({"text": "a", "meta_info": {"finish_reason": None}})
-    handle.queue.put({"text": "ab", "meta_info": {"finish_reason": {"type": "length", "length": 2}}})
+    handle = RequestHandle(req=None, stream=True)  # type: ignore[arg-type]
+    common = dict(rid="r", prompt_tokens=3, cached_tokens=0, e2e_latency=0.1)
+    handle.queue.put(ReqOutput(text="a", text_delta="a", output_ids=[5], finish_reason=None, completion_tokens=1, **common))
+    handle.queue.put(ReqOutput(text="ab", text_delta="b", output_ids=[5, 6], finish_reason=FinishReason("length", length=2),
+                               completion_tokens=2, **common))
 
     async def run():
-        s = RequestStream(req=None, handle=handle)  # type: ignore[arg-type]
-        return [o["text"] async for o in s.outputs()], s.final
+        s = RequestStream(handle=handle)
+        return [o.text async for o in s.outputs()], s.final
 
     texts, final = asyncio.run(run())
-    assert texts == ["a", "ab"] and final["text"] == "ab"
+    assert texts == ["a", "ab"] and final.text == "ab" and final.to_sglang()["meta_info"]["finish_reason"] == {
+        "type": "length", "length": 2}

@@ -18,7 +18,7 @@ import torch
 from impl import Engine
 from impl.attention.triton_backend import TritonAttnBackend
 from impl.cache.kv_pool import ReqToTokenPool, TokenToKVPool
-from impl.engine.forward_batch import ForwardBatch, ForwardMode, last_rows
+from impl.forward_batch import ForwardBatch, ForwardMode, last_rows
 from impl.model import yoco
 from impl.testing.checkpoints import tiny_checkpoint
 

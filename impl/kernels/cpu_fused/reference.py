@@ -1,11 +1,14 @@
-"""Pure-torch references for the fused CPU kernels (the eager model path, op for op)."""
+"""Pure-torch references for the fused CPU kernels (the eager model path, op for op).
+
+The one module of ``impl/kernels`` that imports from ``impl/model``: the references are written with
+the model's own RoPE so that they state what the kernels must match."""
 
 from __future__ import annotations
 
 import torch
 from torch.nn import functional as F
 
-from impl.model.norm import rms_norm
+from impl.kernels.functional import rms_norm
 from impl.model.rope import apply_rope_prepared
 
 

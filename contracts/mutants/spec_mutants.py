@@ -1,0 +1,82 @@
+"""Mutants of the FROZEN_KV_MTP loop (issue 15): each breaks one rule of the speculative round."""
+
+from __future__ import annotations
+
+import torch
+
+from contracts.mutants import mutant
+from contracts.mutants.patching import PatchedSubject
+
+
+@mutant("SPEC-GREEDY-PARITY")
+class AcceptsOneDraftTooMany(PatchedSubject):
+    """Greedy acceptance takes one draft past the matching prefix (then the target's token of the next row)."""
+
+    def patches(self):
+        from impl.engine.speculative.acceptance import Accepted, _rows
+        from impl.sampling.sampler import sample
+
+        def accept_one(logits, base, drafts, eos_ids):
+            out = sample(logits, _rows(base, drafts), eos_ids)
+            j = 0
+            while j < len(drafts) and drafts[j] == out.token_ids[j]:
+                j += 1
+            j = min(j + 1, len(drafts))
+            toks = list(drafts[:j]) + [out.token_ids[j]]
+            return Accepted(toks, j, out.logprobs[: j + 1], out.top_logprobs[: j + 1])
+
+        def accept(logits, reqs, eos_ids):
+            res, off = [], 0
+            for base, drafts in reqs:
+                res.append(accept_one(logits[off : off + len(drafts) + 1], base, drafts, eos_ids))
+                off += len(drafts) + 1
+            return res
+
+        return {"impl.engine.speculative.frozen_kv_mtp_worker:accept_greedy": accept}
+
+
+@mutant("SPEC-GREEDY-PARITY")
+class SeedsFromWrongRow(PatchedSubject):
+    """The next round is seeded from the hidden state of the row before the last accepted one."""
+
+    PATCHES = {
+        "impl.engine.speculative.frozen_kv_mtp_worker:FrozenKVMTPWorker._seed_row":
+            staticmethod(lambda offset, j: offset + max(j - 1, 0)),
+    }
+
+
+@mutant("SPEC-KV-FREED")
+class KeepsRejectedRowsKV(PatchedSubject):
+    """Rejected draft rows are dropped from the request but their KV slots are never freed."""
+
+    def patches(self):
+        def keep(sched, req, kv_len):
+            req.kv_len = max(kv_len, req.prefix_len)
+
+        return {"impl.engine.speculative.frozen_kv_mtp_worker:FrozenKVMTPWorker._free_rejected": staticmethod(keep)}
+
+
+@mutant("SPEC-FAST-PREFILL")
+class VerifyRowsSkipCrossDecoder(PatchedSubject):
+    """With fast prefill on, a verify batch runs only each request's last row through the cross-decoder."""
+
+    def patches(self):
+        from impl.model import yoco
+
+        orig = yoco.select_rows
+
+        def select_rows(fb):
+            if fb.logits_lens_cpu != fb.extend_seq_lens_cpu or all(n == 1 for n in fb.extend_seq_lens_cpu):
+                return orig(fb)
+            fb.logits_lens_cpu = [1] * fb.batch_size  # the back half sees one row per request
+            return torch.tensor(fb.last_row_indices_cpu, dtype=torch.int64, device=fb.logits_indices.device)
+
+        return {"impl.model.yoco:select_rows": select_rows}
+
+
+@mutant("SPEC-SAMPLING-DISTRIBUTION")
+class RejectionResamplesFromTarget(PatchedSubject):
+    """After rejecting a draft, the replacement is drawn from the target distribution itself, draft included
+    (the residual max(p - q, 0) is not formed), which over-weights the draft's token."""
+
+    PATCHES = {"impl.engine.speculative.acceptance:rejection_residual": lambda p, draft: p.clone()}

@@ -1,0 +1,55 @@
+"""Drafters: propose ``steps`` chain tokens per request from its seed (bonus token, target hidden).
+
+``FrozenKVDrafter`` runs the Gemma-4 assistant (``impl/model/assistant.py``) over the
+target's K/V, which it only reads (it owns no KV): every step queries position
+``kv_len - 1`` (the last token with K/V, SGLang's "last written target slot"), over
+keys ``0 .. kv_len - 1``; step ``k`` feeds the token drafted at step ``k - 1`` (the
+bonus token first) and the assistant's projected hidden state (the target's
+final-normed hidden of the last committed row first). Chain drafts take the
+argmax of each step.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol, Sequence
+
+import torch
+
+from impl.engine.req import Req
+from impl.model.assistant import build_draft_batch
+
+logger = logging.getLogger("impl.engine")
+
+
+class Drafter(Protocol):
+    def draft(self, reqs: Sequence[Req], steps: int) -> list[list[int]]:
+        """``steps`` draft tokens for each request (``req.output_ids[-1]`` is its bonus token)."""
+        ...
+
+
+class FrozenKVDrafter:
+    def __init__(self, assistant, runner):
+        self.assistant = assistant
+        self.runner = runner
+
+    @torch.no_grad()
+    def draft(self, reqs: Sequence[Req], steps: int) -> list[list[int]]:
+        dev = self.runner.device
+        ids = torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64, device=dev)
+        hidden = torch.stack([r.spec_hidden for r in reqs]).to(dev)  # [B, backbone]
+        fb = build_draft_batch(
+            ids,
+            torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64, device=dev),
+            torch.tensor([r.kv_len for r in reqs], dtype=torch.int64, device=dev),
+            self.runner.req_to_token_pool,
+            self.runner.token_to_kv_pool,
+            self.runner.decode_backend,
+        )
+        out: list[torch.Tensor] = []
+        for _ in range(steps):
+            step = self.assistant(fb, hidden)
+            fb.input_ids = step.logits.argmax(dim=-1)
+            hidden = step.hidden_states
+            out.append(fb.input_ids)
+        return torch.stack(out, dim=1).tolist() if out else [[] for _ in reqs]

@@ -1,0 +1,213 @@
+"""FROZEN_KV_MTP: one draft + verify round for every running request (SGLang's spec-v2 shape).
+
+Seed: after a forward that samples a request's next token (its prefill, or a
+verify), the request holds (bonus token = its last output token, which has no
+K/V yet; ``spec_hidden`` = the target's final-normed hidden state of the row that
+produced it). A round:
+
+1. draft: the drafter proposes ``s`` chain tokens per request over the target's
+   K/V (``s = steps``, less where ``max_new_tokens`` or the context would be
+   overshot, so a round never commits past them);
+2. verify: one target EXTEND forward over ``1 + s`` rows per request (bonus +
+   drafts) at positions ``kv_len .. kv_len + s``; it writes their K/V and every row
+   feeds the LM head (with fast prefill on, every verify row is a selected row, so
+   the cross-decoder runs on all of them);
+3. accept (``acceptance.py``): ``j`` drafts, ``j + 1`` committed tokens;
+4. free the K/V of the rejected rows ``j + 1 .. s`` at once (``KVLifecycle.trim``);
+   the new seed is the hidden state of row ``j`` (the last accepted row);
+5. commit the tokens one by one through the scheduler's per-token path (EOS, stop
+   strings, ``max_new_tokens``, logprobs, streaming); a request that finishes midway
+   drops the rest, and its release frees K/V past its last token.
+
+Prefill batches run the normal scheduler path (without decode rows: mixed chunked
+prefill is off under speculation); ``after_forward`` records each sampled
+request's seed hidden state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+import torch
+
+from impl.forward_batch import ForwardBatch, ForwardMode, WorkCounters
+from impl.engine.req import Req
+from impl.engine.schedule_batch import ScheduleBatch
+from impl.engine.speculative.acceptance import accept_greedy_batch as accept_greedy, accept_sampled
+from impl.engine.speculative.draft import Drafter
+from impl.sampling.sampler import SampleRow
+
+logger = logging.getLogger("impl.engine")
+
+
+@dataclass
+class SpecStats:
+    """Totals since startup (Prometheus counters and ``avg_spec_accept_length``)."""
+
+    verify_rounds: int = 0  # verify forwards
+    verify_ct: int = 0  # request-verifies (one per request per round)
+    verify_tokens: int = 0  # rows verified (bonus + drafts)
+    draft_tokens: int = 0  # drafts proposed
+    accepted_drafts: int = 0
+    committed_tokens: int = 0  # tokens verifies committed (accepted drafts + one of the target's each)
+
+    @property
+    def avg_accept_length(self) -> float:
+        return self.committed_tokens / self.verify_ct if self.verify_ct else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.__dict__, avg_spec_accept_length=self.avg_accept_length)
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    num_steps: int
+    topk: int = 1
+    num_draft_tokens: int = 0
+
+    def describe(self) -> str:
+        return (f"chain of {self.num_steps} draft tokens (steps {self.num_steps}, topk {self.topk}, "
+                f"draft tokens {self.num_draft_tokens})")
+
+
+class FrozenKVMTPWorker:
+    def __init__(self, config: SpecConfig, drafter: Drafter, draft_name: str = "draft"):
+        self.config = config
+        self.drafter = drafter
+        self.draft_name = draft_name
+        self.stats = SpecStats()
+
+    def describe(self) -> str:
+        return (f"Speculative decoding: FROZEN_KV_MTP with draft {self.draft_name}, {self.config.describe()}; "
+                "mixed chunked prefill off")
+
+    def server_info(self) -> dict:
+        c = self.config
+        return {"algorithm": "FROZEN_KV_MTP", "draft_model": self.draft_name, "num_steps": c.num_steps,
+                "eagle_topk": c.topk, "num_draft_tokens": c.num_draft_tokens, "mixed_chunked_prefill": False}
+
+    # ---- seeds ---------------------------------------------------------------------
+    def after_forward(self, batch: ScheduleBatch, hidden: torch.Tensor) -> None:
+        """Record the seed hidden of every request this (prefill) forward sampled. hidden: [R, backbone]."""
+        offset = 0
+        for it in batch.items:
+            offset += len(it.logits_rows)
+            if it.samples:
+                it.req.spec_hidden = hidden[offset - 1].detach().clone()
+
+    # ---- one round -----------------------------------------------------------------
+    def _steps_for(self, req: Req, sched) -> int:
+        """Drafts for ``req`` this round: never more than its remaining tokens allow."""
+        left = req.sampling_params.max_new_tokens - len(req.output_ids)
+        room = sched.config.max_req_len - req.seq_len
+        return max(0, min(self.config.num_steps, left - 1, room))
+
+    def run_round(self, sched) -> None:
+        """Draft, verify, accept and commit for every running request of scheduler ``sched``."""
+        # Every request needs a slot for its bonus row (retract the newest while they do not fit);
+        # drafts take what is left, oldest requests first.
+        while sched.running and sched.kv.available() < len(sched.running):
+            sched._retract(sched.running.pop())
+        reqs = list(sched.running)
+        if not reqs:
+            return
+        spare = sched.kv.available() - len(reqs)
+        steps = []
+        for r in reqs:
+            steps.append(min(self._steps_for(r, sched), spare))
+            spare -= steps[-1]
+        drafts = self.drafter.draft(reqs, max(steps)) if max(steps) > 0 else [[] for _ in reqs]
+        drafts = [list(d[:s]) for d, s in zip(drafts, steps)]
+        fb = self._verify_batch(sched, reqs, drafts)
+        out = sched.runner.forward(fb)
+        sched.num_forwards += 1
+        self._commit(sched, reqs, drafts, out.logits, out.hidden_states)
+
+    @staticmethod
+    def _free_rejected(sched, req: Req, keep: int) -> None:
+        """Rows 0..j hold K/V of the bonus and the accepted drafts; rows j+1..s are rejected: free them now."""
+        sched.kv.trim(req, keep)
+
+    @staticmethod
+    def _seed_row(offset: int, j: int) -> int:
+        """The next seed: the hidden state of the last accepted row (the one that produced the new bonus)."""
+        return offset + j
+
+    @staticmethod
+    def _verify_batch(sched, reqs: list[Req], drafts: list[list[int]]) -> ForwardBatch:
+        """EXTEND batch of ``1 + s`` rows per request (bonus + drafts), all of them LM-head rows."""
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[torch.Tensor] = []
+        prefix, ext = [], []
+        for r, d in zip(reqs, drafts):
+            start, n = r.kv_len, 1 + len(d)
+            got = sched.kv.extend(r, n)
+            assert got is not None, "the round checked that the KV pool holds every verify row"
+            ids += [r.output_ids[-1], *d]
+            pos += range(start, start + n)
+            slots.append(got)
+            prefix.append(start)
+            ext.append(n)
+        dev = sched.runner.device
+
+        def t(x: list[int]) -> torch.Tensor:
+            return torch.tensor(x, dtype=torch.int64, device=dev)
+
+        seq = [p + e for p, e in zip(prefix, ext)]
+        return ForwardBatch(
+            forward_mode=ForwardMode.EXTEND,
+            input_ids=t(ids),
+            positions=t(pos),
+            req_pool_indices=t([r.req_pool_idx for r in reqs]),
+            seq_lens=t(seq),
+            extend_prefix_lens=t(prefix),
+            extend_seq_lens=t(ext),
+            out_cache_loc=torch.cat(slots).to(dev),
+            logits_indices=t(list(range(len(ids)))),
+            seq_lens_cpu=seq,
+            extend_prefix_lens_cpu=prefix,
+            extend_seq_lens_cpu=ext,
+            logits_lens_cpu=ext,
+            work=WorkCounters(decode_tokens=len(ids)),
+        )
+
+    def _commit(self, sched, reqs: list[Req], drafts: list[list[int]], logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        eos = sched.config.eos_token_ids
+        now = time.perf_counter()
+        st = self.stats
+        st.verify_rounds += 1
+        starts = [0]
+        for d in drafts:
+            starts.append(starts[-1] + 1 + len(d))
+        bases = [SampleRow(r.sampling_params, r.origin_input_ids, r.output_ids, r.generator, r.return_logprob,
+                           r.top_logprobs_num) for r in reqs]
+        greedy = [i for i, r in enumerate(reqs) if r.sampling_params.is_greedy]
+        accepted = {}
+        if greedy:
+            rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in greedy]).to(logits.device)
+            for i, acc in zip(greedy, accept_greedy(logits.index_select(0, rows), [(bases[i], drafts[i]) for i in greedy], eos)):
+                accepted[i] = acc
+        for k, (r, d) in enumerate(zip(reqs, drafts)):
+            n, offset = 1 + len(d), starts[k]
+            acc = accepted[k] if k in accepted else accept_sampled(logits[offset : offset + n], bases[k], d, eos)
+            j = acc.num_accepted_drafts
+            self._free_rejected(sched, r, r.kv_len - n + 1 + j)
+            r.spec_hidden = hidden[self._seed_row(offset, j)].detach().clone()
+            r.spec_verify_ct += 1
+            st.verify_ct += 1
+            st.verify_tokens += n
+            st.draft_tokens += len(d)
+            st.accepted_drafts += j
+            for tok, lp, top in zip(acc.tokens, acc.logprobs, acc.top_logprobs):
+                r.spec_committed_tokens += 1  # before the append: a finishing append emits the final output
+                st.committed_tokens += 1
+                sched._append_token(r, tok, lp, top, now)
+                if r.is_finished:
+                    break
+        sched.new_token_ratio = max(
+            sched.config.min_new_token_ratio, sched.new_token_ratio - sched.config.new_token_ratio_decay
+        )
+        sched.running = [r for r in sched.running if not r.is_finished]
+        sched._emit(reqs)
