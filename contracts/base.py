@@ -23,7 +23,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-CAPABILITIES = frozenset({"args", "engine", "http", "cuda", "bench"})
+CAPABILITIES = frozenset({"args", "engine", "http", "cuda", "bench", "faults"})  # faults: generate_with_faults
 
 
 class ContractViolation(AssertionError):

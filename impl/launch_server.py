@@ -86,6 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if server_args.dp_size != 1:
         return _main_data_parallel(server_args)
     try:
+        from impl.server.limits import RequestLimits
+
+        RequestLimits.from_args(server_args)  # a bad limit flag fails before the model loads
         engine = build_engine(server_args)
     except (ValueError, RuntimeError) as e:
         logger.error("%s", e)
@@ -104,6 +107,9 @@ def _main_data_parallel(server_args: ServerArgs) -> int:
     from impl.server.dp_front import DataParallelController, DrainingFront, create_dp_app, validate_dp_args
 
     try:
+        from impl.server.limits import RequestLimits
+
+        RequestLimits.from_args(server_args)  # a bad limit flag fails before any replica starts
         validate_dp_args(server_args)
         ctrl = DataParallelController(server_args)
         ctrl.start()

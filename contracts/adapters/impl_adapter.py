@@ -20,7 +20,7 @@ def _model_config_dict(mc: Any) -> dict[str, Any]:
 
 class ImplSubject:
     name = "impl"
-    capabilities = frozenset({"args", "engine", "http"})
+    capabilities = frozenset({"args", "engine", "http", "faults"})
 
     # ---- args --------------------------------------------------------------------
     def parse_args(self, argv: Sequence[str]) -> dict[str, Any]:
@@ -91,6 +91,13 @@ class ImplSubject:
         from contracts.adapters.impl_engine import isolated_engines
 
         return isolated_engines()
+
+    def generate_with_faults(self, argv, runs):
+        """``faults`` capability: runs of (GenRequest, rid) on a private engine, a rid naming a stage
+        (``contracts.fault_injection.STAGES``) fails there; per request every final output."""
+        from contracts.fault_injection import run_with_faults
+
+        return run_with_faults(argv, runs)
 
     def tiny_model(self, name: str) -> str:
         from impl.testing.checkpoints import tiny_checkpoint

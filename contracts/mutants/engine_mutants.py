@@ -144,3 +144,43 @@ class TritonIgnoresSlidingWindow(PatchedSubject):
             return orig(self, q, k, v, dataclasses.replace(layer, sliding_window=None), fb, save_kv_cache)
 
         return {"impl.attention.triton_backend:TritonAttnBackend.forward": forward}
+
+
+# ---- fault isolation (issue 14) -------------------------------------------------------
+class _FaultsPatched(PatchedSubject):
+    def generate_with_faults(self, argv, runs):
+        with self._ctx():
+            return self.inner.generate_with_faults(argv, runs)
+
+
+@mutant("ENGINE-FAULT-ONE-FINAL")
+class FailedRequestNeverAnswered(_FaultsPatched):
+    """A failed request is dropped from the queues and its KV freed, but it never gets a final output."""
+
+    def patches(self):
+        def fail_request(self, req, exc, stage, status=500, message=None):
+            if req is self.chunked_req:
+                self.chunked_req = None
+            for q in (self.running, self.waiting):
+                if req in q:
+                    q.remove(req)
+            self.kv.discard(req)
+            req.finished_reason = FinishReason("abort", message="failed", status_code=status)  # never emitted
+
+        from impl.engine.req import FinishReason
+
+        return {"impl.engine.fault_isolation:FaultIsolation.fail_request": fail_request}
+
+
+@mutant("ENGINE-FAULT-ONE-FINAL")
+class FaultAbortsEveryRequest(_FaultsPatched):
+    """The pre-issue-14 behaviour: one request's failure aborts every request in flight."""
+
+    def patches(self):
+        orig = _orig("impl.engine.fault_isolation", "FaultIsolation.fail_request")
+
+        def fail_request(self, req, exc, stage, status=500, message=None):
+            orig(self, req, exc, stage, status, message)
+            self.abort_request(None)  # what the engine loop used to do: abort everything in flight
+
+        return {"impl.engine.fault_isolation:FaultIsolation.fail_request": fail_request}

@@ -244,6 +244,14 @@ def _fast_prefill_shifts_logits() -> None:
     _set(ModelRunner, "forward", forward)
 
 
+@breaks("InjectedFaults")
+def _injected_faults() -> None:
+    """Not a mutant: the fault-suite server (requests whose rid names a stage fail there; contracts/fault_injection.py)."""
+    from contracts.fault_injection import install
+
+    install()
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in _BREAKS:
         print(f"usage: python -m contracts.mutants.http_mutants NAME [launch_server args]; NAME in {sorted(_BREAKS)}",

@@ -87,6 +87,23 @@ class ServerArgs:
         "How the --dp-size front picks a replica: round_robin, or shortest_queue (fewest requests in flight).",
         ("round_robin", "shortest_queue"),
     )
+    # ---- HTTP hardening (impl/server/limits.py, impl/server/browser_guard.py) ----------
+    allowed_origins: str | None = _f(
+        None, "Comma-separated browser origins (scheme://host[:port]) allowed to call the API besides the server's "
+        "own; '*' allows any. A request whose Origin header names another origin gets 403.")
+    allowed_hosts: str | None = _f(
+        None, "Comma-separated Host header names accepted besides IP literals, localhost and --host; '*' accepts any "
+        "(turns the DNS-rebinding guard off). Another Host gets 403.")
+    max_request_body_bytes: int = _f(8 * 2**20, "Largest request body in bytes (413 above).", type=int)
+    max_n: int = _f(16, "Largest 'n' (choices per prompt) one request may ask for.", type=int)
+    max_batch_size: int = _f(64, "Most prompts one request may carry (a batch of texts, ids or OpenAI prompts).", type=int)
+    max_stop_strings: int = _f(32, "Most stop strings per request.", type=int)
+    max_stop_string_len: int = _f(256, "Longest stop string in characters.", type=int)
+    max_stop_token_ids: int = _f(256, "Most stop token ids per request.", type=int)
+    max_logprobs: int = _f(20, "Largest top_logprobs_num / logprobs / top_logprobs (vLLM's --max-logprobs).", type=int)
+    allow_auto_truncate: bool = _f(
+        False, "Truncate a prompt longer than the context and cap max_new_tokens to the room left, instead of a 400 "
+        "(SGLang's flag).")
     # ---- attention ---------------------------------------------------------
     attention_backend: str | None = _f(None, "Attention backend for prefill and decode.", ATTENTION_BACKEND_CHOICES)
     prefill_attention_backend: str | None = _f(None, "Attention backend for prefill (extend) batches; overrides --attention-backend.", ATTENTION_BACKEND_CHOICES)

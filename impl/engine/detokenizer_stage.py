@@ -30,7 +30,7 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from impl.engine.output import Logprobs, ReqOutput
 from impl.engine.req import FinishReason
@@ -116,8 +116,9 @@ def build_output(em: Emission) -> ReqOutput:
 class DetokenizerStage:
     """One daemon thread that builds and delivers ReqOutputs; started on first use, ``stop()`` ends it."""
 
-    def __init__(self, name: str = "engine-detokenizer"):
+    def __init__(self, name: str = "engine-detokenizer", on_failed: Callable[[str], None] | None = None):
         self.name = name
+        self.on_failed = on_failed  # called with the rid of a request whose output could not be built
         self._queue: "queue.Queue[Emission | None]" = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -147,21 +148,28 @@ class DetokenizerStage:
             try:
                 if em is None:
                     return
-                self._deliver(em)
+                if self._deliver(em) and self.on_failed is not None:
+                    self.on_failed(em.handle.rid)
             except Exception:  # noqa: BLE001 - a failing hook must not stop every later output
                 logger.exception("Delivering an output of request %s failed", em.handle.rid if em else None)
             finally:
                 self._queue.task_done()
 
     @staticmethod
-    def _deliver(em: Emission) -> None:
+    def _deliver(em: Emission) -> bool:
+        """Deliver one output; True when it could not be built (the request got an error final output instead,
+        and the caller stops it in the scheduler, which frees its KV: fault_isolation.py's promise)."""
         try:
             out = build_output(em)
+            failed = False
         except Exception as e:  # noqa: BLE001 - a failed output must not hang its client
             logger.exception("Building the output of request %s failed", em.handle.rid)
             req = em.handle.req
+            msg = f"internal error during output building (detokenization): {type(e).__name__}: {e}"
             out = ReqOutput(rid=req.rid, text=em.handle.sent_text, text_delta="", output_ids=req.output_ids[: em.num_output],
-                            finish_reason=FinishReason("abort", message=f"output failed: {e}"),
+                            finish_reason=FinishReason("abort", message=msg, status_code=500),
                             prompt_tokens=len(req.origin_input_ids), completion_tokens=em.num_output,
                             cached_tokens=req.cached_tokens, e2e_latency=em.time - req.created_time)
+            failed = not em.handle.done.is_set() and em.finish_reason is None
         em.handle.deliver(out)
+        return failed

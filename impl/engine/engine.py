@@ -51,6 +51,10 @@ from impl.engine.speculative import build_spec_worker
 
 logger = logging.getLogger("impl.engine")
 
+
+class EngineUnhealthyError(RuntimeError):
+    """The engine refuses work: a KV integrity check failed (the reason says which); restart it."""
+
 # --chunked-prefill-size unset: SGLang's default on GPUs; smaller on CPU, where a
 # long chunk would stall the decode steps batched with it.
 DEFAULT_CHUNKED_PREFILL = {"cuda": 8192, "cpu": 2048}
@@ -105,7 +109,8 @@ class Engine:
         self.spec_worker = build_spec_worker(args, self.runner)
         self.scheduler = Scheduler(self.scheduler_config, self.runner, kv, spec=self.spec_worker)
         self.intake_limits = IntakeLimits(self.scheduler_config.max_req_len, self.model_config.vocab_size)
-        self._detokenizer = DetokenizerStage()
+        # an output that cannot be built fails its request: the stage delivers the error, the scheduler frees it
+        self._detokenizer = DetokenizerStage(on_failed=self.abort)
         seed = args.random_seed if args.random_seed is not None else int(torch.randint(0, 2**62, (1,)))
         self._seed_gen = torch.Generator().manual_seed(seed)
         self._step_lock = threading.Lock()
@@ -195,7 +200,10 @@ class Engine:
                on_finish: Callable[[Req, ReqOutput], None] | None = None,
                wake: Callable[[], None] | None = None) -> list[RequestHandle]:
         """Enqueue Reqs made by ``expand_requests`` (already validated); one handle each.
-        ``on_finish`` / ``wake``: the handles' hooks (see ``RequestHandle``)."""
+        ``on_finish`` / ``wake``: the handles' hooks (see ``RequestHandle``). EngineUnhealthyError once the
+        engine is unhealthy (see ``health``)."""
+        if self.scheduler.unhealthy is not None:
+            raise EngineUnhealthyError(f"the engine is unhealthy ({self.scheduler.unhealthy}); restart the server")
         handles = []
         with self._submit_lock:
             for req in reqs:
@@ -263,14 +271,18 @@ class Engine:
         self._thread.start()
 
     def _loop(self) -> None:
+        failures = 0
         while not self._stopping:
             try:
                 busy = self.step()
-            except Exception:  # noqa: BLE001 - one bad batch must not take the server down
-                # The failed forward's requests cannot be resumed safely: abort every
-                # in-flight request (their clients get finish_reason abort) and keep serving.
-                logger.exception("Scheduler step failed; aborting in-flight requests")
-                self.scheduler.abort_request(None)
+                failures = 0
+            except Exception as e:  # noqa: BLE001 - a scheduling bug must not take the server down
+                # Forward and per-request failures are handled inside the step (fault_isolation.py);
+                # this is a failure of the scheduling itself: fail what it concerns, escalate on repeats.
+                failures += 1
+                logger.exception("Scheduler step failed (%d in a row)", failures)
+                with self._step_lock:
+                    self.scheduler.recover_from_step_failure(e, failures)
                 busy = True
             if not busy:
                 self._wake.wait(0.05)
@@ -279,6 +291,12 @@ class Engine:
     def is_alive(self) -> bool:
         """True while the background scheduler thread runs."""
         return self._thread is not None and self._thread.is_alive()
+
+    def health(self) -> str | None:
+        """None when healthy, else why not (a stopped loop, or a failed KV integrity check)."""
+        if self._thread is not None and not self._thread.is_alive():
+            return "the engine's scheduler thread has stopped; see the server log"
+        return self.scheduler.unhealthy
 
     # ---- control and introspection -------------------------------------------------------
     def flush_cache(self) -> bool:

@@ -94,6 +94,17 @@ class KVLifecycle:
         self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx, req.kv_len, req.prefix_len, req.last_node = None, 0, 0, None
 
+    def discard(self, req: Req) -> None:
+        """A failed request: free its own slots without caching them (their KV may never have been written)."""
+        if req.req_pool_idx is None:
+            return
+        kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len].to("cpu", torch.int64)
+        self.allocator.free(kv[req.prefix_len :])
+        if self.tree is not None:
+            self.tree.dec_lock_ref(req.last_node)
+        self.req_to_token_pool.free(req.req_pool_idx)
+        req.req_pool_idx, req.kv_len, req.prefix_len, req.last_node = None, 0, 0, None
+
     def owned_slots(self, req: Req) -> torch.Tensor:
         if req.req_pool_idx is None:
             return torch.empty(0, dtype=torch.int64)

@@ -41,13 +41,17 @@ class FinishReason:
     matched: int | str | None = None
     length: int | None = None
     message: str | None = None
+    status_code: int | None = None  # set when the request failed (500: engine fault, 503: engine unhealthy)
 
     def to_json(self) -> dict[str, Any]:
         if self.type == "stop":
             return {"type": "stop", "matched": self.matched}
         if self.type == "length":
             return {"type": "length", "length": self.length}
-        return {"type": "abort", "message": self.message}
+        out: dict[str, Any] = {"type": "abort", "message": self.message}
+        if self.status_code is not None:
+            out["status_code"] = self.status_code
+        return out
 
 
 @dataclass(eq=False)

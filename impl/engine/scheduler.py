@@ -32,6 +32,7 @@ from typing import Sequence
 
 import torch
 
+from impl.engine.fault_isolation import FaultIsolation
 from impl.forward_batch import WorkCounters
 from impl.engine.kv_lifecycle import KVLifecycle
 from impl.engine.req import FinishReason, Req, ReqState
@@ -64,7 +65,7 @@ class SchedulerConfig:
         return self.chunked_prefill_size if self.chunked_prefill_size > 0 else self.max_prefill_tokens
 
 
-class Scheduler:
+class Scheduler(FaultIsolation):
     def __init__(
         self,
         config: SchedulerConfig,
@@ -84,6 +85,7 @@ class Scheduler:
         self.num_retractions = 0
         self.num_forwards = 0
         self._idle_checked = False
+        self.unhealthy: str | None = None  # set once by a failed integrity check (fault_isolation.py)
 
     # ---- thread-safe entry points ---------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -107,12 +109,14 @@ class Scheduler:
     def step(self) -> bool:
         """Run at most one forward. Returns False when there was nothing to do."""
         self._drain_inbox()
+        if self.unhealthy is not None:
+            return False
         batch = self._schedule()
         if batch is None:
             # Once per transition to idle (the background loop polls while idle).
             if self.config.check_integrity_when_idle and not self.has_work and not self._idle_checked:
-                self.check_integrity()
                 self._idle_checked = True
+                self.check_integrity_or_mark("when the engine went idle")
             return False
         self._idle_checked = False
         if batch is _SPEC_ROUND:
@@ -124,7 +128,11 @@ class Scheduler:
             decode_tokens=sum(1 for it in batch.items if it.is_decode_step),
             cached_tokens=self._cached_this_step,
         )
-        out = self.runner.forward(fb)
+        try:
+            out = self.runner.forward(fb)
+        except Exception as e:  # noqa: BLE001 - fail this batch only (fault_isolation.py)
+            self.fail_batch([it.req for it in batch.items], e)
+            return True
         self.num_forwards += 1
         if self.spec is not None:
             self.spec.after_forward(batch, out.hidden_states)
@@ -161,6 +169,8 @@ class Scheduler:
                 if self.spec is not None and arg.spec_verify_ct is None:
                     arg.spec_verify_ct = 0
                 self.waiting.append(arg)
+                if self.unhealthy is not None:
+                    self.refuse_unhealthy(arg)
             else:
                 self._abort(arg)
 
@@ -281,8 +291,11 @@ class Scheduler:
         last_rows: list[int] = []
         for it in batch.items:
             k = len(it.logits_rows)
-            self._prompt_logprobs(it, logits[offset : offset + k])
-            if it.samples:
+            try:
+                self._prompt_logprobs(it, logits[offset : offset + k])
+            except Exception as e:  # noqa: BLE001 - fail this request only
+                self.fail_request(it.req, e, "prompt logprob assembly")
+            if it.samples and not it.req.is_finished:
                 to_sample.append(it)
                 last_rows.append(offset + k - 1)
             offset += k
@@ -299,10 +312,16 @@ class Scheduler:
                 )
                 for it in to_sample
             ]
-            out = sample(logits[last_rows], rows, self.config.eos_token_ids)
+            picked = self.sample_isolated(sample, logits[last_rows], rows, [it.req for it in to_sample],
+                                          self.config.eos_token_ids)
             now = time.perf_counter()
-            for i, it in enumerate(to_sample):
-                self._append_token(it.req, out.token_ids[i], out.logprobs[i], out.top_logprobs[i], now)
+            for it, res in zip(to_sample, picked):
+                if res is None or it.req.is_finished:
+                    continue
+                try:
+                    self._append_token(it.req, res[0], res[1], res[2], now)
+                except Exception as e:  # noqa: BLE001 - fail this request only
+                    self.fail_request(it.req, e, "token bookkeeping and stop checking")
         still = [r for r in self.running if not r.is_finished]
         for it in batch.items:
             r = it.req
@@ -317,7 +336,7 @@ class Scheduler:
             if not req.is_finished and req.on_output is not None:
                 if len(req.output_ids) - req.last_emitted_len >= self.config.stream_interval:
                     req.last_emitted_len = len(req.output_ids)
-                    req.on_output(req)
+                    self.emit(req)
 
     def _prompt_logprobs(self, it: BatchItem, rows: torch.Tensor) -> None:
         req = it.req
@@ -387,5 +406,4 @@ class Scheduler:
         req.finished_reason = reason
         req.state = ReqState.FINISHED
         req.finished_time = time.perf_counter()
-        if req.on_output is not None:
-            req.on_output(req)
+        self.emit(req)

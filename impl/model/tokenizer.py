@@ -16,7 +16,7 @@ import datetime
 import json
 import os
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any, Iterable, Mapping, Sequence
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -109,6 +109,12 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self.backend.id_to_token(int(token_id))
 
+    @cached_property
+    def max_token_chars(self) -> int:
+        """Characters of the longest vocabulary entry: a text of C characters has at least C / this many tokens
+        (a bound the server uses to refuse an oversized prompt before tokenizing it)."""
+        return max((len(t) for t in self.backend.get_vocab(with_added_tokens=True)), default=1) or 1
+
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
 
@@ -117,7 +123,9 @@ class Tokenizer:
         """Token ids of ``text``; with ``add_special_tokens`` a bos is prepended (once) like Gemma's tokenizer."""
         if not isinstance(text, str):
             raise ValueError(f"encode() takes a string, got {type(text).__name__}")
-        ids = list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        # encode_batch releases the GIL while the Rust tokenizer runs (encode holds it): the HTTP
+        # server tokenizes on a worker thread and its event loop must keep answering meanwhile.
+        ids = list(self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
         if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
             if not ids or ids[0] != self.bos_token_id:
                 ids.insert(0, self.bos_token_id)

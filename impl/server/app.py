@@ -16,20 +16,25 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi import FastAPI, Query, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 import impl
-from impl.engine.engine import Engine
+from impl.engine.engine import Engine, EngineUnhealthyError
 from impl.engine.output import ReqOutput
 from impl.engine.req import Req
 from impl.server import generate_api, openai_api, req_builder
 from impl.server.async_engine import AsyncEngine, EngineDeadError
 from impl.server.auth import APIKeyMiddleware
 from impl.server.cluster_api import add_cluster_routes, flush_when_idle
-from impl.server.errors import APIError, error_response, install_error_handlers, parse_body
+from impl.server.browser_guard import BrowserGuardMiddleware, parse_list
+from impl.server.errors import APIError, error_response, install_error_handlers, parse_json
+from impl.server.intake import off_loop, read_body
+from impl.server.limits import RequestLimits
 from impl.server.metrics import Gauges, ServerMetrics
-from impl.server.protocol import AbortRequest, ChatCompletionRequest, CompletionRequest, GenerateRequest
+from impl.server.openapi_schema import install_openapi
+from impl.server.protocol import RequestModels, request_models
 from impl.server.streaming import json_safe
 
 HEALTH_GENERATE_TIMEOUT_S = 60.0
@@ -44,6 +49,8 @@ class ServerState:
     model_name: str
     max_req_len: int
     started: float
+    limits: RequestLimits
+    models: RequestModels
 
     @property
     def args(self):
@@ -74,7 +81,9 @@ def build_state(engine: Engine) -> ServerState:
                         out.finish_reason.to_json() if out.finish_reason else None)
 
     aengine = AsyncEngine(engine, on_finish=on_finish)
-    return ServerState(engine, aengine, metrics, name, engine.load().max_req_len, time.time())
+    max_req_len = engine.load().max_req_len
+    limits = RequestLimits.from_args(engine.resolved_args, max_req_len, engine.model_config.vocab_size)
+    return ServerState(engine, aengine, metrics, name, max_req_len, time.time(), limits, request_models(limits))
 
 
 def record_finished(metrics: ServerMetrics, out: ReqOutput) -> None:
@@ -104,12 +113,24 @@ def create_app(engine: Engine) -> FastAPI:
     install_error_handlers(app)
 
     @app.exception_handler(EngineDeadError)
-    async def _engine_dead(request: Request, exc: EngineDeadError):
+    @app.exception_handler(EngineUnhealthyError)
+    async def _engine_dead(request: Request, exc: Exception):
         return error_response(503, str(exc))
 
-    if state.args.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=state.args.api_key)
+    args = state.args
+    if args.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=args.api_key)
+    origins = parse_list(args.allowed_origins)
+    if origins:  # listed origins may read the answers (CORS); the guard refuses every other origin
+        app.add_middleware(CORSMiddleware, allow_origins=["*"] if "*" in origins else list(origins),
+                           allow_methods=["*"], allow_headers=["*"])
+    app.add_middleware(BrowserGuardMiddleware, bound_host=args.host, allowed_hosts=args.allowed_hosts,
+                       allowed_origins=args.allowed_origins)
     _add_routes(app, state)
+    m = state.models
+    install_openapi(app, {"/generate": m.generate, "/v1/completions": m.completion,
+                          "/v1/chat/completions": m.chat, "/abort_request": m.abort},
+                    streaming={"/generate", "/v1/completions", "/v1/chat/completions"})
     return app
 
 
@@ -123,44 +144,62 @@ def _check_model(state: ServerState, model: str | None) -> None:
 def _add_routes(app: FastAPI, state: ServerState) -> None:
     aengine, engine = state.aengine, state.engine
 
+    async def body_of(request: Request, model, build=None):
+        """Read the body (415 / 413 first), then validate (and build) it on the intake pool."""
+        raw = await read_body(request, state.limits)
+
+        def work():
+            body = parse_json(raw, model)
+            return body, (build(body) if build is not None else None)
+
+        return await off_loop(work)
+
     @app.get("/health")
-    async def health() -> Response:
-        if not aengine.alive():
-            return error_response(503, "the engine's scheduler thread has stopped; see the server log")
-        return Response(status_code=200)
+    async def health():
+        reason = engine.health()
+        if reason is not None:
+            return error_response(503, f"unhealthy: {reason}")
+        return JSONResponse({"status": "ok"})
 
     @app.get("/health_generate")
-    async def health_generate() -> Response:
+    async def health_generate():
         bos = engine.tokenizer.bos_token_id
         reqs = engine.expand_requests([[bos if bos is not None else 0]], {"max_new_tokens": 1, "temperature": 0.0})
         (stream,) = aengine.submit(reqs, False)
         req = stream.req
         try:
-            await asyncio.wait_for(stream.result(), HEALTH_GENERATE_TIMEOUT_S)
+            final = await asyncio.wait_for(stream.result(), HEALTH_GENERATE_TIMEOUT_S)
         except asyncio.TimeoutError:
             aengine.abort(req.rid)
             return error_response(503, f"health_generate: no token within {HEALTH_GENERATE_TIMEOUT_S:.0f}s")
-        return Response(status_code=200)
+        if final.completion_tokens < 1 or final.finish_type == "abort":
+            fr = final.finish_reason.to_json() if final.finish_reason else None
+            return error_response(503, f"health_generate: the probe request produced no token (finish_reason {fr})")
+        return JSONResponse({"status": "ok"})
 
     @app.post("/generate")
     async def generate(request: Request):
-        body = await parse_body(request, GenerateRequest)
-        sub = req_builder.from_generate(engine, body)
+        body, sub = await body_of(request, state.models.generate,
+                                  lambda b: req_builder.from_generate(engine, b, state.limits))
         return await generate_api.generate_response(request, aengine, sub, body.stream)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await parse_body(request, CompletionRequest)
-        _check_model(state, body.model)
-        sub = req_builder.from_completion(engine, body, state.max_req_len)
+        def build(b):
+            _check_model(state, b.model)
+            return req_builder.from_completion(engine, b, state.limits)
+
+        body, sub = await body_of(request, state.models.completion, build)
         call = _call(state, "completion", sub, body.logprobs is not None, body)
         return await openai_api.openai_response(request, aengine, call, body.stream)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = await parse_body(request, ChatCompletionRequest)
-        _check_model(state, body.model)
-        sub = req_builder.from_chat(engine, body, state.max_req_len, state.args.chat_template)
+        def build(b):
+            _check_model(state, b.model)
+            return req_builder.from_chat(engine, b, state.limits, state.args.chat_template)
+
+        body, sub = await body_of(request, state.models.chat, build)
         call = _call(state, "chat", sub, body.logprobs, body)
         return await openai_api.openai_response(request, aengine, call, body.stream)
 
@@ -205,20 +244,21 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         )
         return JSONResponse(json_safe(info))
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics():
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/abort_request")
     async def abort_request(request: Request):
-        body = await parse_body(request, AbortRequest)
+        body, _ = await body_of(request, state.models.abort)
         if not body.abort_all and not body.rid:
             raise APIError(400, "pass 'rid' (the request id to abort) or 'abort_all': true", "rid")
         aengine.abort(None if body.abort_all else body.rid)
         return {"success": True}
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache(timeout: float = 0.0):
+    @app.api_route("/flush_cache", methods=["GET", "POST"], response_class=PlainTextResponse)
+    async def flush_cache(timeout: float = Query(0.0, ge=0, allow_inf_nan=False,
+                                                description="Seconds to wait for the server to go idle first")):
         if not await flush_when_idle(engine.flush_cache, timeout):
             return error_response(400, f"cache not flushed: requests were still in flight after timeout={timeout:g}s; "
                                        "retry when the server is idle or pass a longer ?timeout=SECONDS")

@@ -17,7 +17,10 @@ coroutine awaits its next output without polling and without blocking the loop.
 from __future__ import annotations
 
 import asyncio
+import collections
+import logging
 import queue
+import threading
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Sequence
 
@@ -28,6 +31,7 @@ from impl.engine.req import Req
 from impl.engine.request_handle import RequestHandle
 
 LIVENESS_POLL_S = 1.0
+logger = logging.getLogger("impl.server")
 
 
 class EngineDeadError(RuntimeError):
@@ -114,6 +118,8 @@ class AsyncEngine:
         self.engine = engine
         self.on_finish = on_finish  # once per request, on the detokenizer thread, before its final output is visible
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+        self._live: set[str] = set()  # rids submitted and not finished (a duplicate live rid is refused)
 
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -144,7 +150,35 @@ class AsyncEngine:
                     self.abort(s.rid)
 
     def submit(self, reqs: list[Req], stream: bool) -> list[RequestStream]:
-        """Enqueue Reqs made by ``Engine.expand_requests`` (validated there, once)."""
+        """Enqueue Reqs made by ``Engine.expand_requests`` (validated there, once).
+
+        A rid that is already live (submitted, not finished), or given twice in one call, is a ValueError
+        (SGLang refuses duplicate rids too): aborts by rid would otherwise hit the wrong request.
+        """
+        rids = [r.rid for r in reqs]
+        with self._lock:
+            dup = sorted(x for x, c in collections.Counter(rids).items() if c > 1 or x in self._live)
+            if dup:
+                raise ValueError(f"'rid' {dup[0]!r} is already in use by a running request; rids must be unique "
+                                 "among live requests (omit 'rid' to get a fresh one)")
+            self._live.update(rids)
+        try:
+            return self._submit(reqs, stream)
+        except BaseException:
+            with self._lock:
+                self._live.difference_update(rids)
+            raise
+
+    def _finished(self, req: Req, out: ReqOutput) -> None:  # detokenizer thread, before the final output is visible
+        with self._lock:
+            self._live.discard(req.rid)
+        if self.on_finish is not None:
+            try:
+                self.on_finish(req, out)
+            except Exception:  # noqa: BLE001 - metrics / logging must never cost the client its answer
+                logger.exception("recording finished request %s failed", req.rid)
+
+    def _submit(self, reqs: list[Req], stream: bool) -> list[RequestStream]:
         loop = self.loop
         streams: list[RequestStream] = []
 
@@ -155,7 +189,7 @@ class AsyncEngine:
             return wake
 
         # the handles exist only after submit; their wake hooks look the stream up by index
-        handles = self.engine.submit(reqs, stream, on_finish=self.on_finish, wake=None)
+        handles = self.engine.submit(reqs, stream, on_finish=self._finished, wake=None)
         for i, h in enumerate(handles):
             streams.append(RequestStream(h, self.alive))
             h.wake = waker(i)

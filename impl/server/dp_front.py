@@ -120,7 +120,8 @@ class DataParallelController:
     def open_clients(self) -> None:
         for r in self.replicas:
             transport = httpx.AsyncHTTPTransport(uds=r.spec.uds)
-            r.client = httpx.AsyncClient(transport=transport, base_url=f"http://dp{r.rank}",
+            # Host "localhost": a replica's browser guard accepts it (the client's headers stay at the front)
+            r.client = httpx.AsyncClient(transport=transport, base_url="http://localhost",
                                          timeout=httpx.Timeout(None, connect=10.0),
                                          limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
 
@@ -202,7 +203,7 @@ def validate_dp_args(args: Any) -> None:
 
 def _wait_ready(r: Replica) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
-    with httpx.Client(transport=httpx.HTTPTransport(uds=r.spec.uds), base_url="http://dp", timeout=5.0) as c:
+    with httpx.Client(transport=httpx.HTTPTransport(uds=r.spec.uds), base_url="http://localhost", timeout=5.0) as c:
         while time.monotonic() < deadline:
             if not r.alive():
                 raise RuntimeError(f"{r.describe_exit()} before it was ready; see its [DP{r.rank}] log lines above")
@@ -233,8 +234,23 @@ def create_dp_app(ctrl: DataParallelController) -> FastAPI:
         from impl.server.auth import APIKeyMiddleware
 
         app.add_middleware(APIKeyMiddleware, api_key=ctrl.server_args.api_key)
+    _add_browser_guard(app, ctrl.server_args)  # replicas see the front's requests, not the client's headers
     _add_routes(app, ctrl)
     return app
+
+
+def _add_browser_guard(app: FastAPI, args: Any) -> None:
+    """The single server's Host / Origin checks (and CORS for listed origins), at the front."""
+    from fastapi.middleware.cors import CORSMiddleware
+
+    from impl.server.browser_guard import BrowserGuardMiddleware, parse_list
+
+    origins = parse_list(args.allowed_origins)
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=["*"] if "*" in origins else list(origins),
+                           allow_methods=["*"], allow_headers=["*"])
+    app.add_middleware(BrowserGuardMiddleware, bound_host=args.host, allowed_hosts=args.allowed_hosts,
+                       allowed_origins=args.allowed_origins)
 
 
 def _add_routes(app: FastAPI, ctrl: DataParallelController) -> None:

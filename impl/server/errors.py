@@ -1,15 +1,16 @@
 """Error responses: ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's shape).
 
-Bad input is a 400 whose message names the field; nothing a client sends
-should produce a 500. ``parse_body`` turns malformed JSON and pydantic type
-errors into ``APIError``; ``install_error_handlers`` maps ``APIError``,
-``ValueError`` from the engine's validation, unknown routes and anything
+Bad input is a 4xx whose message names the field; nothing a client sends
+should produce a 500. ``parse_json`` validates a raw body against a request
+model (malformed JSON, nesting deeper than 200 levels, invalid UTF-8 and lone
+UTF-16 surrogates are refused by pydantic's JSON parser with a 400);
+``install_error_handlers`` maps ``APIError``, ``ValueError`` from the engine's
+validation, unknown routes (405s keep their ``Allow`` header) and anything
 unexpected onto that shape.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any, TypeVar
 
@@ -23,7 +24,9 @@ logger = logging.getLogger("impl.server")
 
 M = TypeVar("M", bound=BaseModel)
 
-_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 503: "ServiceUnavailableError"}
+_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
+                404: "NotFoundError", 405: "MethodNotAllowedError", 413: "RequestTooLargeError",
+                415: "UnsupportedMediaTypeError", 503: "ServiceUnavailableError"}
 
 
 class APIError(Exception):
@@ -34,10 +37,11 @@ class APIError(Exception):
         self.param = param
 
 
-def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": _ERROR_TYPES.get(status, "InternalServerError"), "param": param,
-                      "code": status}}
-    return JSONResponse(body, status_code=status)
+def error_response(status: int, message: str, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    kind = _ERROR_TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:
@@ -46,33 +50,48 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool", "dict", "list", "none")):
-            break
+        elif isinstance(part, str) and ("[" in part or "-" in part or part in (
+                "str", "int", "float", "bool", "dict", "list", "none", "literal")):
+            continue
         else:
             out += ("." if out else "") + str(part)
     return out or "body"
 
 
+_TYPE_MISMATCH = frozenset({"model_type", "list_type", "string_type", "int_type", "bool_type", "float_type",
+                            "dict_type", "literal_error", "none_required", "model_attributes_type"})
+
+
 def validation_message(e: ValidationError | RequestValidationError) -> tuple[str, str]:
-    """(field, message) of the first error, naming the field the client must fix."""
+    """(field, message) of the first error, naming the field the client must fix (and the flag of a limit)."""
+    from impl.server.limits import limit_hint
+
     errs = e.errors()
-    first = errs[0]
+    # A union reports one error per branch: prefer one past the type check (the branch the client meant).
+    first = next((x for x in errs if x.get("type") not in _TYPE_MISMATCH), errs[0])
+    kind = first.get("type")
     field = _field_path(tuple(first.get("loc", ())))
-    if first.get("type") == "missing":
+    if kind == "json_invalid":
+        return "body", (f"malformed JSON body: {first.get('msg', 'invalid')}; send one JSON object (UTF-8, at most "
+                        "200 levels deep, no lone UTF-16 surrogates)")
+    if kind == "model_type" and field == "body":
+        return "body", "the request body must be a JSON object"
+    if kind == "missing":
         return field, f"field '{field}' is required"
-    return field, f"invalid value for field '{field}': {first.get('msg', 'invalid')}"
+    msg = str(first.get("msg", "invalid"))
+    if kind == "value_error":
+        msg = msg.removeprefix("Value error, ")
+        return field, msg if field == "body" else f"invalid value for field '{field}': {msg}"
+    hint = limit_hint(field) if kind in ("less_than_equal", "too_long", "string_too_long") else ""
+    return field, f"invalid value for field '{field}': {msg}{hint}"
 
 
-async def parse_body(request: Request, model: type[M]) -> M:
-    raw = await request.body()
+def parse_json(raw: bytes, model: type[M]) -> M:
+    """Validate a raw JSON body against ``model``; APIError(400) names the field (CPU-bound: run it off the loop)."""
+    if not raw:
+        raise APIError(400, "the request body is empty; send a JSON object", "body")
     try:
-        data = json.loads(raw) if raw else None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(400, f"malformed JSON body: {e}; send a JSON object") from None
-    if not isinstance(data, dict):
-        raise APIError(400, f"the request body must be a JSON object, got {type(data).__name__}")
-    try:
-        return model.model_validate(data)
+        return model.model_validate_json(raw)
     except ValidationError as e:
         field, msg = validation_message(e)
         raise APIError(400, msg, field) from None
@@ -94,7 +113,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        return error_response(exc.status_code, str(exc.detail))
+        return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):

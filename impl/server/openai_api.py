@@ -21,7 +21,9 @@ from starlette.requests import Request
 from impl.engine.output import ReqOutput
 from impl.server.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from impl.server.req_builder import Submission
-from impl.server.streaming import DONE, abort_unfinished, error_event, json_safe, merge, sse, until_disconnect
+from impl.server.errors import error_response
+from impl.server.streaming import (DONE, abort_unfinished, error_event, failure_of, json_safe, merge, sse,
+                                   until_disconnect)
 
 
 def usage(sub: Submission, finals: list[ReqOutput]) -> dict[str, Any]:
@@ -141,6 +143,9 @@ async def openai_response(request: Request, aengine: AsyncEngine, call: Call, st
     finals = await until_disconnect(request, collect(), lambda: abort_unfinished(streams, aengine.abort))
     if finals is None:
         return JSONResponse({}, status_code=499)
+    failed = next((f for f in map(failure_of, finals) if f is not None), None)
+    if failed is not None:
+        return error_response(failed[0], failed[1])
     body = call.envelope([call.choice(k, f) for k, f in enumerate(finals)], usage=usage(call.sub, finals))
     return JSONResponse(json_safe(body))
 
@@ -157,6 +162,10 @@ async def _stream(aengine: AsyncEngine, call: Call, streams: list[RequestStream]
     extra = {"usage": None} if call.include_usage else {}
     try:
         async for k, out in merge(streams):
+            failed = failure_of(out)
+            if failed is not None:
+                yield error_event(failed[1], failed[0], k if len(streams) > 1 else None)
+                continue
             chunk = _delta_chunk(call, k, out, states[k])
             if chunk is not None:
                 yield sse(call.envelope([chunk], chunk=True, **extra))

@@ -16,6 +16,7 @@ from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from starlette.requests import Request
 
+from impl.engine.output import ReqOutput
 from impl.server.async_engine import EngineDeadError, RequestStream, merge
 
 __all__ = ["DONE", "abort_unfinished", "dumps", "error_event", "json_safe", "merge", "sse", "until_disconnect"]
@@ -70,9 +71,21 @@ async def until_disconnect(request: Request, work: Awaitable[T], on_disconnect: 
             task.cancel()
 
 
-def error_event(exc: EngineDeadError) -> bytes:
-    """The last event of a stream whose engine died: an OpenAI-style error object."""
-    return sse({"error": {"message": str(exc), "type": "ServiceUnavailableError", "code": 503}})
+def failure_of(out: ReqOutput) -> tuple[int, str] | None:
+    """(HTTP status, message) when this final output says the request failed (not a client abort)."""
+    fr = out.finish_reason
+    if fr is not None and fr.type == "abort" and fr.status_code:
+        return int(fr.status_code), str(fr.message or "the request failed")
+    return None
+
+
+def error_event(exc: EngineDeadError | str, status: int = 503, index: int | None = None) -> bytes:
+    """An OpenAI-style error object as a stream event (the stream's requests failed or its engine died)."""
+    kind = "ServiceUnavailableError" if status == 503 else ("BadRequestError" if status < 500 else "InternalServerError")
+    event: dict[str, Any] = {"error": {"message": str(exc), "type": kind, "code": status}}
+    if index is not None:
+        event["index"] = index
+    return sse(event)
 
 
 def abort_unfinished(streams: Sequence[RequestStream], abort: Callable[[str], None]) -> None:

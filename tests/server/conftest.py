@@ -31,3 +31,29 @@ def key_url() -> str:
     from contracts.adapters.impl_http import base_url
 
     return base_url([*ARGV_OFF, "--api-key", API_KEY])
+
+
+# The hardened server: small limits (so a fuzzer's largest requests stay cheap), --allow-auto-truncate,
+# one allowed origin and host, and injected faults by rid (contracts/fault_injection.py: only requests
+# whose rid contains 'fault-<stage>' fail). Shared by test_faults, test_schemathesis, test_soak and
+# the flag checks of test_limits.
+HARDENED_ARGV = ["--decode-attention-backend", "torch_native", "--context-length", "64", "--max-total-tokens", "4096",
+                 "--max-n", "2", "--max-batch-size", "2", "--max-stop-strings", "2", "--max-stop-token-ids", "4",
+                 "--allow-auto-truncate", "--allowed-origins", "http://app.example", "--allowed-hosts", "llm.internal"]
+
+
+@pytest.fixture(scope="session")
+def hardened():
+    """The running hardened server (RunningServer: .url, .proc for its RSS)."""
+    from contracts.adapters.impl_http import start
+
+    server = start(HARDENED_ARGV, mutant="InjectedFaults")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def hardened_url(hardened) -> str:
+    return hardened.url

@@ -70,11 +70,11 @@ def _err(model, data) -> tuple[str, str]:
 
 def test_validation_names_the_field():
     assert _err(GenerateRequest, {"text": 5})[0] == "text"
-    assert _err(GenerateRequest, {"input_ids": [1, "a"]})[0] == "input_ids"
+    assert _err(GenerateRequest, {"input_ids": [1, "a"]})[0] == "input_ids[1]"
     assert _err(GenerateRequest, {"stream": "yes"})[0] == "stream"
     field, msg = _err(ChatCompletionRequest, {"messages": [{"content": "hi"}]})
     assert field == "messages[0].role" and "required" in msg
-    assert _err(ChatCompletionRequest, {"messages": [], "max_tokens": True})[0] == "max_tokens"
+    assert _err(ChatCompletionRequest, {"messages": [{"role": "user"}], "max_tokens": True})[0] == "max_tokens"
 
 
 def test_request_stream_drains_output_emitted_before_waiting():

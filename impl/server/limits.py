@@ -1,0 +1,87 @@
+"""Per-request work bounds of the HTTP server, each with its ``ServerArgs`` flag.
+
+``RequestLimits.from_args`` reads the flags (a bad value is a ``ValueError`` at
+startup); the request models (``protocol.request_models``) bake the limits into
+their field ranges, so one model both validates a body and publishes the bounds
+in the OpenAPI schema. ``LIMIT_FLAGS`` maps a body field to the flag that
+bounds it, so a refusal can name the flag to raise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Defaults: vLLM's --max-logprobs (20, also OpenAI's top_logprobs bound); the others are
+# our own (SGLang and vLLM have no such bounds), sized so one request's work stays small.
+DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 2**20
+DEFAULT_MAX_N = 16
+DEFAULT_MAX_BATCH_SIZE = 64
+DEFAULT_MAX_STOP_STRINGS = 32
+DEFAULT_MAX_STOP_STRING_LEN = 256
+DEFAULT_MAX_STOP_TOKEN_IDS = 256
+DEFAULT_MAX_LOGPROBS = 20
+
+# body field (last path segment) -> the flag bounding it
+LIMIT_FLAGS = {
+    "n": "--max-n",
+    "text": "--max-batch-size",
+    "input_ids": "--max-batch-size",
+    "prompt": "--max-batch-size",
+    "rid": "--max-batch-size",
+    "sampling_params": "--max-batch-size",
+    "return_logprob": "--max-batch-size",
+    "logprob_start_len": "--max-batch-size",
+    "stop": "--max-stop-strings / --max-stop-string-len",
+    "stop_token_ids": "--max-stop-token-ids",
+    "top_logprobs_num": "--max-logprobs",
+    "logprobs": "--max-logprobs",
+    "top_logprobs": "--max-logprobs",
+    "max_new_tokens": "--context-length",
+    "max_tokens": "--context-length",
+    "max_completion_tokens": "--context-length",
+}
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    max_n: int = DEFAULT_MAX_N
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_stop_strings: int = DEFAULT_MAX_STOP_STRINGS
+    max_stop_string_len: int = DEFAULT_MAX_STOP_STRING_LEN
+    max_stop_token_ids: int = DEFAULT_MAX_STOP_TOKEN_IDS
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS
+    allow_auto_truncate: bool = False
+    context_len: int = 2**31 - 1  # prompt + output tokens one request may reach (the engine's max_req_len)
+    vocab_size: int = 2**31 - 1
+
+    @classmethod
+    def from_args(cls, args, context_len: int | None = None, vocab_size: int | None = None) -> "RequestLimits":
+        """The limits given by ``args`` (ServerArgs); ValueError names a flag with an unusable value."""
+        values = {}
+        for name, low in (("max_request_body_bytes", 1024), ("max_n", 1), ("max_batch_size", 1), ("max_stop_strings", 0),
+                          ("max_stop_string_len", 1), ("max_stop_token_ids", 0), ("max_logprobs", 0)):
+            v = getattr(args, name, None)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {v!r}")
+            values[name] = v
+        values["allow_auto_truncate"] = bool(getattr(args, "allow_auto_truncate", False))
+        if context_len is not None:
+            values["context_len"] = int(context_len)
+        if vocab_size is not None:
+            values["vocab_size"] = int(vocab_size)
+        return cls(**values)
+
+    @property
+    def max_choices(self) -> int:
+        """Requests one HTTP call may expand to (prompts x n)."""
+        return self.max_batch_size * self.max_n
+
+
+def limit_hint(field: str) -> str:
+    """'; raise it with --max-n' for a field a server flag bounds, else ''."""
+    last = field.split(".")[-1].split("[")[0]
+    flag = LIMIT_FLAGS.get(last)
+    return f" (a server limit: {flag})" if flag else ""

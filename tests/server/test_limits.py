@@ -1,0 +1,257 @@
+"""Typed, bounded requests and browser-safe defaults on a real server (issue 14, items 2-4).
+
+Each refusal is checked for its status, its JSON error body and the words that tell the client what to fix;
+after the hostile requests a normal one still completes and /health stays 200.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+
+import httpx
+import pytest
+
+from contracts.http_support import TIMEOUT, post, post_stream, prompt_ids
+
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
+CHAT = "/v1/chat/completions"
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def _raw(url, path, content: bytes | str, headers=None) -> httpx.Response:
+    h = {"content-type": "application/json"}
+    h.update(headers or {})
+    return httpx.post(url + path, content=content, headers=h, timeout=TIMEOUT)
+
+
+def _refused(r: httpx.Response, status: int, *words: str) -> str:
+    assert r.status_code == status, (r.status_code, r.text[:300])
+    msg = r.json()["error"]["message"]
+    missing = [w for w in words if w.lower() not in msg.lower()]
+    assert not missing, f"the error must name {missing}: {msg!r}"
+    return msg
+
+
+def _still_serves(url) -> None:
+    assert httpx.get(url + "/health", timeout=TIMEOUT).status_code == 200
+    out = post(url, "/generate", {"input_ids": prompt_ids(1, 4), "sampling_params": {**GREEDY, "max_new_tokens": 2}})
+    assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 2
+
+
+# ---------------------------------------------------------------- body: size, type, JSON
+
+
+def test_body_size_content_type_and_malformed_json(url):
+    _refused(_raw(url, "/generate", b" " * (8 * 2**20 + 1)), 413, "--max-request-body-bytes")
+    _refused(_raw(url, "/generate", '{"text": "hi"}', {"content-type": "text/plain"}), 415, "application/json")
+    _refused(_raw(url, "/abort_request", "rid=x", {"content-type": "application/x-www-form-urlencoded"}), 415)
+    # no content type at all is read as JSON (scripts that post raw bytes keep working)
+    r = httpx.post(url + "/generate", content=json.dumps({"input_ids": [20, 21], "sampling_params": {
+        "max_new_tokens": 1}}).encode(), timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    deep = '{"text": "hi", "x": ' + "[" * 20000 + "]" * 20000 + "}"
+    _refused(_raw(url, "/generate", deep), 400, "malformed JSON", "deep")
+    for body in ('{"text": "a\\ud800b"}', '{"input_ids": [20], "rid": "\\udfff"}',
+                 '{"messages": [{"role": "user", "content": "\\ud83d"}]}', b'{"text": "\xff\xfe"}'):
+        path = CHAT if "messages" in str(body) else "/generate"
+        _refused(_raw(url, path, body), 400, "JSON")
+    _refused(_raw(url, "/generate", "[1, 2]"), 400, "object")
+    _still_serves(url)
+
+
+def test_405_keeps_allow_and_health_declares_content_type(url):
+    r = httpx.get(url + "/generate", timeout=TIMEOUT)
+    assert r.status_code == 405 and r.headers["allow"] == "POST" and r.json()["error"]["type"] == "MethodNotAllowedError"
+    h = httpx.get(url + "/health", timeout=TIMEOUT)
+    assert h.status_code == 200 and h.headers["content-type"].startswith("application/json")
+
+
+# ---------------------------------------------------------------- types and ranges
+
+
+@pytest.mark.parametrize("body,words", [
+    ('{"text": "hi", "sampling_params": {"temperature": NaN}}', ("temperature", "finite")),
+    ('{"text": "hi", "sampling_params": {"temperature": Infinity}}', ("temperature", "finite")),
+    ('{"text": "hi", "sampling_params": {"top_p": -Infinity}}', ("top_p",)),
+    ('{"text": "hi", "sampling_params": {"top_k": 9223372036854775808}}', ("top_k",)),
+    ('{"text": "hi", "sampling_params": {"top_k": 0}}', ("top_k", "-1")),
+    ('{"text": "hi", "sampling_params": {"seed": 18446744073709551616}}', ("seed",)),
+    ('{"text": "hi", "sampling_params": {"skip_special_tokens": "no"}}', ("skip_special_tokens", "boolean")),
+    ('{"text": "hi", "sampling_params": {"max_new_tokens": 2, "min_new_tokens": 5}}', ("min_new_tokens",)),
+    ('{"text": "hi", "sampling_params": {"temprature": 1}}', ("temprature",)),
+    ('{"input_ids": [20, -1]}', ("input_ids",)),
+    ('{"input_ids": [20, 1e3]}', ("input_ids",)),
+])
+def test_type_holes_are_400(url, body, words):
+    _refused(_raw(url, "/generate", body), 400, *words)
+
+
+def test_limits_name_their_flag(url):
+    g = "/generate"
+    _refused(post(url, g, {"text": "hi", "sampling_params": {"n": 17}}), 400, "sampling_params.n", "--max-n")
+    _refused(post(url, g, {"text": ["hi"] * 65}), 400, "text", "--max-batch-size")
+    _refused(post(url, g, {"text": "hi", "sampling_params": {"stop": [f"s{i}" for i in range(33)]}}), 400,
+             "stop", "--max-stop-strings")
+    _refused(post(url, g, {"text": "hi", "sampling_params": {"stop": "x" * 257}}), 400, "stop")
+    _refused(post(url, g, {"text": "hi", "sampling_params": {"stop_token_ids": [20] * 257}}), 400,
+             "stop_token_ids", "--max-stop-token-ids")
+    _refused(post(url, g, {"text": "hi", "return_logprob": True, "top_logprobs_num": 21}), 400,
+             "top_logprobs_num", "--max-logprobs")
+    _refused(post(url, "/v1/completions", {"prompt": "hi", "logprobs": 21}), 400, "logprobs", "--max-logprobs")
+    _refused(post(url, CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 21}), 400, "top_logprobs")
+    _refused(post(url, "/v1/completions", {"prompt": "hi", "n": 10**6}), 400, "n", "--max-n")
+    _refused(_raw(url, g, json.dumps({"text": "hi", "sampling_params": {"stop": [str(i) for i in range(10000)]}})),
+             400, "stop")
+    _still_serves(url)
+
+
+def test_context_overflow_is_400_naming_both_numbers(url):
+    info = httpx.get(url + "/get_model_info", timeout=TIMEOUT).json()
+    ctx = info["context_length"]
+    ids = prompt_ids(2, ctx - 12)
+    msg = _refused(post(url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 40}}), 400,
+                   "max_new_tokens", str(len(ids)), "40", str(ctx), "--allow-auto-truncate")
+    assert "12" in msg  # the room left
+    _refused(post(url, "/v1/completions", {"prompt": ids, "max_tokens": 13}), 400, "max_tokens", str(ctx))
+    _refused(post(url, "/generate", {"input_ids": prompt_ids(3, ctx + 5)}), 400, "input_ids", str(ctx))
+    t = time.perf_counter()
+    _refused(post(url, "/generate", {"text": "word " * 400_000}), 400, "text", "characters", str(ctx))
+    assert time.perf_counter() - t < 10  # refused before tokenizing 2 MB
+    # max_new_tokens not given: capped to the room left, not an error
+    out = post(url, "/generate", {"input_ids": ids, "sampling_params": GREEDY}).json()
+    assert out["meta_info"]["completion_tokens"] == 12 and out["meta_info"]["finish_reason"]["type"] == "length"
+
+
+@pytest.mark.parametrize("extra,field", [
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"logit_bias": {"20": 5}}, "logit_bias"),
+    ({"best_of": 3}, "best_of"),
+])
+def test_unimplemented_openai_fields_are_400(url, extra, field):
+    _refused(post(url, CHAT, {"messages": MSG, "max_tokens": 1, **extra}), 400, field, "not supported")
+
+
+def test_unused_values_of_unimplemented_fields_are_accepted(url):
+    r = post(url, CHAT, {"messages": MSG, "max_tokens": 1, "tool_choice": "none", "tools": [],
+                         "response_format": {"type": "text"}, "logit_bias": {}, "user": "u"})
+    assert r.status_code == 200, r.text
+    _refused(post(url, "/v1/completions", {"prompt": "hi", "suffix": "end"}), 400, "suffix")
+    _refused(post(url, "/v1/completions", {"prompt": "hi", "echo": True}), 400, "echo")
+
+
+def test_duplicate_live_rid_is_400(url):
+    rid = "dup-rid-14"
+    body = {"input_ids": prompt_ids(4, 6), "rid": rid, "sampling_params": {**GREEDY, "max_new_tokens": 200}}
+    first: dict = {}
+
+    def run():
+        first["sse"] = post_stream(url, "/generate", body)
+
+    th = threading.Thread(target=run)
+    th.start()
+    deadline = time.monotonic() + 30
+    while httpx.get(url + "/get_server_info", timeout=TIMEOUT).json()["num_running_reqs"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    _refused(post(url, "/generate", {**body, "sampling_params": {"max_new_tokens": 1}}), 400, rid, "in use")
+    _refused(post(url, "/generate", {"input_ids": [prompt_ids(5, 3)] * 2, "rid": ["r2", "r2"]}), 400, "r2")
+    th.join()
+    assert first["sse"].done and first["sse"].events[-1]["meta_info"]["completion_tokens"] == 200
+    assert post(url, "/generate", {**body, "sampling_params": {"max_new_tokens": 1}}).status_code == 200  # free again
+
+
+def test_stream_logprobs_are_incremental(url):
+    body = {"input_ids": prompt_ids(6, 5), "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 3,
+            "sampling_params": {**GREEDY, "max_new_tokens": 6}}
+    full = post(url, "/generate", body).json()["meta_info"]
+    sse = post_stream(url, "/generate", body)
+    got = [e for ev in sse.events for e in ev["meta_info"]["output_token_logprobs"]]
+    tops = [e for ev in sse.events for e in ev["meta_info"]["output_top_logprobs"]]
+    assert [t for _, t, _ in got] == [t for _, t, _ in full["output_token_logprobs"]]
+    assert len(tops) == 6 and all(len(t) == 3 for t in tops)
+    assert sum(len(ev["meta_info"]["input_token_logprobs"]) for ev in sse.events) == 5  # the prompt's, once
+
+
+# ---------------------------------------------------------------- browser-safe defaults
+
+
+def test_foreign_host_and_origin_are_403(url):
+    port = url.rsplit(":", 1)[1]
+    for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.nip.io"):
+        _refused(httpx.get(url + "/get_server_info", headers={"host": host}, timeout=TIMEOUT), 403, "host",
+                 "--allowed-hosts")
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "10.1.2.3"):
+        assert httpx.get(url + "/health", headers={"host": host}, timeout=TIMEOUT).status_code == 200
+    body = {"rid": "someone-elses", "abort_all": True}
+    for origin in ("http://evil.example", "null", "http://localhost:3000"):
+        _refused(post(url, "/abort_request", body, headers={"origin": origin}), 403, "origin", "--allowed-origins")
+        _refused(_raw(url, "/generate", '{"text": "hi"}', {"origin": origin, "content-type": "text/plain"}), 403)
+    same = post(url, "/generate", {"input_ids": [20, 21], "sampling_params": {"max_new_tokens": 1}},
+                headers={"origin": url})
+    assert same.status_code == 200
+
+
+def test_allowed_origins_hosts_and_flags(hardened_url):
+    open_url = hardened_url
+    r = httpx.options(open_url + "/generate", headers={"origin": "http://app.example",
+                                                       "access-control-request-method": "POST"}, timeout=TIMEOUT)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://app.example"
+    ok = post(open_url, "/generate", {"input_ids": [20, 21], "sampling_params": {"max_new_tokens": 1}},
+              headers={"origin": "http://app.example", "host": "llm.internal"})
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://app.example"
+    _refused(post(open_url, "/generate", {"text": "hi"}, headers={"origin": "http://evil.example"}), 403)
+    _refused(post(open_url, "/generate", {"text": "hi", "sampling_params": {"n": 3}}), 400, "--max-n")
+    ctx = httpx.get(open_url + "/get_model_info", timeout=TIMEOUT).json()["context_length"]
+    out = post(open_url, "/generate", {"input_ids": prompt_ids(7, ctx + 40), "sampling_params": {
+        **GREEDY, "max_new_tokens": 30}}).json()  # --allow-auto-truncate: prompt cut, max_new_tokens capped
+    assert out["meta_info"]["prompt_tokens"] == ctx - 1 and out["meta_info"]["completion_tokens"] == 1
+
+
+def test_bad_limit_flag_is_refused_at_startup():
+    from impl.args.server_args import ServerArgs
+    from impl.server.limits import RequestLimits
+
+    with pytest.raises(ValueError, match="--max-n"):
+        RequestLimits.from_args(ServerArgs(max_n=0))
+
+
+# ---------------------------------------------------------------- the event loop stays free
+
+
+def test_health_is_fast_while_large_requests_are_handled(url):
+    """Maximal bodies (8 MB of prompt text, 10,000 stop strings) are parsed, checked and refused off the event
+    loop: /health keeps answering in milliseconds meanwhile."""
+    big_text = json.dumps({"text": "sea " * (2 * 2**20 - 16)})
+    many_stops = json.dumps({"text": "hi", "sampling_params": {"stop": ["s" * 200] * 10000}})
+    assert len(big_text) < 8 * 2**20
+    stop = threading.Event()
+    codes: list[int] = []
+
+    def hammer(body: str) -> None:
+        while not stop.is_set():
+            codes.append(_raw(url, "/generate", body).status_code)
+
+    workers = [threading.Thread(target=hammer, args=(b,)) for b in (big_text, big_text, many_stops)]
+    for w in workers:
+        w.start()
+    time.sleep(0.5)
+    lat = []
+    with httpx.Client(timeout=TIMEOUT) as c:
+        for _ in range(30):
+            t = time.perf_counter()
+            assert c.get(url + "/health").status_code == 200
+            lat.append(time.perf_counter() - t)
+            time.sleep(0.05)
+    stop.set()
+    for w in workers:
+        w.join()
+    assert codes and set(codes) == {400}
+    assert statistics.median(lat) < 0.1, f"/health median {statistics.median(lat) * 1000:.0f} ms under load: {lat}"
