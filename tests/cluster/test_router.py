@@ -243,13 +243,16 @@ def test_sigkill_of_a_worker_loses_only_its_in_flight_requests(cluster):
 def test_a_dead_replica_fails_its_requests_cleanly_and_health_says_so(cluster):
     url = cluster.url_b
     pid1 = _info(url)["dp_ranks"][1]["pid"]
-    body = {"sampling_params": {**LONG, "max_new_tokens": 200}}
+    body = {"sampling_params": {**LONG, "max_new_tokens": 480}}  # long enough to be in flight at the kill
 
     async def run():
         async with httpx.AsyncClient(timeout=60) as c:
             tasks = [asyncio.create_task(_post(c, url, {**body, "input_ids": prompt_ids(10 + i, 8)}, i >= 2))
                      for i in range(4)]
+            deadline = time.monotonic() + 30
             while sum(e["num_reqs"] for e in _load(url)) < 4:
+                assert time.monotonic() < deadline and not any(t.done() for t in tasks), \
+                    "the four requests were never in flight together"
                 await asyncio.sleep(0.02)
             os.kill(pid1, signal.SIGKILL)
             t0 = time.monotonic()
@@ -258,7 +261,7 @@ def test_a_dead_replica_fails_its_requests_cleanly_and_health_says_so(cluster):
 
     out, took = asyncio.run(run())
     assert took < 30  # nothing hangs
-    plain_ok = [o for o in out[:2] if o[0] == 200 and o[1]["meta_info"]["completion_tokens"] == 200]
+    plain_ok = [o for o in out[:2] if o[0] == 200 and o[1]["meta_info"]["completion_tokens"] == 480]
     plain_lost = [o[1]["error"]["message"] for o in out[:2] if o[0] == 503]
     stream_ok = [o for o in out[2:] if o[0] == 200 and o[1][-1] == "data: [DONE]" and '"error"' not in o[1][-2]]
     stream_lost = [o[1][-2] for o in out[2:] if o[0] == 200 and o[1][-1] == "data: [DONE]" and '"error"' in o[1][-2]]
