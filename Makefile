@@ -4,13 +4,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-detokenize bench-peer bench-serving eval-choice gpu-check docs clean
+.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-detokenize bench-peer bench-serving eval-choice gpu-check docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,bench]"
+	$(PY) -m pip install -q -e ".[test,bench,cluster]"
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -18,6 +18,12 @@ venv: $(STAMP)
 
 serve: $(STAMP)
 	$(PY) -m impl.launch_server $(ARGS)
+
+# K workers behind sglang-router: make serve-cluster WORKERS=4 POLICY=power_of_two ARGS="--model-path DIR"
+WORKERS ?= 2
+POLICY ?= cache_aware
+serve-cluster: $(STAMP)
+	$(PY) -m impl.launch_cluster --num-workers $(WORKERS) --policy $(POLICY) -- $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -45,6 +51,9 @@ bench-kernels: $(STAMP)
 bench-engine: $(STAMP)
 	$(PY) bench/bench_engine.py
 	$(PY) bench/bench_engine.py --attention-backends torch_native,triton --skip-hf --repeat 3
+
+bench-cluster: $(STAMP)
+	$(PY) bench/bench_cluster.py
 
 # The tiny checkpoint, then E2B's layer dimensions (e2b-dims-7l: built on first use, 1.5 GB; ~15 min):
 # flag on vs off on the triton backend, then flag on (triton) vs off on torch_native (the CPU default).

@@ -15,6 +15,7 @@ from contracts.base import contract, require, violation
 from contracts.http_support import (
     ARGV_OFF,
     TIMEOUT,
+    gateway_of,
     get_json,
     metrics,
     model_name,
@@ -25,6 +26,8 @@ from contracts.http_support import (
 )
 
 SOURCE = "issue 8 (HTTP server)"
+# OpenAI completions get a text prompt: gateways such as sglang-router accept only text there (issue 17)
+PROMPT_TEXT = "The sea is calm and the sky is"
 
 
 def _generate(url: str, body: dict[str, Any]) -> Any:
@@ -75,9 +78,9 @@ def stream_equals_nonstream(subject) -> None:
     client = openai_client(url)
     model = model_name(url)
     extra = {"ignore_eos": True}
-    ref = client.completions.create(model=model, prompt=ids, max_tokens=6, temperature=0, extra_body=extra)
+    ref = client.completions.create(model=model, prompt=PROMPT_TEXT, max_tokens=6, temperature=0, extra_body=extra)
     joined, reason = "", None
-    for chunk in client.completions.create(model=model, prompt=ids, max_tokens=6, temperature=0, stream=True,
+    for chunk in client.completions.create(model=model, prompt=PROMPT_TEXT, max_tokens=6, temperature=0, stream=True,
                                            extra_body=extra):
         for c in chunk.choices:
             joined += c.text
@@ -132,7 +135,7 @@ def one_finish_reason(subject) -> None:
     require(sum(r is not None for r in reasons) == 1 and reasons[-1] is not None,
             f"/generate stream: finish_reason per event must be null until exactly one final value, got {reasons}")
     for route, body in (
-        ("/v1/completions", {"model": model, "prompt": prompt_ids(3, 6), "max_tokens": 4, "n": 2, "temperature": 0.8,
+        ("/v1/completions", {"model": model, "prompt": PROMPT_TEXT, "max_tokens": 4, "n": 2, "temperature": 0.8,
                              "seed": 7, "ignore_eos": True}),
         ("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
                                   "n": 2, "temperature": 0.8, "seed": 7, "ignore_eos": True,
@@ -169,13 +172,14 @@ def usage_exact(subject) -> None:
             f"/generate with 11 prompt ids and max_new_tokens=5 (ignore_eos): meta_info says prompt_tokens="
             f"{meta['prompt_tokens']}, completion_tokens={meta['completion_tokens']}, output_ids has "
             f"{len(out['output_ids'])}; expected 11, 5, 5")
+    n = _generate(url, {"text": PROMPT_TEXT, "sampling_params": _greedy(1)})["meta_info"]["prompt_tokens"]
     client = openai_client(url)
-    r = client.completions.create(model=model, prompt=ids, max_tokens=3, n=2, temperature=0.7, seed=3, logprobs=2,
-                                  extra_body={"ignore_eos": True})
+    r = client.completions.create(model=model, prompt=PROMPT_TEXT, max_tokens=3, n=2, temperature=0.7, seed=3,
+                                  logprobs=2, extra_body={"ignore_eos": True})
     u = r.usage
-    require((u.prompt_tokens, u.completion_tokens, u.total_tokens) == (11, 6, 17),
-            f"/v1/completions n=2, 11 prompt ids, max_tokens=3: usage {u.prompt_tokens}/{u.completion_tokens}/"
-            f"{u.total_tokens}, expected 11/6/17 (the prompt counts once, completions per choice)")
+    require((u.prompt_tokens, u.completion_tokens, u.total_tokens) == (n, 6, n + 6),
+            f"/v1/completions n=2, a {n}-token prompt, max_tokens=3: usage {u.prompt_tokens}/{u.completion_tokens}/"
+            f"{u.total_tokens}, expected {n}/6/{n + 6} (the prompt counts once, completions per choice)")
     for c in r.choices:
         lp = c.logprobs
         require(lp is not None and len(lp.tokens) == 3 and len(lp.token_logprobs) == 3,
@@ -237,12 +241,21 @@ def _bad_cases(model: str, ctx: int, vocab: int) -> list[tuple[str, Any, tuple[s
     ]
 
 
+def _error_message(r: httpx.Response) -> str | None:
+    try:
+        return r.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 @contract(
     "HTTP-BAD-INPUT-400",
     "Malformed or invalid requests (bad JSON, wrong types, both or neither of text/input_ids, empty prompt, prompt "
     "over the context, max_new_tokens < 0, temperature < 0, top_p outside (0, 1], unknown model, token ids outside "
     "the vocabulary) get HTTP 400 with {\"error\": {\"message\"}} naming the field, never a 500, and the server "
-    "keeps serving.",
+    "keeps serving. The model name 'unknown' (what sglang-router puts in a chat request that has none) means no "
+    "model given: it and an absent model are served. Behind sglang-router, a request the router itself rejects "
+    "(its typed parse: a 400 or 422 with a plain-text reason) never reaches a worker and is accepted as such.",
     SOURCE,
     rules=("H4",),
     needs=("http",),
@@ -251,12 +264,16 @@ def bad_input_400(subject) -> None:
     url = subject.base_url(ARGV_OFF)
     info = get_json(url, "/get_model_info")
     ctx, vocab = int(info["context_length"]), int(info["vocab_size"])
+    gateway = gateway_of(url)
     for path, body, words in _bad_cases(model_name(url), ctx, vocab):
         if isinstance(body, str):
             r = httpx.post(url + path, content=body, headers={"content-type": "application/json"}, timeout=TIMEOUT)
         else:
             r = post(url, path, body)
         shown = body if isinstance(body, str) or len(str(body)) < 120 else str(body)[:120] + "..."
+        if gateway and r.status_code in (400, 422) and _error_message(r) is None:
+            require(r.text.strip() != "", f"POST {path} {shown}: {gateway} refused it with an empty body")
+            continue  # the router's own typed parse refused it; no worker saw it
         require(r.status_code == 400, f"POST {path} {shown}: expected 400, got {r.status_code}: {r.text[:200]}")
         try:
             msg = r.json()["error"]["message"]
@@ -265,6 +282,12 @@ def bad_input_400(subject) -> None:
                                  f"got {r.text[:200]}") from None
         missing = [w for w in words if w.lower() not in msg.lower()]
         require(not missing, f"POST {path} {shown}: the error must name {missing}; it said {msg!r}")
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for extra in ({"model": "unknown"}, {}):
+        r = post(url, "/v1/chat/completions", {**chat, **extra})
+        require(r.status_code == 200, f"POST /v1/chat/completions with {extra or 'no model'} must be served "
+                                           f"('unknown' is sglang-router's stand-in for no model); got "
+                                           f"{r.status_code}: {r.text[:200]}")
     require(httpx.get(url + "/health", timeout=TIMEOUT).status_code == 200, "/health failed after bad requests")
     out = _generate(url, {"input_ids": prompt_ids(5, 4), "sampling_params": _greedy(2)})
     require(out["meta_info"]["completion_tokens"] == 2, f"a valid request after bad ones must still work: {out}")

@@ -6,6 +6,7 @@ No contracts live here. The contracts talk HTTP only (httpx and the official
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -67,6 +68,17 @@ def get_json(url: str, path: str) -> Any:
     r = httpx.get(url + path, timeout=TIMEOUT)
     r.raise_for_status()
     return r.json()
+
+
+@functools.lru_cache(maxsize=None)
+def gateway_of(url: str) -> str | None:
+    """'sglang-router' when ``url`` is an sglang-router gateway (it lists its workers at GET /workers), else None."""
+    try:
+        r = httpx.get(url + "/workers", timeout=TIMEOUT)
+        body = r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    return "sglang-router" if isinstance(body, dict) and isinstance(body.get("workers"), list) else None
 
 
 def model_name(url: str) -> str:

@@ -31,10 +31,12 @@ READY = "The server is fired up and ready to roll!"
 SHUTDOWN_GRACE_S = 5.0
 
 
-def setup_logging(level: str) -> None:
-    """Timestamps for humans; uvicorn's loggers share the format (they propagate to root)."""
+def setup_logging(level: str, prefix: str = "") -> None:
+    """Timestamps for humans; uvicorn's loggers share the format (they propagate to root).
+    ``prefix`` starts every message (a data-parallel replica's ``[DP<rank>] ``)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
+    fmt = LOG_FORMAT.replace("%(message)s", prefix + "%(message)s")
+    handler.setFormatter(logging.Formatter(fmt, datefmt="%Y-%m-%d %H:%M:%S"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -81,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     server_args = ServerArgs.from_cli_args(ns)
     setup_logging(server_args.log_level)
     logger.info("yoco-gemma4 %s: launching the HTTP server", impl.__version__)
+    if server_args.dp_size != 1:
+        return _main_data_parallel(server_args)
     try:
         from impl.server.limits import RequestLimits
 
@@ -98,10 +102,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-async def serve(app, args) -> None:
+def _main_data_parallel(server_args: ServerArgs) -> int:
+    """--dp-size N: N replica processes behind one HTTP front (impl.server.dp_front)."""
+    from impl.server.dp_front import DataParallelController, DrainingFront, create_dp_app, validate_dp_args
+
+    try:
+        from impl.server.limits import RequestLimits
+
+        RequestLimits.from_args(server_args)  # a bad limit flag fails before any replica starts
+        validate_dp_args(server_args)
+        ctrl = DataParallelController(server_args)
+        ctrl.start()
+    except (ValueError, RuntimeError) as e:
+        logger.error("%s", e)
+        return 2
+    try:
+        asyncio.run(serve(create_dp_app(ctrl), server_args, lambda config: DrainingFront(config, ctrl)))
+    finally:
+        ctrl.stop()
+    return 0
+
+
+async def serve(app, args, make_server=None) -> None:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None, log_level=args.log_level,
-                            access_log=bool(args.log_requests), timeout_graceful_shutdown=SHUTDOWN_GRACE_S + 5)
-    server = GracefulServer(config, app.state.server.aengine)
+                            access_log=bool(args.log_requests), timeout_graceful_shutdown=SHUTDOWN_GRACE_S + 5,
+                            timeout_keep_alive=args.timeout_keep_alive)
+    server = make_server(config) if make_server is not None else GracefulServer(config, app.state.server.aengine)
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():
         await asyncio.sleep(0.02)

@@ -120,6 +120,18 @@ def _bad_input_500() -> None:
     _set(errors, "error_response", lambda status, message, param=None: orig(500 if status == 400 else status, message, param))
 
 
+@mutant("HTTP-BAD-INPUT-400")
+class RejectsRouterUnknownModel(HttpMutant):
+    """model 'unknown' (sglang-router's stand-in for a missing model) is refused as a wrong model name."""
+
+
+@breaks("RejectsRouterUnknownModel")
+def _rejects_unknown_model() -> None:
+    from impl.server import app
+
+    _set(app, "ROUTER_UNKNOWN_MODEL", "\x00no model name matches this")
+
+
 @mutant("HTTP-CONCURRENT-STREAMS")
 class SerializesStreams(HttpMutant):
     """Streamed /generate requests run one at a time (a global lock from submission to the stream's end)."""

@@ -60,7 +60,7 @@ class ServerArgs:
     # ---- model and tokenizer ---------------------------------------------
     model_path: str | None = _f(None, "HF-format checkpoint folder (config.json, safetensors, tokenizer). Default: the embedded tiny Gemma-4.")
     tokenizer_path: str | None = _f(None, "Tokenizer folder; defaults to --model-path.")
-    served_model_name: str | None = _f(None, "Model name reported by the API; defaults to the folder name.")
+    served_model_name: str | None = _f(None, "Model name reported by the API; defaults to --model-path (as in SGLang).")
     chat_template: str | None = _f(None, "Jinja chat template file overriding tokenizer_config.json's.")
     context_length: int | None = _f(None, "Maximum context length; defaults to the model's max_position_embeddings.", type=int)
     dtype: str = _f("auto", "Weight and activation dtype.", DTYPE_CHOICES)
@@ -69,6 +69,24 @@ class ServerArgs:
     host: str = _f("127.0.0.1", "HTTP host to bind.")
     port: int = _f(30000, "HTTP port.", type=int)
     api_key: str | None = _f(None, "Require 'Authorization: Bearer <key>' on every route but /health.")
+    timeout_keep_alive: int = _f(
+        120,
+        "Seconds an idle HTTP keep-alive connection stays open. Longer than a router's connection-pool idle "
+        "timeout (sglang-router: 90 s), so the server never closes a pooled connection the router is about to reuse.",
+        type=int,
+    )
+    # ---- data parallelism ----------------------------------------------------
+    dp_size: int = _f(
+        1,
+        "Data-parallel replicas: N engine processes, each with its own KV pool and scheduler and a share of the "
+        "CPU cores, behind one HTTP front.",
+        type=int,
+    )
+    load_balance_method: str = _f(
+        "round_robin",
+        "How the --dp-size front picks a replica: round_robin, or shortest_queue (fewest requests in flight).",
+        ("round_robin", "shortest_queue"),
+    )
     # ---- HTTP hardening (impl/server/limits.py, impl/server/browser_guard.py) ----------
     allowed_origins: str | None = _f(
         None, "Comma-separated browser origins (scheme://host[:port]) allowed to call the API besides the server's "

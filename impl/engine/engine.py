@@ -70,6 +70,9 @@ class Engine:
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise ValueError(f"Engine got unknown server argument(s) {unknown}; see ServerArgs for the valid names")
+        if kwargs.get("dp_size", 1) != 1:
+            raise ValueError(f"--dp-size {kwargs['dp_size']}: an Engine is one replica; data-parallel replicas run "
+                             "behind the HTTP server (python -m impl.launch_server --dp-size N)")
         if model_path is None:
             raise ValueError(
                 "Engine needs a model_path (a Gemma-4 checkpoint directory); python -m impl.launch_server "

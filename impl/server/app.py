@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
 
@@ -28,6 +28,7 @@ from impl.engine.req import Req
 from impl.server import generate_api, openai_api, req_builder
 from impl.server.async_engine import AsyncEngine, EngineDeadError
 from impl.server.auth import APIKeyMiddleware
+from impl.server.cluster_api import add_cluster_routes, flush_when_idle
 from impl.server.browser_guard import BrowserGuardMiddleware, parse_list
 from impl.server.errors import APIError, error_response, install_error_handlers, parse_json
 from impl.server.intake import off_loop, read_body
@@ -57,9 +58,14 @@ class ServerState:
         return self.engine.resolved_args
 
 
+# sglang-router fills a chat request's missing "model" with this name: it means "no model given".
+ROUTER_UNKNOWN_MODEL = "unknown"
+
+
 def served_model_name(engine: Engine) -> str:
+    """--served-model-name, else the model path (SGLang's default)."""
     args = engine.resolved_args
-    return args.served_model_name or os.path.basename(os.path.normpath(args.model_path))
+    return args.served_model_name or args.model_path
 
 
 def build_state(engine: Engine) -> ServerState:
@@ -130,7 +136,8 @@ def create_app(engine: Engine) -> FastAPI:
 
 
 def _check_model(state: ServerState, model: str | None) -> None:
-    if model is None or model in (state.model_name, state.args.model_path, "default"):
+    folder = os.path.basename(os.path.normpath(state.args.model_path))
+    if model is None or model in (state.model_name, state.args.model_path, folder, "default", ROUTER_UNKNOWN_MODEL):
         return
     raise APIError(400, f"model '{model}' is not served here; the 'model' field must be '{state.model_name}'", "model")
 
@@ -232,6 +239,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         load = engine.load()
         info.update(
             served_model_name=state.model_name,
+            tokenizer_path=state.args.tokenizer_path or state.args.model_path,
+            dp_size=1,
             num_running_reqs=load.num_running_reqs,
             num_waiting_reqs=load.num_waiting_reqs,
             token_usage=load.token_usage,
@@ -251,11 +260,14 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         return {"success": True}
 
     @app.api_route("/flush_cache", methods=["GET", "POST"], response_class=PlainTextResponse)
-    async def flush_cache():
-        ok = await asyncio.get_running_loop().run_in_executor(None, engine.flush_cache)
-        if not ok:
-            return error_response(400, "cache not flushed: requests are in flight; retry when the server is idle")
+    async def flush_cache(timeout: float = Query(0.0, ge=0, allow_inf_nan=False,
+                                                description="Seconds to wait for the server to go idle first")):
+        if not await flush_when_idle(engine.flush_cache, timeout):
+            return error_response(400, f"cache not flushed: requests were still in flight after timeout={timeout:g}s; "
+                                       "retry when the server is idle or pass a longer ?timeout=SECONDS")
         return PlainTextResponse("Cache flushed.\n")
+
+    add_cluster_routes(app, engine)
 
 
 def _call(state: ServerState, kind: str, sub, logprobs: bool, body: Any) -> openai_api.Call:

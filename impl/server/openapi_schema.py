@@ -83,8 +83,8 @@ def install_openapi(app: FastAPI, bodies: dict[str, type[BaseModel]], streaming:
                         content["text/event-stream"] = {"schema": SSE_EVENT}
                     ok["content"] = content
                     codes = _ERRORS
-                else:
-                    codes = {k: _ERRORS[k] for k in _GET_ERRORS}
+                else:  # a route with query parameters refuses bad ones (and /flush_cache a busy server) with 400
+                    codes = {k: _ERRORS[k] for k in _GET_ERRORS + (("400",) if op.get("parameters") else ())}
                 for code, desc in codes.items():
                     responses.setdefault(code, _error(desc))
         app.openapi_schema = schema

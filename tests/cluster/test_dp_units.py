@@ -1,0 +1,73 @@
+"""The --dp-size front's pure pieces: core shares, metric merging, the data_parallel_rank field, flag checks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from impl.args.server_args import ServerArgs
+from impl.server.dp_front import _requested_rank, core_shares, merge_metrics, validate_dp_args
+from impl.server.errors import APIError
+
+
+def test_core_shares_split_the_allowed_cores():
+    cores = sorted(os.sched_getaffinity(0))
+    shares = core_shares(len(cores))
+    assert [list(s) for s in shares] == [[c] for c in cores]
+    one = core_shares(1)
+    assert list(one[0]) == cores
+    many = core_shares(len(cores) + 1)  # more ranks than cores: ranks share, one core each
+    assert all(len(s) == 1 for s in many) and many[-1] == (cores[0],)
+
+
+def _text(prompt: int, usage: float, running: int) -> str:
+    return "\n".join([
+        "# HELP sglang:prompt_tokens_total Prompt tokens.",
+        "# TYPE sglang:prompt_tokens_total counter",
+        f'sglang:prompt_tokens_total{{model_name="m"}} {prompt}',
+        f'sglang:e2e_request_latency_seconds_bucket{{model_name="m",le="+Inf"}} {prompt // 4}',
+        "# TYPE sglang:token_usage gauge",
+        f'sglang:token_usage{{model_name="m"}} {usage}',
+        f'sglang:num_running_reqs{{model_name="m"}} {running}',
+    ]) + "\n"
+
+
+def test_merge_metrics_sums_counts_and_averages_ratios():
+    merged = merge_metrics([_text(8, 0.5, 1), _text(4, 0.25, 2)])
+    lines = merged.splitlines()
+    assert lines[0] == "# HELP sglang:prompt_tokens_total Prompt tokens."
+    assert 'sglang:prompt_tokens_total{model_name="m"} 12' in lines
+    assert 'sglang:e2e_request_latency_seconds_bucket{model_name="m",le="+Inf"} 3' in lines
+    assert 'sglang:token_usage{model_name="m"} 0.375' in lines
+    assert 'sglang:num_running_reqs{model_name="m"} 3' in lines
+    assert sum(line.startswith("# HELP") for line in lines) == 1  # comments once, from the first rank
+    assert merge_metrics([]) == ""
+
+
+def test_requested_rank_validates_the_field():
+    assert _requested_rank(b'{"text": "hi"}', 2) is None
+    assert _requested_rank(b'{"text": "hi", "data_parallel_rank": 1}', 2) == 1
+    assert _requested_rank(b"not json", 2) is None  # the replica names the JSON error
+    for bad in (b'{"data_parallel_rank": 2}', b'{"data_parallel_rank": -1}', b'{"data_parallel_rank": "0"}',
+                b'{"data_parallel_rank": true}'):
+        with pytest.raises(APIError) as e:
+            _requested_rank(bad, 2)
+        assert e.value.status == 400 and "data_parallel_rank" in e.value.message and "[0, 1]" in e.value.message
+
+
+def test_dp_flags():
+    args = ServerArgs.parse(["--dp-size", "3", "--load-balance-method", "shortest_queue", "--timeout-keep-alive", "30"])
+    assert (args.dp_size, args.load_balance_method, args.timeout_keep_alive) == (3, "shortest_queue", 30)
+    assert ServerArgs().timeout_keep_alive > 90  # outlives sglang-router's 90 s pool idle timeout
+    with pytest.raises(ValueError, match="--dp-size must be a positive"):
+        validate_dp_args(ServerArgs(dp_size=0))
+    with pytest.raises(SystemExit):
+        ServerArgs.parse(["--load-balance-method", "minimum_tokens"])
+
+
+def test_engine_refuses_dp_size():
+    from impl.engine.engine import Engine
+
+    with pytest.raises(ValueError, match="--dp-size 2: an Engine is one replica"):
+        Engine(dp_size=2)

@@ -1,0 +1,304 @@
+"""Two workers behind the real ``sglang-router`` (the ``cluster`` extra), all on loopback.
+
+Worker A is a plain server; worker B runs ``--dp-size 2 --load-balance-method
+shortest_queue`` (two replicas behind its front). Router 1 (round_robin) carries
+the HTTP contracts and the kill tests; router 2 (power_of_two) picks by the
+workers' ``/get_load``; router 3 runs cache_aware with ``--dp-aware`` (it
+registers B's ranks from ``dp_size`` in B's ``/server_info`` and pins requests
+with ``data_parallel_rank``). One set of processes serves the whole module
+(starting them is the expensive part), so the tests run in file order and the
+destructive ones come last: SIGKILL of A (B serves the rest; A is restarted on
+its port), a killed replica of B, SIGTERM of A through the router, SIGTERM of B.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from contracts.adapters.http_adapter import HttpSubject
+from contracts.base import all_contracts
+from contracts.http_support import ARGV_OFF, metrics, prompt_ids
+from impl.launch_cluster import START_TIMEOUT_S, free_port, router_available, router_argv, spawn, wait_router, worker_argv
+
+why = router_available()
+if why:  # CI installs the extra; elsewhere say why these tests did not run
+    pytest.skip(f"router tests skipped: {why}", allow_module_level=True)
+
+ROUTER_FLAGS = ["--health-check-interval-secs", "2", "--worker-startup-timeout-secs", "300"]
+THROUGH_ROUTER = ("H1", "H2", "H3", "H4", "H5", "H9")
+ON_DP_WORKER = ("H1", "H2", "H3", "H4", "H5", "H6", "H7", "H8", "H9")  # every HTTP contract, on --dp-size 2
+LONG = {"temperature": 0.0, "ignore_eos": True}
+
+
+DP_FLAGS = ["--dp-size", "2", "--load-balance-method", "shortest_queue"]
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.port_a = free_port()  # fixed: A is restarted on it after the SIGKILL test
+        self.a = spawn("worker A", worker_argv(ARGV_OFF, self.port_a), None)
+        self.b = spawn("worker B", worker_argv([*ARGV_OFF, *DP_FLAGS]), None)
+        self.router = self.router2 = self.router3 = None
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            self.url_a, self.url_b = self.a.wait_ready(deadline), self.b.wait_ready(deadline)
+            workers = [self.url_a, self.url_b]
+            port, port2, port3 = free_port(), free_port(), free_port()
+            self.router = spawn("router", router_argv(workers, "127.0.0.1", port, "round_robin", ROUTER_FLAGS), None)
+            self.router2 = spawn("router 2", router_argv(workers, "127.0.0.1", port2, "power_of_two", ROUTER_FLAGS),
+                                 None)
+            self.router3 = spawn("router 3", router_argv(workers, "127.0.0.1", port3, "cache_aware",
+                                                         [*ROUTER_FLAGS, "--dp-aware"]), None)
+            self.url, self.url2, self.url3 = (f"http://127.0.0.1:{p}" for p in (port, port2, port3))
+            wait_router(self.url, self.router, 2, deadline)
+            wait_router(self.url2, self.router2, 2, deadline)
+            wait_router(self.url3, self.router3, 3, deadline)  # A, and B's two data-parallel ranks
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for child in (self.router, self.router2, self.router3, self.a, self.b):
+            if child is not None:
+                child.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster()
+    yield c
+    c.stop()
+
+
+def _contract(rule: str):
+    (c,) = [c for c in all_contracts() if "http" in c.needs and rule in c.rules]
+    return c
+
+
+@pytest.mark.parametrize("rule", THROUGH_ROUTER)
+def test_http_contracts_through_the_router(cluster, rule):
+    _contract(rule).run(HttpSubject(cluster.url))
+
+
+@pytest.mark.parametrize("rule", ON_DP_WORKER)
+def test_http_contracts_on_the_dp2_worker(cluster, rule):
+    _contract(rule).run(HttpSubject(cluster.url_b))
+
+
+def test_both_workers_got_traffic(cluster):
+    for url in (cluster.url_a, cluster.url_b):  # the contracts' traffic, round-robin over A and B
+        assert metrics(url)["sglang:prompt_tokens_total"] > 0, url
+
+
+def _info(url: str) -> dict:
+    return httpx.get(url + "/get_server_info", timeout=30).json()
+
+
+def test_dp_startup_log_and_server_info_name_each_rank(cluster):
+    log = cluster.b.log()
+    for rank in (0, 1):
+        assert f"Data-parallel rank {rank}: pid" in log and f"Data-parallel rank {rank} ready" in log
+        assert f"[DP{rank}] Model " in log  # each replica's own engine lines carry its rank
+    assert "2 data-parallel replicas ready; dispatch: shortest_queue" in log
+    info = _info(cluster.url_b)
+    assert info["dp_size"] == 2 and [r["dp_rank"] for r in info["dp_ranks"]] == [0, 1]
+    assert len({tuple(r["cores"]) for r in info["dp_ranks"]}) == min(2, len(os.sched_getaffinity(0)))
+
+
+def test_dp_aware_registration_and_chat_without_model(cluster):
+    workers = httpx.get(cluster.url3 + "/workers", timeout=10).json()["workers"]
+    urls = sorted(w["url"] for w in workers)
+    assert urls == sorted([f"{cluster.url_a}@0", f"{cluster.url_b}@0", f"{cluster.url_b}@1"]), urls
+    before = [r["requests_served"] for r in httpx.get(cluster.url_b + "/get_server_info").json()["dp_ranks"]]
+    for i in range(6):  # the router fills the missing model with "unknown"
+        r = httpx.post(cluster.url3 + "/v1/chat/completions", timeout=120,
+                       json={"messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 2
+    after = [r["requests_served"] for r in httpx.get(cluster.url_b + "/get_server_info").json()["dp_ranks"]]
+    assert sum(after) >= sum(before), (before, after)
+
+
+async def _run_all(url: str, bodies: list[dict[str, Any]], during=None) -> list[int | str]:
+    """POST every body to /generate at once; ``during()`` runs once they are all sent. Status per request."""
+    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0)) as client:
+
+        async def one(body: dict[str, Any]) -> int | str:
+            try:
+                r = await client.post(url + "/generate", json=body)
+                return r.status_code if r.status_code != 200 else len(r.json()["output_ids"])
+            except httpx.HTTPError as e:
+                return type(e).__name__
+
+        tasks = [asyncio.create_task(one(b)) for b in bodies]
+        if during is not None:
+            await during()
+        return list(await asyncio.gather(*tasks))
+
+
+def _load(url: str) -> list[dict[str, int]]:
+    return httpx.get(url + "/get_load", timeout=10).json()
+
+
+def test_get_load_follows_load(cluster):
+    idle = _load(cluster.url_b)
+    assert [e["dp_rank"] for e in idle] == [0, 1] and all(e["num_reqs"] == e["num_waiting_reqs"] == 0 for e in idle)
+    seen: dict[str, Any] = {}
+
+    async def watch() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not seen.get("busy"):
+            loads = _load(cluster.url_a) + _load(cluster.url_b)
+            router = httpx.get(cluster.url2 + "/get_loads", timeout=10).json()["workers"]
+            if any(e["num_reqs"] > 0 and e["num_tokens"] > 0 for e in loads) and \
+                    any(w["load"] > 0 for w in router):
+                seen.update(busy=loads, router=router)
+            await asyncio.sleep(0.05)
+
+    bodies = [{"input_ids": prompt_ids(40 + i, 24), "sampling_params": {**LONG, "max_new_tokens": 48}} for i in range(6)]
+    got = asyncio.run(_run_all(cluster.url2, bodies, watch))  # power_of_two: it picks by these loads
+    assert got == [48] * 6
+    assert seen.get("busy"), "no worker's /get_load (and the router's /get_loads) showed the running requests"
+    assert all(w["load"] >= 0 for w in seen["router"])
+    after = _load(cluster.url_a) + _load(cluster.url_b)
+    assert all(e["num_reqs"] == e["num_waiting_reqs"] == 0 for e in after), after
+
+
+def _wait_until(cond, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _healthy(router: str, worker: str) -> bool:
+    workers = httpx.get(router + "/workers", timeout=10).json()["workers"]
+    return any(w["url"] == worker and w.get("is_healthy", True) for w in workers)
+
+
+async def _post(client: httpx.AsyncClient, url: str, body: dict, stream: bool = False):
+    if not stream:
+        r = await client.post(url + "/generate", json=body)
+        return r.status_code, r.json()
+    async with client.stream("POST", url + "/generate", json={**body, "stream": True}) as r:
+        return r.status_code, [line async for line in r.aiter_lines() if line.startswith("data: ")]
+
+
+def test_shortest_queue_sends_work_to_the_idle_rank(cluster):
+    url = cluster.url_b
+    before = [r["requests_served"] for r in _info(url)["dp_ranks"]]
+
+    async def run():
+        async with httpx.AsyncClient(timeout=120) as c:
+            long = asyncio.create_task(_post(c, url, {"input_ids": prompt_ids(1, 8),
+                                                      "sampling_params": {**LONG, "max_new_tokens": 400}}))
+            while sum(r["in_flight"] for r in _info(url)["dp_ranks"]) == 0:
+                await asyncio.sleep(0.02)
+            busy_rank = next(r["dp_rank"] for r in _info(url)["dp_ranks"] if r["in_flight"])
+            for i in range(3):
+                code, _ = await _post(c, url, {"input_ids": prompt_ids(2 + i, 4),
+                                               "sampling_params": {**LONG, "max_new_tokens": 2}})
+                assert code == 200
+            assert (await long)[0] == 200
+            return busy_rank
+
+    busy = asyncio.run(run())
+    after = [r["requests_served"] for r in _info(url)["dp_ranks"]]
+    assert after[busy] - before[busy] == 1 and after[1 - busy] - before[1 - busy] == 3, (before, after)
+
+
+def test_sigkill_of_a_worker_loses_only_its_in_flight_requests(cluster):
+    bodies = [{"input_ids": prompt_ids(60 + i, 16), "sampling_params": {**LONG, "max_new_tokens": 64}}
+              for i in range(8)]
+    in_flight_on_a: list[int] = []
+
+    async def kill_a() -> None:
+        busy = lambda: sum(e["num_reqs"] for e in _load(cluster.url_a))  # noqa: E731
+        assert await asyncio.to_thread(_wait_until, lambda: busy() > 0), "worker A never got a request"
+        in_flight_on_a.append(busy())
+        os.kill(cluster.a.proc.pid, signal.SIGKILL)
+
+    got = asyncio.run(_run_all(cluster.url, bodies, kill_a))
+    lost = [g for g in got if g != 64]
+    assert len(lost) <= in_flight_on_a[0], f"{len(lost)} requests lost, {in_flight_on_a[0]} were on worker A: {got}"
+    assert _wait_until(lambda: not _healthy(cluster.url, cluster.url_a), 60), "the router never marked A unhealthy"
+    after = asyncio.run(_run_all(cluster.url, [{"input_ids": prompt_ids(80 + i, 8),
+                                                "sampling_params": {**LONG, "max_new_tokens": 4}} for i in range(4)]))
+    assert after == [4] * 4, after  # B alone serves what comes next
+    # A comes back on its port; the router's health check takes it in again
+    cluster.a = spawn("worker A", worker_argv(ARGV_OFF, cluster.port_a), None)
+    assert cluster.a.wait_ready(time.monotonic() + START_TIMEOUT_S) == cluster.url_a
+    assert _wait_until(lambda: _healthy(cluster.url, cluster.url_a), 60), "the router never took A back"
+
+
+def test_a_dead_replica_fails_its_requests_cleanly_and_health_says_so(cluster):
+    url = cluster.url_b
+    pid1 = _info(url)["dp_ranks"][1]["pid"]
+    body = {"sampling_params": {**LONG, "max_new_tokens": 480}}  # long enough to be in flight at the kill
+
+    async def run():
+        async with httpx.AsyncClient(timeout=60) as c:
+            tasks = [asyncio.create_task(_post(c, url, {**body, "input_ids": prompt_ids(10 + i, 8)}, i >= 2))
+                     for i in range(4)]
+            deadline = time.monotonic() + 30
+            while sum(e["num_reqs"] for e in _load(url)) < 4:
+                assert time.monotonic() < deadline and not any(t.done() for t in tasks), \
+                    "the four requests were never in flight together"
+                await asyncio.sleep(0.02)
+            os.kill(pid1, signal.SIGKILL)
+            t0 = time.monotonic()
+            out = await asyncio.gather(*tasks)
+            return out, time.monotonic() - t0
+
+    out, took = asyncio.run(run())
+    assert took < 30  # nothing hangs
+    plain_ok = [o for o in out[:2] if o[0] == 200 and o[1]["meta_info"]["completion_tokens"] == 480]
+    plain_lost = [o[1]["error"]["message"] for o in out[:2] if o[0] == 503]
+    stream_ok = [o for o in out[2:] if o[0] == 200 and o[1][-1] == "data: [DONE]" and '"error"' not in o[1][-2]]
+    stream_lost = [o[1][-2] for o in out[2:] if o[0] == 200 and o[1][-1] == "data: [DONE]" and '"error"' in o[1][-2]]
+    # shortest_queue put two of the four on rank 1: exactly those are lost, each with an error naming the rank
+    assert len(plain_ok) + len(stream_ok) == 2 and len(plain_lost) + len(stream_lost) == 2, out
+    assert all("data-parallel rank 1" in m and "exited" in m for m in plain_lost + stream_lost), out
+    h = httpx.get(url + "/health")
+    assert h.status_code == 503 and "data-parallel rank 1" in h.json()["error"]["message"]
+    code, again = asyncio.run(_once(url))
+    assert code == 200 and again["meta_info"]["completion_tokens"] == 2  # rank 0 keeps serving
+    assert [e["dp_rank"] for e in _load(url)] == [0]
+    assert _wait_until(lambda: not _healthy(cluster.url, cluster.url_b), 60), "the router never marked B unhealthy"
+
+
+async def _once(url: str):
+    async with httpx.AsyncClient(timeout=60) as c:
+        return await _post(c, url, {"input_ids": prompt_ids(30, 4), "sampling_params": {**LONG, "max_new_tokens": 2}})
+
+
+def test_sigterm_of_a_worker_loses_nothing(cluster):
+    bodies = [{"input_ids": prompt_ids(90 + i, 12), "sampling_params": {**LONG, "max_new_tokens": 24}}
+              for i in range(4)]
+
+    async def term_a() -> None:
+        busy = lambda: sum(e["num_reqs"] for e in _load(cluster.url_a))  # noqa: E731
+        assert await asyncio.to_thread(_wait_until, lambda: busy() == len(bodies)), "the requests never reached A"
+        cluster.a.proc.send_signal(signal.SIGTERM)
+
+    got = asyncio.run(_run_all(cluster.url, bodies, term_a))  # B is marked down: all go to A
+    assert got == [24] * len(bodies), got
+    assert cluster.a.proc.wait(30) == 0
+
+
+def test_sigterm_stops_the_dp_front_and_its_replicas(cluster):
+    pids = [r["pid"] for r in _info(cluster.url_b)["dp_ranks"]]
+    assert cluster.b.stop() == 0
+    time.sleep(0.5)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
