@@ -15,6 +15,7 @@ import os
 import platform
 import shutil
 import sys
+import threading
 import time
 from types import ModuleType
 
@@ -71,3 +72,45 @@ def cpu_id() -> str:
         return "".join(sorted(set(lines)))
     except OSError:
         return platform.processor() + platform.machine()
+
+
+class LazyExtension:
+    """One C++ extension, built at most once per process on first ``load()``.
+
+    ``load()`` returns the module, or None when ``env_switch`` turns it off or the build failed; a
+    failure is logged once (``fallback`` says what runs instead) and kept in ``error()``. ``build``
+    is an attribute so tests can replace it with one that fails.
+    """
+
+    def __init__(self, prefix: str, source: str, cflags: list[str], env_switch: str, what: str, fallback: str):
+        self.prefix, self.source, self.cflags = prefix, source, cflags
+        self.env_switch, self.what, self.fallback = env_switch, what, fallback
+        self._lock = threading.Lock()
+        self._module: ModuleType | None = None
+        self._tried = False
+        self._error: str | None = None
+
+    def build(self) -> ModuleType:
+        return build_extension(self.prefix, self.source, self.cflags)
+
+    def enabled_by_env(self) -> bool:
+        return os.environ.get(self.env_switch, "1").strip().lower() not in ("0", "false", "off", "no")
+
+    def load(self) -> ModuleType | None:
+        """The compiled extension, or None (disabled, no toolchain, or the build failed: see ``error()``)."""
+        if not self.enabled_by_env():
+            return None
+        with self._lock:
+            if self._tried:
+                return self._module
+            self._tried = True
+            try:
+                self._module = self.build()
+            except Exception as e:  # no compiler / ninja, or a failed build: the caller's torch path still works
+                msg = str(e).strip()
+                self._error = f"{type(e).__name__}: {msg.splitlines()[-1] if msg else ''}"
+                logger.warning("%s unavailable (%s); %s", self.what, self._error, self.fallback)
+            return self._module
+
+    def error(self) -> str | None:
+        return self._error

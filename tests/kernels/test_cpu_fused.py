@@ -139,9 +139,9 @@ def test_switch_off_and_failed_build_fall_back_to_torch(monkeypatch, caplog):
     def broken():
         raise RuntimeError("Error building extension 'impl_cpu_fused': g++ not found")
 
-    monkeypatch.setattr(cpu_fused, "_tried", False)
-    monkeypatch.setattr(cpu_fused, "_module", None)
-    monkeypatch.setattr(cpu_fused, "_build", broken)
+    monkeypatch.setattr(cpu_fused.EXTENSION, "_tried", False)
+    monkeypatch.setattr(cpu_fused.EXTENSION, "_module", None)
+    monkeypatch.setattr(cpu_fused.EXTENSION, "build", broken)
     with caplog.at_level(logging.WARNING, logger="impl.kernels"):
         assert cpu_fused.load() is None
         assert cpu_fused.load() is None  # tried once, warned once

@@ -44,9 +44,9 @@ def test_failed_build_falls_back_to_the_reference_with_one_warning(monkeypatch, 
     def broken():
         raise RuntimeError("g++ not found")
 
-    monkeypatch.setattr(cpu_attn, "_tried", False)
-    monkeypatch.setattr(cpu_attn, "_module", None)
-    monkeypatch.setattr(cpu_attn, "_build", broken)
+    monkeypatch.setattr(cpu_attn.EXTENSION, "_tried", False)
+    monkeypatch.setattr(cpu_attn.EXTENSION, "_module", None)
+    monkeypatch.setattr(cpu_attn.EXTENSION, "build", broken)
     monkeypatch.delenv(ENV_PROVIDER, raising=False)
     with caplog.at_level(logging.WARNING, logger="impl.kernels"):
         first, second = select_provider(CPU), select_provider(CPU)

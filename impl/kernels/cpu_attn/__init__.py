@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from types import ModuleType
 
 import torch
 
 from impl.kernels.checks import check_attention_args, check_index, require
-from impl.kernels.cpp_build import build_extension
+from impl.kernels.cpp_build import LazyExtension
 
 logger = logging.getLogger("impl.kernels")
 
@@ -31,40 +30,10 @@ ENV_SWITCH = "IMPL_CPU_ATTN"
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention.cpp")
 _CFLAGS = ["-O3", "-march=native", "-std=c++17", "-fopenmp-simd"]
 
-_lock = threading.Lock()
-_module: ModuleType | None = None
-_tried = False
-_error: str | None = None
-
-
-def enabled_by_env() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
-
-
-def load() -> ModuleType | None:
-    """The compiled extension, or None (disabled, no toolchain, or the build failed: see ``error()``)."""
-    global _module, _tried, _error
-    if not enabled_by_env():
-        return None
-    with _lock:
-        if _tried:
-            return _module
-        _tried = True
-        try:
-            _module = _build()
-        except Exception as e:  # no compiler / ninja, or a failed build: the torch reference still works
-            _error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-            logger.warning("compiled CPU attention kernels unavailable (%s); the triton backend runs the torch "
-                           "reference attention on CPU", _error)
-        return _module
-
-
-def error() -> str | None:
-    return _error
-
-
-def _build() -> ModuleType:
-    return build_extension("impl_cpu_attn", _SOURCE, _CFLAGS)
+EXTENSION = LazyExtension("impl_cpu_attn", _SOURCE, _CFLAGS, ENV_SWITCH, "compiled CPU attention kernels", "the triton backend runs the torch reference attention on CPU")
+enabled_by_env = EXTENSION.enabled_by_env
+load = EXTENSION.load
+error = EXTENSION.error
 
 
 def _ext() -> ModuleType:

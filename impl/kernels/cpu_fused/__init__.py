@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-from types import ModuleType
 
 import torch
 
-from impl.kernels.cpp_build import build_extension
+from impl.kernels.cpp_build import LazyExtension
 
 logger = logging.getLogger("impl.kernels")
 
@@ -36,39 +34,10 @@ _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_layer.
 # -ffp-contract=off: no FMA may fuse a product into an add (RoPE's x*cos + rot*sin rounds both products).
 _CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp-simd"]
 
-_lock = threading.Lock()
-_module: ModuleType | None = None
-_tried = False
-_error: str | None = None
-
-
-def enabled_by_env() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
-
-
-def load() -> ModuleType | None:
-    """The compiled extension, or None (disabled, no toolchain, or the build failed: see ``error()``)."""
-    global _module, _tried, _error
-    if not enabled_by_env():
-        return None
-    with _lock:
-        if _tried:
-            return _module
-        _tried = True
-        try:
-            _module = _build()
-        except Exception as e:  # no compiler / ninja, or a failed build: the torch path still works
-            _error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-            logger.warning("fused CPU kernels unavailable (%s); decoder layers use the torch path", _error)
-        return _module
-
-
-def error() -> str | None:
-    return _error
-
-
-def _build() -> ModuleType:
-    return build_extension("impl_cpu_fused", _SOURCE, _CFLAGS)
+EXTENSION = LazyExtension("impl_cpu_fused", _SOURCE, _CFLAGS, ENV_SWITCH, "fused CPU kernels", "decoder layers use the torch path")
+enabled_by_env = EXTENSION.enabled_by_env
+load = EXTENSION.load
+error = EXTENSION.error
 
 
 def usable_for(*tensors: torch.Tensor) -> bool:
