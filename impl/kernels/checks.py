@@ -39,3 +39,35 @@ def check_index(t: torch.Tensor, n: int | None, name: str, what: str, device) ->
     require(t.device == device, f"{name}: {what} is on {t.device}, expected {device}")
     if n is not None:
         require(t.shape[0] == n, f"{name}: {what} must have {n} entries, got {t.shape[0]}")
+
+
+def _check_window_cap(name: str, window: int | None, logit_cap: float | None) -> None:
+    require(window is None or window > 0, f"{name}: window must be positive or None, got {window}")
+    require(logit_cap is None or logit_cap >= 0, f"{name}: logit_cap must be >= 0 or None, got {logit_cap}")
+
+
+def check_extend_launch(name: str, q, o, k_buf, v_buf, qo_indptr, q_positions, kv_indptr, kv_indices,
+                        window: int | None, logit_cap: float | None) -> int:
+    """Every extend provider's preconditions (Triton and CPU take one signature); returns the batch size."""
+    check_attention_args(q, o, k_buf, v_buf, name)
+    batch = qo_indptr.shape[0] - 1
+    check_index(qo_indptr, None, name, "qo_indptr", q.device)
+    check_index(kv_indptr, batch + 1, name, "kv_indptr", q.device)
+    check_index(q_positions, q.shape[0], name, "q_positions", q.device)
+    check_index(kv_indices, None, name, "kv_indices", q.device)
+    _check_window_cap(name, window, logit_cap)
+    return batch
+
+
+def check_decode_launch(name: str, q, o, k_buf, v_buf, q_positions, kv_indptr, kv_indices, num_kv_splits,
+                        max_kv_splits: int, window: int | None, logit_cap: float | None) -> int:
+    """Every decode provider's preconditions (one query row per request); returns the batch size."""
+    check_attention_args(q, o, k_buf, v_buf, name)
+    batch = q.shape[0]
+    check_index(q_positions, batch, name, "q_positions", q.device)
+    check_index(kv_indptr, batch + 1, name, "kv_indptr", q.device)
+    check_index(kv_indices, None, name, "kv_indices", q.device)
+    check_index(num_kv_splits, batch, name, "num_kv_splits", q.device)
+    require(max_kv_splits >= 1, f"{name}: max_kv_splits must be >= 1, got {max_kv_splits}")
+    _check_window_cap(name, window, logit_cap)
+    return batch

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from impl.kernels.checks import check_attention_args, check_index, require
+from impl.kernels.checks import check_decode_launch
 from impl.kernels.tl_ops import ceil_div, reduce_max, reduce_sum, tanh
 from impl.kernels.launch_config import DecodeLaunch, KVSplitPolicy, block_d, decode_launch
 from impl.kernels.triton_env import TRITON_INTERPRETED
@@ -168,16 +168,10 @@ def decode_attention_fwd(
     launch: DecodeLaunch | None = None,
 ) -> torch.Tensor:
     name = "decode_attention_fwd"
-    check_attention_args(q, o, k_buf, v_buf, name)
-    batch, num_heads, head_dim = q.shape
+    batch = check_decode_launch(name, q, o, k_buf, v_buf, q_positions, kv_indptr, kv_indices, num_kv_splits,
+                                max_kv_splits, window, logit_cap)
+    _, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
-    check_index(q_positions, batch, name, "q_positions", q.device)
-    check_index(kv_indptr, batch + 1, name, "kv_indptr", q.device)
-    check_index(kv_indices, None, name, "kv_indices", q.device)
-    check_index(num_kv_splits, batch, name, "num_kv_splits", q.device)
-    require(max_kv_splits >= 1, f"{name}: max_kv_splits must be >= 1, got {max_kv_splits}")
-    require(window is None or window > 0, f"{name}: window must be positive or None, got {window}")
-    require(logit_cap is None or logit_cap >= 0, f"{name}: logit_cap must be >= 0 or None, got {logit_cap}")
     if batch == 0:
         return o
     group = num_heads // num_kv_heads

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from impl.kernels.checks import check_attention_args, check_index, require
+from impl.kernels.checks import check_extend_launch
 from impl.kernels.tl_ops import reduce_max, reduce_min, reduce_sum, tanh
 from impl.kernels.launch_config import ExtendLaunch, block_d, extend_launch
 from impl.kernels.triton_env import TRITON_INTERPRETED
@@ -136,14 +136,8 @@ def extend_attention_fwd(
     launch: ExtendLaunch | None = None,
 ) -> torch.Tensor:
     name = "extend_attention_fwd"
-    check_attention_args(q, o, k_buf, v_buf, name)
-    batch = qo_indptr.shape[0] - 1
-    check_index(qo_indptr, None, name, "qo_indptr", q.device)
-    check_index(kv_indptr, batch + 1, name, "kv_indptr", q.device)
-    check_index(q_positions, q.shape[0], name, "q_positions", q.device)
-    check_index(kv_indices, None, name, "kv_indices", q.device)
-    require(window is None or window > 0, f"{name}: window must be positive or None, got {window}")
-    require(logit_cap is None or logit_cap >= 0, f"{name}: logit_cap must be >= 0 or None, got {logit_cap}")
+    batch = check_extend_launch(name, q, o, k_buf, v_buf, qo_indptr, q_positions, kv_indptr, kv_indices, window,
+                                logit_cap)
     if batch == 0 or q.shape[0] == 0 or max_q_len == 0:
         return o
     head_dim = q.shape[2]

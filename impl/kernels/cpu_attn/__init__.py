@@ -21,7 +21,7 @@ from types import ModuleType
 
 import torch
 
-from impl.kernels.checks import check_attention_args, check_index, require
+from impl.kernels.checks import check_decode_launch, check_extend_launch, require
 from impl.kernels.cpp_build import LazyExtension
 
 logger = logging.getLogger("impl.kernels")
@@ -63,15 +63,9 @@ def extend_attention_fwd(
     logit_cap: float | None = None,
 ) -> torch.Tensor:
     name = "cpu_attn.extend_attention_fwd"
-    check_attention_args(q, o, k_buf, v_buf, name)
+    batch = check_extend_launch(name, q, o, k_buf, v_buf, qo_indptr, q_positions, kv_indptr, kv_indices, window,
+                                logit_cap)
     _check_cpu(q, k_buf, name=name)
-    batch = qo_indptr.shape[0] - 1
-    check_index(qo_indptr, None, name, "qo_indptr", q.device)
-    check_index(kv_indptr, batch + 1, name, "kv_indptr", q.device)
-    check_index(q_positions, q.shape[0], name, "q_positions", q.device)
-    check_index(kv_indices, None, name, "kv_indices", q.device)
-    require(window is None or window > 0, f"{name}: window must be positive or None, got {window}")
-    require(logit_cap is None or logit_cap >= 0, f"{name}: logit_cap must be >= 0 or None, got {logit_cap}")
     if batch == 0 or q.shape[0] == 0:
         return o
     _ext().extend_attention(q, o, k_buf, v_buf, qo_indptr, q_positions, kv_indptr, kv_indices, float(sm_scale),
@@ -94,16 +88,9 @@ def decode_attention_fwd(
     logit_cap: float | None = None,
 ) -> torch.Tensor:
     name = "cpu_attn.decode_attention_fwd"
-    check_attention_args(q, o, k_buf, v_buf, name)
+    batch = check_decode_launch(name, q, o, k_buf, v_buf, q_positions, kv_indptr, kv_indices, num_kv_splits,
+                                max_kv_splits, window, logit_cap)
     _check_cpu(q, k_buf, name=name)
-    batch = q.shape[0]
-    check_index(q_positions, batch, name, "q_positions", q.device)
-    check_index(kv_indptr, batch + 1, name, "kv_indptr", q.device)
-    check_index(kv_indices, None, name, "kv_indices", q.device)
-    check_index(num_kv_splits, batch, name, "num_kv_splits", q.device)
-    require(max_kv_splits >= 1, f"{name}: max_kv_splits must be >= 1, got {max_kv_splits}")
-    require(window is None or window > 0, f"{name}: window must be positive or None, got {window}")
-    require(logit_cap is None or logit_cap >= 0, f"{name}: logit_cap must be >= 0 or None, got {logit_cap}")
     if batch == 0:
         return o
     _ext().decode_attention(q, o, k_buf, v_buf, q_positions, kv_indptr, kv_indices, num_kv_splits, int(max_kv_splits),
