@@ -127,7 +127,7 @@ def test_dp_aware_registration_and_chat_without_model(cluster):
 
 
 async def _run_all(url: str, bodies: list[dict[str, Any]], during=None) -> list[int | str]:
-    """POST every body to /generate at once; ``during()`` runs once they are all sent. Status per request."""
+    """POST every body to /generate at once; ``during(tasks)`` runs once they are all sent. Status per request."""
     async with httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0)) as client:
 
         async def one(body: dict[str, Any]) -> int | str:
@@ -139,7 +139,7 @@ async def _run_all(url: str, bodies: list[dict[str, Any]], during=None) -> list[
 
         tasks = [asyncio.create_task(one(b)) for b in bodies]
         if during is not None:
-            await during()
+            await during(tasks)
         return list(await asyncio.gather(*tasks))
 
 
@@ -152,7 +152,7 @@ def test_get_load_follows_load(cluster):
     assert [e["dp_rank"] for e in idle] == [0, 1] and all(e["num_reqs"] == e["num_waiting_reqs"] == 0 for e in idle)
     seen: dict[str, Any] = {}
 
-    async def watch() -> None:
+    async def watch(_tasks) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not seen.get("busy"):
             loads = _load(cluster.url_a) + _load(cluster.url_b)
@@ -221,7 +221,7 @@ def test_sigkill_of_a_worker_loses_only_its_in_flight_requests(cluster):
               for i in range(8)]
     in_flight_on_a: list[int] = []
 
-    async def kill_a() -> None:
+    async def kill_a(_tasks) -> None:
         busy = lambda: sum(e["num_reqs"] for e in _load(cluster.url_a))  # noqa: E731
         assert await asyncio.to_thread(_wait_until, lambda: busy() > 0), "worker A never got a request"
         in_flight_on_a.append(busy())
@@ -245,15 +245,30 @@ def test_a_dead_replica_fails_its_requests_cleanly_and_health_says_so(cluster):
     pid1 = _info(url)["dp_ranks"][1]["pid"]
     body = {"sampling_params": {**LONG, "max_new_tokens": 480}}  # long enough to be in flight at the kill
 
+    async def stream(c: httpx.AsyncClient, i: int, started: asyncio.Event):
+        async with c.stream("POST", url + "/generate", json={**body, "input_ids": prompt_ids(10 + i, 8),
+                                                            "stream": True}) as r:
+            lines = []
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    lines.append(line)
+                    started.set()
+            return r.status_code, lines
+
     async def run():
         async with httpx.AsyncClient(timeout=60) as c:
-            tasks = [asyncio.create_task(_post(c, url, {**body, "input_ids": prompt_ids(10 + i, 8)}, i >= 2))
-                     for i in range(4)]
+            # The two plain requests go first; once both streams have their first chunk, all four are running
+            # (480 tokens cannot finish in one prefill's time). Polling /get_load for four in flight raced the
+            # requests on an idle machine: its answers wait behind the replicas' decode loops.
+            tasks = [asyncio.create_task(_post(c, url, {**body, "input_ids": prompt_ids(10 + i, 8)})) for i in range(2)]
+            await asyncio.sleep(0.05)
+            started = [asyncio.Event(), asyncio.Event()]
+            tasks += [asyncio.create_task(stream(c, i, started[i - 2])) for i in (2, 3)]
             deadline = time.monotonic() + 30
-            while sum(e["num_reqs"] for e in _load(url)) < 4:
+            while not all(e.is_set() for e in started):
                 assert time.monotonic() < deadline and not any(t.done() for t in tasks), \
-                    "the four requests were never in flight together"
-                await asyncio.sleep(0.02)
+                    f"the four requests were never in flight together: {[str(t.result())[:200] for t in tasks if t.done()]}"
+                await asyncio.sleep(0.01)
             os.kill(pid1, signal.SIGKILL)
             t0 = time.monotonic()
             out = await asyncio.gather(*tasks)
@@ -285,9 +300,15 @@ def test_sigterm_of_a_worker_loses_nothing(cluster):
     bodies = [{"input_ids": prompt_ids(90 + i, 12), "sampling_params": {**LONG, "max_new_tokens": 24}}
               for i in range(4)]
 
-    async def term_a() -> None:
-        busy = lambda: sum(e["num_reqs"] for e in _load(cluster.url_a))  # noqa: E731
-        assert await asyncio.to_thread(_wait_until, lambda: busy() == len(bodies)), "the requests never reached A"
+    async def term_a(tasks) -> None:
+        # Every request reached A: finished, or in flight there. Finished ones are counted first, so one that
+        # ends between the two reads is undercounted (we wait longer), never counted twice. Requiring all four
+        # in flight at once raced short requests against a slow /get_load poll on an idle machine.
+        def all_reached_a() -> bool:
+            done = sum(t.done() for t in tasks)
+            return done + sum(e["num_reqs"] for e in _load(cluster.url_a)) >= len(bodies)
+
+        assert await asyncio.to_thread(_wait_until, all_reached_a), "the requests never reached A"
         cluster.a.proc.send_signal(signal.SIGTERM)
 
     got = asyncio.run(_run_all(cluster.url, bodies, term_a))  # B is marked down: all go to A
