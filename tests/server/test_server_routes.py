@@ -97,6 +97,18 @@ def test_openai_client_completions_and_chat(url):
     assert chat.usage.completion_tokens == 3
 
 
+def test_completions_return_token_ids(url):
+    """vLLM's return_token_ids: each choice carries its output ids (per chunk when streamed), the ids
+    /generate gives, also for tokens with no text of their own."""
+    ids = prompt_ids(12, 6)
+    want = post(url, "/generate", {"input_ids": ids, "sampling_params": {**GREEDY, "max_new_tokens": 8}}).json()["output_ids"]
+    body = {"prompt": ids, "max_tokens": 8, **GREEDY, "return_token_ids": True}
+    assert post(url, "/v1/completions", body).json()["choices"][0]["token_ids"] == want
+    sse = post_stream(url, "/v1/completions", body)
+    assert [t for ev in sse.events for ch in ev["choices"] for t in ch["token_ids"]] == want
+    assert "token_ids" not in post(url, "/v1/completions", {**body, "return_token_ids": False}).json()["choices"][0]
+
+
 def test_chat_stop_string_trims_like_the_engine(url):
     client = openai_client(url)
     model = client.models.list().data[0].id
