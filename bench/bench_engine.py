@@ -45,49 +45,55 @@ def summarize(name: str, wall: float, out_tokens: int, ttfts: list[float], tpots
     return dict(name=name, wall=wall, tok_s=out_tokens / wall, ttft=statistics.median(ttfts), tpot=statistics.median(tpots))
 
 
-def run_engine(path: str, reqs, args, backend: str | None = None) -> dict:
+def run_engine(path: str, reqs, args, backend: str | None = None, fast_prefill: bool = False) -> dict:
     from impl import Engine
 
-    kw = {}
+    kw = {"kv_sharing_fast_prefill": True} if fast_prefill else {}
     if args.chunked_prefill_size is not None:
         kw["chunked_prefill_size"] = args.chunked_prefill_size
     if backend is not None:
         kw["attention_backend"] = backend
     eng = Engine(path, dtype="float32", random_seed=0, **kw)
     said = getattr(run_engine, "said", set())
-    if backend not in said:
-        run_engine.said = said | {backend}
+    if (backend, fast_prefill) not in said:
+        run_engine.said = said | {(backend, fast_prefill)}
         print("  engine: " + "; ".join(ln for ln in eng.startup_log
                                         if ln.startswith(("CPU kernels", "Attention backends", "Attention kernels"))))
     eng.generate(input_ids=[2, 5, 6, 7], sampling_params={"max_new_tokens": 2})  # warm-up
     eng.flush_cache()
-    phases = {"extend": [0, 0.0], "decode": [0, 0.0]}  # forwards, seconds inside ModelRunner.forward
+    # forwards, wall seconds and process CPU seconds inside ModelRunner.forward (CPU seconds: the work,
+    # steadier than wall time on a loaded host; with --threads 1 there is no thread pool spinning in them)
+    phases = {"extend": [0, 0.0, 0.0], "decode": [0, 0.0, 0.0]}
     forward = eng.runner.forward
 
     def timed_forward(fb):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         out = forward(fb)
         p = phases["decode" if fb.forward_mode.is_decode else "extend"]
         p[0] += 1
         p[1] += time.perf_counter() - t
+        p[2] += time.process_time() - c
         return out
 
     eng.runner.forward = timed_forward
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     outs = eng.generate(
         input_ids=[p for p, _ in reqs],
         sampling_params=[{"temperature": 0.0, "max_new_tokens": m, "ignore_eos": True} for _, m in reqs],
     )
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    ext, dec = phases["extend"], phases["decode"]
     print(
-        f"  engine forwards: extend {phases['extend'][1]:.2f} s ({phases['extend'][0]} passes), "
-        f"decode {phases['decode'][1]:.2f} s ({phases['decode'][0]} steps), rest {wall - phases['extend'][1] - phases['decode'][1]:.2f} s",
+        f"  engine forwards{' (fast prefill)' if fast_prefill else ''}: extend {ext[1]:.2f} s ({ext[0]} passes, "
+        f"{ext[2]:.2f} CPU s), decode {dec[1]:.2f} s ({dec[0]} steps, {dec[2]:.2f} CPU s = "
+        f"{1000 * dec[2] / max(dec[0], 1):.1f} ms a step), rest {wall - ext[1] - dec[1]:.2f} s; process CPU {cpu:.2f} s",
         flush=True,
     )
     ttfts = [o["meta_info"]["ttft"] for o in outs]
     tpots = [(o["meta_info"]["e2e_latency"] - o["meta_info"]["ttft"]) / max(len(o["output_ids"]) - 1, 1) for o in outs]
     eng.shutdown()
     label = "impl.Engine (continuous batching)" if backend is None else f"impl.Engine, --attention-backend {backend}"
+    label += ", --kv-sharing-fast-prefill" if fast_prefill else ""
     return summarize(label, wall, sum(len(o["output_ids"]) for o in outs), ttfts, tpots)
 
 
@@ -169,6 +175,8 @@ def main(argv=None) -> int:
     ap.add_argument("--attention-backends", default="",
                     help="comma-separated backends to run our engine with, one row each (torch_native,triton: the "
                     "triton backend's CPU kernels vs torch_native); default: the engine's default backend")
+    ap.add_argument("--fast-prefill", default="off",
+                    help="off, on or off,on: run our engine without / with --kv-sharing-fast-prefill (one row each)")
     ap.add_argument("--skip-hf", action="store_true", help="run only our engine (with --attention-backends)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -184,7 +192,11 @@ def main(argv=None) -> int:
         flush=True,
     )
     backends = [b.strip() for b in args.attention_backends.split(",") if b.strip()] or [None]
-    ours_runners = [functools.partial(run_engine, backend=b) for b in backends]
+    fast_names = [f.strip() for f in args.fast_prefill.split(",") if f.strip()]
+    if not fast_names or any(f not in ("off", "on") for f in fast_names):
+        ap.error(f"--fast-prefill takes off, on or off,on; got {args.fast_prefill!r}")
+    fasts = [f == "on" for f in fast_names]
+    ours_runners = [functools.partial(run_engine, backend=b, fast_prefill=f) for f in fasts for b in backends]
     hf_runners = [] if args.skip_hf else [run_hf_padded] + ([] if args.skip_sequential else [run_hf_sequential])
     runners = ours_runners + hf_runners
     # Rounds alternate the systems (ours, padded, [sequential], ours, ...) so a burst of load on this
