@@ -208,7 +208,7 @@ def render(cfgs, scenarios, args, cmd: str, elapsed: float, load: str) -> str:
         f"{scenarios[0].seed}, all requests at once, greedy, EOS ignored. Scale {args.scale:g} of the seed's lengths "
         f"(chat 1024/1024, summ 8192/1024), chosen so the whole campaign runs in about 20-40 minutes here.", "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores shared with other jobs (load average {load} at the "
-        f"end), no GPU. Attention kernels as the servers reported them (`/get_server_info`): "
+        f"end), no GPU; code at commit {git_commit()}. Attention kernels as the servers reported them (`/get_server_info`): "
         f"{'; '.join(kernels) or 'not reported'}. gain: on vs off (tok/s higher, times lower is better), and "
         "MTP + on vs MTP.", "",
         *table(cfgs, scenarios), "",
@@ -217,16 +217,31 @@ def render(cfgs, scenarios, args, cmd: str, elapsed: float, load: str) -> str:
         "later arrivals are prefilled in mixed prefill + decode batches. MTP drafts with `assistant_bench`, an "
         "assistant for this random-weight target: a random target's next tokens are unpredictable, so few drafts "
         "are accepted (accept length row) and the MTP columns show the speculative loop's cost, not its gain "
-        "(`make bench-spec` measures MTP on a target with learnable structure).", "",
+        "(`make bench-spec` measures MTP on a target with learnable structure).",
     ]
-    for c in cfgs:
-        if c.refused:
-            flags = " ".join(os.path.basename(f) if f.startswith("/") else f for f in c.flags)
-            reason = re.sub(r"/\S*/checkpoints/", "", c.refused)
-            lines.append(f"- {c.name} (`{flags}`): refused at launch: {reason}")
+    refused = [c for c in cfgs if c.refused]
+    lines += [""] if refused else []
+    for c in refused:
+        flags = " ".join(os.path.basename(f) if f.startswith("/") else f for f in c.flags)
+        reason = re.sub(r"/\S*/checkpoints/", "", c.refused)
+        lines.append(f"- {c.name} (`{flags}`): refused at launch: {reason}")
     lines += ["", "The same scenarios with SGLang's own client, against our server (or any SGLang-compatible one):", ""]
     lines += [f"    {sglang_command(sc)}" for sc in scenarios]
     return "\n".join(lines) + "\n"
+
+
+def git_commit() -> str:
+    """The checkout's short commit (``+`` when the work tree has changes), or ``unknown``."""
+    import subprocess
+
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                               text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return rev + ("+" if dirty else "")
 
 
 def write_section(text: str, path: str = DOCS) -> None:
@@ -237,7 +252,7 @@ def write_section(text: str, path: str = DOCS) -> None:
         doc = doc.rstrip("\n") + "\n\n" + text
     else:
         nxt = doc.find("\n## ", start + len(SECTION))
-        doc = doc[:start] + text + ("" if nxt < 0 else doc[nxt + 1:])
+        doc = doc[:start] + text.rstrip("\n") + "\n" + ("" if nxt < 0 else "\n" + doc[nxt + 1:])
     with open(path, "w", encoding="utf-8") as f:
         f.write(doc)
 
@@ -247,7 +262,7 @@ def main(argv=None) -> int:
     from impl.testing.checkpoints import tiny_checkpoint
 
     ap = argparse.ArgumentParser(prog="python -m bench.serving.campaign", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scale", type=float, default=1 / 32)
+    ap.add_argument("--scale", type=float, default=1 / 8)
     ap.add_argument("--num-prompts", type=int, default=80)
     ap.add_argument("--scenarios", default="chat,summ")
     ap.add_argument("--configs", default="off,on,MTP,MTP + on", help="comma-separated subset of the four configurations")
