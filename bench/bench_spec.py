@@ -1,11 +1,15 @@
 """Speculative decoding (FROZEN_KV_MTP) vs plain decoding, same run, same prompts (not a test).
 
-Engines (tiny E2B-shaped target, float32, greedy, EOS ignored), built once each:
+Target: ``e2b_markov``, the tiny E2B-shaped checkpoint trained on a seeded synthetic Markov
+language (``impl/testing/markov_language.py``); prompts are sentences of that language (held out:
+other seeds than the target's training and the draft's distillation data). Engines (float32,
+greedy, EOS ignored), built once each:
 * ``base``: no speculation;
-* ``mtp``: NEXTN -> FROZEN_KV_MTP with the distilled assistant (``assistant_distilled``), chain 3;
+* ``mtp``: NEXTN -> FROZEN_KV_MTP with the assistant distilled from the target (``assistant_markov``), chain 3;
 * ``mtp-oracle``: the same loop and the same assistant forwards (their cost is paid), but the
   proposed tokens are the target's own greedy tokens (taken from the base run): every draft is
-  accepted, so this row is the loop's ceiling at acceptance length ``steps + 1``.
+  accepted, so this row is the loop's ceiling at acceptance length ``steps + 1``;
+* ``mtp-random``: the random-weight assistant (``assistant``): every draft rejected, the loop's floor.
 
 Per batch size (1 and 16) the engines run alternately ``--rounds`` times; each round's numbers
 are decode output tok/s (tokens after each request's first, over the time from the first
@@ -71,25 +75,28 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from contracts.models import random_prompts
     from impl import Engine
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.testing.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
+    from impl.testing.markov_language import language_for
 
-    target, draft = tiny_checkpoint("e2b"), tiny_checkpoint("assistant_distilled")
+    target, draft = tiny_checkpoint("e2b_markov"), tiny_checkpoint("assistant_markov")
+    language = language_for(target, TINY_CHECKPOINTS["e2b_markov"].seed)
     kw = dict(dtype="float32", random_seed=0, disable_radix_cache=True, max_running_requests=16)
     if args.backend == "triton":
         kw.update(attention_backend="triton", decode_attention_backend="torch_native", kv_sharing_fast_prefill=True)
     else:
         kw.update(attention_backend="torch_native")
     mtp = dict(speculative_algorithm="NEXTN", speculative_draft_model_path=draft)
-    engines = {"base": Engine(target, **kw), "mtp": Engine(target, **kw, **mtp), "mtp-oracle": Engine(target, **kw, **mtp)}
+    rand = dict(speculative_algorithm="NEXTN", speculative_draft_model_path=tiny_checkpoint("assistant"))
+    engines = {"base": Engine(target, **kw), "mtp": Engine(target, **kw, **mtp), "mtp-oracle": Engine(target, **kw, **mtp),
+               "mtp-random": Engine(target, **kw, **rand)}
     print(f"bench_spec: backend {args.backend}, threads {args.threads}, prompt {args.prompt_len} tokens, "
           f"{args.new_tokens} new tokens, rounds {args.rounds}")
     print("  " + "; ".join(ln for ln in engines["mtp"].startup_log if ln.startswith(("Speculative", "Attention", "Triton"))))
     sp = {"max_new_tokens": args.new_tokens, "temperature": 0.0, "ignore_eos": True}
     rows = []
     for bs in [int(x) for x in args.batch_sizes.split(",")]:
-        prompts = random_prompts(target, [args.prompt_len] * bs, 100 + bs)
+        prompts = language.prompts([args.prompt_len] * bs, 100 + bs)
         ref = engines["base"].generate(input_ids=prompts, sampling_params=sp)
         real = engines["mtp-oracle"].spec_worker.drafter
         engines["mtp-oracle"].spec_worker.drafter = CostedOracle(
