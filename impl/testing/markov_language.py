@@ -101,6 +101,6 @@ def _train(init_path: str, out_dir: str, seed: int, log) -> None:
         loss.backward()
         opt.step()
         if log is not None:
-            log(it, float(loss))
+            log(it, float(loss.detach()))
     model.eval()
     model.save_pretrained(out_dir, safe_serialization=True)
