@@ -16,10 +16,11 @@ are decode output tok/s (tokens after each request's first, over the time from t
 token to the last) and median TPOT; the table shows each system's median over rounds, the
 ratio to ``base`` in the same round (median), and the mean acceptance length (tokens committed
 per verify). ``--backend triton`` runs the triton prefill backend (which verify batches use)
-with ``--kv-sharing-fast-prefill`` on every engine; on a CPU-only machine its kernels run under
-Triton's interpreter, so absolute numbers there are dominated by it.
+with ``--kv-sharing-fast-prefill`` on every engine (decode on torch_native); the startup line names
+the kernels it runs (on a CPU-only machine: compiled CPU kernels when available, else the interpreter).
 
 Usage: ``python bench/bench_spec.py [--backend torch_native|triton] [--rounds 3]`` (``make bench-spec``).
+The first run builds the two on-demand checkpoints (about a minute on one core).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def main() -> int:
     engines = {"base": Engine(target, **kw), "mtp": Engine(target, **kw, **mtp), "mtp-oracle": Engine(target, **kw, **mtp),
                "mtp-random": Engine(target, **kw, **rand)}
     print(f"bench_spec: backend {args.backend}, threads {args.threads}, prompt {args.prompt_len} tokens, "
-          f"{args.new_tokens} new tokens, rounds {args.rounds}")
+          f"{args.new_tokens} new tokens, rounds {args.rounds}, load average {os.getloadavg()[0]:.1f} at start")
     print("  " + "; ".join(ln for ln in engines["mtp"].startup_log if ln.startswith(("Speculative", "Attention", "Triton"))))
     sp = {"max_new_tokens": args.new_tokens, "temperature": 0.0, "ignore_eos": True}
     rows = []
@@ -122,6 +123,8 @@ def main() -> int:
     for bs, name, tok_s, tpot, ratio, lo, hi, acc in rows:
         acc_s = "-" if name == "base" else f"{acc:.2f}"
         print(f"| {bs} | {name} | {tok_s:.1f} | {tpot * 1e3:.1f} | {ratio:.2f}x ({lo:.2f}-{hi:.2f}) | {acc_s} |")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end (2-core machine shared with other jobs: ratios are "
+          "same-run medians, absolute tok/s vary with the load)")
     for e in engines.values():
         e.shutdown()
     return 0

@@ -162,7 +162,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             )
         groups, acc = [], 0
         for i, c in enumerate(rows_per_req):
-            groups.append((i, slice(acc, acc + c)))
+            # verify batches: every selected row on its own, as in init_forward_metadata
+            groups += [(i, slice(r, r + 1)) for r in range(acc, acc + c)] if fb.spec_verify else [(i, slice(acc, acc + c))]
             acc += c
         self.cross_plan = self._plan(fb, groups, fb.positions.index_select(0, rows), int(rows.shape[0]), rows_per_req)
         self.cross_plan.cross = True
