@@ -47,6 +47,20 @@ class CostedOracle:
         return [self.table[tuple(r.fill_ids)][:steps] for r in reqs]
 
 
+class Timed:
+    """Wraps a bound method; records the wall time of each call (``durations``)."""
+
+    def __init__(self, fn):
+        self.fn, self.durations = fn, []
+
+    def __call__(self, *a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return self.fn(*a, **kw)
+        finally:
+            self.durations.append(time.perf_counter() - t0)
+
+
 def table_from(prompts: list[list[int]], outputs: list[list[int]], steps: int) -> dict[tuple[int, ...], list[int]]:
     t = {}
     for p, o in zip(prompts, outputs):
@@ -95,7 +109,7 @@ def main() -> int:
           f"{args.new_tokens} new tokens, rounds {args.rounds}, load average {os.getloadavg()[0]:.1f} at start")
     print("  " + "; ".join(ln for ln in engines["mtp"].startup_log if ln.startswith(("Speculative", "Attention", "Triton"))))
     sp = {"max_new_tokens": args.new_tokens, "temperature": 0.0, "ignore_eos": True}
-    rows = []
+    rows, costs = [], []
     for bs in [int(x) for x in args.batch_sizes.split(",")]:
         prompts = language.prompts([args.prompt_len] * bs, 100 + bs)
         ref = engines["base"].generate(input_ids=prompts, sampling_params=sp)
@@ -104,6 +118,11 @@ def main() -> int:
             getattr(real, "real", real), table_from(prompts, [o["output_ids"] for o in ref], 3))
         for e in engines.values():  # warm-up at this batch size
             e.generate(input_ids=prompts, sampling_params={**sp, "max_new_tokens": 8})
+        base, spec = engines["base"], engines["mtp"].spec_worker
+        timed = [(base.scheduler, "step"), (base.runner, "forward"), (spec, "run_round"), (spec.drafter, "draft"),
+                 (engines["mtp"].runner, "forward")]
+        for obj, attr in timed:
+            setattr(obj, attr, Timed(getattr(obj, attr)))
         per: dict[str, list[tuple[float, float, float]]] = {k: [] for k in engines}
         for _ in range(args.rounds):
             for name, e in engines.items():
@@ -113,6 +132,10 @@ def main() -> int:
                 tok_s, tpot = decode_stats(outs, t0)
                 acc = statistics.mean(o["meta_info"].get("spec_accept_length", 1.0) for o in outs)
                 per[name].append((tok_s, tpot, acc))
+        # medians: the few prefill steps among the decode / verify ones do not move them
+        costs.append((bs, *(statistics.median(getattr(obj, attr).durations) for obj, attr in timed)))
+        for obj, attr in timed:
+            delattr(obj, attr)  # unwrap (the instance attribute hid the method)
         for name in engines:
             ratios = [r[0] / b[0] for r, b in zip(per[name], per["base"])]
             rows.append((bs, name, statistics.median(r[0] for r in per[name]), statistics.median(r[1] for r in per[name]),
@@ -123,6 +146,15 @@ def main() -> int:
     for bs, name, tok_s, tpot, ratio, lo, hi, acc in rows:
         acc_s = "-" if name == "base" else f"{acc:.2f}"
         print(f"| {bs} | {name} | {tok_s:.1f} | {tpot * 1e3:.1f} | {ratio:.2f}x ({lo:.2f}-{hi:.2f}) | {acc_s} |")
+    print()
+    print("Where an MTP round's time goes (`mtp` engine, medians over the measured rounds):")
+    print()
+    print("| batch | plain decode step (ms) | of which forward | MTP round (ms) | of which draft (3 steps) "
+          "| verify forward | rest (acceptance, bookkeeping) | round / plain step |")
+    print("|---|---|---|---|---|---|---|---|")
+    for bs, step, fwd, rnd, dr, ver in costs:
+        print(f"| {bs} | {step * 1e3:.2f} | {fwd * 1e3:.2f} | {rnd * 1e3:.2f} | {dr * 1e3:.2f} | {ver * 1e3:.2f} "
+              f"| {(rnd - dr - ver) * 1e3:.2f} | {rnd / step:.2f} |")
     print(f"load average {os.getloadavg()[0]:.1f} at the end (2-core machine shared with other jobs: ratios are "
           "same-run medians, absolute tok/s vary with the load)")
     for e in engines.values():
