@@ -14,11 +14,11 @@ configuration, and the chosen answers must be identical across configurations (e
 otherwise).
 
 Servers: ``--url NAME=URL`` (repeatable) measures running servers; otherwise this script
-launches ours per configuration (``off``, ``on``, ``MTP``) on ``--model-path`` (default:
+launches ours per configuration (``off``, ``on``, ``MTP``, ``MTP + on``) on ``--model-path`` (default:
 the embedded tiny e2b), prefill on triton; a configuration the server refuses is
 reported as refused.
 
-    python bench/eval_choice.py                      # N=500 synthetic, launches off / on / MTP
+    python bench/eval_choice.py                      # N=500 synthetic, launches off / on / MTP / MTP + on
     python bench/eval_choice.py --data-dir ~/mmlu --url off=http://127.0.0.1:30000 --url on=http://127.0.0.1:30001
 """
 
@@ -131,8 +131,9 @@ def launch_lines(model: str | None, draft: str) -> dict[str, list[str]]:
     # --max-logprobs: the servers launched here return the whole next-token distribution of a small vocabulary
     base = (["--model-path", model] if model else []) + ["--attention-backend", "triton", "--decode-attention-backend",
                                                          "torch_native", "--max-logprobs", str(WHOLE_VOCAB_MAX)]
-    return {"off": base, "on": [*base, "--kv-sharing-fast-prefill"],
-            "MTP": [*base, "--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", draft]}
+    mtp = [*base, "--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", draft]
+    return {"off": base, "on": [*base, "--kv-sharing-fast-prefill"], "MTP": mtp,
+            "MTP + on": [*mtp, "--kv-sharing-fast-prefill"]}
 
 
 def main(argv=None) -> int:
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--url", action="append", default=[], help="NAME=URL of a running server (repeatable)")
     ap.add_argument("--model-path", default=None, help="model for the servers this script launches (default: tiny e2b)")
-    ap.add_argument("--configs", default="off,on,MTP")
+    ap.add_argument("--configs", default="off,on,MTP,MTP + on")
     ap.add_argument("--tokenizer", default=None, help="folder with tokenizer.json (default: the server's model folder)")
     ap.add_argument("--batch", type=int, default=50)
     ap.add_argument("--top-logprobs", type=int, default=20,
