@@ -69,8 +69,8 @@ bench-yoco: $(STAMP)
 		--plot docs/yoco_speedup_e2b_dims_torch_native.png
 
 bench-spec: $(STAMP)
-	$(PY) bench/bench_spec.py --backend torch_native
-	$(PY) bench/bench_spec.py --backend triton --batch-sizes 1 --new-tokens 16 --rounds 1
+	$(PY) bench/bench_spec.py --backend torch_native --rounds 9
+	$(PY) bench/bench_spec.py --backend triton --rounds 9
 
 bench-cpu-fused: $(STAMP)
 	$(PY) bench/bench_cpu_fused.py

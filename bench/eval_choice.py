@@ -14,11 +14,11 @@ configuration, and the chosen answers must be identical across configurations (e
 otherwise).
 
 Servers: ``--url NAME=URL`` (repeatable) measures running servers; otherwise this script
-launches ours per configuration (``off``, ``on``, ``MTP``) on ``--model-path`` (default:
+launches ours per configuration (``off``, ``on``, ``MTP``, ``MTP + on``) on ``--model-path`` (default:
 the embedded tiny e2b), prefill on triton; a configuration the server refuses is
 reported as refused.
 
-    python bench/eval_choice.py                      # N=500 synthetic, launches off / on / MTP
+    python bench/eval_choice.py                      # N=500 synthetic, launches off / on / MTP / MTP + on
     python bench/eval_choice.py --data-dir ~/mmlu --url off=http://127.0.0.1:30000 --url on=http://127.0.0.1:30001
 """
 
@@ -94,6 +94,9 @@ def write_synthetic(folder: str, n: int, seed: int) -> None:
             csv.writer(f).writerows(rs)
 
 
+WHOLE_VOCAB_MAX = 4096  # servers launched here return every next-token logprob up to this vocabulary size
+
+
 def letter_ids(tokenizer_folder: str) -> dict[str, set[int]]:
     from tokenizers import Tokenizer
 
@@ -125,10 +128,12 @@ def choose(url: str, questions: list[Question], letters: dict[str, set[int]], to
 
 
 def launch_lines(model: str | None, draft: str) -> dict[str, list[str]]:
+    # --max-logprobs: the servers launched here return the whole next-token distribution of a small vocabulary
     base = (["--model-path", model] if model else []) + ["--attention-backend", "triton", "--decode-attention-backend",
-                                                         "torch_native"]
-    return {"off": base, "on": [*base, "--kv-sharing-fast-prefill"],
-            "MTP": [*base, "--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", draft]}
+                                                         "torch_native", "--max-logprobs", str(WHOLE_VOCAB_MAX)]
+    mtp = [*base, "--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", draft]
+    return {"off": base, "on": [*base, "--kv-sharing-fast-prefill"], "MTP": mtp,
+            "MTP + on": [*mtp, "--kv-sharing-fast-prefill"]}
 
 
 def main(argv=None) -> int:
@@ -138,9 +143,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--url", action="append", default=[], help="NAME=URL of a running server (repeatable)")
     ap.add_argument("--model-path", default=None, help="model for the servers this script launches (default: tiny e2b)")
-    ap.add_argument("--configs", default="off,on,MTP")
+    ap.add_argument("--configs", default="off,on,MTP,MTP + on")
     ap.add_argument("--tokenizer", default=None, help="folder with tokenizer.json (default: the server's model folder)")
     ap.add_argument("--batch", type=int, default=50)
+    ap.add_argument("--top-logprobs", type=int, default=20,
+                    help="top_logprobs_num asked of --url servers (a letter outside it counts as no answer)")
     ap.add_argument("--output-file", default=None, help="append one JSON line with the results")
     args = ap.parse_args(argv)
     if args.num_questions < 1:
@@ -161,7 +168,7 @@ def main(argv=None) -> int:
     if args.url:
         targets = [(n, u.rstrip("/"), None) for n, _, u in (s.partition("=") for s in args.url)]
         for name, url, _ in targets:
-            answers[name] = _evaluate(name, url, questions, args)
+            answers[name] = _evaluate(name, url, questions, args, launched=False)
     else:
         from bench.serving.campaign import refusal
         from contracts.adapters import impl_http
@@ -178,7 +185,7 @@ def main(argv=None) -> int:
                 print(f"{name}: refused at launch: {refused[name]}")
                 continue
             try:
-                answers[name] = _evaluate(name, server.url, questions, args)
+                answers[name] = _evaluate(name, server.url, questions, args, launched=True)
             finally:
                 server.stop()
     names = list(answers)
@@ -207,11 +214,13 @@ def main(argv=None) -> int:
     return 0
 
 
-def _evaluate(name: str, url: str, questions: list[Question], args) -> list[str | None]:
+def _evaluate(name: str, url: str, questions: list[Question], args, launched: bool) -> list[str | None]:
     info = httpx.get(url + "/get_model_info", timeout=60).json()
     folder = args.tokenizer or info.get("tokenizer_path") or info.get("model_path")
     vocab = int(info.get("vocab_size") or 0)
-    top = vocab if 0 < vocab <= 4096 else 20  # the whole distribution when small, else the top 20
+    # the whole distribution when we launched the server and the vocabulary is small; else --top-logprobs
+    # (servers cap it: SGLang-compatible ones at --max-logprobs, 20 by default here)
+    top = vocab if launched and 0 < vocab <= WHOLE_VOCAB_MAX else args.top_logprobs
     print(f"{name}: {url} ({info.get('model_path')}, fast prefill {info.get('kv_sharing_fast_prefill')})")
     return choose(url, questions, letter_ids(folder), top, args.batch)
 

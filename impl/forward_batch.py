@@ -84,6 +84,9 @@ class ForwardBatch:
     # YOCO: set by the model runner when --kv-sharing-fast-prefill is on and the
     # batch extends some request by more than one token.
     fast_prefill: bool = False
+    # A speculative verify batch (SGLang's TARGET_VERIFY): every request extends by 1 + steps rows, all
+    # LM-head rows. Attention backends may run its rows like decode rows (one query each, own position).
+    spec_verify: bool = False
     work: WorkCounters | None = None
 
     def __post_init__(self) -> None:

@@ -37,6 +37,7 @@ class Config:
     name: str
     flags: list[str]
     refused: str | None = None
+    kernels: str = ""  # the server's attention kernels, from /get_server_info
     results: dict[str, dict[str, Any]] = field(default_factory=dict)  # scenario -> metrics json
 
 
@@ -85,6 +86,8 @@ def run_config(cfg: Config, model: str, scenarios, args) -> None:
         return
     try:
         info = json.loads(_get(server.url + "/get_model_info"))
+        cfg.kernels = kernels_of(json.loads(_get(server.url + "/get_server_info")))
+        print(f"attention kernels: {cfg.kernels}", flush=True)
         name = served_model(server.url)
         for sc in scenarios:
             rows = random_ids(sc.num_prompts + sc.warmup_requests, sc.input_len, sc.output_len, sc.range_ratio,
@@ -104,6 +107,15 @@ def run_config(cfg: Config, model: str, scenarios, args) -> None:
                                         "seed": sc.seed, **m.to_json()}) + "\n")
     finally:
         server.stop()
+
+
+def kernels_of(server_info: dict[str, Any]) -> str:
+    """``prefill: triton (cpu), decode: torch_native`` from ``/get_server_info``'s ``attention_kernels``."""
+    parts = []
+    for role, k in (server_info.get("attention_kernels") or {}).items():
+        provider = f" ({k['provider']})" if k.get("provider") else ""
+        parts.append(f"{role}: {k.get('backend')}{provider}")
+    return ", ".join(parts) or "not reported"
 
 
 def _get(url: str) -> str:
@@ -149,6 +161,10 @@ def table(cfgs: list[Config], scenarios) -> list[str]:
             out.append(f"| {sc.label} | {label} | {_fmt(v['off'], unit)} | {_fmt(v['on'], unit)} | "
                        f"{_gain(v['off'], v['on'], hb)} | {_fmt(v['MTP'], unit)} | {_fmt(v['MTP + on'], unit)} | "
                        f"{_gain(v['MTP'], v['MTP + on'], hb)} |")
+        acc = {c: val(c, sc.name, lambda m: m.get("accept_length") or float("nan")) for c in ("MTP", "MTP + on")}
+        if any(isinstance(a, float) for a in acc.values()):
+            out.append(f"| {sc.label} | accept length (tokens / verify) | - | - | - | {_fmt(acc['MTP'], '')} | "
+                       f"{_fmt(acc['MTP + on'], '')} | - |")
     return out
 
 
@@ -181,35 +197,51 @@ def plot(cfgs: list[Config], scenarios, path: str) -> None:
 
 
 def render(cfgs, scenarios, args, cmd: str, elapsed: float, load: str) -> str:
+    kernels = sorted({c.kernels for c in cfgs if c.kernels})
     lines = [
         SECTION, "",
-        f"Command (repo root): `{cmd}` (`make bench-serving`; wall time of the whole run: {elapsed / 60:.1f} min).", "",
+        f"Command (repo root): `{cmd}` (`make bench-serving ARGS=...`; wall time of the whole run: {elapsed / 60:.1f} min).", "",
         f"Each configuration is a fresh `python -m impl.launch_server --model-path <e2b_bench> --attention-backend triton "
         f"--decode-attention-backend {args.decode_backend} [flags]`; the load generator (`bench/serving/`, SGLang "
         f"bench_serving's definitions) sends seed 000's scenarios through the native streaming `/generate` route: "
         f"random-ids prompts, {scenarios[0].num_prompts} prompts, warmup {scenarios[0].warmup_requests} (excluded), seed "
         f"{scenarios[0].seed}, all requests at once, greedy, EOS ignored. Scale {args.scale:g} of the seed's lengths "
-        f"(chat 1024/1024, summ 8192/1024): the largest that keeps the run near 20 minutes on this machine while "
-        f"triton runs under its interpreter on CPU.", "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores shared with other jobs (load average {load}), no GPU; "
-        "triton under its interpreter; decode on " + args.decode_backend + ". gain: on vs off (tok/s higher, times lower "
-        "is better), and MTP + on vs MTP.", "",
+        f"(chat 1024/1024, summ 8192/1024), chosen so the whole campaign runs in about 20-40 minutes here.", "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores shared with other jobs (load average {load} at the "
+        f"end), no GPU; code at commit {git_commit()}. Attention kernels as the servers reported them (`/get_server_info`): "
+        f"{'; '.join(kernels) or 'not reported'}. gain: on vs off (tok/s higher, times lower is better), and "
+        "MTP + on vs MTP.", "",
         *table(cfgs, scenarios), "",
         f"![serving benchmark]({os.path.basename(PLOT)})", "",
-        "Reading the numbers: requests reach the server one HTTP request at a time, so after the first prefill "
-        "batch the later arrivals are prefilled in mixed prefill + decode batches, which run the prefill backend "
-        "(interpreted triton) for every row; that is why TPOT here is seconds and gains with the flag too. "
-        "MTP drafts with `assistant_bench` (random weights, not distilled: few drafts are accepted, so MTP "
-        "shows the loop's overhead here, not its gain).", "",
+        "Reading the numbers: all requests arrive at once, so TTFT includes queueing behind earlier prefills, and "
+        "later arrivals are prefilled in mixed prefill + decode batches. MTP drafts with `assistant_bench`, an "
+        "assistant for this random-weight target: a random target's next tokens are unpredictable, so few drafts "
+        "are accepted (accept length row) and the MTP columns show the speculative loop's cost, not its gain "
+        "(`make bench-spec` measures MTP on a target with learnable structure).",
     ]
-    for c in cfgs:
-        if c.refused:
-            flags = " ".join(os.path.basename(f) if f.startswith("/") else f for f in c.flags)
-            reason = re.sub(r"/\S*/checkpoints/", "", c.refused)
-            lines.append(f"- {c.name} (`{flags}`): refused at launch: {reason}")
+    refused = [c for c in cfgs if c.refused]
+    lines += [""] if refused else []
+    for c in refused:
+        flags = " ".join(os.path.basename(f) if f.startswith("/") else f for f in c.flags)
+        reason = re.sub(r"/\S*/checkpoints/", "", c.refused)
+        lines.append(f"- {c.name} (`{flags}`): refused at launch: {reason}")
     lines += ["", "The same scenarios with SGLang's own client, against our server (or any SGLang-compatible one):", ""]
     lines += [f"    {sglang_command(sc)}" for sc in scenarios]
     return "\n".join(lines) + "\n"
+
+
+def git_commit() -> str:
+    """The checkout's short commit (``+`` when the work tree has changes), or ``unknown``."""
+    import subprocess
+
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                               text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return rev + ("+" if dirty else "")
 
 
 def write_section(text: str, path: str = DOCS) -> None:
@@ -220,7 +252,7 @@ def write_section(text: str, path: str = DOCS) -> None:
         doc = doc.rstrip("\n") + "\n\n" + text
     else:
         nxt = doc.find("\n## ", start + len(SECTION))
-        doc = doc[:start] + text + ("" if nxt < 0 else doc[nxt + 1:])
+        doc = doc[:start] + text.rstrip("\n") + "\n" + ("" if nxt < 0 else "\n" + doc[nxt + 1:])
     with open(path, "w", encoding="utf-8") as f:
         f.write(doc)
 
@@ -230,7 +262,7 @@ def main(argv=None) -> int:
     from impl.testing.checkpoints import tiny_checkpoint
 
     ap = argparse.ArgumentParser(prog="python -m bench.serving.campaign", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scale", type=float, default=1 / 256)
+    ap.add_argument("--scale", type=float, default=1 / 8)
     ap.add_argument("--num-prompts", type=int, default=80)
     ap.add_argument("--scenarios", default="chat,summ")
     ap.add_argument("--configs", default="off,on,MTP,MTP + on", help="comma-separated subset of the four configurations")

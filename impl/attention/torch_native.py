@@ -130,6 +130,11 @@ class TorchNativeAttnBackend(AttentionBackend):
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         starts = fb.extend_start_loc_cpu
         groups = [(i, slice(starts[i], starts[i] + n)) for i, n in enumerate(fb.extend_seq_lens_cpu)]
+        if fb.spec_verify:
+            # A verify block is a few rows per request: run each as a decode row (its own query position,
+            # the fused sliding-window rows kernel, one batched full-attention GEMV) instead of per-request
+            # bands and SDPA segments, whose fixed costs dominate at 1 + steps rows.
+            groups = [(i, slice(r, r + 1)) for i, sl in groups for r in range(sl.start, sl.stop)]
         plan = self._plan(fb, groups, fb.positions, fb.num_tokens, fb.extend_seq_lens_cpu)
         # Extend rows of request i are positions prefix_i .. seq_i - 1 (as the causal fast path assumes).
         rpi = fb.req_pool_indices.tolist()
@@ -157,7 +162,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             )
         groups, acc = [], 0
         for i, c in enumerate(rows_per_req):
-            groups.append((i, slice(acc, acc + c)))
+            # verify batches: every selected row on its own, as in init_forward_metadata
+            groups += [(i, slice(r, r + 1)) for r in range(acc, acc + c)] if fb.spec_verify else [(i, slice(acc, acc + c))]
             acc += c
         self.cross_plan = self._plan(fb, groups, fb.positions.index_select(0, rows), int(rows.shape[0]), rows_per_req)
         self.cross_plan.cross = True

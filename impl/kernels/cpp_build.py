@@ -39,7 +39,10 @@ def build_extension(prefix: str, source: str, cflags: list[str]) -> ModuleType:
             raise RuntimeError("ninja is not installed (pip install ninja)") from e
     with open(source, "rb") as f:
         text = f.read()
-    key = hashlib.sha256(text + " ".join(cflags).encode() + cpu_id().encode() + torch.__version__.encode()).hexdigest()
+    # sys.prefix: torch's build rules embed the interpreter's paths, so two virtualenvs sharing one extension
+    # folder would rebuild each other's module (and wait on each other's build lock) on every start.
+    key = hashlib.sha256(text + " ".join(cflags).encode() + cpu_id().encode() + torch.__version__.encode()
+                         + sys.prefix.encode()).hexdigest()
     name = f"{prefix}_{key[:16]}"
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "torch_extensions", f"py{sys.version_info.major}{sys.version_info.minor}_cpu"

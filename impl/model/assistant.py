@@ -130,19 +130,29 @@ class Gemma4AssistantForCausalLM(nn.Module):
     @torch.no_grad()
     def forward(self, fb: ForwardBatch, target_hidden: torch.Tensor) -> LogitsOutput:
         """One draft step. fb: one row per request (see build_draft_batch); target_hidden [n, backbone]."""
+        return self.step(fb, target_hidden, self.prepare(fb))
+
+    def prepare(self, fb: ForwardBatch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """What every step of one draft round shares (the query position and the target's K/V do not
+        change between steps): the attention metadata, built once, and the rope tables (returned)."""
         if self.target_embed is None:
             raise ValueError("call attach_target(target_model) before running the assistant.")
         fb.attn_backend.init_forward_metadata(fb)
-        x = torch.cat([self.target_embed(fb.input_ids), target_hidden.to(self.dtype)], dim=-1)
-        h = self.pre_projection(x)  # [n, hidden]
         rope = {}
         for i, t in enumerate(self.config.layer_types):
             if t not in rope:
                 inv = rope_mod.rope_inv_freq(self.config.rope[t], self.config.layer_head_dims[i])
                 rope[t] = rope_mod.prepare_rope(*rope_mod.rope_cos_sin(fb.positions, inv, self.dtype))
+        return rope
+
+    @torch.no_grad()
+    def step(self, fb: ForwardBatch, target_hidden: torch.Tensor, rope) -> LogitsOutput:
+        """One draft step over metadata ``prepare(fb)`` built (``fb.input_ids`` may change between steps)."""
+        x = torch.cat([self.target_embed(fb.input_ids), target_hidden.to(self.dtype)], dim=-1)
+        h = self.pre_projection(x)  # [n, hidden]
         for i, layer in enumerate(self.layers):
             cos, sin = rope[self.config.layer_types[i]]
-            h = layer(h, cos, sin, None, fb)
+            h = layer.forward(h, cos, sin, None, fb)  # no hooks: skip nn.Module.__call__ per layer and step
         h = self.norm(h)
         if self.config.use_ordered_embeddings:
             logits = self.masked_embedding(h, self.lm_head_weight())

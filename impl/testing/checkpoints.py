@@ -57,7 +57,9 @@ class CheckpointRecipe:
     empty for a text model. ``on_demand``: not built by ``build_all``.
     """
 
-    kind: str  # "text" | "assistant" | "distilled" (an assistant trained on its target, impl/testing/distill.py)
+    # "text" | "assistant" | "distilled" (an assistant trained on its target, impl/testing/distill.py) |
+    # "trained" (a text recipe trained on a synthetic Markov language, impl/testing/markov_language.py)
+    kind: str
     text_config: Mapping[str, Any]
     assistant: Mapping[str, Any] = field(default_factory=dict)
     seed: int = 0
@@ -69,8 +71,11 @@ class CheckpointRecipe:
     # dtype the weights are built and stored in: "bfloat16" halves the build's memory and the files
     # of the real-dimension recipes (the engine loads them in whatever --dtype asks for)
     dtype: str = "float32"
-    # kind "distilled": (target checkpoint, initial assistant checkpoint)
+    # kind "distilled": (target checkpoint, initial assistant checkpoint); a "trained" target's
+    # distillation prompts are sentences of its language
     distill_from: tuple[str, str] | None = None
+    # kind "trained": the random-weight recipe it starts from (same text_config); seed = the language's
+    train_from: str | None = None
 
 
 def _text(**overrides: Any) -> dict[str, Any]:
@@ -101,6 +106,15 @@ def _text(**overrides: Any) -> dict[str, Any]:
 
 
 _E2B_LAYERS = [S, S, S, S, F] * 7
+
+_E2B_TEXT = _text(
+    layer_types=_E2B_LAYERS,
+    num_key_value_heads=1,
+    num_kv_shared_layers=20,
+    use_double_wide_mlp=True,
+    hidden_size_per_layer_input=8,
+    vocab_size_per_layer_input=TOKENIZER_VOCAB_SIZE,
+)
 
 # Both assistants share their text stack: 4 all-shared layers over the 'e2b' target's K/V.
 _ASSISTANT_TEXT = _text(
@@ -136,14 +150,7 @@ TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
         kind="text",
         seed=1,
         description="E2B-shaped: 35 layers, 20 KV-shared, [s x4, f] x7, double-wide MLP, PLE, 1 KV head",
-        text_config=_text(
-            layer_types=_E2B_LAYERS,
-            num_key_value_heads=1,
-            num_kv_shared_layers=20,
-            use_double_wide_mlp=True,
-            hidden_size_per_layer_input=8,
-            vocab_size_per_layer_input=TOKENIZER_VOCAB_SIZE,
-        ),
+        text_config=_E2B_TEXT,
     ),
     "k_eq_v": CheckpointRecipe(
         kind="text",
@@ -213,6 +220,26 @@ TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
         text_config=_ASSISTANT_TEXT,
         assistant=dict(backbone_hidden_size=64, use_ordered_embeddings=False),
         distill_from=("e2b", "assistant"),
+    ),
+    # The speculative benchmark's pair (make bench-spec): e2b trained on a synthetic language with
+    # learnable structure, and the assistant distilled from it. On demand: ~1 min to build on one core.
+    "e2b_markov": CheckpointRecipe(
+        kind="trained",
+        seed=12,
+        on_demand=True,
+        description="the 'e2b' checkpoint trained on MarkovLanguage(512, seed 12) (impl/testing/markov_language.py): "
+        "predictable greedy continuations",
+        text_config=_E2B_TEXT,
+        train_from="e2b",
+    ),
+    "assistant_markov": CheckpointRecipe(
+        kind="distilled",
+        seed=13,
+        on_demand=True,
+        description="MTP assistant for 'e2b_markov' distilled from it on sentences of its language",
+        text_config=_ASSISTANT_TEXT,
+        assistant=dict(backbone_hidden_size=64, use_ordered_embeddings=False),
+        distill_from=("e2b_markov", "assistant"),
     ),
     "e2b_bench": CheckpointRecipe(
         kind="text",
@@ -301,7 +328,7 @@ TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
 
 # the assistant recipes must fit the target they draft for
 ASSISTANT_TARGETS = {"assistant": "e2b", "assistant_ordered": "e2b", "assistant_distilled": "e2b",
-                     "assistant_bench": "e2b_bench"}
+                     "assistant_bench": "e2b_bench", "assistant_markov": "e2b_markov"}
 
 
 # ---------------------------------------------------------------- paths
@@ -341,10 +368,11 @@ def _factory_sources() -> str:
     """Source of the modules that build checkpoints: any edit to them means new folders."""
     import impl.testing.corpus as corpus_mod
     import impl.testing.distill as distill_mod
+    import impl.testing.markov_language as markov_mod
     import impl.testing.tokenizer_factory as tok_mod
 
     texts = []
-    for mod_file in (__file__, tok_mod.__file__, corpus_mod.__file__, distill_mod.__file__):
+    for mod_file in (__file__, tok_mod.__file__, corpus_mod.__file__, distill_mod.__file__, markov_mod.__file__):
         with open(mod_file, encoding="utf-8") as f:
             texts.append(f.read())
     return "\n".join(texts)
@@ -448,8 +476,17 @@ def build_checkpoint(name: str, out_dir: str) -> None:
         from impl.testing.distill import build_distilled
 
         target, init = recipe.distill_from
+        target_recipe = _recipe(target)
+        language_seed = target_recipe.seed if target_recipe.kind == "trained" else None
         with _quiet_transformers():
-            build_distilled(out_dir, tiny_checkpoint(target), tiny_checkpoint(init), recipe.seed)
+            build_distilled(out_dir, tiny_checkpoint(target), tiny_checkpoint(init), recipe.seed, language_seed)
+        write_tokenizer_files(out_dir, model_max_length=int(recipe.text_config["max_position_embeddings"]))
+        return
+    if recipe.kind == "trained":
+        from impl.testing.markov_language import train_target
+
+        with _quiet_transformers():
+            train_target(tiny_checkpoint(recipe.train_from), out_dir, recipe.seed)
         write_tokenizer_files(out_dir, model_max_length=int(recipe.text_config["max_position_embeddings"]))
         return
     torch.manual_seed(recipe.seed)

@@ -195,26 +195,33 @@ def make_batch(traces: list[Trace], cfg: ModelConfig) -> Batch:
     return Batch(pos, valid, hidden, embeds, labels, kv, query_masks(cfg, pos, key_valid))
 
 
-def distill(target_path: str, init_path: str, seed: int) -> dict[str, torch.Tensor]:
-    """Train the assistant at ``init_path`` on ``target_path``'s greedy continuations; its state (our names)."""
+def distill(target_path: str, init_path: str, seed: int, language_seed: int | None = None) -> dict[str, torch.Tensor]:
+    """Train the assistant at ``init_path`` on ``target_path``'s greedy continuations; its state (our names).
+    Prompts: uniform random tokens, or sentences of ``MarkovLanguage(vocab, language_seed)`` when given
+    (the language the target was trained on, ``impl/testing/markov_language.py``)."""
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one reduction order: the build is deterministic
     try:
-        return _distill(target_path, init_path, seed)
+        return _distill(target_path, init_path, seed, language_seed)
     finally:
         torch.set_num_threads(threads)
 
 
-def _distill(target_path: str, init_path: str, seed: int) -> dict[str, torch.Tensor]:
+def _distill(target_path: str, init_path: str, seed: int, language_seed: int | None) -> dict[str, torch.Tensor]:
     from impl import Engine
     from impl.model.loader import load_model
+    from impl.testing.markov_language import MarkovLanguage
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
     engine = Engine(target_path, attention_backend="torch_native", disable_radix_cache=True, random_seed=seed)
     vocab = engine.model_config.vocab_size
-    prompts = [[rng.randrange(8, vocab) for _ in range(rng.randint(*PROMPT_LENS))] for _ in range(NUM_PROMPTS)]
+    if language_seed is None:
+        prompts = [[rng.randrange(8, vocab) for _ in range(rng.randint(*PROMPT_LENS))] for _ in range(NUM_PROMPTS)]
+    else:
+        lens = [rng.randint(*PROMPT_LENS) for _ in range(NUM_PROMPTS)]
+        prompts = MarkovLanguage(vocab, language_seed).prompts(lens, seed)
     sp = {"max_new_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True}
     outs = engine.generate(input_ids=prompts, sampling_params=[sp] * len(prompts))
     engine.shutdown()
@@ -244,14 +251,14 @@ def step_loss(P, cfg: ModelConfig, batch: Batch) -> torch.Tensor:
     return total
 
 
-def build_distilled(out_dir: str, target_path: str, init_path: str, seed: int) -> None:
+def build_distilled(out_dir: str, target_path: str, init_path: str, seed: int, language_seed: int | None = None) -> None:
     """Write the distilled assistant (HF format, float32) into ``out_dir``."""
     from transformers import Gemma4AssistantForCausalLM
 
     from impl.testing.hf_quirks import assistant_kv_sharing_patch
     from impl.model.loader import text_name
 
-    state = distill(target_path, init_path, seed)
+    state = distill(target_path, init_path, seed, language_seed)
     with assistant_kv_sharing_patch():
         model = Gemma4AssistantForCausalLM.from_pretrained(init_path, dtype=torch.float32).eval()
     with torch.no_grad():

@@ -117,9 +117,9 @@ def test_dp_aware_registration_and_chat_without_model(cluster):
     urls = sorted(w["url"] for w in workers)
     assert urls == sorted([f"{cluster.url_a}@0", f"{cluster.url_b}@0", f"{cluster.url_b}@1"]), urls
     before = [r["requests_served"] for r in httpx.get(cluster.url_b + "/get_server_info").json()["dp_ranks"]]
-    for i in range(6):  # the router fills the missing model with "unknown"
+    for i in range(6):  # the router fills the missing model with "unknown"; greedy, no EOS (sampling could stop at 1)
         r = httpx.post(cluster.url3 + "/v1/chat/completions", timeout=120,
-                       json={"messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 2})
+                       json={"messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 2, **LONG})
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 2
     after = [r["requests_served"] for r in httpx.get(cluster.url_b + "/get_server_info").json()["dp_ranks"]]

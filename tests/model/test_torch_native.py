@@ -34,18 +34,22 @@ def _brute(q, k_buf, v_buf, r2t, fb, rows, layer):
     return torch.stack(out)
 
 
+@pytest.mark.parametrize("verify", [False, True], ids=["extend", "spec_verify"])
 @pytest.mark.parametrize("window,cap", [(None, None), (5, None), (5, 3.0)])
-def test_extend_decode_and_cross_rows_match_brute_force(window, cap):
+def test_extend_decode_and_cross_rows_match_brute_force(window, cap, verify):
+    """spec_verify: the same rows run one by one (a verify batch's decode-row path) give the same result."""
     model = ours("noshare")  # pools sized for layer 0: 2 KV heads, head_dim 16
     s = Session(model)
     layer = AttentionLayer(0, 0, num_heads=4, num_kv_heads=2, head_dim=16, scaling=1 / math.sqrt(16), sliding_window=window, logit_cap=cap)
     g = torch.Generator().manual_seed(0)
     s.step([("a", list(range(3, 12))), ("b", [5, 6])])  # fill some prefix KV
     fb = s.build([("a", [7]), ("b", list(range(20, 33))), ("c", [9, 10, 11])], all_logits=True)
+    fb.spec_verify = verify
     t = fb.num_tokens
     q, k, v = (torch.randn(t, n, generator=g) for n in (64, 32, 32))
     be = s.backend
     be.init_forward_metadata(fb)
+    assert bool(be.forward_plan.band_groups) != verify  # verify rows take the row path, not bands
     got = be.forward(q, k, v, layer, fb)
     k_buf, v_buf = s.kv_pool.get_kv_buffer(0)
     want = _brute(q, k_buf, v_buf, s.req_pool.req_to_token, fb, list(range(t)), layer)

@@ -47,8 +47,9 @@ class FrozenKVDrafter:
             self.runner.decode_backend,
         )
         out: list[torch.Tensor] = []
+        rope = self.assistant.prepare(fb) if steps else None  # metadata and rope once per round
         for _ in range(steps):
-            step = self.assistant(fb, hidden)
+            step = self.assistant.step(fb, hidden, rope)
             fb.input_ids = step.logits.argmax(dim=-1)
             hidden = step.hidden_states
             out.append(fb.input_ids)

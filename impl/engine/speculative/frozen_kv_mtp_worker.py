@@ -170,6 +170,7 @@ class FrozenKVMTPWorker:
             extend_prefix_lens_cpu=prefix,
             extend_seq_lens_cpu=ext,
             logits_lens_cpu=ext,
+            spec_verify=True,
             work=WorkCounters(decode_tokens=len(ids)),
         )
 
