@@ -107,6 +107,26 @@ def _text(**overrides: Any) -> dict[str, Any]:
 
 _E2B_LAYERS = [S, S, S, S, F] * 7
 
+def _e2b_bench_text(hidden: int, head_dim: int, window: int, ple: int) -> dict[str, Any]:
+    """The E2B structure (35 layers, 20 KV-shared, 8 query / 1 KV heads, double-wide shared MLPs) at a
+    benchmark width: MLP 4x hidden, full-attention heads twice the sliding ones."""
+    return _text(
+        layer_types=_E2B_LAYERS,
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_attention_heads=8,
+        num_key_value_heads=1,
+        head_dim=head_dim,
+        global_head_dim=2 * head_dim,
+        sliding_window=window,
+        max_position_embeddings=8192,
+        num_kv_shared_layers=20,
+        use_double_wide_mlp=True,
+        hidden_size_per_layer_input=ple,
+        vocab_size_per_layer_input=TOKENIZER_VOCAB_SIZE,
+    )
+
+
 _E2B_TEXT = _text(
     layer_types=_E2B_LAYERS,
     num_key_value_heads=1,
@@ -246,21 +266,7 @@ TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
         seed=7,
         on_demand=True,
         description="e2b structure at benchmark size: hidden 256, 8 heads, head_dim 32/64, window 128",
-        text_config=_text(
-            layer_types=_E2B_LAYERS,
-            hidden_size=256,
-            intermediate_size=1024,
-            num_attention_heads=8,
-            num_key_value_heads=1,
-            head_dim=32,
-            global_head_dim=64,
-            sliding_window=128,
-            max_position_embeddings=8192,
-            num_kv_shared_layers=20,
-            use_double_wide_mlp=True,
-            hidden_size_per_layer_input=16,
-            vocab_size_per_layer_input=TOKENIZER_VOCAB_SIZE,
-        ),
+        text_config=_e2b_bench_text(hidden=256, head_dim=32, window=128, ple=16),
     ),
     "e2b_bench_wide": CheckpointRecipe(
         kind="text",
@@ -268,21 +274,7 @@ TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
         on_demand=True,
         description="e2b structure, wider (the peer benchmark's larger checkpoint): hidden 512, 8 heads, head_dim "
         "64/128, window 256, MLP 2048 (4096 shared), PLE 32",
-        text_config=_text(
-            layer_types=_E2B_LAYERS,
-            hidden_size=512,
-            intermediate_size=2048,
-            num_attention_heads=8,
-            num_key_value_heads=1,
-            head_dim=64,
-            global_head_dim=128,
-            sliding_window=256,
-            max_position_embeddings=8192,
-            num_kv_shared_layers=20,
-            use_double_wide_mlp=True,
-            hidden_size_per_layer_input=32,
-            vocab_size_per_layer_input=TOKENIZER_VOCAB_SIZE,
-        ),
+        text_config=_e2b_bench_text(hidden=512, head_dim=64, window=256, ple=32),
     ),
     # Benchmark checkpoints at real dimensions: on demand only (never built by make test / build_all).
     "e2b-dims": CheckpointRecipe(

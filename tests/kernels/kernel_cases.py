@@ -17,7 +17,9 @@ over up to ~100 keys). Measured over 120 random cases: bf16 kernel error <=
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -91,6 +93,29 @@ def make_case(prefix_lens: list[int], extend_lens: list[int], num_heads: int, nu
     to = lambda t: t.to(dtype).to(DEVICE)  # noqa: E731
     return PagedCase(to(q), to(k_buf), to(v_buf), indptr(extend_lens), positions.to(DEVICE), indptr(seq),
                      slots.to(DEVICE), list(extend_lens), seq, scaling, window, logit_cap)
+
+
+def draw_extend_shape(draw: Callable[[Any], Any], head_dims: list[int], longest_of: Callable[[int], int],
+                      group_sizes: list[int]) -> dict[str, Any]:
+    """make_case's keyword arguments for one extend batch, drawn through Hypothesis' ``draw``: 1-3 requests of
+    prefix 0..longest and extend 1..longest rows (``longest_of(head_dim)``), GQA groups from ``group_sizes``."""
+    from hypothesis import strategies as st
+
+    head_dim = draw(st.sampled_from(head_dims))
+    longest = longest_of(head_dim)
+    batch = draw(st.integers(1, 3))
+    return dict(
+        prefix_lens=[draw(st.integers(0, longest)) for _ in range(batch)],
+        extend_lens=[draw(st.integers(1, longest)) for _ in range(batch)],
+        num_kv_heads=(kvh := draw(st.sampled_from([1, 2]))),
+        num_heads=kvh * draw(st.sampled_from(group_sizes)),
+        head_dim=head_dim,
+        dtype=draw(st.sampled_from([torch.float32, torch.bfloat16])),
+        seed=draw(st.integers(0, 2**16)),
+        scaling=draw(st.sampled_from([1.0, head_dim**-0.5])),
+        window=draw(st.one_of(st.none(), st.integers(1, 2 * longest + 2))),
+        logit_cap=draw(st.sampled_from([None, 5.0])),
+    )
 
 
 def tolerance(case: PagedCase, dtype: torch.dtype) -> tuple[torch.Tensor, float]:

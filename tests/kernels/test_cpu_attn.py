@@ -8,7 +8,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kernel_cases import assert_close_to_truth, make_case, tolerance
+from kernel_cases import assert_close_to_truth, draw_extend_shape, make_case, tolerance
 from impl.kernels import cpu_attn
 from impl.kernels.decode_attention import decode_attention_fwd as triton_decode
 from impl.kernels.extend_attention import extend_attention_fwd as triton_extend
@@ -54,21 +54,7 @@ def assert_agree(cpu, interp, case, dtype):
 
 @st.composite
 def extend_shapes(draw):
-    head_dim = draw(st.sampled_from([16, 32, 64, 80, 256, 512]))
-    longest = 40 if head_dim <= 80 else 12
-    batch = draw(st.integers(1, 3))
-    return dict(
-        prefix_lens=[draw(st.integers(0, longest)) for _ in range(batch)],
-        extend_lens=[draw(st.integers(1, longest)) for _ in range(batch)],
-        num_kv_heads=(kvh := draw(st.sampled_from([1, 2]))),
-        num_heads=kvh * draw(st.sampled_from([1, 3, 8])),
-        head_dim=head_dim,
-        dtype=draw(st.sampled_from([torch.float32, torch.bfloat16])),
-        seed=draw(st.integers(0, 2**16)),
-        scaling=draw(st.sampled_from([1.0, head_dim**-0.5])),
-        window=draw(st.one_of(st.none(), st.integers(1, 2 * longest + 2))),
-        logit_cap=draw(st.sampled_from([None, 5.0])),
-    )
+    return draw_extend_shape(draw, [16, 32, 64, 80, 256, 512], lambda d: 40 if d <= 80 else 12, [1, 3, 8])
 
 
 @settings(max_examples=30, deadline=None)

@@ -6,7 +6,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kernel_cases import EXTEND_LAUNCHES, assert_close_to_truth, make_case
+from kernel_cases import EXTEND_LAUNCHES, assert_close_to_truth, draw_extend_shape, make_case
 from impl.kernels.extend_attention import extend_attention_fwd
 
 
@@ -18,21 +18,9 @@ def run_extend(case, launch=None):
 
 @st.composite
 def extend_shapes(draw):
-    head_dim = draw(st.sampled_from([16, 32, 64, 80, 128, 256]))
-    longest = 5 if head_dim >= 128 else 24  # big heads: very few tokens (the interpreter is slow)
-    batch = draw(st.integers(1, 3))
-    return draw(st.sampled_from(EXTEND_LAUNCHES)), dict(
-        prefix_lens=[draw(st.integers(0, longest)) for _ in range(batch)],
-        extend_lens=[draw(st.integers(1, longest)) for _ in range(batch)],
-        num_kv_heads=(kvh := draw(st.sampled_from([1, 2]))),
-        num_heads=kvh * draw(st.sampled_from([1, 2, 3])),
-        head_dim=head_dim,
-        dtype=draw(st.sampled_from([torch.float32, torch.bfloat16])),
-        seed=draw(st.integers(0, 2**16)),
-        scaling=draw(st.sampled_from([1.0, head_dim**-0.5])),
-        window=draw(st.one_of(st.none(), st.integers(1, 2 * longest + 2))),
-        logit_cap=draw(st.sampled_from([None, 5.0])),
-    )
+    # big heads: very few tokens (the interpreter is slow)
+    shape = draw_extend_shape(draw, [16, 32, 64, 80, 128, 256], lambda d: 5 if d >= 128 else 24, [1, 2, 3])
+    return draw(st.sampled_from(EXTEND_LAUNCHES)), shape
 
 
 @settings(max_examples=25, deadline=None)
