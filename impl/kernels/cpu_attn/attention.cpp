@@ -204,6 +204,25 @@ inline void attend_tile(const TileArgs& a, const float* q, int64_t lanes, const 
   }
 }
 
+// Keys [key_lo, key_hi) of one request (pool slots `slots`) and KV head `h`, one tile of BN keys at a time,
+// for `lanes` query vectors q [lanes, D]; lane i sees keys [lo[i], hi[i]). kbuf, vbuf: [BN, D] and
+// s: [lanes, BN] scratch.
+template <typename T>
+void attend_keys(const TileArgs& a, const torch::Tensor& k_buf, const torch::Tensor& v_buf, int64_t h,
+                 const int64_t* slots, int64_t key_lo, int64_t key_hi, int64_t BN, const float* q, int64_t lanes,
+                 const int64_t* lo, const int64_t* hi, float* kbuf, float* vbuf, float* s, Softmax& st) {
+  const int64_t cap_n = k_buf.size(0);
+  const PoolHead<T> kh{k_buf.data_ptr<T>() + h * k_buf.stride(1), k_buf.stride(0), cap_n};
+  const PoolHead<T> vh{v_buf.data_ptr<T>() + h * v_buf.stride(1), v_buf.stride(0), cap_n};
+  for (int64_t t0 = key_lo; t0 < key_hi; t0 += BN) {
+    const int64_t n = std::min(BN, key_hi - t0);
+    int64_t ldk, ldv;
+    const float* kt = key_tile(kh, slots + t0, n, a.D, kbuf, &ldk);
+    const float* vt = key_tile(vh, slots + t0, n, a.D, vbuf, &ldv);
+    attend_tile(a, q, lanes, kt, ldk, vt, ldv, t0, n, lo, hi, s, st);
+  }
+}
+
 // Keys per tile: about 128 KB of float32 K (and as much V) per tile.
 inline int64_t tile_keys(int64_t D) { return std::clamp<int64_t>(32768 / D, 32, 512); }
 
@@ -270,7 +289,6 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
   T* od = o.data_ptr<T>();
   const int64_t sq0 = q.stride(0), sq1 = q.stride(1), so0 = o.stride(0), so1 = o.stride(1);
   const TileArgs args{D, static_cast<float>(sm_scale), static_cast<float>(logit_cap)};
-  const int64_t cap_n = k_buf.size(0);
   run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
     const Item& it = items[idx];
     const int64_t lanes = (it.r1 - it.r0) * G;
@@ -296,16 +314,8 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
         lo[lane] = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
       }
     }
-    const PoolHead<T> kh{k_buf.data_ptr<T>() + it.h * k_buf.stride(1), k_buf.stride(0), cap_n};
-    const PoolHead<T> vh{v_buf.data_ptr<T>() + it.h * v_buf.stride(1), v_buf.stride(0), cap_n};
-    const int64_t* slots = kvi.data() + kvp[it.b];
-    for (int64_t t0 = it.lo; t0 < it.hi; t0 += BN) {
-      const int64_t n = std::min(BN, it.hi - t0);
-      int64_t ldk, ldv;
-      const float* kt = key_tile(kh, slots + t0, n, D, kbuf.data(), &ldk);
-      const float* vt = key_tile(vh, slots + t0, n, D, vbuf.data(), &ldv);
-      attend_tile(args, qbuf.data(), lanes, kt, ldk, vt, ldv, t0, n, lo.data(), hi.data(), sbuf.data(), st);
-    }
+    attend_keys<T>(args, k_buf, v_buf, it.h, kvi.data() + kvp[it.b], it.lo, it.hi, BN, qbuf.data(), lanes, lo.data(),
+                   hi.data(), kbuf.data(), vbuf.data(), sbuf.data(), st);
     for (int64_t r = it.r0; r < it.r1; ++r) {
       for (int64_t g = 0; g < G; ++g) {
         const int64_t lane = (r - it.r0) * G + g;
@@ -348,7 +358,6 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
   std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.hi - x.lo > y.hi - y.lo; });
   const T* qd = q.data_ptr<T>();
   T* od = o.data_ptr<T>();
-  const int64_t cap_n = k_buf.size(0);
   const TileArgs args{D, static_cast<float>(sm_scale), static_cast<float>(logit_cap)};
   run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
     const Item& it = items[idx];
@@ -366,16 +375,8 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
       const T* src = qd + it.b * q.stride(0) + (it.h * G + g) * q.stride(1);
       for (int64_t d = 0; d < D; ++d) qbuf[g * D + d] = to_f32(src[d]);
     }
-    const PoolHead<T> kh{k_buf.data_ptr<T>() + it.h * k_buf.stride(1), k_buf.stride(0), cap_n};
-    const PoolHead<T> vh{v_buf.data_ptr<T>() + it.h * v_buf.stride(1), v_buf.stride(0), cap_n};
-    const int64_t* slots = kvi.data() + kvp[it.b];
-    for (int64_t t0 = it.lo; t0 < it.hi; t0 += BN) {
-      const int64_t n = std::min(BN, it.hi - t0);
-      int64_t ldk, ldv;
-      const float* kt = key_tile(kh, slots + t0, n, D, kbuf.data(), &ldk);
-      const float* vt = key_tile(vh, slots + t0, n, D, vbuf.data(), &ldv);
-      attend_tile(args, qbuf.data(), G, kt, ldk, vt, ldv, t0, n, lo.data(), hi.data(), sbuf.data(), st);
-    }
+    attend_keys<T>(args, k_buf, v_buf, it.h, kvi.data() + kvp[it.b], it.lo, it.hi, BN, qbuf.data(), G, lo.data(),
+                   hi.data(), kbuf.data(), vbuf.data(), sbuf.data(), st);
     for (int64_t g = 0; g < G; ++g) {
       const int64_t head = it.h * G + g;
       const bool nonempty = st.l[g] > 0.f;
