@@ -64,7 +64,7 @@ def main(argv=None) -> int:
             pre = (r(n, hid), r(hid), r(heads * d, hid), r(heads, d), r(n, d), r(n, d), q_heads, 1e-6)
             add(f"attn_pre, {n} rows, {label} (head_dim {d})", ext.attn_pre, ref.attn_pre, pre, pre, reps)
         for inter in (128, 256):
-            post = [r(n, hid), r(n, 64), r(hid, 64), r(hid), r(hid), r(2 * inter, hid), r(hid, inter), r(hid),
+            post = [r(n, hid), r(n, 64), r(hid, 64), r(hid), r(hid), [r(2 * inter, hid)], r(hid, inter), r(hid),
                     r(n, 35, 8)[:, 3], r(8, hid), r(hid, 8), r(hid), 0.7, 1e-6]
             add(f"decoder_post, {n} rows, MLP {inter}", ext.decoder_post, ref.decoder_post, post, post, reps)
 

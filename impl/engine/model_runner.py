@@ -104,7 +104,9 @@ class ModelRunner:
     def _cpu_kernels(self) -> str:
         """Which path the decoder layers take on CPU (impl/kernels/cpu_fused)."""
         if cpu_fused_transform.fused_layer_count(self.model):
-            return "fused decoder layers and sliding-window attention (C++ extension)"
+            plan = getattr(self.model, "cpu_linear_plan", None)
+            linear = f"; linear layers: {plan.describe()}" if plan is not None else ""
+            return f"fused decoder layers and sliding-window attention (C++ extension){linear}"
         if not cpu_fused.enabled_by_env():
             return f"torch ops ({cpu_fused.ENV_SWITCH}=0)"
         if cpu_fused.error():

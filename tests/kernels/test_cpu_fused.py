@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from impl.kernels import cpu_fused
+from impl.kernels.cpu_fused import linear as cpu_linear
 from impl.kernels.cpu_fused import reference as ref
 from impl.kernels.cpu_fused import transform as cpu_fused_transform
 
@@ -50,11 +51,11 @@ def test_decoder_post_matches_reference(n, inter, ple_dim):
     g = _gen(100 + n)
     r = lambda *s: torch.randn(*s, generator=g) * 0.3  # noqa: E731
     hid, hd = 64, 64
-    args = [r(n, hid), r(n, hd), r(hid, hd), r(hid), r(hid), r(2 * inter, hid), r(hid, inter), r(hid)]
+    args = [r(n, hid), r(n, hd), r(hid, hd), r(hid), r(hid), [r(2 * inter, hid)], r(hid, inter), r(hid)]
     # the per-layer input is a [T, L, P] table's layer slice (rows L * P apart), as the model passes it
     ple = [r(n, 5, ple_dim)[:, 2], r(ple_dim, hid), r(hid, ple_dim), r(hid)] if ple_dim else [None] * 4
     got = EXT.decoder_post(*args, *ple, 0.625, 1e-6)
-    want = ref.decoder_post(*[a.clone() for a in args], *ple, 0.625, 1e-6)
+    want = ref.decoder_post(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args], *ple, 0.625, 1e-6)
     _close(got, want)
 
 
@@ -176,10 +177,10 @@ def test_kernels_accept_strided_activations():
     for a, b in zip(got, ref.attn_pre(h.contiguous(), w_in, proj, head_w, cos.contiguous(), sin, 4, 1e-6)):
         _close(a, b)
     r = lambda *s: torch.randn(*s, generator=g) * 0.3  # noqa: E731
-    args = [h, r(n, 64), r(hid, 64), r(hid), r(hid), r(256, hid), r(hid, 128), r(hid)]
+    args = [h, r(n, 64), r(hid, 64), r(hid), r(hid), [r(256, hid)], r(hid, 128), r(hid)]
     ple = [r(n, 8, 2)[:, :, 0], r(8, hid), r(hid, 8), r(hid)]  # P elements 2 apart: not row-contiguous
     got = EXT.decoder_post(*args, *ple, 1.0, 1e-6)
-    _close(got, ref.decoder_post(*[a.contiguous() for a in args], *ple, 1.0, 1e-6))
+    _close(got, ref.decoder_post(*[a.contiguous() if isinstance(a, torch.Tensor) else a for a in args], *ple, 1.0, 1e-6))
 
 
 @needs_ext
@@ -189,7 +190,7 @@ def test_row_loops_split_across_threads_give_the_same_rows():
     n, hid = 300, 64  # several row chunks
     r = lambda *s: torch.randn(*s, generator=g) * 0.3  # noqa: E731
     pre = (r(n, hid), r(hid), r(6 * 16, hid), r(6, 16), r(n, 16), r(n, 16), 4, 1e-6)
-    post = (r(n, hid), r(n, 64), r(hid, 64), r(hid), r(hid), r(256, hid), r(hid, 128), r(hid), r(n, 8), r(8, hid), r(hid, 8), r(hid), 0.5, 1e-6)
+    post = (r(n, hid), r(n, 64), r(hid, 64), r(hid), r(hid), [r(256, hid)], r(hid, 128), r(hid), r(n, 8), r(8, hid), r(hid, 8), r(hid), 0.5, 1e-6)
     kv = r(400, 1, 16)
     att = (r(n, 4, 16), kv, kv, torch.randint(0, 400, (3, 200), generator=g), torch.randint(0, 3, (n,), generator=g),
            torch.randint(0, 200, (n,), generator=g), 16, 1.0, 0.0)
@@ -220,3 +221,56 @@ def test_float_fast_path_is_bit_identical_to_the_model_file(monkeypatch):
     got, want = _run_session(fast), _run_session(plain)
     for k in SEQS:
         assert torch.equal(got[k], want[k]), k
+
+
+needs_onednn = pytest.mark.skipif(not cpu_linear.onednn_available(), reason="torch built without oneDNN")
+
+
+@needs_ext
+@needs_onednn
+@pytest.mark.parametrize("mode", ["packed", "onednn"])
+@pytest.mark.parametrize("n,ple_dim", [(1, 8), (300, 0)])  # one decode row; several 256-row MLP blocks
+def test_kernels_through_onednn_match_reference(mode, n, ple_dim):
+    """The linear layers through oneDNN (prepacked or plain weights; GELU-tanh and the gating multiply as
+    post-ops of the MLP matmuls): the reference's values to float32 rounding."""
+    g = _gen(500 + n)
+    r = lambda *s: torch.randn(*s, generator=g) * 0.3  # noqa: E731
+    hid, q_heads, d, inter = 64, 4, 16, 128
+    w = lambda t: cpu_linear.pack(t) if mode == "packed" else t  # noqa: E731
+    onednn = mode == "onednn"
+    h, w_in, proj, head_w = r(n, hid), r(hid), r(6 * d, hid), r(6, d)
+    cos, sin = r(n, d), r(n, d)
+    got = EXT.attn_pre(h, w_in, w(proj), head_w, cos, sin, q_heads, 1e-6, onednn)
+    for a, b in zip(got, ref.attn_pre(h, w_in, proj, head_w, cos, sin, q_heads, 1e-6)):
+        _close(a, b, 1e-5)
+    args = [r(n, hid), r(n, 64), r(hid, 64), r(hid), r(hid), r(2 * inter, hid), r(hid, inter), r(hid)]
+    ple = [r(n, ple_dim), r(ple_dim, hid), r(hid, ple_dim), r(hid)] if ple_dim else [None] * 4
+    gate_up = [w(args[5][:inter]), w(args[5][inter:])]
+    got = EXT.decoder_post(*args[:2], w(args[2]), *args[3:5], gate_up, w(args[6]), args[7], *ple, 0.625, 1e-6, onednn)
+    want = ref.decoder_post(*[a.clone() for a in args[:5]], [args[5]], *args[6:], *ple, 0.625, 1e-6)
+    _close(got, want, 1e-5)
+
+
+@needs_ext
+def test_prepacked_gate_up_must_come_split():
+    w = torch.randn(256, 64)
+    packed = cpu_linear.pack(w) if cpu_linear.onednn_available() else None
+    if packed is None:
+        pytest.skip("torch built without oneDNN")
+    args = [torch.randn(2, 64), torch.randn(2, 64), torch.randn(64, 64), torch.ones(64), torch.ones(64), [packed],
+            torch.randn(64, 128), torch.ones(64), None, None, None, None, 1.0, 1e-6]
+    with pytest.raises(RuntimeError, match="prepacked gate/up weight must come split"):
+        EXT.decoder_post(*args)
+
+
+def test_linear_plan_modes(monkeypatch):
+    monkeypatch.delenv(cpu_linear.ENV, raising=False)
+    if cpu_linear.onednn_available():
+        assert cpu_linear.plan(1 << 20).mode == "packed"
+        assert cpu_linear.plan(1 << 62).mode == "onednn"  # a packed copy would not fit in RAM
+    monkeypatch.setenv(cpu_linear.ENV, "mkl")
+    assert cpu_linear.plan(1 << 20) == cpu_linear.LinearPlan("mkl", "IMPL_CPU_LINEAR=mkl")
+    monkeypatch.setenv(cpu_linear.ENV, "fastest")
+    with pytest.raises(ValueError, match="IMPL_CPU_LINEAR='fastest' is not one of auto, packed, onednn, mkl"):
+        cpu_linear.plan(1 << 20)
+    assert cpu_linear.sized_for_onednn(torch.empty(256, 256)) and not cpu_linear.sized_for_onednn(torch.empty(64, 512))

@@ -8,10 +8,13 @@
 //
 // Work is cut into tiles over the keys, not per-key loops: a work item holds `lanes` query vectors
 // (query rows x the G query heads of one KV head, so each K/V tile is read once for the group),
-// gathers a tile of keys through kv_indices into a contiguous float32 buffer (or points at the pool
-// when the slots are consecutive float32 rows), and runs S = Q K^T and O += P V as BLAS gemms
-// (the sgemm libtorch exports: MKL on x86 wheels) with an online softmax in between. Items run on ATen's thread
-// pool, largest first, pulled from a shared counter (causal rows differ in cost by up to the context
+// gathers a tile of keys through kv_indices into a transposed float32 buffer K^T [D, keys] (and V
+// into [keys, D], or points at the pool when the slots are consecutive float32 rows), and runs
+// S = Q K^T and O += P V as register-blocked micro-kernels (8 query vectors x 2 SIMD vectors of keys
+// or of head_dim per block, written with GCC vector types: AVX-512 where the CPU has it, else AVX2)
+// with an online softmax in between. (They replaced BLAS sgemm calls: MKL keeps to AVX2 off Intel
+// and costs more in call overhead than these thin products take.) Items run on ATen's thread pool,
+// largest first, pulled from a shared counter (causal rows differ in cost by up to the context
 // length, so a static split would idle a thread).
 //
 // Decode: one query per request, its visible keys cut into num_kv_splits[b] equal splits (the same
@@ -30,42 +33,48 @@
 #include <numeric>
 #include <vector>
 
-// BLAS sgemm (Fortran interface, column-major) as exported by libtorch_cpu (MKL in x86 wheels);
-// ATen's cpublas::gemm wrapper is not exported to extensions. Called inside ATen's parallel region,
-// MKL runs it on the calling thread.
-extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
-                       const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
-                       const float* beta, float* c, const int* ldc);
-
 namespace {
 
-// Column-major C [m, n] = alpha * op(A) op(B) + beta * C.
-inline void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
-  const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
-  const int ilda = static_cast<int>(lda), ildb = static_cast<int>(ldb), ildc = static_cast<int>(ldc);
-  sgemm_(&ta, &tb, &im, &in, &ik, &alpha, a, &ilda, b, &ildb, &beta, c, &ildc);
-}
+// SIMD vectors as GCC vector types: 16 floats (one zmm) with AVX-512, else 8 (one ymm).
+#if defined(__AVX512F__)
+constexpr int64_t kVec = 16;
+#else
+constexpr int64_t kVec = 8;
+#endif
+typedef float vfloat __attribute__((vector_size(kVec * sizeof(float))));
+typedef float vfloat_u __attribute__((vector_size(kVec * sizeof(float)), aligned(alignof(float))));
+inline vfloat vload(const float* p) { return *reinterpret_cast<const vfloat_u*>(p); }
+inline void vstore(float* p, vfloat v) { *reinterpret_cast<vfloat_u*>(p) = v; }
+
+constexpr int64_t kLaneBlk = 8;         // query vectors per micro-kernel block (lanes are padded to it)
+constexpr int64_t kKeyBlk = 2 * kVec;   // keys per block of S (key tiles are padded to it)
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// exp for the softmax (arguments <= 0 after the max is subtracted): Cephes' expf polynomial, written
-// so the compiler vectorises it (std::exp does not); relative error about 2e-7.
-inline float exp_poly(float x) {
-  x = std::max(x, -87.0f);
-  x = std::min(x, 88.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
+typedef int32_t vint __attribute__((vector_size(kVec * sizeof(int32_t))));
+
+// exp of a SIMD vector for the softmax (arguments <= 0 after the max is subtracted) and the logit cap:
+// Cephes' expf polynomial after a round-to-nearest range reduction (the 1.5 * 2^23 shift); relative
+// error about 2e-7; arguments clamped to [-87, 88].
+inline vfloat vexp(vfloat x) {
+  const vfloat lo = vfloat{} - 87.0f, hi = vfloat{} + 88.0f;
+  x = x < lo ? lo : x;
+  x = x > hi ? hi : x;
+  const float shift = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in the low mantissa bits
+  const vfloat t = x * 1.44269504088896341f + shift;
+  const vfloat n = t - shift;
+  const vfloat r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  vfloat p = vfloat{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  return p * __builtin_bit_cast(float, bits);
+  const vint k = reinterpret_cast<vint>(t) - reinterpret_cast<vint>(vfloat{} + shift);  // n as an integer
+  return p * reinterpret_cast<vfloat>((k + 127) << 23);
 }
 
 template <typename T>
@@ -113,6 +122,115 @@ inline const float* key_tile(const PoolHead<T>& pool, const int64_t* slots, int6
   return buf;
 }
 
+// Row stride of a K^T tile of ns keys: one SIMD vector more than ns, so that the D rows do not all map
+// to the same few cache sets (ns is a power of two for full tiles).
+inline int64_t kt_stride(int64_t ns) { return ns + kVec; }
+
+// Keys [t0, t0 + n) of a request as K^T [D, ns] float32, rows kt_stride(ns) apart (ns = n rounded up to
+// kKeyBlk; columns n..ns-1 zero).
+template <typename T>
+inline void key_tile_t(const PoolHead<T>& pool, const int64_t* slots, int64_t n, int64_t D, int64_t ns, float* kt) {
+  const int64_t ld = kt_stride(ns);
+  thread_local std::vector<T> zero_row;
+  if (static_cast<int64_t>(zero_row.size()) < D) zero_row.assign(D, T(0.f));
+  // kVec keys at a time: for each d one whole SIMD vector (a cache line with AVX-512) of K^T is written,
+  // gathered from kVec rows that stay in L1 (column-by-column scalar stores missed the cache per element).
+  for (int64_t j0 = 0; j0 < ns; j0 += kVec) {
+    const T* rows[kVec];
+    for (int64_t j = 0; j < kVec; ++j) {
+      if (j0 + j >= n) {
+        rows[j] = zero_row.data();
+        continue;
+      }
+      const int64_t slot = slots[j0 + j];
+      TORCH_CHECK(slot >= 0 && slot < pool.capacity, "KV slot ", slot, " outside the pool (capacity ", pool.capacity,
+                  ")");
+      rows[j] = pool.base + slot * pool.row_stride;
+    }
+    for (int64_t d = 0; d < D; ++d) {
+      vfloat x;
+      for (int64_t j = 0; j < kVec; ++j) x[j] = to_f32(rows[j][d]);
+      vstore(kt + d * ld + j0, x);
+    }
+  }
+}
+
+// s [lanes_pad, ns] = scale * Q K^T: q [lanes_pad, D], kt [D, ns] (rows kt_stride(ns) apart); blocks of
+// kLaneBlk queries x kKeyBlk keys accumulate in registers over d.
+inline void qk_blocks(const float* q, int64_t lanes_pad, int64_t D, const float* kt, int64_t ns, float scale,
+                      float* s) {
+  const int64_t ld = kt_stride(ns);
+  for (int64_t i0 = 0; i0 < lanes_pad; i0 += kLaneBlk) {
+    const float* qb = q + i0 * D;
+    for (int64_t j0 = 0; j0 < ns; j0 += kKeyBlk) {
+      vfloat a0[kLaneBlk] = {}, a1[kLaneBlk] = {};
+      for (int64_t d = 0; d < D; ++d) {
+        const vfloat k0 = vload(kt + d * ld + j0), k1 = vload(kt + d * ld + j0 + kVec);
+        for (int64_t i = 0; i < kLaneBlk; ++i) {
+          const float x = qb[i * D + d];
+          a0[i] += x * k0;
+          a1[i] += x * k1;
+        }
+      }
+      for (int64_t i = 0; i < kLaneBlk; ++i) {
+        vstore(s + (i0 + i) * ns + j0, a0[i] * scale);
+        vstore(s + (i0 + i) * ns + j0 + kVec, a1[i] * scale);
+      }
+    }
+  }
+}
+
+// acc [lanes_pad, D] += P V over the first n keys: p [lanes_pad, ns], v rows at v + j * ldv. Blocks of
+// kLaneBlk queries x 2 (or 1) SIMD vectors of head_dim accumulate in registers over the keys.
+inline void pv_blocks(const float* p, int64_t lanes_pad, int64_t ns, int64_t n, const float* v, int64_t ldv, int64_t D,
+                      float* acc) {
+  if (D % kVec != 0) {  // head_dim not a multiple of the SIMD width (tiny test models): plain loops
+    for (int64_t j = 0; j < n; ++j) {
+      const float* vr = v + j * ldv;
+      for (int64_t i = 0; i < lanes_pad; ++i) {
+        const float w = p[i * ns + j];
+        float* o = acc + i * D;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) o[d] += w * vr[d];
+      }
+    }
+    return;
+  }
+  for (int64_t i0 = 0; i0 < lanes_pad; i0 += kLaneBlk) {
+    const float* pb = p + i0 * ns;
+    float* ab = acc + i0 * D;
+    int64_t d0 = 0;
+    for (; d0 + 2 * kVec <= D; d0 += 2 * kVec) {
+      vfloat a0[kLaneBlk], a1[kLaneBlk];
+      for (int64_t i = 0; i < kLaneBlk; ++i) {
+        a0[i] = vload(ab + i * D + d0);
+        a1[i] = vload(ab + i * D + d0 + kVec);
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        const vfloat v0 = vload(v + j * ldv + d0), v1 = vload(v + j * ldv + d0 + kVec);
+        for (int64_t i = 0; i < kLaneBlk; ++i) {
+          const float w = pb[i * ns + j];
+          a0[i] += w * v0;
+          a1[i] += w * v1;
+        }
+      }
+      for (int64_t i = 0; i < kLaneBlk; ++i) {
+        vstore(ab + i * D + d0, a0[i]);
+        vstore(ab + i * D + d0 + kVec, a1[i]);
+      }
+    }
+    if (d0 < D) {  // one vector of head_dim left
+      vfloat a0[kLaneBlk];
+      for (int64_t i = 0; i < kLaneBlk; ++i) a0[i] = vload(ab + i * D + d0);
+      for (int64_t j = 0; j < n; ++j) {
+        const vfloat v0 = vload(v + j * ldv + d0);
+        for (int64_t i = 0; i < kLaneBlk; ++i) a0[i] += pb[i * ns + j] * v0;
+      }
+      for (int64_t i = 0; i < kLaneBlk; ++i) vstore(ab + i * D + d0, a0[i]);
+    }
+  }
+}
+
 // Online-softmax state of `lanes` query vectors: running max m, denominator l, unnormalised acc.
 struct Softmax {
   std::vector<float> m, l, acc;
@@ -123,61 +241,51 @@ struct Softmax {
   }
 };
 
-// Below this many query vectors per tile the dots run as loops, not gemms.
-constexpr int64_t kGemmLanes = 16;
-
 struct TileArgs {
   int64_t D;
   float scale;
   float cap;  // 0: no logit cap
 };
 
-// One key tile [t0, t0 + n) for `lanes` queries q [lanes, D]; lane i sees keys [lo[i], hi[i]).
-// s: [lanes, n] scratch.
-inline void attend_tile(const TileArgs& a, const float* q, int64_t lanes, const float* k, int64_t ldk, const float* v,
-                        int64_t ldv, int64_t t0, int64_t n, const int64_t* lo, const int64_t* hi, float* s,
-                        Softmax& st) {
+// One key tile [t0, t0 + n) for `lanes` queries q [lanes_pad, D] (rows past `lanes` zero); lane i sees
+// keys [lo[i], hi[i]). kt: K^T [D, ns]; s: [lanes_pad, ns] scratch; st holds lanes_pad lanes.
+inline void attend_tile(const TileArgs& a, const float* q, int64_t lanes, int64_t lanes_pad, const float* kt,
+                        int64_t ns, const float* v, int64_t ldv, int64_t t0, int64_t n, const int64_t* lo,
+                        const int64_t* hi, float* s, Softmax& st) {
   const int64_t D = a.D;
-  // Column-major BLAS: S^T [n, lanes] = K [n x D] . Q^T, i.e. row-major S [lanes, n] = scale * Q K^T.
-  if (lanes >= kGemmLanes) {
-    sgemm(true, false, n, lanes, D, a.scale, k, ldk, q, D, 0.f, s, n);
-  } else {  // few query vectors (decode): a gemm this thin costs more in BLAS overhead than the dots
-    for (int64_t j = 0; j < n; ++j) {
-      const float* kr = k + j * ldk;
-      for (int64_t i = 0; i < lanes; ++i) {
-        const float* qr = q + i * D;
-        float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < D; ++d) dot += qr[d] * kr[d];
-        s[i * n + j] = dot * a.scale;
-      }
-    }
-  }
-  for (int64_t i = 0; i < lanes; ++i) {
-    float* row = s + i * n;
-    const int64_t b = std::clamp<int64_t>(lo[i] - t0, 0, n), e = std::clamp<int64_t>(hi[i] - t0, 0, n);
-    if (b >= e) {
-      std::fill(row, row + n, 0.f);
+  qk_blocks(q, lanes_pad, D, kt, ns, a.scale, s);
+  for (int64_t i = 0; i < lanes_pad; ++i) {
+    float* row = s + i * ns;
+    const int64_t b = i < lanes ? std::clamp<int64_t>(lo[i] - t0, 0, n) : 0;
+    const int64_t e = i < lanes ? std::clamp<int64_t>(hi[i] - t0, 0, n) : 0;
+    if (b >= e) {  // no visible key in this tile (or a padding lane)
+      std::fill(row, row + ns, 0.f);
       continue;
     }
+    // Whole SIMD vectors over the padded row; keys outside [b, e) are -inf for the max and 0 after exp.
     if (a.cap > 0.f) {  // cap * tanh(s / cap) = cap * (1 - 2 / (exp(2 s / cap) + 1))
       const float two_over_cap = 2.f / a.cap, cap = a.cap;
-#pragma omp simd
-      for (int64_t j = b; j < e; ++j) row[j] = cap - 2.f * cap / (exp_poly(row[j] * two_over_cap) + 1.f);
+      for (int64_t j = 0; j < ns; j += kVec) {
+        vstore(row + j, cap - 2.f * cap / (vexp(vload(row + j) * two_over_cap) + 1.f));
+      }
+    }
+    std::fill(row, row + b, kNegInf);
+    std::fill(row + e, row + ns, kNegInf);
+    vfloat vmax = vfloat{} + kNegInf;
+    for (int64_t j = 0; j < ns; j += kVec) {
+      const vfloat x = vload(row + j);
+      vmax = x > vmax ? x : vmax;
     }
     float mx = kNegInf;
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = b; j < e; ++j) mx = std::max(mx, row[j]);
+    for (int64_t l = 0; l < kVec; ++l) mx = std::max(mx, vmax[l]);
     const float m_new = std::max(st.m[i], mx);
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = b; j < e; ++j) {
-      const float p = exp_poly(row[j] - m_new);
-      row[j] = p;
-      sum += p;
-    }
+    for (int64_t j = 0; j < ns; j += kVec) vstore(row + j, vexp(vload(row + j) - m_new));
     std::fill(row, row + b, 0.f);
-    std::fill(row + e, row + n, 0.f);
+    std::fill(row + e, row + ns, 0.f);
+    vfloat vsum = vfloat{};
+    for (int64_t j = 0; j < ns; j += kVec) vsum += vload(row + j);
+    float sum = 0.f;
+    for (int64_t l = 0; l < kVec; ++l) sum += vsum[l];
     const float alpha = st.m[i] == kNegInf ? 0.f : std::exp(st.m[i] - m_new);
     st.l[i] = st.l[i] * alpha + sum;
     st.m[i] = m_new;
@@ -187,44 +295,31 @@ inline void attend_tile(const TileArgs& a, const float* q, int64_t lanes, const 
       for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
     }
   }
-  // acc^T [D, lanes] += V^T [D x n] . P^T, i.e. row-major acc [lanes, D] += P V.
-  if (lanes >= kGemmLanes) {
-    sgemm(false, false, D, lanes, n, 1.f, v, ldv, s, n, 1.f, st.acc.data(), D);
-  } else {
-    for (int64_t j = 0; j < n; ++j) {
-      const float* vr = v + j * ldv;
-      for (int64_t i = 0; i < lanes; ++i) {
-        const float p = s[i * n + j];
-        if (p == 0.f) continue;
-        float* acc = st.acc.data() + i * D;
-#pragma omp simd
-        for (int64_t d = 0; d < D; ++d) acc[d] += p * vr[d];
-      }
-    }
-  }
+  pv_blocks(s, lanes_pad, ns, n, v, ldv, D, st.acc.data());
 }
 
 // Keys [key_lo, key_hi) of one request (pool slots `slots`) and KV head `h`, one tile of BN keys at a time,
-// for `lanes` query vectors q [lanes, D]; lane i sees keys [lo[i], hi[i]). kbuf, vbuf: [BN, D] and
-// s: [lanes, BN] scratch.
+// for `lanes` query vectors q [lanes_pad, D]; lane i sees keys [lo[i], hi[i]). Scratch: kt [D, BN] (K^T),
+// vbuf [BN, D], s [lanes_pad, BN] (BN a multiple of kKeyBlk; kt holds D x kt_stride(BN)).
 template <typename T>
 void attend_keys(const TileArgs& a, const torch::Tensor& k_buf, const torch::Tensor& v_buf, int64_t h,
                  const int64_t* slots, int64_t key_lo, int64_t key_hi, int64_t BN, const float* q, int64_t lanes,
-                 const int64_t* lo, const int64_t* hi, float* kbuf, float* vbuf, float* s, Softmax& st) {
+                 int64_t lanes_pad, const int64_t* lo, const int64_t* hi, float* kt, float* vbuf, float* s,
+                 Softmax& st) {
   const int64_t cap_n = k_buf.size(0);
   const PoolHead<T> kh{k_buf.data_ptr<T>() + h * k_buf.stride(1), k_buf.stride(0), cap_n};
   const PoolHead<T> vh{v_buf.data_ptr<T>() + h * v_buf.stride(1), v_buf.stride(0), cap_n};
   for (int64_t t0 = key_lo; t0 < key_hi; t0 += BN) {
-    const int64_t n = std::min(BN, key_hi - t0);
-    int64_t ldk, ldv;
-    const float* kt = key_tile(kh, slots + t0, n, a.D, kbuf, &ldk);
+    const int64_t n = std::min(BN, key_hi - t0), ns = round_up(n, kKeyBlk);
+    int64_t ldv;
+    key_tile_t(kh, slots + t0, n, a.D, ns, kt);
     const float* vt = key_tile(vh, slots + t0, n, a.D, vbuf, &ldv);
-    attend_tile(a, q, lanes, kt, ldk, vt, ldv, t0, n, lo, hi, s, st);
+    attend_tile(a, q, lanes, lanes_pad, kt, ns, vt, ldv, t0, n, lo, hi, s, st);
   }
 }
 
 // Keys per tile: about 128 KB of float32 K (and as much V) per tile.
-inline int64_t tile_keys(int64_t D) { return std::clamp<int64_t>(32768 / D, 32, 512); }
+inline int64_t tile_keys(int64_t D) { return round_up(std::clamp<int64_t>(32768 / D, 32, 512), kKeyBlk); }
 
 // Runs items 0..n-1 (already ordered largest first) on ATen's pool, pulled from a shared counter.
 template <typename F>
@@ -291,17 +386,17 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
   const TileArgs args{D, static_cast<float>(sm_scale), static_cast<float>(logit_cap)};
   run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
     const Item& it = items[idx];
-    const int64_t lanes = (it.r1 - it.r0) * G;
+    const int64_t lanes = (it.r1 - it.r0) * G, lanes_pad = round_up(lanes, kLaneBlk);
     thread_local std::vector<float> qbuf, kbuf, vbuf, sbuf;
     thread_local std::vector<int64_t> lo, hi;
     thread_local Softmax st;
-    qbuf.resize(lanes * D);
-    kbuf.resize(BN * D);
+    qbuf.assign(lanes_pad * D, 0.f);
+    kbuf.resize(kt_stride(BN) * D);
     vbuf.resize(BN * D);
-    sbuf.resize(lanes * BN);
+    sbuf.resize(lanes_pad * BN);
     lo.resize(lanes);
     hi.resize(lanes);
-    st.reset(lanes, D);
+    st.reset(lanes_pad, D);
     const int64_t kv_len = kvp[it.b + 1] - kvp[it.b];
     for (int64_t r = it.r0; r < it.r1; ++r) {
       const int64_t p = qpos[r];
@@ -314,8 +409,8 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
         lo[lane] = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
       }
     }
-    attend_keys<T>(args, k_buf, v_buf, it.h, kvi.data() + kvp[it.b], it.lo, it.hi, BN, qbuf.data(), lanes, lo.data(),
-                   hi.data(), kbuf.data(), vbuf.data(), sbuf.data(), st);
+    attend_keys<T>(args, k_buf, v_buf, it.h, kvi.data() + kvp[it.b], it.lo, it.hi, BN, qbuf.data(), lanes, lanes_pad,
+                   lo.data(), hi.data(), kbuf.data(), vbuf.data(), sbuf.data(), st);
     for (int64_t r = it.r0; r < it.r1; ++r) {
       for (int64_t g = 0; g < G; ++g) {
         const int64_t lane = (r - it.r0) * G + g;
@@ -364,19 +459,20 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
     thread_local std::vector<float> qbuf, kbuf, vbuf, sbuf;
     thread_local std::vector<int64_t> lo, hi;
     thread_local Softmax st;
-    qbuf.resize(G * D);
-    kbuf.resize(BN * D);
+    const int64_t lanes_pad = round_up(G, kLaneBlk);
+    qbuf.assign(lanes_pad * D, 0.f);
+    kbuf.resize(kt_stride(BN) * D);
     vbuf.resize(BN * D);
-    sbuf.resize(G * BN);
+    sbuf.resize(lanes_pad * BN);
     lo.assign(G, it.lo);
     hi.assign(G, it.hi);
-    st.reset(G, D);
+    st.reset(lanes_pad, D);
     for (int64_t g = 0; g < G; ++g) {
       const T* src = qd + it.b * q.stride(0) + (it.h * G + g) * q.stride(1);
       for (int64_t d = 0; d < D; ++d) qbuf[g * D + d] = to_f32(src[d]);
     }
-    attend_keys<T>(args, k_buf, v_buf, it.h, kvi.data() + kvp[it.b], it.lo, it.hi, BN, qbuf.data(), G, lo.data(),
-                   hi.data(), kbuf.data(), vbuf.data(), sbuf.data(), st);
+    attend_keys<T>(args, k_buf, v_buf, it.h, kvi.data() + kvp[it.b], it.lo, it.hi, BN, qbuf.data(), G, lanes_pad,
+                   lo.data(), hi.data(), kbuf.data(), vbuf.data(), sbuf.data(), st);
     for (int64_t g = 0; g < G; ++g) {
       const int64_t head = it.h * G + g;
       const bool nonempty = st.l[g] > 0.f;

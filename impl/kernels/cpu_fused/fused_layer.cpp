@@ -10,6 +10,7 @@
 // RoPE is x * cos + rot(x) * sin with both products rounded before the add (built with
 // -ffp-contract=off so no FMA fuses them), residual adds and scales as in the eager code.
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -83,6 +84,35 @@ void add_norm_rows(const float* resid, const float* x, const float* w, float* ou
   });
 }
 
+// y = x @ w^T through oneDNN (mkldnn::_linear_pointwise) with an optional fused post-op: attr
+// "gelu" + algo "tanh" (GELU-tanh of the product), or through ATen's mm. oneDNN takes a prepacked
+// weight (mkldnn::_reorder_linear_weight: an opaque mkldnn tensor) or a plain one (reordered per call).
+// Why oneDNN: it dispatches on the CPU's own ISA (AVX-512 where present, also on AMD), where MKL's
+// sgemm keeps to AVX2 off Intel: 2-4x the float32 throughput on the layer shapes (docs/benchmarks.md).
+torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, c10::string_view attr, c10::string_view algo) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                         c10::string_view, c10::List<std::optional<at::Scalar>>,
+                                         std::optional<c10::string_view>)>();
+  return op.call(x, w, std::nullopt, attr, c10::List<std::optional<at::Scalar>>(), algo);
+}
+
+// y = (x @ w^T) * other through oneDNN's binary post-op (other [rows, out], float32, contiguous).
+torch::Tensor onednn_linear_mul(const torch::Tensor& x, const torch::Tensor& other, const torch::Tensor& w) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("mkldnn::_linear_pointwise", "binary")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const std::optional<at::Tensor>&, c10::string_view)>();
+  return op.call(x, other, w, std::nullopt, "mul");
+}
+
+// x [n, k] @ w^T for a weight w [m, k]: oneDNN when w is prepacked or `onednn` asks for it, else mm.
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, bool onednn) {
+  if (w.is_mkldnn() || onednn) return onednn_linear(x.contiguous(), w, "none", "");
+  return torch::mm(x, w.t());
+}
+
 }  // namespace
 
 // Input RMSNorm, fused projection, per-head RMSNorm, RoPE.
@@ -91,7 +121,8 @@ void add_norm_rows(const float* resid, const float* x, const float* w, float* ou
 //   first half negated, as rope.prepare_rope makes them). q and k heads get RoPE, v heads do not.
 // Returns [q [n, Hq * D], k [n, Hkv * D], v [n, Hkv * D]] (k and v empty when Hkv == 0).
 std::vector<torch::Tensor> attn_pre(torch::Tensor h, torch::Tensor w_in, torch::Tensor proj_w, torch::Tensor head_w,
-                                    torch::Tensor cos, torch::Tensor sin_signed, int64_t q_heads, double eps) {
+                                    torch::Tensor cos, torch::Tensor sin_signed, int64_t q_heads, double eps,
+                                    bool onednn) {
   h = f32_rows(h, "h", 2);
   check_f32(w_in, "w_in", 1);
   check_f32(head_w, "head_w", 2);
@@ -106,7 +137,7 @@ std::vector<torch::Tensor> attn_pre(torch::Tensor h, torch::Tensor w_in, torch::
   const float e = static_cast<float>(eps);
   auto x = torch::empty_like(h);
   norm_rows(h.data_ptr<float>(), w_in.data_ptr<float>(), x.data_ptr<float>(), n, hidden, e);
-  auto y = torch::mm(x, proj_w.t());  // [n, heads * D]
+  auto y = linear(x, proj_w, onednn);  // [n, heads * D]
   auto q = torch::empty({n, q_heads * d}, h.options());
   auto k = torch::empty({n, kv_heads * d}, h.options());
   auto v = torch::empty({n, kv_heads * d}, h.options());
@@ -159,20 +190,27 @@ std::vector<torch::Tensor> attn_pre(torch::Tensor h, torch::Tensor w_in, torch::
 //   m = down(gelu_tanh(gate(x)) * up(x)) with x = norm(h1) * w_pre_ff;  h2 = h1 + norm(m) * w_post_ff
 //   [PLE] g = gelu_tanh(h2 @ gate_w^T) * ple;  h3 = h2 + norm(g @ proj_w^T) * w_ple_norm
 //   return h3 * scalar
-// Shapes: h [n, hidden]; attn_out [n, H * D]; o_w [hidden, H * D]; gate_up_w [2I, hidden] (gate rows
-// first); down_w [hidden, I]; ple [n, P]; ple_gate_w [P, hidden]; ple_proj_w [hidden, P].
+// Shapes: h [n, hidden]; attn_out [n, H * D]; o_w [hidden, H * D]; gate_up: [gate_up_w [2I, hidden]]
+// (gate rows first; one ATen matmul) or [gate_w [I, hidden], up_w [I, hidden]] (oneDNN: GELU and the
+// gating multiply run as the matmuls' post-ops); down_w [hidden, I]; ple [n, P]; ple_gate_w [P, hidden];
+// ple_proj_w [hidden, P]. o_w / gate_up / down_w may be oneDNN-prepacked (see `linear`); `onednn`
+// sends plain weights through oneDNN too.
 torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tensor o_w, torch::Tensor w_post_attn,
-                           torch::Tensor w_pre_ff, torch::Tensor gate_up_w, torch::Tensor down_w, torch::Tensor w_post_ff,
-                           c10::optional<torch::Tensor> ple, c10::optional<torch::Tensor> ple_gate_w,
+                           torch::Tensor w_pre_ff, std::vector<torch::Tensor> gate_up, torch::Tensor down_w,
+                           torch::Tensor w_post_ff, c10::optional<torch::Tensor> ple, c10::optional<torch::Tensor> ple_gate_w,
                            c10::optional<torch::Tensor> ple_proj_w, c10::optional<torch::Tensor> w_ple_norm,
-                           double scalar, double eps) {
+                           double scalar, double eps, bool onednn) {
   h = f32_rows(h, "h", 2);
   TORCH_CHECK(attn_out.size(0) == h.size(0), "attn_out must have one row per row of h");
   for (auto* t : {&w_post_attn, &w_pre_ff, &w_post_ff}) check_f32(*t, "norm weight", 1);
   const int64_t n = h.size(0), hid = h.size(1), inter = down_w.size(1);
-  TORCH_CHECK(gate_up_w.size(0) == 2 * inter, "gate_up_w must be [2 * I, hidden]");
+  const bool split = gate_up.size() == 2;
+  TORCH_CHECK(gate_up.size() == 1 || split, "gate_up must be [gate_up_w] or [gate_w, up_w]");
+  TORCH_CHECK(split ? gate_up[0].size(0) == inter && gate_up[1].size(0) == inter : gate_up[0].size(0) == 2 * inter,
+              "gate_up must be [2 * I, hidden] or two [I, hidden] weights");
+  TORCH_CHECK(split || !gate_up[0].is_mkldnn(), "a prepacked gate/up weight must come split in two");
   const float e = static_cast<float>(eps);
-  auto a = torch::mm(attn_out, o_w.t()).contiguous();  // [n, hidden]
+  auto a = linear(attn_out, o_w, onednn).contiguous();  // [n, hidden]
   auto out = torch::empty_like(h);
   auto x = torch::empty_like(h);
   const float* hp = h.data_ptr<float>();
@@ -189,12 +227,19 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   int64_t block = std::max<int64_t>(1, kMlpBlockElems * at::get_num_threads() / (2 * inter));
   // Every block streams the MLP weights once more: when they outgrow the cache (real model sizes,
   // e.g. E2B's 1536 x 12288), blocks of a few rows would read them from memory per handful of rows.
-  if (3 * inter * hid > kMlpBlockElems * 16) block = std::max<int64_t>(block, kMlpMinRowsLargeWeights);
-  auto gate_t = gate_up_w.t();
-  auto down_t = down_w.t();
+  // oneDNN's kernels block the rows themselves and keep a fixed cost per call: blocks of 256 rows.
+  if (split || 3 * inter * hid > kMlpBlockElems * 16) block = std::max<int64_t>(block, kMlpMinRowsLargeWeights);
   for (int64_t lo = 0; lo < n; lo += block) {
     const int64_t rows = std::min(block, n - lo);
-    auto gu = torch::mm(x.narrow(0, lo, rows), gate_t);  // [rows, 2I]
+    auto xb = x.narrow(0, lo, rows);
+    auto m_rows = m.narrow(0, lo, rows);
+    if (split) {  // up(x) * gelu_tanh(gate(x)), both inside oneDNN's matmul epilogues
+      auto g = onednn_linear(xb, gate_up[0], "gelu", "tanh");      // [rows, I]
+      auto y = onednn_linear_mul(xb, g, gate_up[1]);               // [rows, I]
+      m_rows.copy_(onednn_linear(y, down_w, "none", ""));
+      continue;
+    }
+    auto gu = torch::mm(xb, gate_up[0].t());  // [rows, 2I]
     auto y = torch::gelu(gu.narrow(1, 0, inter), "tanh").contiguous();  // [rows, I], fresh
     float* yp = y.data_ptr<float>();
     const float* gp = gu.data_ptr<float>();
@@ -204,8 +249,11 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
 #pragma omp simd
       for (int64_t j = 0; j < inter; ++j) yr[j] = yr[j] * ur[j];
     }
-    auto m_rows = m.narrow(0, lo, rows);
-    torch::mm_out(m_rows, y, down_t);
+    if (down_w.is_mkldnn() || onednn) {
+      m_rows.copy_(linear(y, down_w, onednn));
+    } else {
+      torch::mm_out(m_rows, y, down_w.t());
+    }
   }
   const bool has_ple = ple.has_value() && ple->defined();
   const float sc = static_cast<float>(scalar);
@@ -366,7 +414,12 @@ torch::Tensor paged_attention_rows(torch::Tensor q, torch::Tensor k_buf, torch::
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("attn_pre", &attn_pre, "input norm + projection + head norms + RoPE (float32, CPU)");
+  m.def("attn_pre", &attn_pre, "input norm + projection + head norms + RoPE (float32, CPU)", py::arg("h"),
+        py::arg("w_in"), py::arg("proj_w"), py::arg("head_w"), py::arg("cos"), py::arg("sin_signed"), py::arg("q_heads"),
+        py::arg("eps"), py::arg("onednn") = false);
   m.def("paged_attention_rows", &paged_attention_rows, "per-row attention over the paged KV pool (float32, CPU)");
-  m.def("decoder_post", &decoder_post, "o_proj + norms + residuals + MLP + PLE + layer scalar (float32, CPU)");
+  m.def("decoder_post", &decoder_post, "o_proj + norms + residuals + MLP + PLE + layer scalar (float32, CPU)",
+        py::arg("h"), py::arg("attn_out"), py::arg("o_w"), py::arg("w_post_attn"), py::arg("w_pre_ff"), py::arg("gate_up"),
+        py::arg("down_w"), py::arg("w_post_ff"), py::arg("ple"), py::arg("ple_gate_w"), py::arg("ple_proj_w"),
+        py::arg("w_ple_norm"), py::arg("scalar"), py::arg("eps"), py::arg("onednn") = false);
 }

@@ -12,7 +12,7 @@ from impl.kernels.functional import rms_norm
 from impl.model.rope import apply_rope_prepared
 
 
-def attn_pre(h, w_in, proj_w, head_w, cos, sin_signed, q_heads: int, eps: float):
+def attn_pre(h, w_in, proj_w, head_w, cos, sin_signed, q_heads: int, eps: float, onednn: bool = False):
     """See fused_layer.cpp ``attn_pre``. cos / sin_signed [n, D] or [n, 1, D]."""
     n, (heads, d) = h.shape[0], head_w.shape
     kv = (heads - q_heads) // 2
@@ -23,10 +23,12 @@ def attn_pre(h, w_in, proj_w, head_w, cos, sin_signed, q_heads: int, eps: float)
     return qk[:, :q_heads].reshape(n, -1), qk[:, q_heads:].reshape(n, -1), y[:, q_heads + kv :].reshape(n, -1)
 
 
-def decoder_post(h, attn_out, o_w, w_post_attn, w_pre_ff, gate_up_w, down_w, w_post_ff, ple, ple_gate_w, ple_proj_w,
-                 w_ple_norm, scalar: float, eps: float):
-    """See fused_layer.cpp ``decoder_post``."""
+def decoder_post(h, attn_out, o_w, w_post_attn, w_pre_ff, gate_up, down_w, w_post_ff, ple, ple_gate_w, ple_proj_w,
+                 w_ple_norm, scalar: float, eps: float, onednn: bool = False):
+    """See fused_layer.cpp ``decoder_post``: ``gate_up`` is ``[gate_up_w]`` or ``[gate_w, up_w]`` (plain
+    weights; ``onednn`` changes the library, not the math)."""
     inter = down_w.shape[1]
+    gate_up_w = torch.cat(list(gate_up), dim=0)
     h = h + rms_norm(F.linear(attn_out, o_w), w_post_attn, eps)
     gu = F.linear(rms_norm(h, w_pre_ff, eps), gate_up_w)
     m = F.linear(F.gelu(gu[:, :inter], approximate="tanh").mul_(gu[:, inter:]), down_w)

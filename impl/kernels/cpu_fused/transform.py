@@ -6,7 +6,8 @@ Per decoder layer, whichever applies first:
 
 1. ``FusedLayerForward``: the layer as two C++ kernels around the attention backend (``attn_pre``,
    ``decoder_post``; CPU float32 gelu-tanh layers with fused q/k/v and gate/up weights, extension
-   built). Same math; float32 rounding may differ in the last bit (see ``__init__``).
+   built). Same math; float32 rounding may differ in the last bit (see ``__init__``). Their linear
+   weights go to oneDNN or ATen's mm as ``linear.py`` plans for the whole model.
 2. ``FloatLayerForward``: the same computation in float32 with plain function calls (no nn.Module
    dispatch per op; decode steps are bound by per-op overhead, not FLOPs). Bit-identical to the
    reference forward.
@@ -19,7 +20,7 @@ statement of the kernels, written with the model's RoPE).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any
 
@@ -29,6 +30,7 @@ from torch.nn import functional as F
 
 from impl.forward_batch import ForwardBatch
 from impl.kernels import cpu_fused
+from impl.kernels.cpu_fused import linear as cpu_linear
 from impl.kernels.functional import GELU_TANH, rms_norm
 
 
@@ -57,14 +59,31 @@ class LayerWeights:
 
 @dataclass(frozen=True)
 class FusedWeights:
-    """The extra arguments of the two fused kernels."""
+    """The extra arguments of the two fused kernels. Linear weights are plain tensors or, with the
+    ``packed`` linear mode, oneDNN-prepacked copies (same sizes)."""
 
     qkv_proj: torch.Tensor  # [(H + 2 Hkv) * D, hidden] (owning layer) or q_proj [H * D, hidden]
     head_norm: torch.Tensor  # [H + 2 Hkv, D] or [H, D], contiguous
     q_heads: int
     o_proj: torch.Tensor  # [hidden, H * D]
-    gate_up: torch.Tensor  # [2 * I, hidden]
+    gate_up: tuple[torch.Tensor, ...]  # (gate_up [2 * I, hidden],) for mm; (gate [I, hidden], up [I, hidden]) for oneDNN
     down: torch.Tensor  # [hidden, I]
+    onednn: bool = False  # plain weights through oneDNN (the ``onednn`` linear mode)
+
+    def linear_weights(self) -> list[torch.Tensor]:
+        return [self.qkv_proj, self.o_proj, *self.gate_up, self.down]
+
+    def for_linear_mode(self, mode: str) -> "FusedWeights":
+        """These weights as the kernels take them in linear mode ``mode`` (``linear.py``)."""
+        if mode == "mkl":
+            return self
+        (gate_up,) = self.gate_up
+        i = gate_up.shape[0] // 2
+        gate, up = gate_up[:i], gate_up[i:]  # row slices: contiguous views, no copy
+        if mode == "onednn":
+            return replace(self, gate_up=(gate, up), onednn=True)
+        p = cpu_linear.pack
+        return replace(self, qkv_proj=p(self.qkv_proj), o_proj=p(self.o_proj), gate_up=(p(gate), p(up)), down=p(self.down))
 
 
 class FloatLayerForward:
@@ -95,7 +114,7 @@ class FusedLayerForward:
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ple: torch.Tensor | None,
                  fb: ForwardBatch) -> torch.Tensor:
         w, f, att = self.w, self.f, self.layer.self_attn
-        q, k, v = self.ext.attn_pre(h, w.input_norm, f.qkv_proj, f.head_norm, cos, sin, f.q_heads, w.eps)
+        q, k, v = self.ext.attn_pre(h, w.input_norm, f.qkv_proj, f.head_norm, cos, sin, f.q_heads, w.eps, f.onednn)
         if not att.owns_kv:
             k = v = None
         out = fb.attn_backend.forward(q, k, v, att.layer, fb)  # [n, H * D]; att.layer read now (the assistant rebinds it)
@@ -103,7 +122,7 @@ class FusedLayerForward:
         return self.ext.decoder_post(
             h, out, f.o_proj, w.post_attention_norm, w.pre_feedforward_norm, f.gate_up, f.down, w.post_feedforward_norm,
             None if p is None else ple, None if p is None else p.gate, None if p is None else p.proj,
-            None if p is None else p.norm, w.scalar, w.eps,
+            None if p is None else p.norm, w.scalar, w.eps, f.onednn,
         )
 
 
@@ -134,7 +153,7 @@ def fused_weights(layer: Any) -> FusedWeights | None:
         return None
     lay = att.layer
     head_w = att._norm_w if att.owns_kv else att._norm_w.expand(lay.num_heads, lay.head_dim)
-    return FusedWeights(proj, head_w.contiguous(), lay.num_heads, att.o_proj.weight, mlp._gate_up_w, mlp.down_proj.weight)
+    return FusedWeights(proj, head_w.contiguous(), lay.num_heads, att.o_proj.weight, (mlp._gate_up_w,), mlp.down_proj.weight)
 
 
 def is_decoder_layer(m: nn.Module) -> bool:
@@ -144,14 +163,25 @@ def is_decoder_layer(m: nn.Module) -> bool:
 @torch.no_grad()
 def apply(model: nn.Module) -> nn.Module:
     """Install the fastest applicable forward on each decoder layer of ``model`` (in place; the
-    parameters and their names are untouched). Returns ``model``."""
+    parameters and their names are untouched). Returns ``model``; ``model.cpu_linear_plan`` then says
+    which library multiplies the fused layers' weights (None when no layer is fused)."""
+    fused: list[tuple[nn.Module, LayerWeights, FusedWeights, ModuleType]] = []
     for m in model.modules():
         if not is_decoder_layer(m) or (w := layer_weights(m)) is None:
             continue
         f = fused_weights(m)
         ext = cpu_fused.load() if f is not None else None
-        # An instance attribute shadows the class's forward: layer(...) and layer.forward(...) both take it.
-        m.forward = FusedLayerForward(ext, m, w, f) if ext is not None and f is not None else FloatLayerForward(m, w)
+        if ext is not None and f is not None:
+            fused.append((m, w, f, ext))
+        else:
+            # An instance attribute shadows the class's forward: layer(...) and layer.forward(...) both take it.
+            m.forward = FloatLayerForward(m, w)
+    sized = [cpu_linear.sized_for_onednn(*f.linear_weights()) for _, _, f, _ in fused]
+    packable = sum(sum(t.numel() * t.element_size() for t in f.linear_weights()) for (_, _, f, _), ok in zip(fused, sized) if ok)
+    plan = cpu_linear.plan(packable) if any(sized) else (cpu_linear.LinearPlan("mkl", "weights too small for oneDNN") if fused else None)
+    for (m, w, f, ext), ok in zip(fused, sized):
+        m.forward = FusedLayerForward(ext, m, w, f.for_linear_mode(plan.mode if ok else "mkl"))
+    model.cpu_linear_plan = plan
     return model
 
 
