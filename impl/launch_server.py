@@ -89,7 +89,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from impl.server.limits import RequestLimits
 
         RequestLimits.from_args(server_args)  # a bad limit flag fails before the model loads
+        from impl.engine.engine import use_one_torch_thread_here
+
+        threads = use_one_torch_thread_here()  # multi-threaded torch work only on the scheduler thread
         engine = build_engine(server_args)
+        engine.scheduler_torch_threads = threads
     except (ValueError, RuntimeError) as e:
         logger.error("%s", e)
         return 2

@@ -39,7 +39,7 @@ import torch
 from torch.nn import functional as F
 
 from impl.attention.base import AttentionBackend, AttentionLayer
-from impl.kernels import cpu_fused
+from impl.kernels import cpu_attn
 from impl.forward_batch import ForwardBatch
 
 # Gathered sliding-window K elements per chunk of query rows (bounds memory for large windows).
@@ -120,11 +120,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         # Gather destinations kept across passes: a fresh multi-MB tensor per layer and step costs page
         # faults (the allocator hands large blocks back to the OS), more than the copy itself.
         self._scratch: dict[tuple, torch.Tensor] = {}
-        # Sliding-window rows on CPU float32 run the fused kernel (impl/kernels/cpu_fused): one call per
-        # layer reading the pool through req_to_token, no gathered windows (None: not available).
-        self._paged_rows = None
-        if torch.device(device).type == "cpu" and (ext := cpu_fused.load()) is not None:
-            self._paged_rows = ext.paged_attention_rows
+        # On CPU every layer's rows run the compiled rows kernel (impl/kernels/cpu_attn, the triton backend's
+        # CPU kernels): one call per layer reading the pool through the plan's row_req / q_pos and
+        # req_to_token, no gathered K/V. The torch ops below serve where it is not built (or IMPL_CPU_ATTN=0).
+        self._rows_kernel = torch.device(device).type == "cpu" and cpu_attn.load() is not None
 
     # ---- metadata -----------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -257,6 +256,11 @@ class TorchNativeAttnBackend(AttentionBackend):
             )
         k_buf, v_buf = self.token_to_kv_pool.get_kv_buffer(layer.kv_layer_id)
         q3 = q.view(n, layer.num_heads, layer.head_dim)
+        if self._rows_kernel and q.dtype == k_buf.dtype:
+            r2t = self.req_to_token_pool.req_to_token
+            out = cpu_attn.rows_attention(q3, k_buf, v_buf, r2t, plan.row_req, plan.q_pos, layer.sliding_window,
+                                          layer.scaling, layer.logit_cap)
+            return out.reshape(n, -1)
         if layer.sliding_window is not None:
             out = self._sliding(q3, k_buf, v_buf, plan, layer)
         else:
@@ -284,12 +288,6 @@ class TorchNativeAttnBackend(AttentionBackend):
     def _sliding_rows(self, q3, k_buf, v_buf, plan: _Plan, layer: AttentionLayer) -> torch.Tensor:
         """Each row (of ``plan.window_rows``) against its own window of keys: batched ``[n * Hkv, G, w]`` scores."""
         n, h, d = q3.shape
-        if self._paged_rows is not None and k_buf.dtype == torch.float32 and q3.dtype == torch.float32:
-            q_pos, row_req = plan.window_positions()
-            r2t = self.req_to_token_pool.req_to_token
-            return self._paged_rows(
-                q3.contiguous(), k_buf, v_buf, r2t, row_req, q_pos, layer.sliding_window, layer.scaling, layer.logit_cap or 0.0
-            )
         win = self._window(plan, self.req_to_token_pool.req_to_token, layer.sliding_window)
         chunk = max(1, _WINDOW_CHUNK_ELEMS // (win.w * k_buf.shape[1] * k_buf.shape[2]))
         key = (layer.kv_layer_id, layer.sliding_window)

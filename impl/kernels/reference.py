@@ -60,3 +60,21 @@ def decode_attention_ref(q, k_buf, v_buf, q_positions, kv_indptr, kv_indices, sc
     qo_indptr = torch.arange(q.shape[0] + 1, device=q.device)
     return attention_ref(q, k_buf, v_buf, qo_indptr, q_positions, kv_indptr, kv_indices, scaling, window, logit_cap,
                          compute_dtype)
+
+
+def rows_attention_ref(q, k_buf, v_buf, req_to_token, row_req, q_pos, window: int, scaling: float, logit_cap: float):
+    """See ``cpu_attn.rows_attention``: row ``i`` attends to positions
+    ``max(0, p - window + 1) .. p`` (``window <= 0``: ``0 .. p``) of request row ``row_req[i]``."""
+    n, h, _ = q.shape
+    out = torch.empty_like(q)
+    for i in range(n):
+        p = int(q_pos[i])
+        lo = max(0, p - window + 1) if window > 0 else 0
+        slots = req_to_token[int(row_req[i]), lo : p + 1]
+        k = k_buf.index_select(0, slots).repeat_interleave(h // k_buf.shape[1], dim=1)  # [L, H, D]
+        v = v_buf.index_select(0, slots).repeat_interleave(h // v_buf.shape[1], dim=1)
+        s = torch.einsum("hd,lhd->hl", q[i], k) * scaling
+        if logit_cap > 0:
+            s = torch.tanh(s / logit_cap) * logit_cap
+        out[i] = torch.einsum("hl,lhd->hd", torch.softmax(s, dim=-1), v)
+    return out

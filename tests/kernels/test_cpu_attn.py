@@ -140,3 +140,39 @@ def test_bad_inputs_are_refused_with_a_message():
     with pytest.raises(RuntimeError, match="outside the pool"):
         cpu_attn.extend_attention_fwd(case.q, torch.empty_like(case.q), case.k_buf, case.v_buf, case.qo_indptr,
                                       case.q_positions, case.kv_indptr, bad, 2, 1.0)
+
+
+@pytest.mark.parametrize(
+    "n,heads,kv_heads,d,window,cap",
+    [(32, 4, 1, 16, 16, 0.0), (6, 4, 1, 32, 0, 0.0), (9, 8, 2, 16, 5, 30.0), (4, 2, 2, 16, 3, 0.0), (5, 8, 1, 64, 0, 0.0),
+     (40, 8, 1, 32, 7, 0.0)],
+)
+def test_rows_attention_matches_reference(n, heads, kv_heads, d, window, cap):
+    """torch_native's path on CPU: each query row over its own request's keys through req_to_token (rows in
+    random order, and runs of one request's consecutive positions sharing work items)."""
+    from impl.kernels.reference import rows_attention_ref
+
+    g = torch.Generator().manual_seed(7 * n + window)
+    slots, reqs, ctx = 600, 6, 300
+    k_buf, v_buf = torch.randn(slots, kv_heads, d, generator=g), torch.randn(slots, kv_heads, d, generator=g)
+    r2t = torch.randint(0, slots, (reqs, ctx), generator=g)
+    row_req = torch.randint(0, reqs, (n,), generator=g)
+    q_pos = torch.randint(0, ctx, (n,), generator=g)
+    q_pos[0] = 0  # a query at position 0 sees one key
+    if n >= 40:  # an extend-like run: one request's positions 100..119
+        row_req[10:30], q_pos[10:30] = 2, torch.arange(100, 120)
+    q = torch.randn(n, heads, d, generator=g)
+    got = cpu_attn.rows_attention(q, k_buf, v_buf, r2t, row_req, q_pos, window, 0.5, cap)
+    want = rows_attention_ref(q, k_buf, v_buf, r2t, row_req, q_pos, window, 0.5, cap)
+    assert float((got - want).abs().max()) <= 2e-6 * max(1.0, float(want.abs().max()))
+
+
+def test_rows_attention_rejects_bad_slots_and_positions():
+    q, kv = torch.randn(1, 4, 16), torch.randn(10, 1, 16)
+    r2t = torch.full((2, 8), 99, dtype=torch.int64)  # slot 99 is outside the 10-slot pool
+    with pytest.raises(RuntimeError, match="KV slot 99 outside the pool"):
+        cpu_attn.rows_attention(q, kv, kv, r2t, torch.tensor([0]), torch.tensor([3]), 0, 1.0)
+    with pytest.raises(RuntimeError, match="query position 8 outside req_to_token's 8 columns"):
+        cpu_attn.rows_attention(q, kv, kv, r2t.zero_(), torch.tensor([0]), torch.tensor([8]), 0, 1.0)
+    with pytest.raises(RuntimeError, match="row_req 5 outside req_to_token's 2 rows"):
+        cpu_attn.rows_attention(q, kv, kv, r2t, torch.tensor([5]), torch.tensor([1]), 0, 1.0)

@@ -96,3 +96,22 @@ def decode_attention_fwd(
     _ext().decode_attention(q, o, k_buf, v_buf, q_positions, kv_indptr, kv_indices, num_kv_splits, int(max_kv_splits),
                             float(sm_scale), int(window or 0), float(logit_cap or 0.0))
     return o
+
+
+def rows_attention(
+    q: torch.Tensor,  # [n, H, D]
+    k_buf: torch.Tensor,  # [capacity, KVH, D], q's dtype
+    v_buf: torch.Tensor,
+    req_to_token: torch.Tensor,  # [R, M] int64
+    row_req: torch.Tensor,  # [n] req_to_token row of each query row
+    q_pos: torch.Tensor,  # [n] absolute position of each query row
+    window: int | None,
+    sm_scale: float,
+    logit_cap: float | None = None,
+) -> torch.Tensor:
+    """Query rows over the paged pool through ``req_to_token`` (torch_native's metadata): row ``i`` sees
+    positions ``max(0, p - window + 1) .. p`` (no window: ``0 .. p``) of request row ``row_req[i]``.
+    Runs of consecutive rows of one request share work items, as extend rows do. Returns [n, H, D]."""
+    _check_cpu(q, k_buf, name="cpu_attn.rows_attention")
+    return _ext().rows_attention(q, k_buf, v_buf, req_to_token, row_req, q_pos, int(window or 0), float(sm_scale),
+                                 float(logit_cap or 0.0))

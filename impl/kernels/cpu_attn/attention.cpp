@@ -8,11 +8,11 @@
 //
 // Work is cut into tiles over the keys, not per-key loops: a work item holds `lanes` query vectors
 // (query rows x the G query heads of one KV head, so each K/V tile is read once for the group),
-// gathers a tile of keys through kv_indices into a transposed float32 buffer K^T [D, keys] (and V
-// into [keys, D], or points at the pool when the slots are consecutive float32 rows), and runs
-// S = Q K^T and O += P V as register-blocked micro-kernels (8 query vectors x 2 SIMD vectors of keys
-// or of head_dim per block, written with GCC vector types: AVX-512 where the CPU has it, else AVX2)
-// with an online softmax in between. (They replaced BLAS sgemm calls: MKL keeps to AVX2 off Intel
+// gathers a tile of keys through kv_indices into contiguous float32 [keys, D] buffers (or points at
+// the pool when the slots are consecutive float32 rows), and runs S^T = K Q^T (keys x SIMD vectors of
+// query lanes, K entries broadcast) and O += P V (query lanes x SIMD vectors of head_dim) as
+// register-blocked micro-kernels written with GCC vector types (AVX-512 where the CPU has it, else
+// AVX2), with an online softmax down the keys on whole vectors of lanes in between. (They replaced BLAS sgemm calls: MKL keeps to AVX2 off Intel
 // and costs more in call overhead than these thin products take.) Items run on ATen's thread pool,
 // largest first, pulled from a shared counter (causal rows differ in cost by up to the context
 // length, so a static split would idle a thread).
@@ -46,14 +46,15 @@ typedef float vfloat_u __attribute__((vector_size(kVec * sizeof(float)), aligned
 inline vfloat vload(const float* p) { return *reinterpret_cast<const vfloat_u*>(p); }
 inline void vstore(float* p, vfloat v) { *reinterpret_cast<vfloat_u*>(p) = v; }
 
-constexpr int64_t kLaneBlk = 8;         // query vectors per micro-kernel block (lanes are padded to it)
-constexpr int64_t kKeyBlk = 2 * kVec;   // keys per block of S (key tiles are padded to it)
+constexpr int64_t kLaneBlk = 8;  // query lanes per block of the P V micro-kernel (kVec is a multiple)
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 typedef int32_t vint __attribute__((vector_size(kVec * sizeof(int32_t))));
+typedef int32_t vint_u __attribute__((vector_size(kVec * sizeof(int32_t)), aligned(alignof(int32_t))));
+inline vint vload_i(const int32_t* p) { return *reinterpret_cast<const vint_u*>(p); }
 
 // exp of a SIMD vector for the softmax (arguments <= 0 after the max is subtracted) and the logit cap:
 // Cephes' expf polynomial after a round-to-nearest range reduction (the 1.5 * 2^23 shift); relative
@@ -122,73 +123,50 @@ inline const float* key_tile(const PoolHead<T>& pool, const int64_t* slots, int6
   return buf;
 }
 
-// Row stride of a K^T tile of ns keys: one SIMD vector more than ns, so that the D rows do not all map
-// to the same few cache sets (ns is a power of two for full tiles).
-inline int64_t kt_stride(int64_t ns) { return ns + kVec; }
-
-// Keys [t0, t0 + n) of a request as K^T [D, ns] float32, rows kt_stride(ns) apart (ns = n rounded up to
-// kKeyBlk; columns n..ns-1 zero).
-template <typename T>
-inline void key_tile_t(const PoolHead<T>& pool, const int64_t* slots, int64_t n, int64_t D, int64_t ns, float* kt) {
-  const int64_t ld = kt_stride(ns);
-  thread_local std::vector<T> zero_row;
-  if (static_cast<int64_t>(zero_row.size()) < D) zero_row.assign(D, T(0.f));
-  // kVec keys at a time: for each d one whole SIMD vector (a cache line with AVX-512) of K^T is written,
-  // gathered from kVec rows that stay in L1 (column-by-column scalar stores missed the cache per element).
-  for (int64_t j0 = 0; j0 < ns; j0 += kVec) {
-    const T* rows[kVec];
-    for (int64_t j = 0; j < kVec; ++j) {
-      if (j0 + j >= n) {
-        rows[j] = zero_row.data();
-        continue;
-      }
-      const int64_t slot = slots[j0 + j];
-      TORCH_CHECK(slot >= 0 && slot < pool.capacity, "KV slot ", slot, " outside the pool (capacity ", pool.capacity,
-                  ")");
-      rows[j] = pool.base + slot * pool.row_stride;
-    }
+// S^T [n, LP] = scale * K Q^T for the lane vectors [c0, c0 + LV) of Q^T: k rows at k + j * ldk (D floats
+// each), qt = Q^T [D, LP]. Blocks of KB keys x LV SIMD vectors of query lanes accumulate in registers
+// over d (K entries broadcast, so K is read in place: no transposed copy).
+template <int LV>
+inline void qk_lanes(const float* k, int64_t ldk, int64_t n, int64_t D, const float* qt, int64_t LP, int64_t c0,
+                     float scale, float* st) {
+  constexpr int KB = 16 / LV;
+  for (int64_t j0 = 0; j0 < n; j0 += KB) {
+    const int64_t kb = std::min<int64_t>(KB, n - j0);
+    const float* kr[KB];
+    for (int b = 0; b < KB; ++b) kr[b] = k + (j0 + std::min<int64_t>(b, kb - 1)) * ldk;  // tail: last row again
+    vfloat acc[KB][LV] = {};
     for (int64_t d = 0; d < D; ++d) {
-      vfloat x;
-      for (int64_t j = 0; j < kVec; ++j) x[j] = to_f32(rows[j][d]);
-      vstore(kt + d * ld + j0, x);
+      vfloat qv[LV];
+      for (int c = 0; c < LV; ++c) qv[c] = vload(qt + d * LP + c0 + c * kVec);
+      for (int b = 0; b < KB; ++b) {
+        const float x = kr[b][d];
+        for (int c = 0; c < LV; ++c) acc[b][c] += x * qv[c];
+      }
+    }
+    for (int64_t b = 0; b < kb; ++b) {
+      for (int c = 0; c < LV; ++c) vstore(st + (j0 + b) * LP + c0 + c * kVec, acc[b][c] * scale);
     }
   }
 }
 
-// s [lanes_pad, ns] = scale * Q K^T: q [lanes_pad, D], kt [D, ns] (rows kt_stride(ns) apart); blocks of
-// kLaneBlk queries x kKeyBlk keys accumulate in registers over d.
-inline void qk_blocks(const float* q, int64_t lanes_pad, int64_t D, const float* kt, int64_t ns, float scale,
-                      float* s) {
-  const int64_t ld = kt_stride(ns);
-  for (int64_t i0 = 0; i0 < lanes_pad; i0 += kLaneBlk) {
-    const float* qb = q + i0 * D;
-    for (int64_t j0 = 0; j0 < ns; j0 += kKeyBlk) {
-      vfloat a0[kLaneBlk] = {}, a1[kLaneBlk] = {};
-      for (int64_t d = 0; d < D; ++d) {
-        const vfloat k0 = vload(kt + d * ld + j0), k1 = vload(kt + d * ld + j0 + kVec);
-        for (int64_t i = 0; i < kLaneBlk; ++i) {
-          const float x = qb[i * D + d];
-          a0[i] += x * k0;
-          a1[i] += x * k1;
-        }
-      }
-      for (int64_t i = 0; i < kLaneBlk; ++i) {
-        vstore(s + (i0 + i) * ns + j0, a0[i] * scale);
-        vstore(s + (i0 + i) * ns + j0 + kVec, a1[i] * scale);
-      }
-    }
-  }
+inline void qk_all_lanes(const float* k, int64_t ldk, int64_t n, int64_t D, const float* qt, int64_t LP, float scale,
+                         float* st) {
+  const int64_t nv = LP / kVec;
+  int64_t c = 0;
+  for (; c + 8 <= nv; c += 8) qk_lanes<8>(k, ldk, n, D, qt, LP, c * kVec, scale, st);
+  for (; c + 4 <= nv; c += 4) qk_lanes<4>(k, ldk, n, D, qt, LP, c * kVec, scale, st);
+  for (; c + 2 <= nv; c += 2) qk_lanes<2>(k, ldk, n, D, qt, LP, c * kVec, scale, st);
+  for (; c < nv; ++c) qk_lanes<1>(k, ldk, n, D, qt, LP, c * kVec, scale, st);
 }
 
-// acc [lanes_pad, D] += P V over the first n keys: p [lanes_pad, ns], v rows at v + j * ldv. Blocks of
-// kLaneBlk queries x 2 (or 1) SIMD vectors of head_dim accumulate in registers over the keys.
-inline void pv_blocks(const float* p, int64_t lanes_pad, int64_t ns, int64_t n, const float* v, int64_t ldv, int64_t D,
-                      float* acc) {
+// acc [LP, D] += P V over n keys: pt = P^T [n, LP], v rows at v + j * ldv. Blocks of kLaneBlk lanes x 2
+// (or 1) SIMD vectors of head_dim accumulate in registers over the keys.
+inline void pv_blocks(const float* pt, int64_t LP, int64_t n, const float* v, int64_t ldv, int64_t D, float* acc) {
   if (D % kVec != 0) {  // head_dim not a multiple of the SIMD width (tiny test models): plain loops
     for (int64_t j = 0; j < n; ++j) {
       const float* vr = v + j * ldv;
-      for (int64_t i = 0; i < lanes_pad; ++i) {
-        const float w = p[i * ns + j];
+      for (int64_t i = 0; i < LP; ++i) {
+        const float w = pt[j * LP + i];
         float* o = acc + i * D;
 #pragma omp simd
         for (int64_t d = 0; d < D; ++d) o[d] += w * vr[d];
@@ -196,8 +174,8 @@ inline void pv_blocks(const float* p, int64_t lanes_pad, int64_t ns, int64_t n, 
     }
     return;
   }
-  for (int64_t i0 = 0; i0 < lanes_pad; i0 += kLaneBlk) {
-    const float* pb = p + i0 * ns;
+  for (int64_t i0 = 0; i0 < LP; i0 += kLaneBlk) {
+    const float* pb = pt + i0;
     float* ab = acc + i0 * D;
     int64_t d0 = 0;
     for (; d0 + 2 * kVec <= D; d0 += 2 * kVec) {
@@ -209,7 +187,7 @@ inline void pv_blocks(const float* p, int64_t lanes_pad, int64_t ns, int64_t n, 
       for (int64_t j = 0; j < n; ++j) {
         const vfloat v0 = vload(v + j * ldv + d0), v1 = vload(v + j * ldv + d0 + kVec);
         for (int64_t i = 0; i < kLaneBlk; ++i) {
-          const float w = pb[i * ns + j];
+          const float w = pb[j * LP + i];
           a0[i] += w * v0;
           a1[i] += w * v1;
         }
@@ -224,14 +202,14 @@ inline void pv_blocks(const float* p, int64_t lanes_pad, int64_t ns, int64_t n, 
       for (int64_t i = 0; i < kLaneBlk; ++i) a0[i] = vload(ab + i * D + d0);
       for (int64_t j = 0; j < n; ++j) {
         const vfloat v0 = vload(v + j * ldv + d0);
-        for (int64_t i = 0; i < kLaneBlk; ++i) a0[i] += pb[i * ns + j] * v0;
+        for (int64_t i = 0; i < kLaneBlk; ++i) a0[i] += pb[j * LP + i] * v0;
       }
       for (int64_t i = 0; i < kLaneBlk; ++i) vstore(ab + i * D + d0, a0[i]);
     }
   }
 }
 
-// Online-softmax state of `lanes` query vectors: running max m, denominator l, unnormalised acc.
+// Online-softmax state of LP query lanes: running max m, denominator l, unnormalised acc [LP, D].
 struct Softmax {
   std::vector<float> m, l, acc;
   void reset(int64_t lanes, int64_t D) {
@@ -247,79 +225,79 @@ struct TileArgs {
   float cap;  // 0: no logit cap
 };
 
-// One key tile [t0, t0 + n) for `lanes` queries q [lanes_pad, D] (rows past `lanes` zero); lane i sees
-// keys [lo[i], hi[i]). kt: K^T [D, ns]; s: [lanes_pad, ns] scratch; st holds lanes_pad lanes.
-inline void attend_tile(const TileArgs& a, const float* q, int64_t lanes, int64_t lanes_pad, const float* kt,
-                        int64_t ns, const float* v, int64_t ldv, int64_t t0, int64_t n, const int64_t* lo,
-                        const int64_t* hi, float* s, Softmax& st) {
-  const int64_t D = a.D;
-  qk_blocks(q, lanes_pad, D, kt, ns, a.scale, s);
-  for (int64_t i = 0; i < lanes_pad; ++i) {
-    float* row = s + i * ns;
-    const int64_t b = i < lanes ? std::clamp<int64_t>(lo[i] - t0, 0, n) : 0;
-    const int64_t e = i < lanes ? std::clamp<int64_t>(hi[i] - t0, 0, n) : 0;
-    if (b >= e) {  // no visible key in this tile (or a padding lane)
-      std::fill(row, row + ns, 0.f);
-      continue;
-    }
-    // Whole SIMD vectors over the padded row; keys outside [b, e) are -inf for the max and 0 after exp.
-    if (a.cap > 0.f) {  // cap * tanh(s / cap) = cap * (1 - 2 / (exp(2 s / cap) + 1))
-      const float two_over_cap = 2.f / a.cap, cap = a.cap;
-      for (int64_t j = 0; j < ns; j += kVec) {
-        vstore(row + j, cap - 2.f * cap / (vexp(vload(row + j) * two_over_cap) + 1.f));
-      }
-    }
-    std::fill(row, row + b, kNegInf);
-    std::fill(row + e, row + ns, kNegInf);
-    vfloat vmax = vfloat{} + kNegInf;
-    for (int64_t j = 0; j < ns; j += kVec) {
-      const vfloat x = vload(row + j);
+// One key tile [t0, t0 + n) for `lanes` query lanes, LP = lanes rounded up to kVec (padding lanes see no
+// key); lane i sees keys [lo[i], hi[i]). qt: Q^T [D, LP]; k / v rows ldk / ldv apart; st_buf: S^T [n, LP]
+// scratch. Softmax runs down the keys with whole vectors of lanes; masked keys are -inf, then exactly 0.
+inline void attend_tile(const TileArgs& a, const float* qt, int64_t lanes, int64_t LP, const float* k, int64_t ldk,
+                        const float* v, int64_t ldv, int64_t t0, int64_t n, const int64_t* lo, const int64_t* hi,
+                        float* st_buf, Softmax& st) {
+  const int64_t D = a.D, nv = LP / kVec;
+  qk_all_lanes(k, ldk, n, D, qt, LP, a.scale, st_buf);
+  thread_local std::vector<int32_t> blo, bhi;  // each lane's visible keys within this tile: [blo, bhi)
+  blo.assign(LP, 0);
+  bhi.assign(LP, 0);
+  for (int64_t i = 0; i < lanes; ++i) {
+    blo[i] = static_cast<int32_t>(std::clamp<int64_t>(lo[i] - t0, 0, n));
+    bhi[i] = static_cast<int32_t>(std::clamp<int64_t>(hi[i] - t0, 0, n));
+  }
+  const vfloat ninf = vfloat{} + kNegInf;
+  for (int64_t c = 0; c < nv; ++c) {
+    const int64_t l0 = c * kVec;
+    const vint vlo = vload_i(blo.data() + l0), vhi = vload_i(bhi.data() + l0);
+    vfloat vmax = ninf;
+    for (int64_t j = 0; j < n; ++j) {
+      float* p = st_buf + j * LP + l0;
+      vfloat x = vload(p);
+      if (a.cap > 0.f) x = a.cap - 2.f * a.cap / (vexp(x * (2.f / a.cap)) + 1.f);  // cap * tanh(s / cap)
+      const vint jv = vint{} + static_cast<int32_t>(j);
+      x = (jv >= vlo) & (jv < vhi) ? x : ninf;
+      vstore(p, x);
       vmax = x > vmax ? x : vmax;
     }
-    float mx = kNegInf;
-    for (int64_t l = 0; l < kVec; ++l) mx = std::max(mx, vmax[l]);
-    const float m_new = std::max(st.m[i], mx);
-    for (int64_t j = 0; j < ns; j += kVec) vstore(row + j, vexp(vload(row + j) - m_new));
-    std::fill(row, row + b, 0.f);
-    std::fill(row + e, row + ns, 0.f);
+    const vfloat m_old = vload(st.m.data() + l0);
+    const vfloat m_new = vmax > m_old ? vmax : m_old;
     vfloat vsum = vfloat{};
-    for (int64_t j = 0; j < ns; j += kVec) vsum += vload(row + j);
-    float sum = 0.f;
-    for (int64_t l = 0; l < kVec; ++l) sum += vsum[l];
-    const float alpha = st.m[i] == kNegInf ? 0.f : std::exp(st.m[i] - m_new);
-    st.l[i] = st.l[i] * alpha + sum;
-    st.m[i] = m_new;
-    if (alpha != 1.f) {
-      float* acc = st.acc.data() + i * D;
+    for (int64_t j = 0; j < n; ++j) {
+      float* p = st_buf + j * LP + l0;
+      const vfloat x = vload(p);
+      const vfloat e = x == ninf ? vfloat{} : vexp(x - m_new);
+      vstore(p, e);
+      vsum += e;
+    }
+    const vfloat alpha = m_old == ninf ? vfloat{} : vexp(m_old - m_new);
+    vstore(st.l.data() + l0, vload(st.l.data() + l0) * alpha + vsum);
+    vstore(st.m.data() + l0, m_new);
+    for (int64_t i = 0; i < kVec; ++i) {
+      if (alpha[i] == 1.f) continue;
+      float* acc = st.acc.data() + (l0 + i) * D;
 #pragma omp simd
-      for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
+      for (int64_t d = 0; d < D; ++d) acc[d] *= alpha[i];
     }
   }
-  pv_blocks(s, lanes_pad, ns, n, v, ldv, D, st.acc.data());
+  pv_blocks(st_buf, LP, n, v, ldv, D, st.acc.data());
 }
 
 // Keys [key_lo, key_hi) of one request (pool slots `slots`) and KV head `h`, one tile of BN keys at a time,
-// for `lanes` query vectors q [lanes_pad, D]; lane i sees keys [lo[i], hi[i]). Scratch: kt [D, BN] (K^T),
-// vbuf [BN, D], s [lanes_pad, BN] (BN a multiple of kKeyBlk; kt holds D x kt_stride(BN)).
+// for `lanes` query lanes (qt = Q^T [D, LP]); lane i sees keys [lo[i], hi[i]). Scratch: kbuf / vbuf [BN, D],
+// s [BN, LP].
 template <typename T>
 void attend_keys(const TileArgs& a, const torch::Tensor& k_buf, const torch::Tensor& v_buf, int64_t h,
-                 const int64_t* slots, int64_t key_lo, int64_t key_hi, int64_t BN, const float* q, int64_t lanes,
-                 int64_t lanes_pad, const int64_t* lo, const int64_t* hi, float* kt, float* vbuf, float* s,
-                 Softmax& st) {
+                 const int64_t* slots, int64_t key_lo, int64_t key_hi, int64_t BN, const float* qt, int64_t lanes,
+                 int64_t LP, const int64_t* lo, const int64_t* hi, float* kbuf, float* vbuf, float* s, Softmax& st) {
   const int64_t cap_n = k_buf.size(0);
   const PoolHead<T> kh{k_buf.data_ptr<T>() + h * k_buf.stride(1), k_buf.stride(0), cap_n};
   const PoolHead<T> vh{v_buf.data_ptr<T>() + h * v_buf.stride(1), v_buf.stride(0), cap_n};
   for (int64_t t0 = key_lo; t0 < key_hi; t0 += BN) {
-    const int64_t n = std::min(BN, key_hi - t0), ns = round_up(n, kKeyBlk);
-    int64_t ldv;
-    key_tile_t(kh, slots + t0, n, a.D, ns, kt);
+    const int64_t n = std::min(BN, key_hi - t0);
+    int64_t ldk, ldv;
+    const float* kt = key_tile(kh, slots + t0, n, a.D, kbuf, &ldk);
     const float* vt = key_tile(vh, slots + t0, n, a.D, vbuf, &ldv);
-    attend_tile(a, q, lanes, lanes_pad, kt, ns, vt, ldv, t0, n, lo, hi, s, st);
+    attend_tile(a, qt, lanes, LP, kt, ldk, vt, ldv, t0, n, lo, hi, s, st);
   }
 }
 
 // Keys per tile: about 128 KB of float32 K (and as much V) per tile.
-inline int64_t tile_keys(int64_t D) { return round_up(std::clamp<int64_t>(32768 / D, 32, 512), kKeyBlk); }
+inline int64_t tile_keys(int64_t D) { return std::clamp<int64_t>(32768 / D, 32, 512); }
 
 // Runs items 0..n-1 (already ordered largest first) on ATen's pool, pulled from a shared counter.
 template <typename F>
@@ -352,10 +330,12 @@ void check_args(const torch::Tensor& q, const torch::Tensor& o, const torch::Ten
 
 // ---------------------------------------------------------------- extend
 
+// Request b: query rows qo[b]..qo[b+1] at positions qpos, keys 0..kv_lens[b]-1 at pool slots slots[b][0..].
 template <typename T>
 void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
-                 const std::vector<int64_t>& qo, const std::vector<int64_t>& qpos, const std::vector<int64_t>& kvp,
-                 const std::vector<int64_t>& kvi, double sm_scale, int64_t window, double logit_cap) {
+                 const std::vector<int64_t>& qo, const std::vector<int64_t>& qpos,
+                 const std::vector<const int64_t*>& slots, const std::vector<int64_t>& kv_lens, double sm_scale,
+                 int64_t window, double logit_cap) {
   const int64_t B = static_cast<int64_t>(qo.size()) - 1, H = q.size(1), D = q.size(2), Hkv = k_buf.size(1);
   const int64_t G = H / Hkv;
   const int64_t rows_per_item = std::max<int64_t>(1, 128 / G);  // about 128 query vectors share each K/V tile
@@ -365,7 +345,7 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
   };
   std::vector<Item> items;
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t kv_len = kvp[b + 1] - kvp[b];
+    const int64_t kv_len = kv_lens[b];
     for (int64_t r0 = qo[b]; r0 < qo[b + 1]; r0 += rows_per_item) {
       const int64_t r1 = std::min(r0 + rows_per_item, qo[b + 1]);
       int64_t pmin = std::numeric_limits<int64_t>::max(), pmax = -1;
@@ -386,31 +366,30 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
   const TileArgs args{D, static_cast<float>(sm_scale), static_cast<float>(logit_cap)};
   run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
     const Item& it = items[idx];
-    const int64_t lanes = (it.r1 - it.r0) * G, lanes_pad = round_up(lanes, kLaneBlk);
-    thread_local std::vector<float> qbuf, kbuf, vbuf, sbuf;
+    const int64_t lanes = (it.r1 - it.r0) * G, LP = round_up(lanes, kVec);
+    thread_local std::vector<float> qt, kbuf, vbuf, sbuf;
     thread_local std::vector<int64_t> lo, hi;
     thread_local Softmax st;
-    qbuf.assign(lanes_pad * D, 0.f);
-    kbuf.resize(kt_stride(BN) * D);
+    qt.assign(D * LP, 0.f);  // Q^T [D, LP]
+    kbuf.resize(BN * D);
     vbuf.resize(BN * D);
-    sbuf.resize(lanes_pad * BN);
+    sbuf.resize(BN * LP);
     lo.resize(lanes);
     hi.resize(lanes);
-    st.reset(lanes_pad, D);
-    const int64_t kv_len = kvp[it.b + 1] - kvp[it.b];
+    st.reset(LP, D);
+    const int64_t kv_len = kv_lens[it.b];
     for (int64_t r = it.r0; r < it.r1; ++r) {
       const int64_t p = qpos[r];
       for (int64_t g = 0; g < G; ++g) {
         const int64_t lane = (r - it.r0) * G + g;
         const T* src = qd + r * sq0 + (it.h * G + g) * sq1;
-        float* dst = qbuf.data() + lane * D;
-        for (int64_t d = 0; d < D; ++d) dst[d] = to_f32(src[d]);
+        for (int64_t d = 0; d < D; ++d) qt[d * LP + lane] = to_f32(src[d]);
         hi[lane] = std::min(p + 1, kv_len);
         lo[lane] = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
       }
     }
-    attend_keys<T>(args, k_buf, v_buf, it.h, kvi.data() + kvp[it.b], it.lo, it.hi, BN, qbuf.data(), lanes, lanes_pad,
-                   lo.data(), hi.data(), kbuf.data(), vbuf.data(), sbuf.data(), st);
+    attend_keys<T>(args, k_buf, v_buf, it.h, slots[it.b], it.lo, it.hi, BN, qt.data(), lanes, LP, lo.data(), hi.data(),
+                   kbuf.data(), vbuf.data(), sbuf.data(), st);
     for (int64_t r = it.r0; r < it.r1; ++r) {
       for (int64_t g = 0; g < G; ++g) {
         const int64_t lane = (r - it.r0) * G + g;
@@ -456,23 +435,23 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
   const TileArgs args{D, static_cast<float>(sm_scale), static_cast<float>(logit_cap)};
   run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
     const Item& it = items[idx];
-    thread_local std::vector<float> qbuf, kbuf, vbuf, sbuf;
+    thread_local std::vector<float> qt, kbuf, vbuf, sbuf;
     thread_local std::vector<int64_t> lo, hi;
     thread_local Softmax st;
-    const int64_t lanes_pad = round_up(G, kLaneBlk);
-    qbuf.assign(lanes_pad * D, 0.f);
-    kbuf.resize(kt_stride(BN) * D);
+    const int64_t LP = round_up(G, kVec);
+    qt.assign(D * LP, 0.f);  // Q^T [D, LP]
+    kbuf.resize(BN * D);
     vbuf.resize(BN * D);
-    sbuf.resize(lanes_pad * BN);
+    sbuf.resize(BN * LP);
     lo.assign(G, it.lo);
     hi.assign(G, it.hi);
-    st.reset(lanes_pad, D);
+    st.reset(LP, D);
     for (int64_t g = 0; g < G; ++g) {
       const T* src = qd + it.b * q.stride(0) + (it.h * G + g) * q.stride(1);
-      for (int64_t d = 0; d < D; ++d) qbuf[g * D + d] = to_f32(src[d]);
+      for (int64_t d = 0; d < D; ++d) qt[d * LP + g] = to_f32(src[d]);
     }
-    attend_keys<T>(args, k_buf, v_buf, it.h, kvi.data() + kvp[it.b], it.lo, it.hi, BN, qbuf.data(), G, lanes_pad,
-                   lo.data(), hi.data(), kbuf.data(), vbuf.data(), sbuf.data(), st);
+    attend_keys<T>(args, k_buf, v_buf, it.h, kvi.data() + kvp[it.b], it.lo, it.hi, BN, qt.data(), G, LP, lo.data(),
+                   hi.data(), kbuf.data(), vbuf.data(), sbuf.data(), st);
     for (int64_t g = 0; g < G; ++g) {
       const int64_t head = it.h * G + g;
       const bool nonempty = st.l[g] > 0.f;
@@ -518,6 +497,25 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
 
 }  // namespace
 
+void extend_dispatch(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
+                     const std::vector<int64_t>& qo, const std::vector<int64_t>& qpos,
+                     const std::vector<const int64_t*>& slots, const std::vector<int64_t>& kv_lens, double sm_scale,
+                     int64_t window, double logit_cap) {
+  switch (q.scalar_type()) {
+    case torch::kFloat32:
+      extend_impl<float>(q, o, k_buf, v_buf, qo, qpos, slots, kv_lens, sm_scale, window, logit_cap);
+      break;
+    case torch::kBFloat16:
+      extend_impl<at::BFloat16>(q, o, k_buf, v_buf, qo, qpos, slots, kv_lens, sm_scale, window, logit_cap);
+      break;
+    case torch::kFloat16:
+      extend_impl<at::Half>(q, o, k_buf, v_buf, qo, qpos, slots, kv_lens, sm_scale, window, logit_cap);
+      break;
+    default:
+      TORCH_CHECK(false, "CPU attention kernels take float32, bfloat16 or float16, got ", q.scalar_type());
+  }
+}
+
 void extend_attention(torch::Tensor q, torch::Tensor o, torch::Tensor k_buf, torch::Tensor v_buf,
                       torch::Tensor qo_indptr, torch::Tensor q_positions, torch::Tensor kv_indptr,
                       torch::Tensor kv_indices, double sm_scale, int64_t window, double logit_cap) {
@@ -528,22 +526,49 @@ void extend_attention(torch::Tensor q, torch::Tensor o, torch::Tensor k_buf, tor
   TORCH_CHECK(qo.front() == 0 && qo.back() <= q.size(0) && static_cast<int64_t>(qpos.size()) == q.size(0),
               "qo_indptr / q_positions do not match q's rows");
   TORCH_CHECK(kvp.front() >= 0 && kvp.back() <= static_cast<int64_t>(kvi.size()), "kv_indptr runs past kv_indices");
+  std::vector<const int64_t*> slots;
+  std::vector<int64_t> kv_lens;
   for (size_t b = 0; b + 1 < qo.size(); ++b) {
     TORCH_CHECK(qo[b + 1] >= qo[b] && kvp[b + 1] >= kvp[b], "indptr arrays must be non-decreasing");
+    slots.push_back(kvi.data() + kvp[b]);
+    kv_lens.push_back(kvp[b + 1] - kvp[b]);
   }
-  switch (q.scalar_type()) {
-    case torch::kFloat32:
-      extend_impl<float>(q, o, k_buf, v_buf, qo, qpos, kvp, kvi, sm_scale, window, logit_cap);
-      break;
-    case torch::kBFloat16:
-      extend_impl<at::BFloat16>(q, o, k_buf, v_buf, qo, qpos, kvp, kvi, sm_scale, window, logit_cap);
-      break;
-    case torch::kFloat16:
-      extend_impl<at::Half>(q, o, k_buf, v_buf, qo, qpos, kvp, kvi, sm_scale, window, logit_cap);
-      break;
-    default:
-      TORCH_CHECK(false, "CPU attention kernels take float32, bfloat16 or float16, got ", q.scalar_type());
+  extend_dispatch(q, o, k_buf, v_buf, qo, qpos, slots, kv_lens, sm_scale, window, logit_cap);
+}
+
+// Attention of query rows over the paged KV pool through req_to_token (torch_native's metadata): row i
+// is at position q_pos[i] of request row row_req[i] and sees positions max(0, p - window + 1) .. p
+// (window <= 0: 0 .. p) at slots req_to_token[row_req[i], .]. Runs of consecutive rows of one request
+// share work items as extend rows do. q [n, H, D]; returns [n, H, D] in q's dtype.
+torch::Tensor rows_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor v_buf, torch::Tensor req_to_token,
+                             torch::Tensor row_req, torch::Tensor q_pos, int64_t window, double sm_scale,
+                             double logit_cap) {
+  q = q.contiguous();
+  auto o = torch::empty_like(q);
+  check_args(q, o, k_buf, v_buf);
+  TORCH_CHECK(req_to_token.scalar_type() == torch::kInt64 && req_to_token.dim() == 2 && req_to_token.stride(1) == 1,
+              "req_to_token must be int64 [R, M] with contiguous rows");
+  const auto rr = as_i64(row_req, "row_req"), qpos = as_i64(q_pos, "q_pos");
+  const int64_t n = q.size(0), R = req_to_token.size(0), M = req_to_token.size(1);
+  TORCH_CHECK(static_cast<int64_t>(rr.size()) == n && static_cast<int64_t>(qpos.size()) == n,
+              "row_req / q_pos must have one entry per query row");
+  const int64_t* r2t = req_to_token.data_ptr<int64_t>();
+  std::vector<int64_t> qo{0};
+  std::vector<const int64_t*> slots;
+  std::vector<int64_t> kv_lens;
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(rr[i] >= 0 && rr[i] < R, "row_req ", rr[i], " outside req_to_token's ", R, " rows");
+    TORCH_CHECK(qpos[i] >= 0 && qpos[i] < M, "query position ", qpos[i], " outside req_to_token's ", M, " columns");
+    if (i == 0 || rr[i] != rr[i - 1]) {  // a new run of rows of one request
+      if (i > 0) qo.push_back(i);
+      slots.push_back(r2t + rr[i] * req_to_token.stride(0));
+      kv_lens.push_back(0);
+    }
+    kv_lens.back() = std::max(kv_lens.back(), qpos[i] + 1);
   }
+  qo.push_back(n);
+  if (n > 0) extend_dispatch(q, o, k_buf, v_buf, qo, qpos, slots, kv_lens, sm_scale, window, logit_cap);
+  return o;
 }
 
 void decode_attention(torch::Tensor q, torch::Tensor o, torch::Tensor k_buf, torch::Tensor v_buf,
@@ -575,7 +600,13 @@ void decode_attention(torch::Tensor q, torch::Tensor o, torch::Tensor k_buf, tor
   }
 }
 
+// The kernels touch no Python object: they run with the GIL released, so a server's other Python threads
+// (HTTP handlers, the detokenizer) run meanwhile instead of taking the GIL from the scheduler thread
+// between its kernel calls.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("extend_attention", &extend_attention, "extend attention over the paged KV pool (CPU, fp32 accumulation)");
-  m.def("decode_attention", &decode_attention, "split-KV decode attention over the paged KV pool (CPU)");
+  using release = py::call_guard<py::gil_scoped_release>;
+  m.def("extend_attention", &extend_attention, "extend attention over the paged KV pool (CPU, fp32 accumulation)",
+        release());
+  m.def("decode_attention", &decode_attention, "split-KV decode attention over the paged KV pool (CPU)", release());
+  m.def("rows_attention", &rows_attention, "query rows over the paged KV pool through req_to_token (CPU)", release());
 }

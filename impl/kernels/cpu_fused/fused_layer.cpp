@@ -281,145 +281,16 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   return out;
 }
 
-// Attention of independent query rows over the paged KV pool, each row against its own keys:
-// positions max(0, p - window + 1) .. p of its request (window <= 0: 0 .. p), slots read through
-// req_to_token (no gathered copy, no padding). For sliding-window layers (few keys per row) and
-// decode rows. Softmax as exp(s - max) / sum, the exponentials in one vectorized ATen call over
-// all rows' scores.
-//   q [n, H, D]; k_buf / v_buf [N, Hkv, D]; req_to_token [R, M] int64; row_req / q_pos [n] int64.
-// Returns [n, H, D].
-torch::Tensor paged_attention_rows(torch::Tensor q, torch::Tensor k_buf, torch::Tensor v_buf, torch::Tensor req_to_token,
-                                   torch::Tensor row_req, torch::Tensor q_pos, int64_t window, double scaling,
-                                   double logit_cap) {
-  q = f32_rows(q, "q", 3);
-  check_f32(k_buf, "k_buf", 3);
-  check_f32(v_buf, "v_buf", 3);
-  TORCH_CHECK(req_to_token.scalar_type() == torch::kInt64 && req_to_token.dim() == 2 && req_to_token.stride(1) == 1,
-              "req_to_token must be int64 [R, M] with contiguous rows");
-  TORCH_CHECK(row_req.scalar_type() == torch::kInt64 && q_pos.scalar_type() == torch::kInt64, "row_req / q_pos must be int64");
-  auto rr = row_req.contiguous();
-  auto qp = q_pos.contiguous();
-  const int64_t n = q.size(0), H = q.size(1), D = q.size(2), Hkv = k_buf.size(1);
-  TORCH_CHECK(rr.numel() == n && qp.numel() == n, "row_req / q_pos must have one entry per query row");
-  TORCH_CHECK(k_buf.size(2) == D && v_buf.size(1) == Hkv && v_buf.size(2) == D && H % Hkv == 0, "bad head layout");
-  const int64_t G = H / Hkv, cap_n = k_buf.size(0), r2t_stride = req_to_token.stride(0);
-  const int64_t* rrp = rr.data_ptr<int64_t>();
-  const int64_t* qpp = qp.data_ptr<int64_t>();
-  const int64_t* r2t = req_to_token.data_ptr<int64_t>();
-  const float* qd = q.data_ptr<float>();
-  const float* kb = k_buf.data_ptr<float>();
-  const float* vb = v_buf.data_ptr<float>();
-  // Pass 1: scores of every (row, head, key) packed row by row; offsets[i] = start of row i.
-  std::vector<int64_t> first(n), offsets(n + 1);
-  offsets[0] = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t p = qpp[i];
-    TORCH_CHECK(p >= 0 && p < req_to_token.size(1), "query position out of range");
-    first[i] = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
-    offsets[i + 1] = offsets[i] + H * (p - first[i] + 1);
-  }
-  auto scores = torch::empty({offsets[n]}, q.options());
-  float* sp = scores.data_ptr<float>();
-  const float scale = static_cast<float>(scaling);
-  for_rows(n, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const int64_t L = qpp[i] - first[i] + 1;
-      const int64_t* slots = r2t + rrp[i] * r2t_stride + first[i];
-      for (int64_t j = 0; j < L; ++j) {
-        TORCH_CHECK(slots[j] >= 0 && slots[j] < cap_n, "KV slot out of range");
-      }
-      for (int64_t kh = 0; kh < Hkv; ++kh) {
-        const float* q0 = qd + (i * H + kh * G) * D;  // the G query heads of this KV head, adjacent
-        float* srow = sp + offsets[i] + kh * G * L;     // [G, L] scores of these heads
-        if (G == 4) {  // one pass over the keys serves four heads (Gemma-4: 4 or 8 heads per KV head)
-          const float *q1 = q0 + D, *q2 = q0 + 2 * D, *q3 = q0 + 3 * D;
-          for (int64_t j = 0; j < L; ++j) {
-            const float* kr = kb + (slots[j] * Hkv + kh) * D;
-            float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-#pragma omp simd reduction(+ : a0, a1, a2, a3)
-            for (int64_t d = 0; d < D; ++d) {
-              const float k = kr[d];
-              a0 = std::fma(q0[d], k, a0);
-              a1 = std::fma(q1[d], k, a1);
-              a2 = std::fma(q2[d], k, a2);
-              a3 = std::fma(q3[d], k, a3);
-            }
-            srow[j] = a0 * scale;
-            srow[L + j] = a1 * scale;
-            srow[2 * L + j] = a2 * scale;
-            srow[3 * L + j] = a3 * scale;
-          }
-          continue;
-        }
-        for (int64_t j = 0; j < L; ++j) {
-          const float* kr = kb + (slots[j] * Hkv + kh) * D;
-          for (int64_t g = 0; g < G; ++g) {
-            const float* qr = q0 + g * D;
-            float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-            for (int64_t d = 0; d < D; ++d) acc = std::fma(qr[d], kr[d], acc);
-            srow[g * L + j] = acc * scale;
-          }
-        }
-      }
-    }
-  });
-  if (logit_cap > 0) {
-    scores.div_(logit_cap).tanh_().mul_(logit_cap);
-  }
-  // Softmax: subtract each (row, head) max, one exp over everything, then normalise while summing V.
-  for_rows(n, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const int64_t L = qpp[i] - first[i] + 1;
-      for (int64_t head = 0; head < H; ++head) {
-        float* s = sp + offsets[i] + head * L;
-        float m = s[0];
-        for (int64_t j = 1; j < L; ++j) m = s[j] > m ? s[j] : m;
-#pragma omp simd
-        for (int64_t j = 0; j < L; ++j) s[j] = s[j] - m;
-      }
-    }
-  });
-  scores.exp_();
-  auto out = torch::zeros({n, H, D}, q.options());
-  float* op = out.data_ptr<float>();
-  for_rows(n, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const int64_t L = qpp[i] - first[i] + 1;
-      const int64_t* slots = r2t + rrp[i] * r2t_stride + first[i];
-      for (int64_t head = 0; head < H; ++head) {
-        float* s = sp + offsets[i] + head * L;
-        float total = 0.f;
-        for (int64_t j = 0; j < L; ++j) total += s[j];
-        const float inv = 1.0f / total;
-#pragma omp simd
-        for (int64_t j = 0; j < L; ++j) s[j] = s[j] * inv;
-      }
-      for (int64_t j = 0; j < L; ++j) {
-        const int64_t slot = slots[j];
-        for (int64_t kh = 0; kh < Hkv; ++kh) {
-          const float* vr = vb + (slot * Hkv + kh) * D;
-          for (int64_t g = 0; g < G; ++g) {
-            const int64_t head = kh * G + g;
-            const float w = sp[offsets[i] + head * L + j];
-            float* o = op + (i * H + head) * D;
-#pragma omp simd
-            for (int64_t d = 0; d < D; ++d) o[d] = std::fma(w, vr[d], o[d]);
-          }
-        }
-      }
-    }
-  });
-  return out;
-}
-
+// The kernels touch no Python object: they run with the GIL released, so a server's other Python threads
+// (HTTP handlers, the detokenizer) run meanwhile instead of taking the GIL from the scheduler thread
+// between its kernel calls.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("attn_pre", &attn_pre, "input norm + projection + head norms + RoPE (float32, CPU)", py::arg("h"),
+  using release = py::call_guard<py::gil_scoped_release>;
+  m.def("attn_pre", &attn_pre, "input norm + projection + head norms + RoPE (float32, CPU)", release(), py::arg("h"),
         py::arg("w_in"), py::arg("proj_w"), py::arg("head_w"), py::arg("cos"), py::arg("sin_signed"), py::arg("q_heads"),
         py::arg("eps"), py::arg("onednn") = false);
-  m.def("paged_attention_rows", &paged_attention_rows, "per-row attention over the paged KV pool (float32, CPU)");
   m.def("decoder_post", &decoder_post, "o_proj + norms + residuals + MLP + PLE + layer scalar (float32, CPU)",
-        py::arg("h"), py::arg("attn_out"), py::arg("o_w"), py::arg("w_post_attn"), py::arg("w_pre_ff"), py::arg("gate_up"),
+        release(), py::arg("h"), py::arg("attn_out"), py::arg("o_w"), py::arg("w_post_attn"), py::arg("w_pre_ff"), py::arg("gate_up"),
         py::arg("down_w"), py::arg("w_post_ff"), py::arg("ple"), py::arg("ple_gate_w"), py::arg("ple_proj_w"),
         py::arg("w_ple_norm"), py::arg("scalar"), py::arg("eps"), py::arg("onednn") = false);
 }

@@ -37,21 +37,3 @@ def decoder_post(h, attn_out, o_w, w_post_attn, w_pre_ff, gate_up, down_w, w_pos
         g = F.gelu(F.linear(h, ple_gate_w), approximate="tanh").mul_(ple)
         h = h + rms_norm(F.linear(g, ple_proj_w), w_ple_norm, eps)
     return h.mul_(scalar)
-
-
-def paged_attention_rows(q, k_buf, v_buf, req_to_token, row_req, q_pos, window: int, scaling: float, logit_cap: float):
-    """See fused_layer.cpp ``paged_attention_rows``: row ``i`` attends to positions
-    ``max(0, p - window + 1) .. p`` (``window <= 0``: ``0 .. p``) of request row ``row_req[i]``."""
-    n, h, _ = q.shape
-    out = torch.empty_like(q)
-    for i in range(n):
-        p = int(q_pos[i])
-        lo = max(0, p - window + 1) if window > 0 else 0
-        slots = req_to_token[int(row_req[i]), lo : p + 1]
-        k = k_buf.index_select(0, slots).repeat_interleave(h // k_buf.shape[1], dim=1)  # [L, H, D]
-        v = v_buf.index_select(0, slots).repeat_interleave(h // v_buf.shape[1], dim=1)
-        s = torch.einsum("hd,lhd->hl", q[i], k) * scaling
-        if logit_cap > 0:
-            s = torch.tanh(s / logit_cap) * logit_cap
-        out[i] = torch.einsum("hl,lhd->hd", torch.softmax(s, dim=-1), v)
-    return out
