@@ -348,6 +348,7 @@ class Engine:
             chunked_prefill_size=self.scheduler_config.chunked_prefill_size,
             max_running_requests=self.scheduler_config.max_running_requests,
             attention_kernels=dict(self.attention_kernels),
+            cpu_linear=self.runner.cpu_linear(),
             startup_log=list(self.startup_log),
             work_counters=self.work_counters(),
         )

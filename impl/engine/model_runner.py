@@ -101,6 +101,12 @@ class ModelRunner:
             f"max request length {self.limits.max_req_len} tokens",
         ] + ([f"CPU kernels: {self._cpu_kernels()}"] if self.device.type == "cpu" else [])
 
+    def cpu_linear(self) -> dict[str, str] | None:
+        """Which library multiplies the fused layers' weights (``impl/kernels/cpu_fused/linear.py``), or
+        None when no layer runs the fused CPU kernels."""
+        plan = getattr(self.model, "cpu_linear_plan", None)
+        return None if plan is None else {"mode": plan.mode, "reason": plan.reason}
+
     def _cpu_kernels(self) -> str:
         """Which path the decoder layers take on CPU (impl/kernels/cpu_fused)."""
         if cpu_fused_transform.fused_layer_count(self.model):

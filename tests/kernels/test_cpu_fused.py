@@ -80,21 +80,29 @@ SEQS = {"a": A_PROMPT + [7, 3, 4, 5], "b": B_PROMPT + [9, 10]}
 
 
 @needs_ext
+@pytest.mark.parametrize("linear", ["auto", "packed", "onednn"])
 @pytest.mark.parametrize("name", ["e2b", "k_eq_v", "noshare"])
-def test_model_with_fused_kernels_meets_the_parity_bar(name):
+def test_model_with_fused_kernels_meets_the_parity_bar(name, linear, monkeypatch):
     """The whole model on the torch_native backend with the fused kernels (layers and sliding-window
     attention), against transformers in float64, by the bar of the model parity tests: within
     max(10x transformers' own float32 error, 1e-4). These tiny random models amplify float32
     rounding (transformers' float32 run is off by up to ~3e-3 at 30 positions), so bit equality
-    with the torch path is not expected."""
+    with the torch path is not expected. ``packed`` / ``onednn``: the linear layers through oneDNN
+    (forced on these tiny weights, which ``auto`` leaves to ATen's mm)."""
     from model_helpers import hf_pair  # tests/model/model_helpers.py
 
     from impl.model.loader import load_model
     from impl.testing.checkpoints import tiny_checkpoint
 
+    if linear != "auto":
+        if not cpu_linear.onednn_available():
+            pytest.skip("torch built without oneDNN")
+        monkeypatch.setenv(cpu_linear.ENV, linear)
+        monkeypatch.setattr(cpu_linear, "MIN_WEIGHT_ELEMS", 0)
     hf32, hf64 = hf_pair(name)
     model = load_model(tiny_checkpoint(name), dtype="float32")
     assert cpu_fused_transform.fused_layer_count(model) == len(model.layers)
+    assert model.cpu_linear_plan.mode == ("mkl" if linear == "auto" else linear)
     got = _run_session(model)
     for k, seq in SEQS.items():
         with torch.no_grad():
