@@ -50,7 +50,12 @@ def build_extension(prefix: str, source: str, cflags: list[str]) -> ModuleType:
     build_dir = os.path.join(root, name)
     os.makedirs(build_dir, exist_ok=True)
     clear_stale_lock(os.path.join(build_dir, "lock"))
-    return load_extension(name=name, sources=[source], extra_cflags=cflags, build_directory=build_dir, verbose=False)
+    # -fopenmp must reach the link too: at::parallel_for is an inline `#pragma omp parallel` in ATen's
+    # headers, so without it every "parallel" loop of the extension runs on the calling thread alone.
+    # The module then needs libgomp.so.1, which resolves to the copy torch already loaded (one runtime).
+    ldflags = ["-fopenmp"] if "-fopenmp" in cflags else []
+    return load_extension(name=name, sources=[source], extra_cflags=cflags, extra_ldflags=ldflags,
+                          build_directory=build_dir, verbose=False)
 
 
 def clear_stale_lock(path: str) -> None:

@@ -28,7 +28,7 @@ logger = logging.getLogger("impl.kernels")
 
 ENV_SWITCH = "IMPL_CPU_ATTN"
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention.cpp")
-_CFLAGS = ["-O3", "-march=native", "-std=c++17", "-fopenmp-simd"]
+_CFLAGS = ["-O3", "-march=native", "-std=c++17", "-fopenmp"]
 
 EXTENSION = LazyExtension("impl_cpu_attn", _SOURCE, _CFLAGS, ENV_SWITCH, "compiled CPU attention kernels", "the triton backend runs the torch reference attention on CPU")
 enabled_by_env = EXTENSION.enabled_by_env

@@ -32,7 +32,7 @@ logger = logging.getLogger("impl.kernels")
 ENV_SWITCH = "IMPL_CPU_FUSED"
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_layer.cpp")
 # -ffp-contract=off: no FMA may fuse a product into an add (RoPE's x*cos + rot*sin rounds both products).
-_CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp-simd"]
+_CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 
 EXTENSION = LazyExtension("impl_cpu_fused", _SOURCE, _CFLAGS, ENV_SWITCH, "fused CPU kernels", "decoder layers use the torch path")
 enabled_by_env = EXTENSION.enabled_by_env
