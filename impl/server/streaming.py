@@ -40,8 +40,14 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
+# Characters str.splitlines() (and so httpx's iter_lines) treats as line ends that JSON leaves raw with
+# ensure_ascii=False: escaped, so that one event stays one line for such clients (a random-weight model
+# can emit U+0085 as a byte-fallback character; a client then read half an event).
+_LINE_BREAKS = str.maketrans({"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def dumps(obj: Any) -> str:
-    return json.dumps(json_safe(obj), ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(json_safe(obj), ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKS)
 
 
 def sse(obj: Any) -> bytes:

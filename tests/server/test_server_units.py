@@ -12,7 +12,7 @@ from impl.engine.detokenizer_stage import hold_stop_prefix
 from impl.engine.load import LoadView
 from impl.server.metrics import Gauges, ServerMetrics, parse_metrics
 from impl.server.protocol import ChatCompletionRequest, GenerateRequest
-from impl.server.streaming import json_safe
+from impl.server.streaming import json_safe, sse
 
 
 def _metrics() -> ServerMetrics:
@@ -56,6 +56,18 @@ def test_metrics_counts_and_histograms():
 )
 def test_hold_stop_prefix(text, stops, want):
     assert hold_stop_prefix(text, stops) == want
+
+
+def test_sse_event_is_one_line_for_splitlines_clients():
+    """httpx's iter_lines splits like str.splitlines(): U+0085 / U+2028 / U+2029 in a token's text (a
+    random-weight model emits them) must stay escaped, or the client reads half an event."""
+    import json
+
+    text = "a\x85b\u2028c\u2029d\ne\u00e9"
+    event = sse({"text": text}).decode("utf-8")
+    lines = event.splitlines()
+    assert lines[0].startswith("data: ") and lines[1:] == [""]
+    assert json.loads(lines[0][len("data: "):])["text"] == text
 
 
 def test_json_safe_replaces_non_finite():

@@ -5,8 +5,11 @@ the same two launches as ``impl/kernels/extend_attention.py`` and ``decode_atten
 same arguments: the metadata of ``impl/attention/triton_metadata.py`` (qo_indptr, q_positions,
 kv_indptr, kv_indices, num_kv_splits), the window and logit cap per layer. So the YOCO back half's
 metadata (``init_cross_decoder_metadata``) is what they read too. Float32, bfloat16 and float16
-pools; scores, softmax and the output accumulate in float32. Tiles over the keys run as BLAS gemms,
-work items on ATen's thread pool (see the header of ``attention.cpp``).
+pools; scores, softmax and the output accumulate in float32. Tiles over the keys run register-blocked
+SIMD micro-kernels, work items on ATen's OpenMP pool (see the header of ``attention.cpp``; the build
+needs ``-fopenmp``, since ATen's ``parallel_for`` is an inline OpenMP pragma). ``rows_attention`` serves
+the torch_native backend: the same work items over its per-row metadata (``req_to_token``, each row's
+request and position).
 
 ``load()`` returns None, after one warning, when ninja or a compiler is missing or the build fails;
 the triton backend then runs the torch reference over the same metadata
