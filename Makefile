@@ -67,6 +67,10 @@ bench-yoco: $(STAMP)
 		--gen-requests 1 --gen-tokens 2 --gen-lengths 512 \
 		--section "## YOCO fast prefill at E2B dimensions, flag off on torch_native (issue 13)" \
 		--plot docs/yoco_speedup_e2b_dims_torch_native.png
+	$(PY) bench/bench_yoco.py --model e2b-dims --off-backend torch_native --threads 2 --lengths 512,1024,2048,4096 \
+		--reps 2 --short-reps 2 --gen-requests 1 --gen-tokens 2 --gen-lengths 1024 --chat 1024 --summ 1024 \
+		--section "## YOCO fast prefill at full E2B dimensions, 35 layers (issue 13)" \
+		--plot docs/yoco_speedup_e2b_dims_35l.png
 
 bench-spec: $(STAMP)
 	$(PY) bench/bench_spec.py --backend torch_native --rounds 9
