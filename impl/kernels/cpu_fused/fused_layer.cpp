@@ -1,9 +1,11 @@
 // Fused CPU float32 pieces of one Gemma-4 decoder layer (see impl/kernels/cpu_fused/__init__.py).
 //
 // On a CPU every ATen op costs a few microseconds of dispatch, allocation and TensorIterator
-// setup; a decode step runs ~45 of them per layer on [batch, 64] tensors. These functions keep
-// the matmuls and GELU as ATen calls (the same kernels the eager path uses) and do the row-local
-// work (RMSNorm, residual adds, head norms, RoPE, gating) in plain loops, one pass per stage.
+// setup; a decode step runs ~45 of them per layer on [batch, 64] tensors. These functions run the
+// matmuls as ATen mm calls (the eager path's kernels) or through oneDNN (see `linear` and
+// impl/kernels/cpu_fused/linear.py; then GELU and the gating multiply are matmul post-ops) and do
+// the row-local work (RMSNorm, residual adds, head norms, RoPE, gating) in plain loops, one pass per
+// stage, on ATen's OpenMP pool (the build needs -fopenmp: at::parallel_for is an inline pragma).
 //
 // Numerics follow the eager path op by op: RMSNorm is (x * rsqrt(mean(x^2) + eps)) * w with the
 // sum of squares in float32 (summation order may differ from ATen's: ulp-level differences),
