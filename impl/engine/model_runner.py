@@ -45,6 +45,7 @@ class ModelRunner:
         self.dtype = _auto_dtype(model_config, device) if name == "auto" else resolve_dtype(name, model_config)
         self.model = load_model(model_config.model_path, self.dtype, device, config=model_config)
         weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        weight_bytes += getattr(self.model, "cpu_linear_packed_bytes", 0)  # oneDNN-prepacked copies (cpu_fused)
         # --kv-cache-dtype auto stores K/V in the model dtype; bf16 / bfloat16 in bfloat16
         # (other dtypes are refused at startup by impl.args.unsupported).
         kv_dtype = torch.bfloat16 if server_args.kv_cache_dtype in ("bf16", "bfloat16") else self.dtype

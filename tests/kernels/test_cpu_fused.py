@@ -103,6 +103,7 @@ def test_model_with_fused_kernels_meets_the_parity_bar(name, linear, monkeypatch
     model = load_model(tiny_checkpoint(name), dtype="float32")
     assert cpu_fused_transform.fused_layer_count(model) == len(model.layers)
     assert model.cpu_linear_plan.mode == ("mkl" if linear == "auto" else linear)
+    assert (model.cpu_linear_packed_bytes > 0) == (linear == "packed")  # the engine counts them as weights
     got = _run_session(model)
     for k, seq in SEQS.items():
         with torch.no_grad():

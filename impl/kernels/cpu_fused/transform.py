@@ -164,7 +164,8 @@ def is_decoder_layer(m: nn.Module) -> bool:
 def apply(model: nn.Module) -> nn.Module:
     """Install the fastest applicable forward on each decoder layer of ``model`` (in place; the
     parameters and their names are untouched). Returns ``model``; ``model.cpu_linear_plan`` then says
-    which library multiplies the fused layers' weights (None when no layer is fused)."""
+    which library multiplies the fused layers' weights (None when no layer is fused) and
+    ``model.cpu_linear_packed_bytes`` what its prepacked copies hold."""
     fused: list[tuple[nn.Module, LayerWeights, FusedWeights, ModuleType]] = []
     for m in model.modules():
         if not is_decoder_layer(m) or (w := layer_weights(m)) is None:
@@ -182,6 +183,8 @@ def apply(model: nn.Module) -> nn.Module:
     for (m, w, f, ext), ok in zip(fused, sized):
         m.forward = FusedLayerForward(ext, m, w, f.for_linear_mode(plan.mode if ok else "mkl"))
     model.cpu_linear_plan = plan
+    # bytes of the prepacked copies held beside the parameters (the engine counts them as weights)
+    model.cpu_linear_packed_bytes = packable if plan is not None and plan.mode == "packed" else 0
     return model
 
 
