@@ -164,7 +164,8 @@ def test_rows_attention_matches_reference(n, heads, kv_heads, d, window, cap):
     q = torch.randn(n, heads, d, generator=g)
     got = cpu_attn.rows_attention(q, k_buf, v_buf, r2t, row_req, q_pos, window, 0.5, cap)
     want = rows_attention_ref(q, k_buf, v_buf, r2t, row_req, q_pos, window, 0.5, cap)
-    assert float((got - want).abs().max()) <= 2e-6 * max(1.0, float(want.abs().max()))
+    # float32 rounding of sums over up to 300 keys, in an order that depends on the SIMD width (AVX2 / AVX-512)
+    assert float((got - want).abs().max()) <= 1e-5 * max(1.0, float(want.abs().max()))
 
 
 def test_rows_attention_rejects_bad_slots_and_positions():
