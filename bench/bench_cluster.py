@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import httpx  # noqa: E402
 
-from impl.launch_cluster import START_TIMEOUT_S, free_port, router_argv, spawn, wait_router, worker_argv  # noqa: E402
+from impl.launch_cluster import START_TIMEOUT_S, spawn, start_router, worker_argv  # noqa: E402
 from impl.server.dp_front import core_shares  # noqa: E402
 
 SERVER_FLAGS = ["--decode-attention-backend", "torch_native", "--context-length", "1024", "--max-total-tokens", "16384",
@@ -65,11 +65,8 @@ def start_systems(args) -> list[System]:
             systems.append(System("--dp-size 2", dp.wait_ready(deadline), [dp], 3))
         for k, workers in clusters:
             urls = [w.wait_ready(deadline) for w in workers]
-            port = free_port()
-            router = spawn(f"router{k}", router_argv(urls, "127.0.0.1", port, args.policy), None)
-            url = f"http://127.0.0.1:{port}"
+            router, url = start_router(f"router{k}", urls, "127.0.0.1", args.policy, (), None, deadline, k)
             systems.append(System(f"router + {k} workers", url, [router, *workers], k + 1))
-            wait_router(url, router, k, deadline)
     except BaseException:
         for c in [single, one_core, dp, *(w for _, ws in clusters for w in ws)]:
             if c is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import logging
 import os
 import re
 import signal
@@ -30,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import IO, Sequence
 
 import httpx
+
+logger = logging.getLogger("impl.cluster")
 
 READY_RE = re.compile(r"ready to roll!.*?(http://[\d.]+:\d+)")
 POLICIES = ("cache_aware", "power_of_two", "round_robin", "random")
@@ -146,6 +149,30 @@ def wait_router(url: str, router: Child, num_workers: int, deadline: float, api_
     raise RuntimeError(f"the router at {url} did not list {num_workers} healthy workers in time:\n{router.log()[-3000:]}")
 
 
+def start_router(name: str, worker_urls: Sequence[str], host: str, policy: str, extra: Sequence[str],
+                 out: IO[str] | None, deadline: float, num_workers: int, api_key: str | None = None,
+                 port: int = 0, attempts: int = 3) -> tuple[Child, str]:
+    """Spawn a router and wait until it lists every worker healthy; returns it and its URL.
+
+    A port from ``free_port`` is only free when it is picked: until the router binds it, any process's
+    outgoing connection may take it as its ephemeral local port. So a router that exits with "Address
+    already in use" is started again on fresh ports (a ``port`` given by the caller is kept; only the
+    Prometheus port changes then), up to ``attempts`` times."""
+    for attempt in range(1, attempts + 1):
+        p = port or free_port(host)
+        child = spawn(name, router_argv(worker_urls, host, p, policy, extra), out)
+        url = f"http://{host}:{p}"
+        try:
+            wait_router(url, child, num_workers, deadline, api_key)
+            return child, url
+        except RuntimeError as e:
+            child.stop()
+            if "Address already in use" not in str(e) or attempt == attempts:
+                raise
+            logger.warning("%s: a port was taken before the router bound it; starting it again (%s)", name, e)
+    raise AssertionError("unreachable")
+
+
 @dataclass
 class Cluster:
     workers: list[Child]
@@ -180,12 +207,10 @@ def start_cluster(num_workers: int, server_flags: Sequence[str], policy: str = "
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         urls = [w.wait_ready(deadline) for w in cluster.workers]
-        port = port or free_port(host)
         api_key = _flag_value(server_flags, "--api-key")
         extra = list(router_flags) + (["--api-key", api_key] if api_key and "--api-key" not in router_flags else [])
-        cluster.router = spawn("router", router_argv(urls, host, port, policy, extra), out)
-        cluster.router_url = f"http://{host}:{port}"
-        wait_router(cluster.router_url, cluster.router, num_workers, deadline, api_key)
+        cluster.router, cluster.router_url = start_router("router", urls, host, policy, extra, out, deadline,
+                                                          num_workers, api_key, port)
     except BaseException:
         cluster.stop()
         raise

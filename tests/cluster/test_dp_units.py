@@ -71,3 +71,39 @@ def test_engine_refuses_dp_size():
 
     with pytest.raises(ValueError, match="--dp-size 2: an Engine is one replica"):
         Engine(dp_size=2)
+
+
+def test_start_router_retries_a_port_taken_before_it_bound(monkeypatch):
+    """A free_port() pick can be taken by another process's outgoing connection before the router binds it:
+    start_router starts it again on fresh ports; any other failure is raised at once."""
+    from impl import launch_cluster as lc
+
+    started, stopped = [], []
+
+    class FakeChild:
+        def __init__(self, argv):
+            self.argv = argv
+
+        def stop(self):
+            stopped.append(self)
+
+    def fake_spawn(name, argv, out, cores=None):
+        started.append(FakeChild(argv))
+        return started[-1]
+
+    outcomes = iter(["Error starting router: Address already in use (os error 98)", None])
+
+    def fake_wait(url, child, n, deadline, api_key=None):
+        msg = next(outcomes)
+        if msg:
+            raise RuntimeError(f"the router exited with 1:\n{msg}")
+
+    monkeypatch.setattr(lc, "spawn", fake_spawn)
+    monkeypatch.setattr(lc, "wait_router", fake_wait)
+    child, url = lc.start_router("r", ["http://w"], "127.0.0.1", "round_robin", [], None, 0.0, 1)
+    assert child is started[1] and stopped == [started[0]] and url.startswith("http://127.0.0.1:")
+    assert started[0].argv != started[1].argv  # fresh ports on the second attempt
+
+    outcomes = iter(["the router at http://x did not list 1 healthy workers in time"])
+    with pytest.raises(RuntimeError, match="did not list 1 healthy workers"):
+        lc.start_router("r", ["http://w"], "127.0.0.1", "round_robin", [], None, 0.0, 1)

@@ -25,7 +25,7 @@ import pytest
 from contracts.adapters.http_adapter import HttpSubject
 from contracts.base import all_contracts
 from contracts.http_support import ARGV_OFF, metrics, prompt_ids
-from impl.launch_cluster import START_TIMEOUT_S, free_port, router_available, router_argv, spawn, wait_router, worker_argv
+from impl.launch_cluster import START_TIMEOUT_S, free_port, router_available, spawn, start_router, worker_argv
 
 why = router_available()
 if why:  # CI installs the extra; elsewhere say why these tests did not run
@@ -50,16 +50,15 @@ class Cluster:
             deadline = time.monotonic() + START_TIMEOUT_S
             self.url_a, self.url_b = self.a.wait_ready(deadline), self.b.wait_ready(deadline)
             workers = [self.url_a, self.url_b]
-            port, port2, port3 = free_port(), free_port(), free_port()
-            self.router = spawn("router", router_argv(workers, "127.0.0.1", port, "round_robin", ROUTER_FLAGS), None)
-            self.router2 = spawn("router 2", router_argv(workers, "127.0.0.1", port2, "power_of_two", ROUTER_FLAGS),
-                                 None)
-            self.router3 = spawn("router 3", router_argv(workers, "127.0.0.1", port3, "cache_aware",
-                                                         [*ROUTER_FLAGS, "--dp-aware"]), None)
-            self.url, self.url2, self.url3 = (f"http://127.0.0.1:{p}" for p in (port, port2, port3))
-            wait_router(self.url, self.router, 2, deadline)
-            wait_router(self.url2, self.router2, 2, deadline)
-            wait_router(self.url3, self.router3, 3, deadline)  # A, and B's two data-parallel ranks
+            # one after the other, each on ports picked just before it starts (start_router retries a port
+            # that another process's outgoing connection took first)
+            self.router, self.url = start_router("router", workers, "127.0.0.1", "round_robin", ROUTER_FLAGS, None,
+                                                 deadline, 2)
+            self.router2, self.url2 = start_router("router 2", workers, "127.0.0.1", "power_of_two", ROUTER_FLAGS,
+                                                   None, deadline, 2)
+            # A, and B's two data-parallel ranks
+            self.router3, self.url3 = start_router("router 3", workers, "127.0.0.1", "cache_aware",
+                                                   [*ROUTER_FLAGS, "--dp-aware"], None, deadline, 3)
         except BaseException:
             self.stop()
             raise
