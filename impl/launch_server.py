@@ -66,16 +66,25 @@ def log_platform(engine) -> None:
 
 
 def build_engine(server_args: ServerArgs):
+    """The server's engine. From here on the calling (main) thread runs torch on one thread and the
+    engine's scheduler thread gets the calling thread's count: one OpenMP team per process (see
+    ``Engine.start_background_loop``)."""
+    import torch
+
     from impl.engine.engine import Engine
 
     kwargs = {f.name: getattr(server_args, f.name) for f in dataclasses.fields(server_args) if f.name != "model_path"}
-    if server_args.model_path is None:
+    path = server_args.model_path
+    if path is None:
         from impl.testing.checkpoints import DEFAULT_MODEL, default_model_path
 
         path = default_model_path()
         logger.info("No --model-path given: serving the embedded tiny Gemma-4 %r at %s", DEFAULT_MODEL, path)
-        return Engine(path, **kwargs)
-    return Engine(server_args.model_path, **kwargs)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # before the model loads: the main thread never gets an OpenMP team
+    engine = Engine(path, **kwargs)
+    engine.scheduler_torch_threads = threads
+    return engine
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -89,11 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from impl.server.limits import RequestLimits
 
         RequestLimits.from_args(server_args)  # a bad limit flag fails before the model loads
-        from impl.engine.engine import use_one_torch_thread_here
-
-        threads = use_one_torch_thread_here()  # multi-threaded torch work only on the scheduler thread
         engine = build_engine(server_args)
-        engine.scheduler_torch_threads = threads
     except (ValueError, RuntimeError) as e:
         logger.error("%s", e)
         return 2

@@ -269,8 +269,8 @@ class Engine:
         thread (the main one, loading the model) has had its own OpenMP team, libgomp manages more
         threads than there are cores and stops spinning between parallel regions, and every region of
         the scheduler thread pays a sleep / wake-up (measured: a 32-row oneDNN linear 80 -> 137 us, the
-        serving benchmark ~35% slower). ``impl.launch_server`` therefore runs its main thread with one
-        torch thread (``use_one_torch_thread_here``)."""
+        serving benchmark ~35% slower). ``impl.launch_server.build_engine`` therefore leaves the main
+        thread with one torch thread and sets ``scheduler_torch_threads``."""
         if self._thread is not None:
             return
         self._stopping = False
@@ -390,12 +390,3 @@ def _load_tokenizer(path: str):
     from impl.model.tokenizer import Tokenizer
 
     return Tokenizer.from_pretrained(path)
-
-
-def use_one_torch_thread_here() -> int:
-    """Run the calling thread's torch work on one thread (no OpenMP team of its own) and return the
-    thread count it had: an Engine built afterwards gives that count to its scheduler thread (see
-    ``Engine.start_background_loop``). Servers call it on their main thread before building the engine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    return threads

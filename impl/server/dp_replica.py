@@ -47,12 +47,8 @@ def run_replica(spec: ReplicaSpec) -> None:
     import torch
     import uvicorn
 
-    from impl.engine.engine import use_one_torch_thread_here
-
-    torch.set_num_threads(threads)
-    use_one_torch_thread_here()  # multi-threaded torch work only on the scheduler thread
+    torch.set_num_threads(threads)  # the count build_engine hands to the scheduler thread
     engine = build_engine(args)
-    engine.scheduler_torch_threads = threads
     from impl.server.app import create_app
 
     app = create_app(engine)
