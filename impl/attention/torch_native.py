@@ -39,6 +39,7 @@ rounding (the summation order differs), not bit for bit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch.nn import functional as F
@@ -95,7 +96,7 @@ class _Plan:
     num_rows: int  # rows of q the model will pass
     q_pos: torch.Tensor  # [n] absolute position of each query row
     row_req: torch.Tensor  # [n] req_to_token row of each query row
-    segments: list[_Segment]  # full-attention work
+    build_segments: Callable[[], list[_Segment]]  # full-attention work, built on first use (see ``segments``)
     windows: dict[int, _Window] = field(default_factory=dict)  # per sliding window size, built on first use
     # Sliding layers: requests extending by several rows (forward plans only) use bands; other rows windows.
     band_groups: list[tuple[int, slice, int]] = field(default_factory=list)  # (req_to_token row, q rows, first pos)
@@ -104,6 +105,14 @@ class _Plan:
     cross: bool = False  # YOCO cross-decoder plan
     kv: dict[tuple, tuple] = field(default_factory=dict)  # (kv_layer_id, window[, "band"]) -> gathered K/V
     _window_index: tuple | None = None
+    _segments: list[_Segment] | None = None
+
+    def segments(self) -> list[_Segment]:
+        """The full-attention segments, made on first use: the compiled rows kernel needs only
+        ``q_pos`` / ``row_req``, so a pass it serves builds no slot tables, masks or biases."""
+        if self._segments is None:
+            self._segments = self.build_segments()
+        return self._segments
 
     def window_positions(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(q_pos, row_req) of the rows that run through windows (``window_rows``, or every row); made once."""
@@ -179,28 +188,32 @@ class TorchNativeAttnBackend(AttentionBackend):
         rpi = rpi_t.tolist()
         seq = fb.seq_lens_cpu
         prefix = fb.extend_prefix_lens_cpu
-        segments = []
-        singles = [(i, sl) for i, sl in groups if sl.stop - sl.start == 1]
-        for i, sl in groups:
-            m = sl.stop - sl.start
-            if m <= 1:
-                continue
-            slots = r2t[rpi[i], : seq[i]][None]  # [1, L]
-            mask = None
-            # Causal fast path: the queries are exactly positions 0..L-1 (no cached prefix, all rows queried).
-            if not (prefix[i] == 0 and m == seq[i]):
-                kpos = torch.arange(seq[i], device=dev)
-                mask = (kpos[None, :] <= q_positions[sl][:, None])[None, None]  # [1, 1, m, L]
-            segments.append(_Segment(sl, 1, m, slots, mask))
-        for bucket in _length_buckets(singles, seq):
-            rows = torch.tensor([sl.start for _, sl in bucket], dtype=torch.int64, device=dev)
-            max_len = max(seq[i] for i, _ in bucket)
-            slots = r2t[torch.tensor([rpi[i] for i, _ in bucket], device=dev), :max_len]  # [b, L]
-            qp = q_positions.to(dev).index_select(0, rows)  # [b] (each <= seq_len - 1)
-            valid = torch.arange(max_len, device=dev)[None, :] <= qp[:, None]
-            segments.append(_Segment(rows, len(bucket), 1, slots, bias=_bias(valid)))
+
+        def build_segments() -> list[_Segment]:
+            segments = []
+            singles = [(i, sl) for i, sl in groups if sl.stop - sl.start == 1]
+            for i, sl in groups:
+                m = sl.stop - sl.start
+                if m <= 1:
+                    continue
+                slots = r2t[rpi[i], : seq[i]][None]  # [1, L]
+                mask = None
+                # Causal fast path: the queries are exactly positions 0..L-1 (no cached prefix, all rows queried).
+                if not (prefix[i] == 0 and m == seq[i]):
+                    kpos = torch.arange(seq[i], device=dev)
+                    mask = (kpos[None, :] <= q_positions[sl][:, None])[None, None]  # [1, 1, m, L]
+                segments.append(_Segment(sl, 1, m, slots, mask))
+            for bucket in _length_buckets(singles, seq):
+                rows = torch.tensor([sl.start for _, sl in bucket], dtype=torch.int64, device=dev)
+                max_len = max(seq[i] for i, _ in bucket)
+                slots = r2t[torch.tensor([rpi[i] for i, _ in bucket], device=dev), :max_len]  # [b, L]
+                qp = q_positions.to(dev).index_select(0, rows)  # [b] (each <= seq_len - 1)
+                valid = torch.arange(max_len, device=dev)[None, :] <= qp[:, None]
+                segments.append(_Segment(rows, len(bucket), 1, slots, bias=_bias(valid)))
+            return segments
+
         row_req = torch.repeat_interleave(rpi_t, torch.tensor(counts, dtype=torch.int64, device=dev), output_size=num_rows)
-        return _Plan(num_rows, q_positions.to(dev), row_req, segments)
+        return _Plan(num_rows, q_positions.to(dev), row_req, build_segments)
 
     @staticmethod
     def _window(plan: _Plan, r2t: torch.Tensor, window: int) -> _Window:
@@ -311,16 +324,17 @@ class TorchNativeAttnBackend(AttentionBackend):
     def _full(self, q3, k_buf, v_buf, plan: _Plan, layer: AttentionLayer) -> torch.Tensor:
         n, h, d = q3.shape
         key = (layer.kv_layer_id, None)
+        segments = plan.segments()
         if key not in plan.kv:
             plan.kv[key] = [
-                self._gather(k_buf, v_buf, seg.kv_slots, (plan.cross, *key, j)) for j, seg in enumerate(plan.segments)
+                self._gather(k_buf, v_buf, seg.kv_slots, (plan.cross, *key, j)) for j, seg in enumerate(segments)
             ]
         gathered = plan.kv[key]
-        if len(plan.segments) == 1 and plan.segments[0].b * plan.segments[0].m == n:
-            seg = plan.segments[0]  # one segment covers every row (pure decode, or one prefill): no scatter
+        if len(segments) == 1 and segments[0].b * segments[0].m == n:
+            seg = segments[0]  # one segment covers every row (pure decode, or one prefill): no scatter
             return self._segment(q3, seg, *gathered[0], layer)
         out = torch.empty(n, h, d, dtype=torch.float32, device=q3.device)
-        for seg, (ks, vs) in zip(plan.segments, gathered):
+        for seg, (ks, vs) in zip(segments, gathered):
             out[seg.q_rows] = self._segment(q3[seg.q_rows], seg, ks, vs, layer)
         return out
 
