@@ -241,7 +241,7 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
       m_rows.copy_(onednn_linear(y, down_w, "none", ""));
       continue;
     }
-    auto gu = torch::mm(xb, gate_up[0].t());  // [rows, 2I]
+    auto gu = linear(xb, gate_up[0], onednn);  // [rows, 2I]
     auto y = torch::gelu(gu.narrow(1, 0, inter), "tanh").contiguous();  // [rows, I], fresh
     float* yp = y.data_ptr<float>();
     const float* gp = gu.data_ptr<float>();
