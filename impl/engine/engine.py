@@ -40,7 +40,7 @@ from impl.cache.radix_cache import RadixCache
 from impl.config.model_config import ModelConfig
 from impl.engine.detokenizer import IncrementalDetokenizer
 from impl.engine.detokenizer_stage import DetokenizerStage, Emission
-from impl.engine.intake import IntakeLimits, InvalidRequest, expand_requests
+from impl.engine.intake import IntakePolicy, InvalidRequest, expand_requests
 from impl.engine.kv_lifecycle import KVLifecycle
 from impl.engine.load import LoadView
 from impl.engine.model_runner import ModelRunner
@@ -111,7 +111,8 @@ class Engine:
         kv = KVLifecycle(allocator, self.runner.req_to_token_pool, tree)
         self.spec_worker = build_spec_worker(args, self.runner)
         self.scheduler = Scheduler(self.scheduler_config, self.runner, kv, spec=self.spec_worker)
-        self.intake_limits = IntakeLimits(self.scheduler_config.max_req_len, self.model_config.vocab_size)
+        self.intake_policy = IntakePolicy(self.scheduler_config.max_req_len, self.model_config.vocab_size,
+                                          allow_auto_truncate=bool(args.allow_auto_truncate))
         # an output that cannot be built fails its request: the stage delivers the error, the scheduler frees it
         self._detokenizer = DetokenizerStage(on_failed=self.abort)
         seed = args.random_seed if args.random_seed is not None else int(torch.randint(0, 2**62, (1,)))
@@ -185,14 +186,34 @@ class Engine:
             prompts = [prompt] if single else list(prompt)
             if not all(isinstance(p, str) for p in prompts):
                 raise InvalidRequest("prompt must be a string or a list of strings", "prompt")
-            return [self.encode(p) for p in prompts], single
+            return [self.encode_prompt(p) for p in prompts], single
         single = not input_ids or not isinstance(input_ids[0], (list, tuple))
         return ([list(input_ids)] if single else [list(x) for x in input_ids]), single
 
     def expand_requests(self, input_ids: Sequence[Sequence[int]], *args: Any, **kwargs: Any) -> list[Req]:
         """A batch of prompts -> validated Reqs (B x n, prompt-major): ``intake.expand_requests``
         (same arguments after ``input_ids``) with this engine's limits and seed generator."""
-        return expand_requests(input_ids, *args, limits=self.intake_limits, seed_generator=self._seed_gen, **kwargs)
+        return expand_requests(input_ids, *args, policy=self.intake_policy, seed_generator=self._seed_gen, **kwargs)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt's token ids; a text that cannot fit the context is refused before it is tokenized
+        (``IntakePolicy.check_text``), or, under --allow-auto-truncate, cut to what can hold the context
+        (``expand_requests`` then cuts the token ids)."""
+        chars = self.tokenizer.max_token_chars
+        self.intake_policy.check_text(len(text), chars)
+        return self.encode(text[: self.intake_policy.text_budget(chars)])
+
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    chat_template: str | None = None) -> list[int]:
+        """A conversation's token ids through the chat template (its refusals are InvalidRequest on
+        ``messages``), bounded before rendering like ``encode_prompt``."""
+        chars = sum(len(m["content"]) if isinstance(m.get("content"), str) else
+                    sum(len(p["text"]) for p in m.get("content") or []) for m in messages)
+        self.intake_policy.check_text(chars, self.tokenizer.max_token_chars)
+        try:
+            return self.tokenizer.encode_chat(messages, add_generation_prompt, chat_template)
+        except ValueError as e:
+            raise InvalidRequest(str(e), "messages") from None
 
     # ---- thread-safe request API (used by the HTTP server) -----------------------------------
     def submit(self, reqs: Sequence[Req], stream: bool = False,

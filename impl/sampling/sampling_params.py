@@ -34,11 +34,14 @@ class SamplingParams:
     seed: int | None = None
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | "SamplingParams" | None) -> "SamplingParams":
+    def from_dict(cls, d: Mapping[str, Any] | "SamplingParams" | None, vocab_size: int | None = None) -> "SamplingParams":
+        """Parse (a copy of) ``d`` and verify it (``verify``: ValueError naming the field)."""
         if d is None:
             return cls()
         if isinstance(d, SamplingParams):
-            return dataclasses.replace(d)
+            p = dataclasses.replace(d)
+            p.verify(vocab_size)
+            return p
         if not isinstance(d, Mapping):
             raise ValueError(f"sampling_params must be a dict, got {type(d).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
@@ -54,7 +57,7 @@ class SamplingParams:
         if isinstance(d.get("stop_token_ids"), int):
             d["stop_token_ids"] = [d["stop_token_ids"]]
         p = cls(**d)
-        p.verify()
+        p.verify(vocab_size)
         return p
 
     @property

@@ -78,12 +78,12 @@ def build_state(engine: Engine) -> ServerState:
         record_finished(metrics, out)
         if log_requests:
             logger.info("Finished request %s: %d prompt tokens %s..., output %s, finish_reason %s", req.rid,
-                        len(req.origin_input_ids), req.origin_input_ids[:16], out.output_ids,
+                        len(req.origin_input_ids), req.origin_input_ids[:16], req.output_ids,
                         out.finish_reason.to_json() if out.finish_reason else None)
 
     aengine = AsyncEngine(engine, on_finish=on_finish)
     max_req_len = engine.load().max_req_len
-    limits = RequestLimits.from_args(engine.resolved_args, max_req_len, engine.model_config.vocab_size)
+    limits = RequestLimits.from_args(engine.resolved_args, engine.intake_policy.vocab_size)
     return ServerState(engine, aengine, metrics, name, max_req_len, time.time(), limits, request_models(limits))
 
 
@@ -181,14 +181,14 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/generate")
     async def generate(request: Request):
         body, sub = await body_of(request, state.models.generate,
-                                  lambda b: req_builder.from_generate(engine, b, state.limits))
+                                  lambda b: req_builder.from_generate(engine, b))
         return await generate_api.generate_response(request, aengine, sub, body.stream)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         def build(b):
             _check_model(state, b.model)
-            return req_builder.from_completion(engine, b, state.limits)
+            return req_builder.from_completion(engine, b)
 
         body, sub = await body_of(request, state.models.completion, build)
         call = _call(state, "completion", sub, body.logprobs is not None, body)
@@ -198,7 +198,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def chat_completions(request: Request):
         def build(b):
             _check_model(state, b.model)
-            return req_builder.from_chat(engine, b, state.limits, state.args.chat_template)
+            return req_builder.from_chat(engine, b, state.args.chat_template)
 
         body, sub = await body_of(request, state.models.chat, build)
         call = _call(state, "chat", sub, body.logprobs, body)

@@ -4,7 +4,9 @@
 startup); the request models (``protocol.request_models``) bake the limits into
 their field ranges, so one model both validates a body and publishes the bounds
 in the OpenAPI schema. ``LIMIT_FLAGS`` maps a body field to the flag that
-bounds it, so a refusal can name the flag to raise.
+bounds it, so a refusal can name the flag to raise. The context (prompt plus
+``max_new_tokens``) is not a limit of the body: the engine's intake policy fits
+every request to it (``impl/engine/intake.py``).
 """
 
 from __future__ import annotations
@@ -36,9 +38,6 @@ LIMIT_FLAGS = {
     "top_logprobs_num": "--max-logprobs",
     "logprobs": "--max-logprobs",
     "top_logprobs": "--max-logprobs",
-    "max_new_tokens": "--context-length",
-    "max_tokens": "--context-length",
-    "max_completion_tokens": "--context-length",
 }
 
 
@@ -51,12 +50,10 @@ class RequestLimits:
     max_stop_string_len: int = DEFAULT_MAX_STOP_STRING_LEN
     max_stop_token_ids: int = DEFAULT_MAX_STOP_TOKEN_IDS
     max_logprobs: int = DEFAULT_MAX_LOGPROBS
-    allow_auto_truncate: bool = False
-    context_len: int = 2**31 - 1  # prompt + output tokens one request may reach (the engine's max_req_len)
-    vocab_size: int = 2**31 - 1
+    vocab_size: int = 2**31 - 1  # token ids are in [0, vocab_size)
 
     @classmethod
-    def from_args(cls, args, context_len: int | None = None, vocab_size: int | None = None) -> "RequestLimits":
+    def from_args(cls, args, vocab_size: int | None = None) -> "RequestLimits":
         """The limits given by ``args`` (ServerArgs); ValueError names a flag with an unusable value."""
         values = {}
         for name, low in (("max_request_body_bytes", 1024), ("max_n", 1), ("max_batch_size", 1), ("max_stop_strings", 0),
@@ -67,9 +64,6 @@ class RequestLimits:
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {v!r}")
             values[name] = v
-        values["allow_auto_truncate"] = bool(getattr(args, "allow_auto_truncate", False))
-        if context_len is not None:
-            values["context_len"] = int(context_len)
         if vocab_size is not None:
             values["vocab_size"] = int(vocab_size)
         return cls(**values)

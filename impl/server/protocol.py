@@ -74,11 +74,12 @@ class RequestModels:
 
 
 def request_models(lim: RequestLimits) -> RequestModels:
-    ctx = I32_MAX if lim.allow_auto_truncate else max(1, lim.context_len)  # auto-truncate: longer is cut, not refused
+    # Prompt length and prompt + max_new_tokens are not ranges of the body: the engine's intake fits them to
+    # the context (or truncates, under --allow-auto-truncate), naming both numbers.
     TokT = Int(ge=0, le=min(I32_MAX, lim.vocab_size - 1))
-    IdsT = Annotated[list[TokT], Field(min_length=1, max_length=ctx)]
+    IdsT = Annotated[list[TokT], Field(min_length=1)]
     TextT = Annotated[str, Field(min_length=1)]
-    NewTokensT = Int(ge=0, le=ctx)
+    NewTokensT = Int(ge=0, le=I32_MAX)
     NT = Int(ge=1, le=lim.max_n)
     TopKT = Int(ge=-1, le=I32_MAX, json_schema_extra={"not": {"const": 0}})
     StopStrT = Annotated[str, Field(min_length=1, max_length=lim.max_stop_string_len)]
@@ -142,6 +143,20 @@ def request_models(lim: RequestLimits) -> RequestModels:
         logprob_start_len: Union[StartT, many(StartT), None] = None
         top_logprobs_num: Union[LogprobsNumT, many(LogprobsNumT), None] = None
         stream: bool = False
+
+        @model_validator(mode="after")
+        def _batch_shape(self):
+            if (self.text is None) == (self.input_ids is None):
+                raise ValueError("pass exactly one of 'text' or 'input_ids'")
+            prompts = self.text if self.text is not None else self.input_ids
+            b = 1 if isinstance(prompts, str) or not isinstance(prompts[0], list) else len(prompts)
+            for name in ("sampling_params", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num"):
+                v = getattr(self, name)
+                if isinstance(v, list) and len(v) != b:
+                    raise ValueError(f"'{name}' has {len(v)} entries for a batch of {b} prompts")
+            if isinstance(self.sampling_params, list) and len({sp.n or 1 for sp in self.sampling_params}) > 1:
+                raise ValueError("every prompt of a batch must use the same sampling_params.n")
+            return self
 
     class _OpenAISampling(_Body):
         """Sampling fields shared by completions and chat (OpenAI names plus SGLang's extras)."""

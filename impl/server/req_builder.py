@@ -1,29 +1,32 @@
-"""HTTP request bodies -> validated engine ``Req`` objects.
+"""HTTP request bodies -> engine ``Req`` objects: a mapping of API fields, nothing more.
 
 It runs on the HTTP intake thread pool (``impl/server/intake.py``), never on
-the event loop, and only parses: it tokenizes, maps each API's fields onto sampling
-params and logprob options, then hands the batch to ``Engine.expand_requests``
-(``impl/engine/intake.py``: batch x ``n``, the ``seed + j`` rule, the one
-validation). Every problem is an ``APIError(400)`` naming the field; the
-engine's refusals about the prompt name the prompt's field (``text``,
-``input_ids``, ``prompt``, ``messages``). Prompts and ``max_new_tokens`` are
-fitted to the context by ``intake.fit_prompt`` / ``intake.check_context``
-(a 400 naming both numbers, or truncation under ``--allow-auto-truncate``).
+the event loop. One gate per layer: the body models (``protocol.py``) have
+checked every shape and range with the server's limits; this module maps each
+API's fields onto the engine's arguments (texts through ``Engine.encode_prompt``
+/ ``encode_chat``, sampling fields as a dict, the route's ``max_new_tokens``
+default) and hands the batch to ``Engine.expand_requests``
+(``impl/engine/intake.py``), which checks everything semantic once: the
+context fit of prompt and ``max_new_tokens`` (or truncation under
+``--allow-auto-truncate``), the vocabulary, the sampling params. The engine's
+refusals become an ``APIError(400)`` naming the route's own field (``text``,
+``input_ids``, ``prompt``, ``messages``, ``max_tokens``, ...).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator
 
 from impl.engine.engine import Engine
 from impl.engine.intake import InvalidRequest
 from impl.engine.req import Req
-from impl.sampling.sampling_params import SamplingParams
 from impl.server.errors import APIError
-from impl.server.intake import TEXT_BOUND_SLACK, check_context, check_text_size, fit_prompt
-from impl.server.limits import RequestLimits
 from impl.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+
+# The engine's sampling field names -> the OpenAI routes' names
+_OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 
 
 @dataclass
@@ -37,89 +40,50 @@ class Submission:
         return k // self.n
 
 
-def _sampling(d: Any, where: str = "sampling_params") -> SamplingParams:
-    if d is not None and not isinstance(d, dict):
-        d = d.model_dump(exclude_none=True)
+@contextlib.contextmanager
+def _named(prompt_field: str, renames: dict[str, str] | None = None) -> Iterator[None]:
+    """The engine's InvalidRequest as a 400 naming the body's field: the prompt's, or a renamed sampling field."""
     try:
-        return SamplingParams.from_dict(d)
-    except (ValueError, TypeError) as e:
-        raise APIError(400, f"{where}: {e}", where) from None
-
-
-def _expand(engine: Engine, prompts: list[list[int]], sps: list[SamplingParams], return_logprob: Any,
-            logprob_start_len: Any, top_logprobs_num: Any, rid: Any, field: str) -> list[Req]:
-    """B prompts x n choices -> validated Reqs (per-prompt values: a scalar or one per prompt);
-    the engine's refusals about the prompt name ``field``."""
-    try:
-        return engine.expand_requests(prompts, sps, return_logprob, logprob_start_len, top_logprobs_num, rid)
+        yield
     except InvalidRequest as e:
-        param = field if e.field == "input_ids" else e.field
-        msg = str(e)
-        raise APIError(400, msg if msg.startswith(param) else f"{param}: {msg}", param) from None
-
-
-def _per_prompt(value: Any, b: int, name: str) -> list[Any]:
-    """Per-prompt sampling_params (parsed here: the batch's ``n`` shapes the response)."""
-    if isinstance(value, list):
-        if len(value) != b:
-            raise APIError(400, f"'{name}' has {len(value)} entries for a batch of {b} prompts", name)
-        return list(value)
-    return [value] * b
-
-
-def _encode(engine: Engine, text: str, name: str, limits: RequestLimits) -> list[int]:
-    if not text:
-        raise APIError(400, f"'{name}' must be a non-empty string", name)
-    check_text_size(len(text), engine.tokenizer.max_token_chars, limits, name)
-    if limits.allow_auto_truncate:  # the first context_len tokens come from at most this many characters
-        text = text[: TEXT_BOUND_SLACK * engine.tokenizer.max_token_chars * limits.context_len]
-    return fit_prompt(engine.encode(text), limits, name)
-
-
-def _check_ids(ids: Sequence[int], name: str, limits: RequestLimits) -> list[int]:
-    if not ids:
-        raise APIError(400, f"'{name}' must be a non-empty list of token ids", name)
-    return fit_prompt(list(ids), limits, name)
+        msg, param = str(e), e.field
+        if param == "input_ids":
+            param = prompt_field
+        for old, new in (renames or {}).items():
+            msg = msg.replace(old, new)
+            param = new if param == old else param
+        if renames and param == "sampling_params":  # the OpenAI routes have no sampling_params: name the field
+            param = msg.split(" ", 1)[0]
+        raise APIError(400, msg if msg.startswith(param) else f"'{param}': {msg}", param) from None
 
 
 # ---------------------------------------------------------------- /generate
 
 
-def from_generate(engine: Engine, body: GenerateRequest, limits: RequestLimits) -> Submission:
-    if (body.text is None) == (body.input_ids is None):
-        raise APIError(400, "pass exactly one of 'text' or 'input_ids'", "text")
-    if body.text is not None:
-        single = isinstance(body.text, str)
-        texts = [body.text] if single else body.text
-        if not texts:
-            raise APIError(400, "'text' must be a non-empty string or a non-empty list of strings", "text")
-        prompts = [_encode(engine, t, "text", limits) for t in texts]
-    else:
-        ids = body.input_ids
-        single = not ids or not isinstance(ids[0], list)
-        prompts = ([_check_ids(ids, "input_ids", limits)] if single
-                   else [_check_ids(x, "input_ids", limits) for x in ids])
-    b = len(prompts)
-    sp_dicts = _per_prompt(body.sampling_params, b, "sampling_params")
-    sps = [_sampling(d) for d in sp_dicts]
-    ns = {sp.n for sp in sps}
-    if len(ns) != 1:
-        raise APIError(400, "every prompt of a batch must use the same sampling_params.n", "sampling_params")
-    reqs = _expand(engine, prompts, sps, body.return_logprob, body.logprob_start_len, body.top_logprobs_num, body.rid,
-                   "text" if body.text is not None else "input_ids")
-    explicit = all(d is not None and getattr(d, "max_new_tokens", None) is not None for d in sp_dicts)
-    check_context(reqs, explicit, limits, "max_new_tokens")
-    return Submission(reqs, b, ns.pop(), single)
+def from_generate(engine: Engine, body: GenerateRequest) -> Submission:
+    """The body model has checked: exactly one of text / input_ids, per-prompt lists of the batch's size, one n."""
+    field = "text" if body.text is not None else "input_ids"
+    single = isinstance(body.text, str) or (body.input_ids is not None and not isinstance(body.input_ids[0], list))
+    sp = body.sampling_params
+    sampling = [s.as_dict() for s in sp] if isinstance(sp, list) else (sp.as_dict() if sp is not None else None)
+    first = sp[0] if isinstance(sp, list) else sp
+    with _named(field):
+        if body.text is not None:
+            prompts = [engine.encode_prompt(t) for t in ([body.text] if single else body.text)]
+        else:
+            prompts = [list(body.input_ids)] if single else [list(x) for x in body.input_ids]
+        reqs = engine.expand_requests(prompts, sampling, body.return_logprob, body.logprob_start_len,
+                                      body.top_logprobs_num, body.rid)
+    return Submission(reqs, len(prompts), (first.n if first is not None else None) or 1, single)
 
 
 # ---------------------------------------------------------------- OpenAI
 
 
-def _openai_sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None, max_req_len: int) -> SamplingParams:
-    if max_tokens is not None and max_tokens < 0:
-        raise APIError(400, f"'max_tokens' must be at least 0, got {max_tokens}", "max_tokens")
+def _openai_sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None) -> dict[str, Any]:
+    """The engine's sampling dict; ``max_new_tokens`` only when the client chose it (else the route's default)."""
     d = {
-        "max_new_tokens": max_tokens if max_tokens is not None else max_req_len,
+        "max_new_tokens": max_tokens,
         "min_new_tokens": body.min_tokens,
         "temperature": body.temperature,
         "top_p": body.top_p,
@@ -135,58 +99,33 @@ def _openai_sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens
         "ignore_eos": body.ignore_eos,
         "skip_special_tokens": body.skip_special_tokens,
     }
-    d = {k: v for k, v in d.items() if v is not None}
-    try:
-        return SamplingParams.from_dict(d)
-    except (ValueError, TypeError) as e:
-        msg = str(e).replace("max_new_tokens", "max_tokens").replace("min_new_tokens", "min_tokens")
-        raise APIError(400, msg, msg.split(" ", 1)[0]) from None
+    return {k: v for k, v in d.items() if v is not None}
 
 
-def from_completion(engine: Engine, body: CompletionRequest, limits: RequestLimits) -> Submission:
-    max_req_len = limits.context_len
-    if body.echo:
-        raise APIError(400, "'echo' is not supported by this server; send echo=false", "echo")
+def from_completion(engine: Engine, body: CompletionRequest) -> Submission:
     p = body.prompt
-    if isinstance(p, str):
-        prompts, single = [_encode(engine, p, "prompt", limits)], True
-    elif not p:
-        raise APIError(400, "'prompt' must be a non-empty string, list of strings or list of token ids", "prompt")
-    elif isinstance(p[0], str):
-        prompts, single = [_encode(engine, t, "prompt", limits) for t in p], False
-    elif isinstance(p[0], int):
-        prompts, single = [_check_ids(p, "prompt", limits)], True
-    else:
-        prompts, single = [_check_ids(x, "prompt", limits) for x in p], False
-    if body.logprobs is not None and not 0 <= body.logprobs <= 20:
-        raise APIError(400, f"'logprobs' must be in [0, 20], got {body.logprobs}", "logprobs")
-    sp = _openai_sampling(body, body.max_tokens, max_req_len)
-    reqs = _expand(engine, prompts, [sp] * len(prompts), body.logprobs is not None, None, body.logprobs or 0, body.rid,
-                   "prompt")
-    check_context(reqs, "max_tokens" in body.model_fields_set and body.max_tokens is not None, limits, "max_tokens")
-    return Submission(reqs, len(prompts), sp.n, single)
+    single = isinstance(p, str) or isinstance(p[0], int)
+    explicit = "max_tokens" in body.model_fields_set
+    # max_tokens unset: OpenAI's default 16; an explicit null: as many as the context leaves
+    default = None if explicit and body.max_tokens is not None else (
+        16 if not explicit else engine.intake_policy.max_req_len)
+    with _named("prompt", _OPENAI_NAMES):
+        if isinstance(p, str) or isinstance(p[0], str):
+            prompts = [engine.encode_prompt(t) for t in ([p] if isinstance(p, str) else p)]
+        else:
+            prompts = [list(p)] if single else [list(x) for x in p]
+        reqs = engine.expand_requests(prompts, _openai_sampling(body, body.max_tokens if explicit else None),
+                                      body.logprobs is not None, None, body.logprobs or 0, body.rid,
+                                      default_max_new_tokens=default)
+    return Submission(reqs, len(prompts), body.n, single)
 
 
-def from_chat(engine: Engine, body: ChatCompletionRequest, limits: RequestLimits, chat_template: str | None) -> Submission:
-    max_req_len = limits.context_len
-    if not body.messages:
-        raise APIError(400, "'messages' must be a non-empty list of {role, content} objects", "messages")
-    if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
-        raise APIError(400, f"'top_logprobs' must be in [0, 20], got {body.top_logprobs}", "top_logprobs")
-    if body.top_logprobs and not body.logprobs:
-        raise APIError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    chars = sum(len(m["content"]) if isinstance(m.get("content"), str) else
-                sum(len(p["text"]) for p in m.get("content") or []) for m in messages)
-    check_text_size(chars, engine.tokenizer.max_token_chars, limits, "messages")
-    try:
-        ids = engine.tokenizer.encode_chat(messages, body.add_generation_prompt, chat_template)
-    except ValueError as e:
-        raise APIError(400, f"messages: {e}", "messages") from None
-    ids = fit_prompt(ids, limits, "messages")
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    sp = _openai_sampling(body, SamplingParams.max_new_tokens if max_tokens is None else max_tokens, max_req_len)
-    reqs = _expand(engine, [ids], [sp], bool(body.logprobs), None, body.top_logprobs or 0, body.rid, "messages")
+def from_chat(engine: Engine, body: ChatCompletionRequest, chat_template: str | None) -> Submission:
     name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    check_context(reqs, max_tokens is not None, limits, name)
-    return Submission(reqs, 1, sp.n, True)
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    with _named("messages", {"max_new_tokens": name, "min_new_tokens": "min_tokens"}):
+        ids = engine.encode_chat(messages, body.add_generation_prompt, chat_template)
+        reqs = engine.expand_requests([ids], _openai_sampling(body, max_tokens), bool(body.logprobs), None,
+                                      body.top_logprobs or 0, body.rid)
+    return Submission(reqs, 1, body.n, True)

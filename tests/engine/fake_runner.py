@@ -17,7 +17,7 @@ from impl.cache.kv_pool import ReqToTokenPool
 from impl.cache.radix_cache import RadixCache
 from impl.forward_batch import ForwardBatch, WorkCounters
 from impl.model.outputs import LogitsOutput
-from impl.engine.intake import IntakeLimits, validate_req
+from impl.engine.intake import IntakePolicy, validate_req
 from impl.engine.kv_lifecycle import KVLifecycle
 from impl.engine.req import Req
 from impl.engine.scheduler import Scheduler, SchedulerConfig
@@ -82,7 +82,7 @@ def make_req(rid, ids, seed=0, **kw) -> Req:
 
 def run(sched: Scheduler, reqs: list[Req], max_steps: int = 10_000) -> list[Req]:
     for r in reqs:
-        validate_req(r, IntakeLimits(sched.config.max_req_len, sched.config.vocab_size))
+        validate_req(r, IntakePolicy(sched.config.max_req_len, sched.config.vocab_size))
         sched.add_request(r)
     steps = 0
     while sched.has_work:

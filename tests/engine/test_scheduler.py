@@ -2,7 +2,7 @@
 
 import pytest
 
-from impl.engine.intake import IntakeLimits, InvalidRequest, validate_req
+from impl.engine.intake import IntakePolicy, InvalidRequest, validate_req
 from impl.engine.scheduler import Scheduler
 from fake_runner import VOCAB, context_logits, make_req, make_scheduler, run
 
@@ -138,7 +138,7 @@ def test_seeded_sampling_is_independent_of_batch():
 
 def test_validate_rejects_unservable_requests():
     sched: Scheduler = make_scheduler(total_tokens=20, max_len=20)
-    limits = IntakeLimits(sched.config.max_req_len, sched.config.vocab_size)
+    limits = IntakePolicy(sched.config.max_req_len, sched.config.vocab_size)
     with pytest.raises(InvalidRequest, match="prompt has 25 tokens") as e:
         validate_req(make_req("x", [2] * 25), limits)
     assert e.value.field == "input_ids"

@@ -39,7 +39,7 @@ def key_url() -> str:
 # the flag checks of test_limits.
 HARDENED_ARGV = ["--decode-attention-backend", "torch_native", "--context-length", "64", "--max-total-tokens", "4096",
                  "--max-n", "2", "--max-batch-size", "2", "--max-stop-strings", "2", "--max-stop-token-ids", "4",
-                 "--allow-auto-truncate", "--allowed-origins", "http://app.example", "--allowed-hosts", "llm.internal"]
+                 "--max-logprobs", "64", "--allow-auto-truncate", "--allowed-origins", "http://app.example", "--allowed-hosts", "llm.internal"]
 
 
 @pytest.fixture(scope="session")

@@ -215,6 +215,27 @@ def test_allowed_origins_hosts_and_flags(hardened_url):
     assert out["meta_info"]["prompt_tokens"] == ctx - 1 and out["meta_info"]["completion_tokens"] == 1
 
 
+def test_max_logprobs_flag_bounds_every_route(hardened_url):
+    """--max-logprobs 64 (the hardened server): 64 top logprobs are served on all three generation routes, 65 is a
+    400 naming the field and the flag (completions and chat once had a hard-coded bound of 20)."""
+    url, ids = hardened_url, prompt_ids(8, 4)
+    sp = {**GREEDY, "max_new_tokens": 2}
+    gen = post(url, "/generate", {"input_ids": ids, "return_logprob": True, "top_logprobs_num": 64, "sampling_params": sp})
+    assert gen.status_code == 200, gen.text
+    assert [len(t) for t in gen.json()["meta_info"]["output_top_logprobs"]] == [64, 64]
+    cmp = post(url, "/v1/completions", {"prompt": ids, "logprobs": 64, "max_tokens": 2, **GREEDY})
+    assert cmp.status_code == 200, cmp.text
+    assert len(cmp.json()["choices"][0]["logprobs"]["top_logprobs"]) == 2  # keyed by token text: up to 64 each
+    chat = post(url, CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 64, "max_tokens": 2, **GREEDY})
+    assert chat.status_code == 200, chat.text
+    assert [len(c["top_logprobs"]) for c in chat.json()["choices"][0]["logprobs"]["content"]] == [64, 64]
+    _refused(post(url, "/generate", {"input_ids": ids, "return_logprob": True, "top_logprobs_num": 65}), 400,
+             "top_logprobs_num", "--max-logprobs")
+    _refused(post(url, "/v1/completions", {"prompt": ids, "logprobs": 65}), 400, "logprobs", "--max-logprobs")
+    _refused(post(url, CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 65}), 400, "top_logprobs",
+             "--max-logprobs")
+
+
 def test_bad_limit_flag_is_refused_at_startup():
     from impl.args.server_args import ServerArgs
     from impl.server.limits import RequestLimits
