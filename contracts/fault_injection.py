@@ -180,6 +180,7 @@ def run_with_faults(argv, runs) -> list[FaultRun]:
 
 def _one_run(engine, run, sampling_params) -> FaultRun:
     from impl.engine.engine import EngineUnhealthyError
+    from impl.engine.output import SGLangDicts
 
     handles: list[Any] = []
     refused: dict[int, dict[str, Any]] = {}
@@ -206,9 +207,9 @@ def _one_run(engine, run, sampling_params) -> FaultRun:
         if h is None:
             finals.append([refused[i]])
             continue
-        outs = []
+        outs, dicts = [], SGLangDicts()
         while not h.queue.empty():
-            outs.append(h.queue.get_nowait().to_sglang())
+            outs.append(dicts.add(h.queue.get_nowait()))
         finals.append([o for o in outs if o["meta_info"]["finish_reason"] is not None])
     load = engine.load()
     return FaultRun(finals, load.kv_tokens_total, load.kv_tokens_available, engine.health())

@@ -6,8 +6,9 @@ scheduler; here it is one thread per engine (``engine-detokenizer``).
 Flow: after progress the scheduler thread calls ``Req.on_output``; the engine
 turns that into an ``Emission``, a snapshot of counts (no text work, no list
 copies), and ``put``s it here. The stage thread turns each emission into one
-``ReqOutput`` (``impl/engine/output.py``) and delivers it to the request's
-``RequestHandle``, in emission order.
+``ReqOutput`` (``impl/engine/output.py``) holding what is new since the
+request's previous one (ids, logprob entries, the text delta) and delivers it
+to the request's ``RequestHandle``, in emission order.
 
 Text: every request has one ``IncrementalDetokenizer`` (``req.detok``,
 ``impl/engine/detokenizer.py``) over its output ids, so each token is decoded
@@ -85,29 +86,31 @@ def build_output(em: Emission) -> ReqOutput:
         h.sent_text = text
     else:  # only a final text trimmed at a stop string matched before min_new_tokens allowed it
         delta = ""
-    n, ni = em.num_output, em.num_input_logprobs
+    # what is new since this request's previous emission (the lists only grow; slices copy the new part)
+    n, ni, k, ki = em.num_output, em.num_input_logprobs, h.sent_ids, h.sent_input_logprobs
     logprobs = None
     if req.return_logprob:
         logprobs = Logprobs(
-            input_token_logprobs=list(req.input_token_logprobs[:ni]),
-            output_token_logprobs=list(req.output_token_logprobs[:n]),
-            input_top_logprobs=list(req.input_top_logprobs[:ni]),
-            output_top_logprobs=list(req.output_top_logprobs[:n]),
+            input_token_logprobs=req.input_token_logprobs[ki:ni],
+            output_token_logprobs=req.output_token_logprobs[k:n],
+            input_top_logprobs=req.input_top_logprobs[ki:ni],
+            output_top_logprobs=req.output_top_logprobs[k:n],
             top_logprobs_num=req.top_logprobs_num,
         )
+    h.sent_ids, h.sent_input_logprobs = n, ni
     first = req.first_token_time
     return ReqOutput(
         rid=req.rid,
         text=text,
         text_delta=delta,
-        output_ids=req.output_ids[:n],
+        output_ids_delta=req.output_ids[k:n],
         finish_reason=em.finish_reason,
         prompt_tokens=len(req.origin_input_ids),
         completion_tokens=n,
         cached_tokens=req.cached_tokens,
         e2e_latency=em.time - req.created_time,
         ttft=None if first is None else first - req.created_time,
-        logprobs=logprobs,
+        logprobs_delta=logprobs,
         spec_verify_ct=em.spec[0] if em.spec else 0,
         spec_accept_length=em.spec[1] if em.spec else None,
     )
@@ -166,7 +169,8 @@ class DetokenizerStage:
             logger.exception("Building the output of request %s failed", em.handle.rid)
             req = em.handle.req
             msg = f"internal error during output building (detokenization): {type(e).__name__}: {e}"
-            out = ReqOutput(rid=req.rid, text=em.handle.sent_text, text_delta="", output_ids=req.output_ids[: em.num_output],
+            out = ReqOutput(rid=req.rid, text=em.handle.sent_text, text_delta="",
+                            output_ids_delta=req.output_ids[em.handle.sent_ids : em.num_output],
                             finish_reason=FinishReason("abort", message=msg, status_code=500),
                             prompt_tokens=len(req.origin_input_ids), completion_tokens=em.num_output,
                             cached_tokens=req.cached_tokens, e2e_latency=em.time - req.created_time)

@@ -13,7 +13,7 @@ the ``seed + j`` rule, the one validation) -> ``submit`` (thread-safe; one
 each emission to the detokenizer stage (``impl/engine/detokenizer_stage.py``),
 which builds typed ``ReqOutput`` objects (``impl/engine/output.py``) on its own
 thread and queues them on the handle. ``generate`` returns SGLang's dicts
-(``ReqOutput.to_sglang()``). ``load()`` is the typed load view (running,
+(``output.sglang_dict`` / ``SGLangDicts``). ``load()`` is the typed load view (running,
 waiting, KV tokens, token budget) for the server, metrics and contract adapters.
 """
 
@@ -44,7 +44,7 @@ from impl.engine.intake import IntakePolicy, InvalidRequest, expand_requests
 from impl.engine.kv_lifecycle import KVLifecycle
 from impl.engine.load import LoadView
 from impl.engine.model_runner import ModelRunner
-from impl.engine.output import ReqOutput
+from impl.engine.output import ReqOutput, SGLangDicts, sglang_dict
 from impl.engine.req import Req
 from impl.engine.request_handle import RequestHandle
 from impl.engine.scheduler import Scheduler, SchedulerConfig
@@ -152,11 +152,12 @@ class Engine:
         if stream:
             return self._stream(handles)
         self._drive_until(lambda: all(h.done.is_set() for h in handles))
-        outs = [h.final.to_sglang() for h in handles]
+        outs = [sglang_dict(h.result()) for h in handles]
         return outs[0] if single and len(outs) == 1 else outs
 
     def _stream(self, handles: list[RequestHandle]) -> Iterator[dict[str, Any]]:
         pending = list(handles)
+        dicts = {id(h): SGLangDicts() for h in handles}
         try:
             while pending:
                 for h in list(pending):
@@ -165,7 +166,7 @@ class Engine:
                             out = h.queue.get_nowait()
                         except queue.Empty:
                             break
-                        yield out.to_sglang()
+                        yield dicts[id(h)].add(out)
                         if out.finished:
                             pending.remove(h)
                             break

@@ -1,28 +1,37 @@
-"""Typed request outputs: ``ReqOutput`` (one emission of one request) and its SGLang dict.
+"""Typed request outputs: ``ReqOutput`` (one emission of one request, what is new in it) and SGLang's dicts.
 
 The detokenizer stage (``impl/engine/detokenizer_stage.py``) builds one
 ``ReqOutput`` per emission: every ``stream_interval`` tokens of a streamed
-request, and once when a request finishes. Fields:
+request, and once when a request finishes. An emission carries what is new
+since the request's previous one, so a stream of ``n`` tokens copies ``O(n)``
+entries in all, not ``O(n^2)``. Fields:
 
-* ``text``: the cumulative *stable* text: a partial UTF-8 character and a
-  trailing prefix of a stop string are held back until they resolve, so each
-  ``text`` is a prefix of the next and of the final one; the final text is
-  stop-trimmed (unless ``no_stop_trim``). ``text_delta``: what this emission
-  adds to the previous one's ``text``.
-* ``output_ids``: cumulative; ``finish_reason``: None until the last emission.
+* ``text``: the cumulative *stable* text (a reference, not a copy): a partial
+  UTF-8 character and a trailing prefix of a stop string are held back until
+  they resolve, so each ``text`` is a prefix of the next and of the final one;
+  the final text is stop-trimmed (unless ``no_stop_trim``). ``text_delta``: what
+  this emission adds to the previous one's ``text``.
+* ``output_ids_delta``: the output ids new in this emission (all of them in a
+  non-streamed request's only emission); ``completion_tokens`` counts every
+  output id so far; ``finish_reason``: None until the last emission.
 * usage (``prompt_tokens``, ``completion_tokens``, ``cached_tokens``), timing
-  (``ttft``, ``e2e_latency``, seconds since the request was created), logprobs
-  (``Logprobs`` when the request asked for them), and room for speculative
-  decoding stats (``spec_verify_ct``, ``spec_accept_length``; 0 / None without it).
+  (``ttft``, ``e2e_latency``, seconds since the request was created),
+  ``logprobs_delta`` (``Logprobs``, the entries new in this emission, when the
+  request asked for them), and room for speculative decoding stats
+  (``spec_verify_ct``, ``spec_accept_length``; 0 / None without it).
 
-``to_sglang()`` gives SGLang's ``{"text", "output_ids", "meta_info"}`` dict
-(the offline ``Engine.generate`` result and the ``/generate`` body); the
-OpenAI routes format the same object (``impl/server/openai_api.py``).
-Logprob entries in the dict use SGLang's tuple format ``(logprob, token_id, None)``
-(the third slot is the token text, filled only with ``return_text_in_logprobs``,
-which this engine does not offer). ``input_token_logprobs`` runs over prompt
-tokens ``logprob_start_len ..``; its first entry is ``(None, id, None)`` when
-``logprob_start_len == 0``. Without prompt logprobs the input lists are empty.
+``SGLangDicts`` turns one request's outputs, in order, into SGLang's
+``{"text", "output_ids", "meta_info"}`` dicts: text and ``output_ids``
+cumulative (SGLang's format), logprobs cumulative or (``incremental_logprobs``,
+the ``/generate`` stream) only the new entries. ``sglang_dict(out)`` is the dict
+of a request's only emission (the offline ``Engine.generate`` result and the
+``/generate`` body). The OpenAI routes format the deltas directly
+(``impl/server/openai_api.py``). Logprob entries in the dicts use SGLang's tuple
+format ``(logprob, token_id, None)`` (the third slot is the token text, filled
+only with ``return_text_in_logprobs``, which this engine does not offer).
+``input_token_logprobs`` runs over prompt tokens ``logprob_start_len ..``; its
+first entry is ``(None, id, None)`` when ``logprob_start_len == 0``. Without
+prompt logprobs the input lists are empty.
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ TopEntry = list[tuple[float, int]] | None  # top-k (logprob, token id) of one po
 
 @dataclass(frozen=True)
 class Logprobs:
+    """Logprob entries of one emission: those new since the request's previous emission."""
+
     input_token_logprobs: list[LogprobPair]
     output_token_logprobs: list[LogprobPair]
     input_top_logprobs: list[TopEntry]
@@ -50,14 +61,14 @@ class ReqOutput:
     rid: str
     text: str
     text_delta: str
-    output_ids: list[int]
+    output_ids_delta: list[int]
     finish_reason: FinishReason | None
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
     e2e_latency: float
     ttft: float | None = None
-    logprobs: Logprobs | None = None
+    logprobs_delta: Logprobs | None = None
     spec_verify_ct: int = 0  # speculative verify forwards (0: no speculative decoding)
     spec_accept_length: float | None = None  # mean accepted tokens per verify forward
 
@@ -76,28 +87,55 @@ class ReqOutput:
         fr = self.finish_reason
         return fr.matched if fr is not None and fr.type == "stop" else None
 
-    def to_sglang(self) -> dict[str, Any]:
+    @property
+    def output_start(self) -> int:
+        """Output ids before this emission's delta."""
+        return self.completion_tokens - len(self.output_ids_delta)
+
+
+class SGLangDicts:
+    """SGLang's dicts of one request's outputs, fed in emission order."""
+
+    def __init__(self, incremental_logprobs: bool = False):
+        self.incremental_logprobs = incremental_logprobs
+        self.output_ids: list[int] = []
+        self._logprobs: tuple[list[Any], list[Any], list[Any], list[Any]] = ([], [], [], [])
+
+    def add(self, out: ReqOutput) -> dict[str, Any]:
+        assert out.output_start == len(self.output_ids), "outputs of one request must be added in order"
+        self.output_ids.extend(out.output_ids_delta)
         meta: dict[str, Any] = {
-            "id": self.rid,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "cached_tokens": self.cached_tokens,
-            "finish_reason": None if self.finish_reason is None else self.finish_reason.to_json(),
-            "e2e_latency": self.e2e_latency,
+            "id": out.rid,
+            "prompt_tokens": out.prompt_tokens,
+            "completion_tokens": out.completion_tokens,
+            "cached_tokens": out.cached_tokens,
+            "finish_reason": None if out.finish_reason is None else out.finish_reason.to_json(),
+            "e2e_latency": out.e2e_latency,
         }
-        if self.ttft is not None:
-            meta["ttft"] = self.ttft
-        lp = self.logprobs
+        if out.ttft is not None:
+            meta["ttft"] = out.ttft
+        lp = out.logprobs_delta
         if lp is not None:
+            new = (lp.input_token_logprobs, lp.output_token_logprobs, lp.input_top_logprobs, lp.output_top_logprobs)
+            if not self.incremental_logprobs:
+                for acc, entries in zip(self._logprobs, new):
+                    acc.extend(entries)
+                new = self._logprobs
+            inp, outp, inp_top, out_top = new
             meta.update(
-                input_token_logprobs=_triples(lp.input_token_logprobs),
-                output_token_logprobs=_triples(lp.output_token_logprobs),
-                input_top_logprobs=_top(lp.input_top_logprobs) if lp.top_logprobs_num else [],
-                output_top_logprobs=_top(lp.output_top_logprobs) if lp.top_logprobs_num else [],
+                input_token_logprobs=_triples(inp),
+                output_token_logprobs=_triples(outp),
+                input_top_logprobs=_top(inp_top) if lp.top_logprobs_num else [],
+                output_top_logprobs=_top(out_top) if lp.top_logprobs_num else [],
             )
-        if self.spec_verify_ct:
-            meta.update(spec_verify_ct=self.spec_verify_ct, spec_accept_length=self.spec_accept_length)
-        return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}
+        if out.spec_verify_ct:
+            meta.update(spec_verify_ct=out.spec_verify_ct, spec_accept_length=out.spec_accept_length)
+        return {"text": out.text, "output_ids": list(self.output_ids), "meta_info": meta}
+
+
+def sglang_dict(out: ReqOutput) -> dict[str, Any]:
+    """The SGLang dict of a request's only emission (a non-streamed request's final output)."""
+    return SGLangDicts().add(out)
 
 
 def _triples(pairs: list[LogprobPair]) -> list[tuple[float | None, int, None]]:

@@ -1,6 +1,7 @@
 """Req: one generation request's state inside the scheduler.
 
-Token bookkeeping (page size 1): ``fill_ids = origin_input_ids + output_ids``.
+Token bookkeeping (page size 1): ``fill_ids = origin_input_ids + output_ids``, one
+list kept as the output grows (``append_output``), never rebuilt per step.
 The request's first ``kv_len`` tokens have KV in the pool at
 ``req_to_token[req_pool_idx, :kv_len]``; the first ``prefix_len`` of those
 are a radix-cache prefix (locked at ``last_node``, owned by the tree), the
@@ -96,6 +97,7 @@ class Req:
     spec_verify_ct: int | None = None  # verify forwards this request took part in
     spec_committed_tokens: int = 0  # tokens those verifies committed
     spec_hidden: torch.Tensor | None = None  # seed: target hidden of the row that produced the last token
+    fill_ids: list[int] = field(init=False, repr=False)  # origin_input_ids + output_ids
 
     @property
     def spec_accept_length(self) -> float | None:
@@ -105,6 +107,7 @@ class Req:
         return self.spec_committed_tokens / self.spec_verify_ct if self.spec_verify_ct else 0.0
 
     def __post_init__(self) -> None:
+        self.fill_ids = self.origin_input_ids + self.output_ids
         if self.return_logprob and self.logprob_start_len >= 0:
             self.input_logprob_next_pos = max(self.logprob_start_len - 1, 0)
             if self.logprob_start_len == 0:
@@ -113,13 +116,14 @@ class Req:
         else:
             self.input_logprob_next_pos = len(self.origin_input_ids)  # nothing to compute
 
-    @property
-    def fill_ids(self) -> list[int]:
-        return self.origin_input_ids + self.output_ids
+    def append_output(self, tok: int) -> None:
+        """One generated token: the only way the output grows (``fill_ids`` grows with it)."""
+        self.output_ids.append(tok)
+        self.fill_ids.append(tok)
 
     @property
     def seq_len(self) -> int:
-        return len(self.origin_input_ids) + len(self.output_ids)
+        return len(self.fill_ids)
 
     @property
     def is_finished(self) -> bool:

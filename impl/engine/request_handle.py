@@ -7,7 +7,8 @@ delivers the request's ``ReqOutput`` objects to ``queue`` in order (every
 Two optional hooks run on the detokenizer thread: ``on_finish(req, out)`` just
 before the final output becomes visible (metrics count a request before its
 client sees it), ``wake()`` after each output is queued (an event loop's wake-up).
-``consumed`` and ``sent_text`` are the stage's per-request text state.
+``consumed``, ``sent_text``, ``sent_ids`` and ``sent_input_logprobs`` are the stage's per-request state
+(each output carries what is new since the previous one).
 """
 
 from __future__ import annotations
@@ -30,13 +31,20 @@ class RequestHandle:
     queue: "queue.Queue[ReqOutput]" = field(default_factory=queue.Queue)
     final: ReqOutput | None = None
     done: threading.Event = field(default_factory=threading.Event)
-    # detokenizer-thread state: output ids fed to req.detok, text already delivered
+    # detokenizer-thread state: output ids fed to req.detok, text / output ids / prompt logprobs already delivered
     consumed: int = 0
     sent_text: str = ""
+    sent_ids: int = 0
+    sent_input_logprobs: int = 0
 
     @property
     def rid(self) -> str:
         return self.req.rid
+
+    def result(self) -> ReqOutput:
+        """The final output (call once ``done`` is set)."""
+        assert self.final is not None, f"request {self.rid} has not finished"
+        return self.final
 
     def deliver(self, out: ReqOutput) -> None:
         if self.done.is_set():  # nothing follows the final output

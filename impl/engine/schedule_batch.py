@@ -52,8 +52,7 @@ class ScheduleBatch:
         logits_idx: list[int] = []
         row0 = 0
         for it in self.items:
-            fill = it.req.fill_ids
-            ids.extend(fill[it.start : it.start + it.n])
+            ids.extend(it.req.fill_ids[it.start : it.start + it.n])
             pos.extend(range(it.start, it.start + it.n))
             logits_idx.extend(row0 + o for o in it.logits_rows)
             row0 += it.n

@@ -360,7 +360,7 @@ class Scheduler(FaultIsolation):
         if sp.max_new_tokens == 0:  # prefill only (e.g. prompt logprobs): nothing is generated
             self._release_and_finish(req, FinishReason("length", length=0))
             return
-        req.output_ids.append(tok)
+        req.append_output(tok)
         if req.first_token_time is None:
             req.first_token_time = now
         if req.return_logprob:

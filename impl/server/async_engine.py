@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 from impl.engine.engine import Engine
 from impl.engine.load import LoadView
-from impl.engine.output import ReqOutput
+from impl.engine.output import ReqOutput, SGLangDicts, sglang_dict
 from impl.engine.req import Req
 from impl.engine.request_handle import RequestHandle
 
@@ -137,13 +137,14 @@ class AsyncEngine:
         streams = self.submit(reqs, stream)
         if stream:
             return self._stream_dicts(streams)
-        outs = [(await s.result()).to_sglang() for s in streams]
+        outs = [sglang_dict(await s.result()) for s in streams]
         return outs[0] if single and len(outs) == 1 else outs
 
     async def _stream_dicts(self, streams: list[RequestStream]) -> AsyncIterator[dict[str, Any]]:
+        dicts = [SGLangDicts() for _ in streams]
         try:
-            async for _, out in merge(streams):
-                yield out.to_sglang()
+            async for i, out in merge(streams):
+                yield dicts[i].add(out)
         finally:
             for s in streams:
                 if s.final is None:

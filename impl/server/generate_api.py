@@ -1,26 +1,26 @@
 """POST /generate: SGLang's native API.
 
-Each ``ReqOutput`` becomes SGLang's dict (``ReqOutput.to_sglang()``).
-Non-streaming: the output dict (``text``, ``output_ids``, ``meta_info``) of one
-request, or a list for a batch or ``n > 1`` (prompt-major). Streaming: one
-``data: {json}`` event per step with the *cumulative* text and ids (SGLang's
-default), an ``index`` when several requests share the stream, and a final
-``data: [DONE]``. Logprobs are incremental in a stream: each event's
-``output_token_logprobs`` / ``output_top_logprobs`` hold only the tokens that
-are new since the previous event of that request, and the prompt's
-``input_*`` lists come once, in its first event, so a stream's size grows
-linearly with its tokens. A request that failed in the engine is a 500 (or
+Each request's ``ReqOutput`` objects (what is new in each emission) become
+SGLang's dicts (``impl/engine/output.py:SGLangDicts``). Non-streaming: the
+output dict (``text``, ``output_ids``, ``meta_info``) of one request, or a list
+for a batch or ``n > 1`` (prompt-major). Streaming: one ``data: {json}`` event
+per step with the *cumulative* text and ids (SGLang's default; the only
+cumulative fields rebuilt), an ``index`` when several requests share the
+stream, and a final ``data: [DONE]``. Logprobs are incremental in a stream: each
+event's ``output_token_logprobs`` / ``output_top_logprobs`` hold only the tokens
+that are new since the previous event of that request, and the prompt's
+``input_*`` lists come once, in its first event. A request that failed in the engine is a 500 (or
 its stream's error event, then ``[DONE]``).
 """
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
-from impl.engine.output import ReqOutput
+from impl.engine.output import ReqOutput, SGLangDicts, sglang_dict
 from impl.server.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from impl.server.req_builder import Submission
 from impl.server.errors import error_response
@@ -43,38 +43,19 @@ async def generate_response(request: Request, aengine: AsyncEngine, sub: Submiss
     failed = next((f for f in map(failure_of, finals) if f is not None), None)
     if failed is not None:
         return error_response(failed[0], failed[1])
-    outs = [f.to_sglang() for f in finals]
+    outs = [sglang_dict(f) for f in finals]
     return JSONResponse(json_safe(outs if many or not sub.single else outs[0]))
 
 
-_INPUT_LOGPROBS = ("input_token_logprobs", "input_top_logprobs")
-_OUTPUT_LOGPROBS = ("output_token_logprobs", "output_top_logprobs")
-
-
-def incremental_logprobs(body: dict[str, Any], sent: int, first: bool) -> dict[str, Any]:
-    """An SGLang dict with output logprob lists from entry ``sent`` on, and input lists only on the first event."""
-    meta = body["meta_info"]
-    for k in _OUTPUT_LOGPROBS:
-        if k in meta:
-            meta[k] = meta[k][sent:]
-    if not first:
-        for k in _INPUT_LOGPROBS:
-            if k in meta:
-                meta[k] = []
-    return body
-
-
 async def _stream(aengine: AsyncEngine, streams: list[RequestStream], many: bool) -> AsyncIterator[bytes]:
-    sent = [0] * len(streams)
-    started = [False] * len(streams)
+    dicts = [SGLangDicts(incremental_logprobs=True) for _ in streams]
     try:
         async for i, out in merge(streams):
             failed = failure_of(out)
             if failed is not None:
                 yield error_event(failed[1], failed[0], i if many else None)
                 continue
-            body = incremental_logprobs(out.to_sglang(), sent[i], not started[i])
-            sent[i], started[i] = out.completion_tokens, True
+            body = dicts[i].add(out)
             if many:
                 body["index"] = i
             yield sse(body)

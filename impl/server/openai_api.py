@@ -5,7 +5,9 @@ each prompt once and every choice's tokens (OpenAI's rule). Streams send text
 deltas; every choice gets exactly one chunk with a ``finish_reason`` (it also
 carries the choice's last delta), then an optional usage chunk
 (``stream_options.include_usage``), then ``data: [DONE]``. Everything is read
-from typed ``ReqOutput`` objects (``impl/engine/output.py``).
+from typed ``ReqOutput`` objects (``impl/engine/output.py``), which carry what
+is new since the previous one: a chunk formats its output's deltas as they are,
+a non-streamed choice its request's only output.
 """
 
 from __future__ import annotations
@@ -38,12 +40,12 @@ def usage(sub: Submission, finals: list[ReqOutput]) -> dict[str, Any]:
     }
 
 
-def _output_logprobs(out: ReqOutput, start: int) -> tuple[list[tuple[float | None, int]], list[Any]]:
-    """(token logprob pairs, top entries) of output tokens ``start..``."""
-    lp = out.logprobs
+def _output_logprobs(out: ReqOutput) -> tuple[list[tuple[float | None, int]], list[Any]]:
+    """(token logprob pairs, top entries) of the output tokens new in ``out``."""
+    lp = out.logprobs_delta
     if lp is None:
         return [], []
-    return lp.output_token_logprobs[start:], lp.output_top_logprobs[start:]
+    return lp.output_token_logprobs, lp.output_top_logprobs
 
 
 # ---------------------------------------------------------------- logprobs
@@ -63,9 +65,9 @@ class TokenText:
         return s
 
 
-def completion_logprobs(o: ReqOutput, start: int, text_offset: int, tt: TokenText) -> dict[str, Any]:
-    """OpenAI completions logprobs of output tokens ``start..``."""
-    toks, tops = _output_logprobs(o, start)
+def completion_logprobs(o: ReqOutput, text_offset: int, tt: TokenText) -> dict[str, Any]:
+    """OpenAI completions logprobs of the output tokens new in ``o`` (its text starts at ``text_offset``)."""
+    toks, tops = _output_logprobs(o)
     out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for i, (lp, tok) in enumerate(toks):
         s = tt(tok)
@@ -78,8 +80,8 @@ def completion_logprobs(o: ReqOutput, start: int, text_offset: int, tt: TokenTex
     return out
 
 
-def chat_logprobs(o: ReqOutput, start: int, tt: TokenText) -> dict[str, Any]:
-    toks, tops = _output_logprobs(o, start)
+def chat_logprobs(o: ReqOutput, tt: TokenText) -> dict[str, Any]:
+    toks, tops = _output_logprobs(o)
     content = []
     for i, (lp, tok) in enumerate(toks):
         s = tt(tok)
@@ -121,15 +123,17 @@ class Call:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices, **extra}
 
     def choice(self, k: int, final: ReqOutput) -> dict[str, Any]:
+        """Choice ``k`` of a non-streamed call from its request's only output (deltas = everything)."""
+        assert final.output_start == 0, "a non-streamed request has one output"
         c: dict[str, Any] = {"index": k}
         if self.kind == "completion":
             c["text"] = final.text
-            c["logprobs"] = completion_logprobs(final, 0, 0, self.token_text) if self.logprobs else None
+            c["logprobs"] = completion_logprobs(final, 0, self.token_text) if self.logprobs else None
             if self.token_ids:
-                c["token_ids"] = list(final.output_ids)
+                c["token_ids"] = final.output_ids_delta
         else:
             c["message"] = {"role": "assistant", "content": final.text}
-            c["logprobs"] = chat_logprobs(final, 0, self.token_text) if self.logprobs else None
+            c["logprobs"] = chat_logprobs(final, self.token_text) if self.logprobs else None
         c["finish_reason"] = final.finish_type
         c["matched_stop"] = final.matched_stop
         return c
@@ -155,8 +159,7 @@ async def openai_response(request: Request, aengine: AsyncEngine, call: Call, st
 
 @dataclass
 class _ChoiceState:
-    sent_text: str = ""
-    sent_tokens: int = 0
+    sent_chars: int = 0  # text already sent (completions' text_offset)
     started: bool = False
 
 
@@ -186,25 +189,23 @@ async def _stream(aengine: AsyncEngine, call: Call, streams: list[RequestStream]
 def _delta_chunk(call: Call, k: int, out: ReqOutput, st: _ChoiceState) -> dict[str, Any] | None:
     fr = out.finish_type
     delta = out.text_delta
-    ntok = len(out.output_ids)
     per_token = call.logprobs or call.token_ids  # a chunk per new token, even one with no text of its own
-    if not delta and fr is None and (not per_token or ntok == st.sent_tokens) and (call.kind != "chat" or st.started):
+    if not delta and fr is None and (not per_token or not out.output_ids_delta) and (call.kind != "chat" or st.started):
         return None
     c: dict[str, Any] = {"index": k}
     if call.kind == "completion":
         c["text"] = delta
-        c["logprobs"] = completion_logprobs(out, st.sent_tokens, len(st.sent_text), call.token_text) if call.logprobs else None
+        c["logprobs"] = completion_logprobs(out, st.sent_chars, call.token_text) if call.logprobs else None
         if call.token_ids:
-            c["token_ids"] = list(out.output_ids[st.sent_tokens:ntok])
+            c["token_ids"] = out.output_ids_delta
     else:
         d: dict[str, Any] = {} if st.started else {"role": "assistant"}
         if delta or not st.started:
             d["content"] = delta
         c["delta"] = d
-        c["logprobs"] = chat_logprobs(out, st.sent_tokens, call.token_text) if call.logprobs else None
+        c["logprobs"] = chat_logprobs(out, call.token_text) if call.logprobs else None
         st.started = True
     c["finish_reason"] = fr
     c["matched_stop"] = out.matched_stop if fr is not None else None
-    st.sent_text += delta
-    st.sent_tokens = ntok
+    st.sent_chars += len(delta)
     return c

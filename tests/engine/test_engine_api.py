@@ -113,7 +113,7 @@ def test_background_loop_serves_concurrent_submissions():
         handles = [h for p in prompts() for h in eng.submit(eng.expand_requests([p], GREEDY))]
         for h in handles:
             assert h.done.wait(60)
-        sync = [h.final.output_ids for h in handles]
+        sync = [h.result().output_ids_delta for h in handles]
         assert all(len(s) == 6 for s in sync)
         (victim,) = eng.submit(eng.expand_requests([[2, 3, 4]], {"max_new_tokens": 10_000 // 10, "ignore_eos": True},
                                                    rid="bg"))

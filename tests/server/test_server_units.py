@@ -91,21 +91,22 @@ def test_validation_names_the_field():
 
 def test_request_stream_drains_output_emitted_before_waiting():
     """Output queued before the consumer waits is seen without any wake-up."""
-    from impl.engine.output import ReqOutput
+    from impl.engine.output import ReqOutput, SGLangDicts
     from impl.engine.req import FinishReason
     from impl.engine.request_handle import RequestHandle
     from impl.server.async_engine import RequestStream
 
     handle = RequestHandle(req=None, stream=True)  # type: ignore[arg-type]
     common = dict(rid="r", prompt_tokens=3, cached_tokens=0, e2e_latency=0.1)
-    handle.queue.put(ReqOutput(text="a", text_delta="a", output_ids=[5], finish_reason=None, completion_tokens=1, **common))
-    handle.queue.put(ReqOutput(text="ab", text_delta="b", output_ids=[5, 6], finish_reason=FinishReason("length", length=2),
+    handle.queue.put(ReqOutput(text="a", text_delta="a", output_ids_delta=[5], finish_reason=None, completion_tokens=1,
+                               **common))
+    handle.queue.put(ReqOutput(text="ab", text_delta="b", output_ids_delta=[6], finish_reason=FinishReason("length", length=2),
                                completion_tokens=2, **common))
 
     async def run():
-        s = RequestStream(handle=handle)
-        return [o.text async for o in s.outputs()], s.final
+        s, dicts = RequestStream(handle=handle), SGLangDicts()
+        return [dicts.add(o) async for o in s.outputs()], s.final
 
-    texts, final = asyncio.run(run())
-    assert texts == ["a", "ab"] and final.text == "ab" and final.to_sglang()["meta_info"]["finish_reason"] == {
-        "type": "length", "length": 2}
+    outs, final = asyncio.run(run())
+    assert [o["text"] for o in outs] == ["a", "ab"] and [o["output_ids"] for o in outs] == [[5], [5, 6]]
+    assert final.text == "ab" and outs[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 2}
