@@ -19,6 +19,11 @@ MODEL = "e2b"  # tiny E2B-shaped checkpoint: 35 layers, 20 KV-shared, sliding wi
 # which rows the cross-decoder runs on, not the arithmetic of any kept row, so only
 # float32 reduction-order noise (~1e-6 on these logits) may differ.
 LOGPROB_TOL = 1e-4
+# Every PARITY contract runs in the checkpoint's dtype (the tiny checkpoints are float32) and again
+# served in bfloat16 (the dtype E2B is served in): the flag must not change which token wins there either,
+# where any difference in a kept row's arithmetic would be amplified, not hidden, by bf16 rounding.
+# (A small KV pool for the bf16 engines: the in-process subject keeps every engine it built for the session.)
+DTYPES = ((), ("--dtype", "bfloat16", "--max-total-tokens", "8192"))
 # Prompt lengths: 1-token prompts, shorter than, equal to and longer than the window,
 # several windows long.
 LENGTHS = [1, 2, 3, 5, 7, 9, 12, 15, 16, 17, 19, 23, 28, 31, 32, 33, 37, 41, 47, 52, 58, 64, 71, 80]
@@ -61,7 +66,7 @@ def _compare(what: str, off, on) -> None:
 @contract(
     "PARITY-GREEDY",
     "For 24 prompts of varied lengths, batched and one by one, greedy tokens with the flag on equal those with it "
-    f"off and output logprobs agree within {LOGPROB_TOL}.",
+    f"off and output logprobs agree within {LOGPROB_TOL}; again (batched) served in bfloat16.",
     f"{SEED}: per-prompt parity test; PR-C: accuracy unchanged",
     rules=("F13", "F15", "F16"),
     needs=("engine",),
@@ -69,16 +74,16 @@ def _compare(what: str, off, on) -> None:
 def parity_greedy(subject) -> None:
     ps = prompts(subject.tiny_model(MODEL))
     reqs = [GenRequest(p, max_new_tokens=4, return_logprob=True) for p in ps]
-    for batched in (True, False):
-        off = subject.generate(_argv(subject, "--disable-radix-cache"), reqs, batched=batched)
-        on = subject.generate(_argv(subject, "--disable-radix-cache", FLAG), reqs, batched=batched)
-        _compare(f"{'batched' if batched else 'one by one'}", off, on)
+    for dtype, batched in ((DTYPES[0], True), (DTYPES[0], False), (DTYPES[1], True)):
+        off = subject.generate(_argv(subject, "--disable-radix-cache", *dtype), reqs, batched=batched)
+        on = subject.generate(_argv(subject, "--disable-radix-cache", *dtype, FLAG), reqs, batched=batched)
+        _compare(f"{'batched' if batched else 'one by one'}{' '.join(('',) + dtype)}", off, on)
 
 
 @contract(
     "PARITY-EDGE-BATCHES",
     "Chunked prefill (a chunk's last row is kept though not sampled), radix-cache hits and mixed prefill+decode "
-    "batches give the same greedy tokens and logprobs with the flag on as off.",
+    "batches give the same greedy tokens and logprobs with the flag on as off, in float32 and in bfloat16.",
     f"{SEED}: gather -> cross-decoder -> scatter over every batch shape",
     rules=("F13", "F14", "F15"),
     needs=("engine",),
@@ -87,21 +92,23 @@ def parity_edge_batches(subject) -> None:
     ps = prompts(subject.tiny_model(MODEL), lengths=[1, 9, 40, 57, 33, 70], seed=1)
     # Chunked prefill: 16-token chunks, so later chunks attend to a cached prefix.
     reqs = [GenRequest(p, max_new_tokens=3, return_logprob=True) for p in ps]
-    for flags in (("--chunked-prefill-size", "16", "--disable-radix-cache"), ()):
-        off = subject.generate(_argv(subject, *flags), reqs + reqs, batched=True)
-        on = subject.generate(_argv(subject, *flags, FLAG), reqs + reqs, batched=True)
-        _compare(f"flags {flags}", off, on)
-    # Radix hits: the second copy of each prompt reuses cached prefix KV; flag off vs on over those hits.
-    off2 = subject.generate(_argv(subject), reqs + reqs, batched=False)
-    on2 = subject.generate(_argv(subject, FLAG), reqs + reqs, batched=False)
-    for res in (off2, on2):
-        require(any(o.cached_tokens > 0 for o in res.outputs[len(reqs):]), "repeated prompts must hit the radix cache")
-    _compare("radix-cache hits", off2, on2)
+    for dtype in DTYPES:
+        for flags in (("--chunked-prefill-size", "16", "--disable-radix-cache", *dtype), dtype):
+            off = subject.generate(_argv(subject, *flags), reqs + reqs, batched=True)
+            on = subject.generate(_argv(subject, *flags, FLAG), reqs + reqs, batched=True)
+            _compare(f"flags {flags}", off, on)
+        # Radix hits: the second copy of each prompt reuses cached prefix KV; flag off vs on over those hits.
+        off2 = subject.generate(_argv(subject, *dtype), reqs + reqs, batched=False)
+        on2 = subject.generate(_argv(subject, *dtype, FLAG), reqs + reqs, batched=False)
+        for res in (off2, on2):
+            require(any(o.cached_tokens > 0 for o in res.outputs[len(reqs):]), "repeated prompts must hit the radix cache")
+        _compare(f"radix-cache hits{' '.join(('',) + dtype)}", off2, on2)
 
 
 @contract(
     "PARITY-PROMPT-LOGPROBS",
-    "Prompt logprobs (from logprob_start_len) are computed with the flag on, not rejected, and equal those with the flag off.",
+    "Prompt logprobs (from logprob_start_len) are computed with the flag on, not rejected, and equal those with the flag off "
+    "(in float32 and in bfloat16).",
     f"{SEED}: rows that feed the LM head include every prompt-logprob row",
     rules=("F13", "F15"),
     needs=("engine",),
@@ -110,7 +117,8 @@ def parity_prompt_logprobs(subject) -> None:
     ps = prompts(subject.tiny_model(MODEL), lengths=[5, 20, 37], seed=2)
     reqs = [GenRequest(p, max_new_tokens=2, return_logprob=True, logprob_start_len=s) for p, s in zip(ps, (0, 3, 30))]
     # Whole prompts, then 16-token chunks (later chunks attend to a cached prefix).
-    for flags in (("--disable-radix-cache",), ("--disable-radix-cache", "--chunked-prefill-size", "16")):
+    for flags in (("--disable-radix-cache",), ("--disable-radix-cache", "--chunked-prefill-size", "16"),
+                  ("--disable-radix-cache", *DTYPES[1])):
         off = subject.generate(_argv(subject, *flags), reqs)
         on = subject.generate(_argv(subject, *flags, FLAG), reqs)
         for o, p, s in zip(on.outputs, ps, (0, 3, 30)):

@@ -53,6 +53,18 @@ class WorkCounters:
     cached_tokens: int = 0
     skipped_cross_decoder_rows: int = 0  # rows fast prefill did not run through the cross-decoder
 
+    def count_forward(self, extend: bool, rows: int, lm_head_rows: int, cross_decoder_rows: int, fast_prefill: bool) -> None:
+        """One model forward as the model reported it (``LogitsOutput``): ``rows`` tokens through the
+        self-decoder, ``cross_decoder_rows`` through the KV-shared layers, ``lm_head_rows`` logits rows."""
+        self.forwards += 1
+        self.extend_forwards += int(extend)
+        self.self_decoder_rows += rows
+        self.cross_decoder_rows += cross_decoder_rows
+        self.lm_head_rows += lm_head_rows
+        if fast_prefill:
+            self.fast_prefill_forwards += 1
+            self.skipped_cross_decoder_rows += rows - cross_decoder_rows
+
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
 

@@ -371,6 +371,7 @@ class Engine:
             max_running_requests=self.scheduler_config.max_running_requests,
             attention_kernels=dict(self.attention_kernels),
             cpu_linear=self.runner.cpu_linear(),
+            cpu_kernels=None if self.runner.cpu_kernels is None else self.runner.cpu_kernels.info(),
             startup_log=list(self.startup_log),
             work_counters=self.work_counters(),
         )

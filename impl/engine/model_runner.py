@@ -5,7 +5,11 @@ Built from RESOLVED server args (``server_args.resolved()`` after
 included), the decode backend DECODE batches. ``fb.fast_prefill`` is set when
 ``--kv-sharing-fast-prefill`` is on and the batch extends some request by more
 than one token (pure decode batches take the normal path). Work counters are
-kept per forward (``last_work``) and summed (``work``).
+counted here from what each forward reports (``LogitsOutput``), per forward
+(``last_work``) and summed (``work``). On CPU the model's layers get the
+compiled fast paths (``impl/kernels/cpu_fused/transform.py``); ``cpu_kernels``
+is the record of what they installed (None on other devices: a CUDA model keeps
+the model files' own forwards).
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from impl.cache.kv_pool import ReqToTokenPool, TokenToKVPool
 from impl.cache.memory import KVBudget, kv_budget
 from impl.config.model_config import ModelConfig
 from impl.forward_batch import ForwardBatch, WorkCounters
-from impl.kernels import cpu_fused
 from impl.kernels.cpu_fused import transform as cpu_fused_transform
 from impl.model import yoco
 from impl.model.loader import load_model, resolve_dtype
@@ -45,7 +48,9 @@ class ModelRunner:
         self.dtype = _auto_dtype(model_config, device) if name == "auto" else resolve_dtype(name, model_config)
         self.model = load_model(model_config.model_path, self.dtype, device, config=model_config)
         weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        weight_bytes += getattr(self.model, "cpu_linear_packed_bytes", 0)  # oneDNN-prepacked copies (cpu_fused)
+        self.cpu_kernels = install_cpu_kernels(self.model, device)
+        if self.cpu_kernels is not None:  # prepacked copies replace their parameters; count what they add
+            weight_bytes += self.cpu_kernels.extra_bytes
         # --kv-cache-dtype auto stores K/V in the model dtype; bf16 / bfloat16 in bfloat16
         # (other dtypes are refused at startup by impl.args.unsupported).
         kv_dtype = torch.bfloat16 if server_args.kv_cache_dtype in ("bf16", "bfloat16") else self.dtype
@@ -84,6 +89,8 @@ class ModelRunner:
         if fb.work is None:
             fb.work = WorkCounters()
         out = self.model.forward(fb)
+        fb.work.count_forward(fb.forward_mode.is_extend, fb.num_tokens, int(out.logits.shape[0]), out.cross_decoder_rows,
+                              out.fast_prefill)
         self.last_work = fb.work
         for k, v in fb.work.as_dict().items():
             setattr(self.work, k, getattr(self.work, k) + v)
@@ -105,20 +112,18 @@ class ModelRunner:
     def cpu_linear(self) -> dict[str, str] | None:
         """Which library multiplies the fused layers' weights (``impl/kernels/cpu_fused/linear.py``), or
         None when no layer runs the fused CPU kernels."""
-        plan = getattr(self.model, "cpu_linear_plan", None)
-        return None if plan is None else {"mode": plan.mode, "reason": plan.reason}
+        plan = None if self.cpu_kernels is None else self.cpu_kernels.linear
+        return None if plan is None else plan.info()
 
     def _cpu_kernels(self) -> str:
         """Which path the decoder layers take on CPU (impl/kernels/cpu_fused)."""
-        if cpu_fused_transform.fused_layer_count(self.model):
-            plan = getattr(self.model, "cpu_linear_plan", None)
-            linear = f"; linear layers: {plan.describe()}" if plan is not None else ""
-            return f"fused decoder layers and sliding-window attention (C++ extension){linear}"
-        if not cpu_fused.enabled_by_env():
-            return f"torch ops ({cpu_fused.ENV_SWITCH}=0)"
-        if cpu_fused.error():
-            return f"torch ops (fused kernels unavailable: {cpu_fused.error()})"
-        return "torch ops (the fused kernels serve float32 gelu-tanh layers only)"
+        return "none" if self.cpu_kernels is None else self.cpu_kernels.describe()
+
+
+def install_cpu_kernels(model, device: torch.device) -> "cpu_fused_transform.CpuKernels | None":
+    """The compiled CPU fast paths on ``model`` when it lives on the CPU (the target model and the
+    speculative assistant); None elsewhere."""
+    return cpu_fused_transform.apply(model) if device.type == "cpu" else None
 
 
 def _auto_dtype(model_config: ModelConfig, device: torch.device) -> torch.dtype:

@@ -1,6 +1,6 @@
 """Build a C++ torch extension on first use: the helper the CPU kernel packages share.
 
-``build_extension(prefix, source, cflags)`` compiles one source file with ninja into torch's
+``build_extension(prefix, sources, cflags)`` compiles C++ sources with ninja into torch's
 extension cache (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) under a name that
 hashes the source, the flags, the CPU model and flags and the torch version, so ``-march=native``
 code never runs on another CPU and an edit rebuilds. It raises when ninja or a compiler is
@@ -27,8 +27,12 @@ logger = logging.getLogger("impl.kernels")
 STALE_LOCK_S = 600.0
 
 
-def build_extension(prefix: str, source: str, cflags: list[str]) -> ModuleType:
+def build_extension(prefix: str, source: str | list[str], cflags: list[str]) -> ModuleType:
+    """``source``: one C++ file, or several (the first builds the module; headers beside them, ``*.h``
+    in the same folders, count for the hash too)."""
     from torch.utils.cpp_extension import load as load_extension
+
+    sources = [source] if isinstance(source, str) else list(source)
 
     if shutil.which("ninja") is None:
         try:  # the PyPI ninja package ships the binary beside the interpreter's scripts
@@ -37,8 +41,11 @@ def build_extension(prefix: str, source: str, cflags: list[str]) -> ModuleType:
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         except ImportError as e:
             raise RuntimeError("ninja is not installed (pip install ninja)") from e
-    with open(source, "rb") as f:
-        text = f.read()
+    text = b""
+    headers = sorted({os.path.join(d, n) for d in {os.path.dirname(p) for p in sources} for n in os.listdir(d) if n.endswith(".h")})
+    for path in sources + headers:
+        with open(path, "rb") as f:
+            text += f.read()
     # sys.prefix: torch's build rules embed the interpreter's paths, so two virtualenvs sharing one extension
     # folder would rebuild each other's module (and wait on each other's build lock) on every start.
     key = hashlib.sha256(text + " ".join(cflags).encode() + cpu_id().encode() + torch.__version__.encode()
@@ -54,7 +61,7 @@ def build_extension(prefix: str, source: str, cflags: list[str]) -> ModuleType:
     # headers, so without it every "parallel" loop of the extension runs on the calling thread alone.
     # The module then needs libgomp.so.1, which resolves to the copy torch already loaded (one runtime).
     ldflags = ["-fopenmp"] if "-fopenmp" in cflags else []
-    return load_extension(name=name, sources=[source], extra_cflags=cflags, extra_ldflags=ldflags,
+    return load_extension(name=name, sources=sources, extra_cflags=cflags, extra_ldflags=ldflags,
                           build_directory=build_dir, verbose=False)
 
 
@@ -90,7 +97,7 @@ class LazyExtension:
     is an attribute so tests can replace it with one that fails.
     """
 
-    def __init__(self, prefix: str, source: str, cflags: list[str], env_switch: str, what: str, fallback: str):
+    def __init__(self, prefix: str, source: str | list[str], cflags: list[str], env_switch: str, what: str, fallback: str):
         self.prefix, self.source, self.cflags = prefix, source, cflags
         self.env_switch, self.what, self.fallback = env_switch, what, fallback
         self._lock = threading.Lock()

@@ -19,3 +19,10 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tenso
     if _FUSED is not None:
         return _FUSED(x, [x.shape[-1]], w, eps)[0]
     return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+def apply_rope_prepared(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D]; cos/sin_signed [T, 1, D] from ``rope.prepare_rope``. Equals ``rope.apply_rope`` bit for
+    bit: ``(-x2) * s == x2 * (-s)`` exactly, so the sign moves from x to the table."""
+    d = x.shape[-1] // 2
+    return x * cos + torch.cat([x[..., d:], x[..., :d]], dim=-1) * sin_signed

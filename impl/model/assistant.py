@@ -127,6 +127,10 @@ class Gemma4AssistantForCausalLM(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
 
+    def project_to_vocab(self, h: torch.Tensor) -> torch.Tensor:
+        """The LM head's matmul: h [n, hidden] -> [n, vocab] (the CPU transform installs a faster one)."""
+        return F.linear(h, self.lm_head_weight())
+
     @torch.no_grad()
     def forward(self, fb: ForwardBatch, target_hidden: torch.Tensor) -> LogitsOutput:
         """One draft step. fb: one row per request (see build_draft_batch); target_hidden [n, backbone]."""
@@ -157,7 +161,7 @@ class Gemma4AssistantForCausalLM(nn.Module):
         if self.config.use_ordered_embeddings:
             logits = self.masked_embedding(h, self.lm_head_weight())
         else:
-            logits = F.linear(h, self.lm_head_weight())
+            logits = self.project_to_vocab(h)
         return LogitsOutput(logits=logits.float(), hidden_states=self.post_projection(h))
 
 

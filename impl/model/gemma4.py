@@ -105,9 +105,13 @@ class Gemma4ForCausalLM(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
 
+    def project_to_vocab(self, h: torch.Tensor) -> torch.Tensor:
+        """The LM head's matmul: h [R, hidden] -> [R, vocab] (the CPU transform installs a faster one)."""
+        return F.linear(h, self.lm_head_weight())
+
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [R, hidden] (normed) -> [R, vocab] float32, final softcap applied."""
-        logits = F.linear(h, self.lm_head_weight()).float()
+        logits = self.project_to_vocab(h).float()
         cap = self.config.final_logit_softcapping
         if cap:
             logits = torch.tanh(logits / cap) * cap
@@ -123,14 +127,10 @@ class Gemma4ForCausalLM(nn.Module):
 
     def self_decoder(self, h, positions, ple, fb: ForwardBatch, rope=None) -> torch.Tensor:
         """Layers before the first KV-shared one, on every row; they write K/V."""
-        if fb.work is not None:
-            fb.work.self_decoder_rows += int(h.shape[0])  # rows actually run, not rows expected
         return self._run_layers(list(self.layers)[: self.first_kv_shared_layer], h, positions, ple, fb, rope)
 
     def cross_decoder(self, h, positions, ple, fb: ForwardBatch, rope=None) -> torch.Tensor:
         """The KV-shared layers; they read their producers' K/V and write none."""
-        if fb.work is not None and self.has_cross_decoder:
-            fb.work.cross_decoder_rows += int(h.shape[0])
         return self._run_layers(list(self.layers)[self.first_kv_shared_layer :], h, positions, ple, fb, rope)
 
     @property
@@ -141,7 +141,6 @@ class Gemma4ForCausalLM(nn.Module):
     @torch.no_grad()
     def forward(self, fb: ForwardBatch) -> LogitsOutput:
         fb.attn_backend.init_forward_metadata(fb)
-        t, r = fb.num_tokens, int(fb.logits_indices.shape[0])
         h = self.embed(fb.input_ids)  # [T, hidden]
         ple = self.per_layer_inputs(fb.input_ids, h)  # [T, L, P] or None
         rope = self.rope_tables(fb.positions)  # built once, shared by both halves (rows keep their positions)
@@ -154,20 +153,11 @@ class Gemma4ForCausalLM(nn.Module):
             part_ple = None if ple is None else yoco.gather_rows(ple, rows)
             fb.attn_backend.init_cross_decoder_metadata(fb, rows, fb.logits_lens_cpu)
             part = self.cross_decoder(part, part_pos, part_ple, fb)
+            cross_rows = int(part.shape[0])  # rows actually run, not rows expected
             h = yoco.scatter_rows(h, rows, part)
         else:
             h = self.cross_decoder(h, fb.positions, ple, fb, rope)
+            cross_rows = int(h.shape[0]) if self.has_cross_decoder else 0
         hidden = self.norm(h.index_select(0, fb.logits_indices))  # [R, hidden]
-        self._count_work(fb, t, r, fast)
-        return LogitsOutput(logits=self.compute_logits(hidden), hidden_states=hidden)
-
-    def _count_work(self, fb: ForwardBatch, t: int, r: int, fast: bool) -> None:
-        w = fb.work
-        if w is None:
-            return
-        w.forwards += 1
-        w.extend_forwards += int(fb.forward_mode.is_extend)
-        w.lm_head_rows += r
-        if fast:
-            w.fast_prefill_forwards += 1
-            w.skipped_cross_decoder_rows += t - r
+        return LogitsOutput(logits=self.compute_logits(hidden), hidden_states=hidden, cross_decoder_rows=cross_rows,
+                            fast_prefill=fast)

@@ -19,7 +19,6 @@ import torch
 from safetensors import safe_open
 
 from impl.config.model_config import ModelConfig
-from impl.kernels.cpu_fused import transform as cpu_fused_transform
 
 logger = logging.getLogger("impl.model")
 
@@ -75,10 +74,9 @@ def iter_checkpoint(model_path: str):
                 yield name, f.get_tensor(name)
 
 
-def load_model(model_path: str, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu", config: ModelConfig | None = None,
-               cpu_fast_paths: bool = True):
-    """Build the model for ``model_path``, load and fuse its weights; ``cpu_fast_paths`` then applies
-    ``impl/kernels/cpu_fused/transform.py`` (faster float32 layer forwards; off: the model file's own)."""
+def load_model(model_path: str, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu", config: ModelConfig | None = None):
+    """Build the model for ``model_path`` and load its weights. The model runs the model files' own
+    forwards; on CPU the engine then applies ``impl/kernels/cpu_fused/transform.py`` (``ModelRunner``)."""
     config = config or ModelConfig.from_pretrained(model_path)
     torch_dtype = resolve_dtype(dtype, config)
     if config.is_assistant:
@@ -90,9 +88,6 @@ def load_model(model_path: str, dtype: str | torch.dtype = "float32", device: st
     model = cls(config, dtype=torch_dtype, device="meta")
     model.to_empty(device=device)
     load_weights(model, iter_checkpoint(model_path), config)
-    fuse_weights(model)
-    if cpu_fast_paths:
-        cpu_fused_transform.apply(model)
     logger.info(
         "loaded %s (%s, %d layers, %d KV-shared) from %s as %s on %s",
         type(model).__name__, config.model_type, config.num_hidden_layers, config.num_kv_shared_layers,
@@ -135,17 +130,6 @@ def load_weights(model, weights, config: ModelConfig) -> None:
         raise ValueError(f"checkpoint is missing {len(missing)} tensor(s): {shapes}" + (" ..." if len(missing) > 5 else ""))
     if skipped:
         logger.info("skipped %d non-text (vision/audio) tensors", skipped)
-
-
-def fuse_weights(model) -> None:
-    """After loading (so missing or mismatched tensors are reported by their checkpoint names):
-    each attention stacks its q/k/v weights and norm scales, each MLP its gate/up weights."""
-    from impl.model.attention import Gemma4Attention
-    from impl.model.mlp import GemmaMLP
-
-    for m in model.modules():
-        if isinstance(m, (Gemma4Attention, GemmaMLP)):
-            m.fuse_weights()
 
 
 def _ignorable(name: str, config: ModelConfig) -> bool:

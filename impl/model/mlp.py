@@ -27,7 +27,8 @@ def _linear(i: int, o: int, dtype: torch.dtype) -> nn.Linear:
 
 
 class GemmaMLP(nn.Module):
-    """``down(act(gate(x)) * up(x))``; KV-shared layers are double-wide when use_double_wide_mlp."""
+    """``down(act(gate(x)) * up(x))``; KV-shared layers are double-wide when use_double_wide_mlp. (The CPU
+    transform, ``impl/kernels/cpu_fused/transform.py``, runs gate and up as one stacked matmul.)"""
 
     def __init__(self, hidden: int, intermediate: int, activation: str, dtype: torch.dtype):
         super().__init__()
@@ -36,23 +37,8 @@ class GemmaMLP(nn.Module):
         self.down_proj = _linear(intermediate, hidden, dtype)
         self.act = _act(activation)
         self.intermediate = intermediate
-        self._gate_up_w: torch.Tensor | None = None  # [2 * I, hidden] after fuse_weights()
-
-    @torch.no_grad()
-    def fuse_weights(self) -> None:
-        """One ``[2 * I, hidden]`` gate+up weight (gate rows first) once the weights are loaded; the
-        original parameters become views of it. Each output element equals the separate matmuls'."""
-        i = self.intermediate
-        fused = torch.cat([self.gate_proj.weight, self.up_proj.weight], dim=0)
-        self.gate_proj.weight = nn.Parameter(fused[:i], requires_grad=False)
-        self.up_proj.weight = nn.Parameter(fused[i:], requires_grad=False)
-        self._gate_up_w = fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, hidden]
-        if self._gate_up_w is not None:
-            gu = F.linear(x, self._gate_up_w)  # [T, 2 * I]
-            y = self.act(gu[..., : self.intermediate])
-            return F.linear(y.mul_(gu[..., self.intermediate :]), self.down_proj.weight)
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 

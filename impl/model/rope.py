@@ -12,6 +12,9 @@ from __future__ import annotations
 import torch
 
 from impl.config.model_config import RopeSpec
+from impl.kernels.functional import apply_rope_prepared
+
+__all__ = ["apply_rope", "apply_rope_prepared", "prepare_rope", "rope_cos_sin", "rope_inv_freq"]
 
 
 def rope_inv_freq(spec: RopeSpec, head_dim: int) -> torch.Tensor:
@@ -45,10 +48,3 @@ def prepare_rope(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, to
     (every layer of a type reuses them; saves the negation and broadcasts per layer)."""
     d = sin.shape[-1] // 2
     return cos[:, None, :], torch.cat([-sin[:, :d], sin[:, d:]], dim=-1)[:, None, :]
-
-
-def apply_rope_prepared(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D]; cos/sin_signed [T, 1, D] from ``prepare_rope``. Equals ``apply_rope`` bit for bit:
-    ``(-x2) * s == x2 * (-s)`` exactly, so the sign moves from x to the table."""
-    d = x.shape[-1] // 2
-    return x * cos + torch.cat([x[..., d:], x[..., :d]], dim=-1) * sin_signed

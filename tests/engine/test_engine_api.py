@@ -182,12 +182,13 @@ def test_bad_server_args_and_startup_log():
     from impl.kernels import cpu_fused
 
     if cpu_fused.load() is not None:
-        assert ("CPU kernels: fused decoder layers and sliding-window attention (C++ extension); linear layers: ATen mm "
-                "(weights too small for oneDNN)") in log
+        assert ("CPU kernels: fused decoder layers (35 of 35, float32 weights) and sliding-window attention (C++ extension, "
+                f"{cpu_fused.load().simd_isa()} build); linear layers: ATen mm (weights too small for oneDNN)") in log
     else:
         assert f"CPU kernels: torch ops (fused kernels unavailable: {cpu_fused.error()})" in log
     info = eng.get_server_info()
     assert info["num_kv_layers"] == 15 and info["attention_backend"] == "torch_native"
     if cpu_fused.load() is not None:  # the tiny e2b's weights are under oneDNN's size floor
-        assert info["cpu_linear"] == {"mode": "mkl", "reason": "weights too small for oneDNN"}
+        assert info["cpu_linear"] == {"mode": "mkl", "reason": "weights too small for oneDNN", "dtype": "float32"}
+        assert info["cpu_kernels"]["layers"] == {"fused": 35} and info["cpu_kernels"]["weight_dtype"] == "float32"
     assert set(eng.work_counters()) >= {"prefill_tokens", "decode_tokens", "cached_tokens", "cross_decoder_rows"}

@@ -101,9 +101,12 @@ def test_model_with_fused_kernels_meets_the_parity_bar(name, linear, monkeypatch
         monkeypatch.setattr(cpu_linear, "MIN_WEIGHT_ELEMS", 0)
     hf32, hf64 = hf_pair(name)
     model = load_model(tiny_checkpoint(name), dtype="float32")
-    assert cpu_fused_transform.fused_layer_count(model) == len(model.layers)
-    assert model.cpu_linear_plan.mode == ("mkl" if linear == "auto" else linear)
-    assert (model.cpu_linear_packed_bytes > 0) == (linear == "packed")  # the engine counts them as weights
+    rec = cpu_fused_transform.apply(model)
+    assert rec.fused_layers == len(model.layers) and rec.layer_paths == ("fused",) * len(model.layers)
+    assert rec.linear.mode == ("mkl" if linear == "auto" else linear)
+    # prepacked copies replace their parameters (the engine counts the difference as weights)
+    assert (rec.packed_bytes > 0) == (linear == "packed") and rec.extra_bytes < 0.25 * rec.packed_bytes + 1e6
+    assert model.layers[0].mlp.down_proj.weight.is_meta == (linear == "packed")
     got = _run_session(model)
     for k, seq in SEQS.items():
         with torch.no_grad():
@@ -192,9 +195,11 @@ def test_float_fast_path_is_bit_identical_to_the_model_file(monkeypatch):
 
     monkeypatch.setattr(cpu_fused, "load", lambda: None)
     fast = load_model(tiny_checkpoint("e2b"), dtype="float32")
-    plain = load_model(tiny_checkpoint("e2b"), dtype="float32", cpu_fast_paths=False)
+    rec = cpu_fused_transform.apply(fast)
+    plain = load_model(tiny_checkpoint("e2b"), dtype="float32")  # the model files' own forwards
     kinds = {type(layer.__dict__.get("forward")).__name__ for layer in fast.layers}
     assert kinds == {"FloatLayerForward"} and all("forward" not in layer.__dict__ for layer in plain.layers)
+    assert rec.layer_paths == ("float",) * len(fast.layers) and rec.linear is None
     got, want = _run_session(fast), _run_session(plain)
     for k in SEQS:
         assert torch.equal(got[k], want[k]), k
@@ -242,12 +247,23 @@ def test_prepacked_gate_up_must_come_split():
 
 def test_linear_plan_modes(monkeypatch):
     monkeypatch.delenv(cpu_linear.ENV, raising=False)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     if cpu_linear.onednn_available():
-        assert cpu_linear.plan(1 << 20).mode == "packed"
-        assert cpu_linear.plan(1 << 62).mode == "onednn"  # a packed copy would not fit in RAM
+        assert cpu_linear.plan(torch.float32).mode == "packed"
+        bf16 = cpu_linear.plan(torch.bfloat16)
+        if cpu_linear.bf16_isa():
+            assert bf16 == cpu_linear.LinearPlan(cpu_linear.BF16_NATIVE_AUTO, f"auto: native bf16 ({cpu_linear.bf16_isa()})", "bfloat16")
+        else:
+            assert bf16.mode == "mkl" and bf16.reason.startswith("auto: no native bf16")
+        # oneDNN held to AVX2 has no bf16 arithmetic: the float32-arithmetic kernels serve bf16 weights
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+        assert not cpu_linear.native_bf16()
+        assert cpu_linear.plan(torch.bfloat16) == cpu_linear.LinearPlan("mkl", "auto: no native bf16 (ONEDNN_MAX_CPU_ISA=AVX2)", "bfloat16")
+        assert "float32 blocks for ATen mm" in cpu_linear.plan(torch.bfloat16).describe()
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     monkeypatch.setenv(cpu_linear.ENV, "mkl")
-    assert cpu_linear.plan(1 << 20) == cpu_linear.LinearPlan("mkl", "IMPL_CPU_LINEAR=mkl")
+    assert cpu_linear.plan() == cpu_linear.LinearPlan("mkl", "IMPL_CPU_LINEAR=mkl")
     monkeypatch.setenv(cpu_linear.ENV, "fastest")
     with pytest.raises(ValueError, match="IMPL_CPU_LINEAR='fastest' is not one of auto, packed, onednn, mkl"):
-        cpu_linear.plan(1 << 20)
+        cpu_linear.plan()
     assert cpu_linear.sized_for_onednn(torch.empty(256, 256)) and not cpu_linear.sized_for_onednn(torch.empty(64, 512))

@@ -63,4 +63,9 @@ class Session:
         )
 
     def step(self, batch: list[tuple[str, list[int]]], all_logits: bool = False, fast_prefill: bool = False):
-        return self.model(self.build(batch, all_logits, fast_prefill))
+        fb = self.build(batch, all_logits, fast_prefill)
+        out = self.model(fb)
+        # what ModelRunner.forward counts
+        self.work.count_forward(fb.forward_mode.is_extend, fb.num_tokens, int(out.logits.shape[0]), out.cross_decoder_rows,
+                                out.fast_prefill)
+        return out

@@ -10,10 +10,12 @@ def build_spec_worker(args, runner) -> "FrozenKVMTPWorker | None":
     in the target's dtype on its device and binds it to the target's embedding and K/V."""
     if args.speculative_algorithm != "FROZEN_KV_MTP":
         return None
+    from impl.engine.model_runner import install_cpu_kernels
     from impl.engine.speculative.draft import FrozenKVDrafter
     from impl.model.loader import load_model
 
     assistant = load_model(args.speculative_draft_model_path, runner.dtype, runner.device)
     assistant.attach_target(runner.model)
+    install_cpu_kernels(assistant, runner.device)
     config = SpecConfig(args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens)
     return FrozenKVMTPWorker(config, FrozenKVDrafter(assistant, runner), assistant.config.name)

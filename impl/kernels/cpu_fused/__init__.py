@@ -1,4 +1,4 @@
-"""Fused float32 CPU kernels for one decoder layer, a C++ extension built on first use.
+"""Fused CPU kernels for one decoder layer (float32 or bfloat16 weights), a C++ extension built on first use.
 
 Why: on a CPU every ATen op costs microseconds of dispatch, allocation and iterator setup, and a
 decode step of the tiny Gemma-4 runs about 45 of them per layer on ``[batch, 64]`` tensors (a
@@ -31,16 +31,34 @@ from impl.kernels.cpp_build import LazyExtension
 logger = logging.getLogger("impl.kernels")
 
 ENV_SWITCH = "IMPL_CPU_FUSED"
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_layer.cpp")
-# -ffp-contract=off: no FMA may fuse a product into an add (RoPE's x*cos + rot*sin rounds both products).
-_CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
+# The target CPU of the build (gcc's -march): native by default; e.g. IMPL_CPU_MARCH=haswell builds (and
+# runs) the AVX2 code on an AVX-512 machine, to check that path against the references.
+ENV_MARCH = "IMPL_CPU_MARCH"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SOURCES = [os.path.join(_HERE, "fused_layer.cpp"), os.path.join(_HERE, "linear.cpp")]
 
-EXTENSION = LazyExtension("impl_cpu_fused", _SOURCE, _CFLAGS, ENV_SWITCH, "fused CPU kernels", "decoder layers use the torch path")
+
+def _march() -> str:
+    raw = os.environ.get(ENV_MARCH, "").strip() or "native"
+    if not raw.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"environment variable {ENV_MARCH}={raw!r} is not a gcc -march name (e.g. native, haswell)")
+    return raw
+
+
+# -ffp-contract=off: no FMA may fuse a product into an add (RoPE's x*cos + rot*sin rounds both products;
+# linear.cpp spells its FMAs out).
+_CFLAGS = ["-O3", f"-march={_march()}", "-ffp-contract=off", "-fopenmp"]
+
+EXTENSION = LazyExtension("impl_cpu_fused", _SOURCES, _CFLAGS, ENV_SWITCH, "fused CPU kernels", "decoder layers use the torch path")
 enabled_by_env = EXTENSION.enabled_by_env
 load = EXTENSION.load
 error = EXTENSION.error
 
 
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def usable_for(*tensors: torch.Tensor) -> bool:
-    """True when the fused kernels can serve these tensors (CPU float32)."""
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+    """True when the fused kernels can serve these weights: on CPU, all float32 or all bfloat16."""
+    return bool(tensors) and all(t.device.type == "cpu" and t.dtype == tensors[0].dtype for t in tensors) \
+        and tensors[0].dtype in WEIGHT_DTYPES

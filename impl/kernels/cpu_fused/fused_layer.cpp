@@ -1,19 +1,25 @@
-// Fused CPU float32 pieces of one Gemma-4 decoder layer (see impl/kernels/cpu_fused/__init__.py).
+// Fused CPU pieces of one Gemma-4 decoder layer (see impl/kernels/cpu_fused/__init__.py).
 //
 // On a CPU every ATen op costs a few microseconds of dispatch, allocation and TensorIterator
 // setup; a decode step runs ~45 of them per layer on [batch, 64] tensors. These functions run the
-// matmuls as ATen mm calls (the eager path's kernels) or through oneDNN (see `linear` and
-// impl/kernels/cpu_fused/linear.py; then GELU and the gating multiply are matmul post-ops) and do
-// the row-local work (RMSNorm, residual adds, head norms, RoPE, gating) in plain loops, one pass per
-// stage, on ATen's OpenMP pool (the build needs -fopenmp: at::parallel_for is an inline pragma).
+// matmuls through `cpu_fused::linear` (linear.cpp: ATen's mm, oneDNN, or the bf16 weights' kernels, as
+// impl/kernels/cpu_fused/linear.py plans; with oneDNN GELU and the gating multiply are matmul post-ops)
+// and do the row-local work (RMSNorm, residual adds, head norms, RoPE, gating) in plain float32 loops,
+// one pass per stage, on ATen's OpenMP pool (the build needs -fopenmp: at::parallel_for is an inline
+// pragma).
+//
+// Activations (h, attention output, RoPE tables, per-layer inputs) arrive in float32 or bfloat16; the
+// row-local work runs in float32 and the results leave in h's dtype (a bf16 model rounds where the
+// eager bf16 model does: q / k / v and the layer output; inside the layer everything stays float32).
 //
 // Numerics follow the eager path op by op: RMSNorm is (x * rsqrt(mean(x^2) + eps)) * w with the
 // sum of squares in float32 (summation order may differ from ATen's: ulp-level differences),
 // RoPE is x * cos + rot(x) * sin with both products rounded before the add (built with
 // -ffp-contract=off so no FMA fuses them), residual adds and scales as in the eager code.
 
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/extension.h>
+
+#include "linear.h"
 
 #include <algorithm>
 #include <cmath>
@@ -25,6 +31,7 @@ namespace {
 // With MLP weights far larger than that, blocks have at least kMlpMinRowsLargeWeights rows.
 constexpr int64_t kMlpBlockElems = int64_t{1} << 16;
 constexpr int64_t kMlpMinRowsLargeWeights = 256;
+constexpr int64_t kMlpMinRowsWidened = 512;
 
 inline float inv_rms(const float* x, int64_t d, float eps) {
   float s = 0.f;
@@ -40,11 +47,14 @@ void check_f32(const torch::Tensor& t, const char* name, int64_t dim) {
   TORCH_CHECK(dim < 0 || t.dim() == dim, name, " must have ", dim, " dims");
 }
 
-// Activations may arrive as strided views: a contiguous copy (a no-op when already contiguous).
+// Activations may arrive as strided views or in bfloat16: a contiguous float32 copy (a no-op when
+// already contiguous float32).
 torch::Tensor f32_rows(const torch::Tensor& t, const char* name, int64_t dim) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat32, name, " must be a float32 CPU tensor");
+  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
+  TORCH_CHECK(t.scalar_type() == torch::kFloat32 || t.scalar_type() == torch::kBFloat16, name,
+              " must be float32 or bfloat16");
   TORCH_CHECK(t.dim() == dim, name, " must have ", dim, " dims");
-  return t.contiguous();
+  return t.to(torch::kFloat32).contiguous();
 }
 
 // Row loops run on ATen's intra-op thread pool when torch has several threads (inline with one).
@@ -86,34 +96,9 @@ void add_norm_rows(const float* resid, const float* x, const float* w, float* ou
   });
 }
 
-// y = x @ w^T through oneDNN (mkldnn::_linear_pointwise) with an optional fused post-op: attr
-// "gelu" + algo "tanh" (GELU-tanh of the product), or through ATen's mm. oneDNN takes a prepacked
-// weight (mkldnn::_reorder_linear_weight: an opaque mkldnn tensor) or a plain one (reordered per call).
-// Why oneDNN: it dispatches on the CPU's own ISA (AVX-512 where present, also on AMD), where MKL's
-// sgemm keeps to AVX2 off Intel: 2-4x the float32 throughput on the layer shapes (docs/benchmarks.md).
-torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, c10::string_view attr, c10::string_view algo) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                                         c10::string_view, c10::List<std::optional<at::Scalar>>,
-                                         std::optional<c10::string_view>)>();
-  return op.call(x, w, std::nullopt, attr, c10::List<std::optional<at::Scalar>>(), algo);
-}
-
-// y = (x @ w^T) * other through oneDNN's binary post-op (other [rows, out], float32, contiguous).
-torch::Tensor onednn_linear_mul(const torch::Tensor& x, const torch::Tensor& other, const torch::Tensor& w) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("mkldnn::_linear_pointwise", "binary")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                         const std::optional<at::Tensor>&, c10::string_view)>();
-  return op.call(x, other, w, std::nullopt, "mul");
-}
-
-// x [n, k] @ w^T for a weight w [m, k]: oneDNN when w is prepacked or `onednn` asks for it, else mm.
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, bool onednn) {
-  if (w.is_mkldnn() || onednn) return onednn_linear(x.contiguous(), w, "none", "");
-  return torch::mm(x, w.t());
-}
+using cpu_fused::linear;
+using cpu_fused::onednn_linear;
+using cpu_fused::onednn_linear_mul;
 
 }  // namespace
 
@@ -125,6 +110,7 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, bool onednn
 std::vector<torch::Tensor> attn_pre(torch::Tensor h, torch::Tensor w_in, torch::Tensor proj_w, torch::Tensor head_w,
                                     torch::Tensor cos, torch::Tensor sin_signed, int64_t q_heads, double eps,
                                     bool onednn) {
+  const auto dtype = h.scalar_type();  // q, k, v leave in h's dtype (the KV pool's)
   h = f32_rows(h, "h", 2);
   check_f32(w_in, "w_in", 1);
   check_f32(head_w, "head_w", 2);
@@ -139,7 +125,7 @@ std::vector<torch::Tensor> attn_pre(torch::Tensor h, torch::Tensor w_in, torch::
   const float e = static_cast<float>(eps);
   auto x = torch::empty_like(h);
   norm_rows(h.data_ptr<float>(), w_in.data_ptr<float>(), x.data_ptr<float>(), n, hidden, e);
-  auto y = linear(x, proj_w, onednn);  // [n, heads * D]
+  auto y = linear(x, proj_w, onednn);  // [n, heads * D] float32
   auto q = torch::empty({n, q_heads * d}, h.options());
   auto k = torch::empty({n, kv_heads * d}, h.options());
   auto v = torch::empty({n, kv_heads * d}, h.options());
@@ -184,6 +170,7 @@ std::vector<torch::Tensor> attn_pre(torch::Tensor h, torch::Tensor w_in, torch::
       }
     }
   });
+  if (dtype != torch::kFloat32) return {q.to(dtype), k.to(dtype), v.to(dtype)};
   return {q, k, v};
 }
 
@@ -195,13 +182,15 @@ std::vector<torch::Tensor> attn_pre(torch::Tensor h, torch::Tensor w_in, torch::
 // Shapes: h [n, hidden]; attn_out [n, H * D]; o_w [hidden, H * D]; gate_up: [gate_up_w [2I, hidden]]
 // (gate rows first; one ATen matmul) or [gate_w [I, hidden], up_w [I, hidden]] (oneDNN: GELU and the
 // gating multiply run as the matmuls' post-ops); down_w [hidden, I]; ple [n, P]; ple_gate_w [P, hidden];
-// ple_proj_w [hidden, P]. o_w / gate_up / down_w may be oneDNN-prepacked (see `linear`); `onednn`
-// sends plain weights through oneDNN too.
+// ple_proj_w [hidden, P]. Any weight may be float32, bfloat16 or oneDNN-prepacked (see linear.h);
+// `onednn` sends plain weights through oneDNN too (bf16 ones above the row kernel's row count).
+// Returns [n, hidden] in h's dtype.
 torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tensor o_w, torch::Tensor w_post_attn,
                            torch::Tensor w_pre_ff, std::vector<torch::Tensor> gate_up, torch::Tensor down_w,
                            torch::Tensor w_post_ff, c10::optional<torch::Tensor> ple, c10::optional<torch::Tensor> ple_gate_w,
                            c10::optional<torch::Tensor> ple_proj_w, c10::optional<torch::Tensor> w_ple_norm,
                            double scalar, double eps, bool onednn) {
+  const auto dtype = h.scalar_type();
   h = f32_rows(h, "h", 2);
   TORCH_CHECK(attn_out.size(0) == h.size(0), "attn_out must have one row per row of h");
   for (auto* t : {&w_post_attn, &w_pre_ff, &w_post_ff}) check_f32(*t, "norm weight", 1);
@@ -231,41 +220,56 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   // e.g. E2B's 1536 x 12288), blocks of a few rows would read them from memory per handful of rows.
   // oneDNN's kernels block the rows themselves and keep a fixed cost per call: blocks of 256 rows.
   if (split || 3 * inter * hid > kMlpBlockElems * 16) block = std::max<int64_t>(block, kMlpMinRowsLargeWeights);
+  // bf16 weights for ATen's mm are widened to float32 once per call: fewer, larger blocks.
+  if (!onednn && down_w.scalar_type() == torch::kBFloat16 && !down_w.is_mkldnn()) block = std::max(block, kMlpMinRowsWidened);
   for (int64_t lo = 0; lo < n; lo += block) {
     const int64_t rows = std::min(block, n - lo);
     auto xb = x.narrow(0, lo, rows);
     auto m_rows = m.narrow(0, lo, rows);
-    if (split) {  // up(x) * gelu_tanh(gate(x)), both inside oneDNN's matmul epilogues
-      auto g = onednn_linear(xb, gate_up[0], "gelu", "tanh");      // [rows, I]
-      auto y = onednn_linear_mul(xb, g, gate_up[1]);               // [rows, I]
-      m_rows.copy_(onednn_linear(y, down_w, "none", ""));
+    if (split && cpu_fused::runs_onednn(gate_up[0], rows, onednn)) {
+      // up(x) * gelu_tanh(gate(x)), both inside oneDNN's matmul epilogues (in the weights' dtype)
+      auto xin = xb.to(gate_up[0].scalar_type()).contiguous();
+      auto g = onednn_linear(xin, gate_up[0], "gelu", "tanh");  // [rows, I]
+      auto y = onednn_linear_mul(xin, g, gate_up[1]);           // [rows, I]
+      m_rows.copy_(linear(y, down_w, onednn));
       continue;
     }
-    auto gu = linear(xb, gate_up[0], onednn);  // [rows, 2I]
-    auto y = torch::gelu(gu.narrow(1, 0, inter), "tanh").contiguous();  // [rows, I], fresh
+    torch::Tensor gate, up;  // [rows, I] float32 views
+    if (split) {
+      gate = linear(xb, gate_up[0], onednn);
+      up = linear(xb, gate_up[1], onednn);
+    } else {
+      auto gu = linear(xb, gate_up[0], onednn);  // [rows, 2I]
+      gate = gu.narrow(1, 0, inter);
+      up = gu.narrow(1, inter, inter);
+    }
+    auto y = torch::gelu(gate, "tanh").contiguous();  // [rows, I], fresh
     float* yp = y.data_ptr<float>();
-    const float* gp = gu.data_ptr<float>();
+    const float* upp = up.data_ptr<float>();
+    const int64_t up_row = up.stride(0);
     for (int64_t i = 0; i < rows; ++i) {
       float* yr = yp + i * inter;
-      const float* ur = gp + i * 2 * inter + inter;
+      const float* ur = upp + i * up_row;
 #pragma omp simd
       for (int64_t j = 0; j < inter; ++j) yr[j] = yr[j] * ur[j];
     }
-    if (down_w.is_mkldnn() || onednn) {
-      m_rows.copy_(linear(y, down_w, onednn));
-    } else {
+    if (down_w.scalar_type() == torch::kFloat32 && !down_w.is_mkldnn() && !onednn) {
       torch::mm_out(m_rows, y, down_w.t());
+    } else {
+      m_rows.copy_(linear(y, down_w, onednn));
     }
   }
   const bool has_ple = ple.has_value() && ple->defined();
   const float sc = static_cast<float>(scalar);
   add_norm_rows(op, m.data_ptr<float>(), w_post_ff.data_ptr<float>(), op, n, hid, e, has_ple ? 1.f : sc);
-  if (!has_ple) return out;
-  TORCH_CHECK(ple->scalar_type() == torch::kFloat32 && ple->dim() == 2 && ple->size(0) == n, "ple must be float32 [n, P]");
-  torch::Tensor ple_rows = ple->stride(1) == 1 ? *ple : ple->contiguous();  // a layer slice keeps its row stride
+  if (!has_ple) return dtype == torch::kFloat32 ? out : out.to(dtype);
+  TORCH_CHECK(ple->dim() == 2 && ple->size(0) == n, "ple must be [n, P]");
+  TORCH_CHECK(ple->scalar_type() == torch::kFloat32 || ple->scalar_type() == torch::kBFloat16, "ple must be float32 or bfloat16");
+  // a float32 layer slice keeps its row stride; a bf16 one becomes a float32 copy
+  torch::Tensor ple_rows = ple->scalar_type() == torch::kFloat32 && ple->stride(1) == 1 ? *ple : ple->to(torch::kFloat32).contiguous();
   check_f32(*w_ple_norm, "w_ple_norm", 1);
   const int64_t p = ple_rows.size(1), ple_row = ple_rows.stride(0);
-  auto g = torch::gelu(torch::mm(out, ple_gate_w->t()), "tanh").contiguous();  // [n, P]
+  auto g = torch::gelu(linear(out, *ple_gate_w, onednn), "tanh").contiguous();  // [n, P]
   {
     float* gp = g.data_ptr<float>();
     const float* pl = ple_rows.data_ptr<float>();
@@ -278,9 +282,9 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
       }
     });
   }
-  auto q = torch::mm(g, ple_proj_w->t()).contiguous();  // [n, hidden]
+  auto q = linear(g, *ple_proj_w, onednn);  // [n, hidden]
   add_norm_rows(op, q.data_ptr<float>(), w_ple_norm->data_ptr<float>(), op, n, hid, e, sc);
-  return out;
+  return dtype == torch::kFloat32 ? out : out.to(dtype);
 }
 
 // The kernels touch no Python object: they run with the GIL released, so a server's other Python threads
@@ -288,10 +292,16 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
 // between its kernel calls.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using release = py::call_guard<py::gil_scoped_release>;
-  m.def("attn_pre", &attn_pre, "input norm + projection + head norms + RoPE (float32, CPU)", release(), py::arg("h"),
+  m.def("linear", &cpu_fused::linear, "x @ w^T in float32 for any weight kind (see linear.h)", release(),
+        py::arg("x"), py::arg("w"), py::arg("onednn") = false);
+  m.def("bf16_rows", &cpu_fused::bf16_rows, "the bf16 weights' row kernel (float32 arithmetic)", release(),
+        py::arg("x"), py::arg("w"));
+  m.def("simd_isa", &cpu_fused::simd_isa, "the SIMD width the kernels were compiled for");
+  m.def("bf16_row_kernel_max_rows", [] { return cpu_fused::kBf16RowKernelMaxRows; });
+  m.def("attn_pre", &attn_pre, "input norm + projection + head norms + RoPE (CPU)", release(), py::arg("h"),
         py::arg("w_in"), py::arg("proj_w"), py::arg("head_w"), py::arg("cos"), py::arg("sin_signed"), py::arg("q_heads"),
         py::arg("eps"), py::arg("onednn") = false);
-  m.def("decoder_post", &decoder_post, "o_proj + norms + residuals + MLP + PLE + layer scalar (float32, CPU)",
+  m.def("decoder_post", &decoder_post, "o_proj + norms + residuals + MLP + PLE + layer scalar (CPU)",
         release(), py::arg("h"), py::arg("attn_out"), py::arg("o_w"), py::arg("w_post_attn"), py::arg("w_pre_ff"), py::arg("gate_up"),
         py::arg("down_w"), py::arg("w_post_ff"), py::arg("ple"), py::arg("ple_gate_w"), py::arg("ple_proj_w"),
         py::arg("w_ple_norm"), py::arg("scalar"), py::arg("eps"), py::arg("onednn") = false);

@@ -1,22 +1,34 @@
-"""Which library multiplies the fused layers' weights on CPU: oneDNN (prepacked or plain) or ATen's mm.
+"""Which library multiplies the fused layers' weights on CPU, per model: oneDNN (prepacked or plain), ATen's
+mm, or for bf16 weights the extension's own kernels (``linear.cpp``).
 
-Why: ATen's float32 ``mm`` on CPU is MKL's sgemm, which keeps to its AVX2 code off Intel CPUs; oneDNN
+Why, float32: ATen's ``mm`` on CPU is MKL's sgemm, which keeps to its AVX2 code off Intel CPUs; oneDNN
 (``mkldnn::_linear_pointwise``, what vLLM's CPU build and Inductor use) dispatches on the CPU's own ISA
 and runs the layer shapes 2-4x faster on an AVX-512 AMD core, and no slower under AVX2
 (``bench/bench_cpu_linear.py``; table in docs/benchmarks.md). It also fuses GELU-tanh and the gating
 multiply into the MLP matmuls. Its fixed cost per call (~10 us) loses on tiny weights, so weights
 under ``MIN_WEIGHT_ELEMS`` stay on ``mm`` (the tiny test checkpoints: hidden 64).
 
+Why, bfloat16: a bf16 matmul of ATen on a CPU without native bf16 arithmetic runs at ~0.3 GFLOP/s (an
+AVX2-only Zen 3), so bf16 weights never reach one. Where the CPU has native bf16 (``avx512_bf16``, AMX;
+``native_bf16()``), oneDNN's bf16 matmul runs them at about 2x its float32 rate. Elsewhere the
+extension multiplies them in float32: its row kernel for decode-size batches (up to
+``BF16_ROW_KERNEL_MAX_ROWS`` rows: bound by the bytes of weights read, half a float32 weight's), and
+blocks of weights widened to float32 for ATen's mm above. bf16 weights under ``MIN_WEIGHT_ELEMS`` take
+the row kernel at every row count (so the tiny checkpoints' rows do not depend on their batch).
+
 Modes (``IMPL_CPU_LINEAR``; default ``auto``):
 
-* ``packed``: weights reordered once into oneDNN's blocked layout (an opaque ``mkldnn`` tensor beside the
-  model's plain parameter: the layer weights are held twice);
-* ``onednn``: oneDNN on the plain weights (reordered per call: ~20-30% slower than packed, no copy);
-* ``mkl``: ATen's ``mm`` (the model file's own numerics);
-* ``auto``: ``packed`` when the copies fit in ``PACK_RAM_FRACTION`` of the machine's RAM, else ``onednn``;
-  ``mkl`` when torch has no oneDNN. Per layer, weights under ``MIN_WEIGHT_ELEMS`` keep ``mkl``.
+* ``packed``: weights reordered once into oneDNN's blocked layout (an opaque ``mkldnn`` tensor that
+  replaces the model's plain parameter: no second copy);
+* ``onednn``: oneDNN on the plain weights (reordered per call: ~20-30% slower than packed, for float32;
+  bf16 weights take the row kernel up to ``BF16_ROW_KERNEL_MAX_ROWS`` rows);
+* ``mkl``: ATen's ``mm`` for float32 (the model file's own numerics); for bf16 the extension's float32
+  arithmetic (row kernel, widened blocks for mm);
+* ``auto``: float32: ``packed``; bf16: ``BF16_NATIVE_AUTO`` with native bf16, else ``mkl``; ``mkl`` when
+  torch has no oneDNN. Per layer, weights under ``MIN_WEIGHT_ELEMS`` keep ``mkl``.
 
-oneDNN's float32 results differ from MKL's in rounding (summation order), not in precision.
+oneDNN's float32 results differ from MKL's in rounding (summation order), not in precision; its bf16
+matmul rounds its input rows to bf16 (as a bf16 model does), the float32 paths do not.
 """
 
 from __future__ import annotations
@@ -28,19 +40,36 @@ import torch
 
 ENV = "IMPL_CPU_LINEAR"
 MODES = ("auto", "packed", "onednn", "mkl")
-MIN_WEIGHT_ELEMS = 1 << 16  # 256 x 256: below this a call's fixed cost outweighs the arithmetic
-PACK_RAM_FRACTION = 0.25
+MIN_WEIGHT_ELEMS = 1 << 16  # 256 x 256: below this a call's fixed cost outweighs the arithmetic (linear.cpp: kSmallWeightElems)
 PACK_BATCH_HINT = 64  # rows oneDNN tunes the packed layout for (any row count still runs)
+BF16_ROW_KERNEL_MAX_ROWS = 16  # linear.h: kBf16RowKernelMaxRows
+BF16_NATIVE_AUTO = "packed"  # bf16 weights on a CPU with native bf16 (bench/bench_cpu_linear.py)
+
+# oneDNN's ISA names (ONEDNN_MAX_CPU_ISA) from the first with native bf16 arithmetic upwards
+_BF16_ISAS = ("AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX", "AVX512_CORE_AMX",
+              "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16", "ALL")
 
 
 @dataclass(frozen=True)
 class LinearPlan:
     mode: str  # "packed" | "onednn" | "mkl"
     reason: str
+    dtype: str = "float32"  # the weights' dtype
 
     def describe(self) -> str:
-        what = {"packed": "oneDNN, prepacked weights", "onednn": "oneDNN, plain weights", "mkl": "ATen mm"}[self.mode]
+        if self.dtype == "bfloat16":
+            rows = f"up to {BF16_ROW_KERNEL_MAX_ROWS} rows"
+            what = {
+                "packed": "bf16 weights prepacked for oneDNN's bf16 matmul",
+                "onednn": f"bf16 weights: the row kernel {rows} (float32 arithmetic), oneDNN's bf16 matmul above",
+                "mkl": f"bf16 weights in float32 arithmetic: the row kernel {rows}, float32 blocks for ATen mm above",
+            }[self.mode]
+        else:
+            what = {"packed": "oneDNN, prepacked weights", "onednn": "oneDNN, plain weights", "mkl": "ATen mm"}[self.mode]
         return f"{what} ({self.reason})"
+
+    def info(self) -> dict[str, str]:
+        return {"mode": self.mode, "reason": self.reason, "dtype": self.dtype}
 
 
 def requested_mode() -> str:
@@ -54,27 +83,55 @@ def onednn_available() -> bool:
     return bool(torch.backends.mkldnn.is_available())
 
 
-def _ram_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
+def bf16_isa() -> str:
+    """The CPU's native bf16 instructions as oneDNN may use them ("" when none): ``avx512_bf16`` or ``amx_bf16``
+    from the CPU, unless ``ONEDNN_MAX_CPU_ISA`` caps oneDNN below them (e.g. ``AVX2``)."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    if cap and cap not in _BF16_ISAS:
+        return ""
+    cpu = getattr(torch, "cpu", None)
+    if cpu is not None and getattr(cpu, "_is_amx_tile_supported", lambda: False)():
+        return "amx_bf16"
+    if cpu is not None and getattr(cpu, "_is_avx512_bf16_supported", lambda: False)():
+        return "avx512_bf16"
+    return ""
 
 
-def plan(packable_bytes: int) -> LinearPlan:
-    """The mode for a model whose oneDNN-sized layer weights take ``packable_bytes``."""
+def native_bf16() -> bool:
+    """True when oneDNN runs bf16 matmuls in the CPU's own bf16 instructions."""
+    return onednn_available() and bool(bf16_isa())
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def plan(dtype: torch.dtype = torch.float32) -> LinearPlan:
+    """The mode for a model whose fused layers' weights are ``dtype`` (float32 or bfloat16)."""
+    name = _dtype_name(dtype)
     mode = requested_mode()
     if mode == "mkl":
-        return LinearPlan("mkl", f"{ENV}=mkl")
+        return LinearPlan("mkl", f"{ENV}=mkl", name)
     if not onednn_available():
-        return LinearPlan("mkl", "torch was built without oneDNN")
+        return LinearPlan("mkl", "torch was built without oneDNN", name)
+    if dtype == torch.bfloat16:
+        isa = bf16_isa()
+        if mode != "auto":
+            note = f"native bf16: {isa}" if isa else "no native bf16: oneDNN emulates it, slowly"
+            return LinearPlan(mode, f"{ENV}={mode}; {note}", name)
+        if isa:
+            return LinearPlan(BF16_NATIVE_AUTO, f"auto: native bf16 ({isa})", name)
+        cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip()
+        why = f"ONEDNN_MAX_CPU_ISA={cap}" if cap else "the CPU has no avx512_bf16 / AMX"
+        return LinearPlan("mkl", f"auto: no native bf16 ({why})", name)
     if mode != "auto":
-        return LinearPlan(mode, f"{ENV}={mode}")
-    ram = _ram_bytes()
-    if ram and packable_bytes > PACK_RAM_FRACTION * ram:
-        return LinearPlan("onednn", f"a packed copy of {packable_bytes / 2**30:.1f} GiB would exceed "
-                                    f"{PACK_RAM_FRACTION:.0%} of RAM")
-    return LinearPlan("packed", "auto")
+        return LinearPlan(mode, f"{ENV}={mode}", name)
+    return LinearPlan("packed", "auto", name)
+
+
+def small_weights_plan(dtype: torch.dtype = torch.float32) -> LinearPlan:
+    """The plan when every fused layer's weights are under oneDNN's size floor."""
+    return LinearPlan("mkl", "weights too small for oneDNN", _dtype_name(dtype))
 
 
 def sized_for_onednn(*weights: torch.Tensor) -> bool:
@@ -83,5 +140,5 @@ def sized_for_onednn(*weights: torch.Tensor) -> bool:
 
 
 def pack(w: torch.Tensor) -> torch.Tensor:
-    """``w`` [out, in] float32 reordered for oneDNN's linear (an opaque ``mkldnn`` tensor, same sizes)."""
+    """``w`` [out, in] (float32 or bf16) reordered for oneDNN's linear (an opaque ``mkldnn`` tensor, same sizes)."""
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), PACK_BATCH_HINT)

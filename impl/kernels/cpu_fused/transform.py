@@ -1,21 +1,32 @@
-"""CPU fast paths for a loaded Gemma-4 model, applied as a transform (gpt-fast's style: the model file
-``impl/model/decoder_layer.py`` holds only the reference forward; this module swaps in faster
-forwards on a built model, after its weights are loaded and fused).
+"""CPU fast paths for a loaded Gemma-4 model, applied as a transform (gpt-fast's style: the model files
+``impl/model/{decoder_layer,attention,mlp}.py`` hold one reference forward each; this module builds the
+faster representations from their public parameters and installs faster forwards on a built model).
+``ModelRunner`` applies it on CPU only and keeps the ``CpuKernels`` record it returns.
 
 Per decoder layer, whichever applies first:
 
 1. ``FusedLayerForward``: the layer as two C++ kernels around the attention backend (``attn_pre``,
-   ``decoder_post``; CPU float32 gelu-tanh layers with fused q/k/v and gate/up weights, extension
-   built). Same math; float32 rounding may differ in the last bit (see ``__init__``). Their linear
-   weights go to oneDNN or ATen's mm as ``linear.py`` plans for the whole model.
+   ``decoder_post``; gelu-tanh layers with float32 or bfloat16 weights, extension built). Same math;
+   float32 rounding may differ in the last bit (see ``__init__``), bf16 weights are multiplied with
+   float32 accumulation. Their linear weights go where ``linear.py`` plans for the whole model: ATen's
+   mm, oneDNN (plain or prepacked: a prepacked copy REPLACES the plain parameter, which becomes a
+   storage-less meta tensor), or for bf16 the row kernel / widened float32 GEMM of ``linear.cpp``.
 2. ``FloatLayerForward``: the same computation in float32 with plain function calls (no nn.Module
    dispatch per op; decode steps are bound by per-op overhead, not FLOPs). Bit-identical to the
    reference forward.
-3. The layer's own ``forward`` (MoE layers, non-float32 weights).
+3. The layer's own ``forward`` (MoE layers, no extension for bf16 weights).
 
-The layer is read by duck typing (attribute names of ``Gemma4DecoderLayer``), so this package
-imports nothing from ``impl/model`` (``reference.py`` is the documented exception: it is the torch
-statement of the kernels, written with the model's RoPE).
+Both stack the projections once: q/k/v into one ``[(H + 2 Hkv) * D, hidden]`` weight and gate/up into one
+``[2 I, hidden]`` weight (the modules' parameters become row views of them, so nothing is held twice),
+the three head norms into one ``[H + 2 Hkv, D]`` scale table. Each output element is computed exactly as
+by the separate ops.
+
+With bf16 weights and the extension, every other ``nn.Linear`` of the model (the per-layer-input
+projection, the assistant's projections) and the LM head (``project_to_vocab``) run ``LinearForward``
+on their plain weights: a bf16 matmul of ATen on a CPU without native bf16 runs at ~0.3 GFLOP/s.
+
+The layers are read by duck typing (attribute names of ``Gemma4DecoderLayer``), so this package imports
+nothing from ``impl/model`` (the RoPE and RMSNorm both use live in ``impl/kernels/functional.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ from torch.nn import functional as F
 from impl.forward_batch import ForwardBatch
 from impl.kernels import cpu_fused
 from impl.kernels.cpu_fused import linear as cpu_linear
-from impl.kernels.functional import GELU_TANH, rms_norm
+from impl.kernels.functional import GELU_TANH, apply_rope_prepared, rms_norm
 
 
 @dataclass(frozen=True)
@@ -40,13 +51,13 @@ class PleWeights:
 
     gate: torch.Tensor  # per_layer_input_gate [P, hidden]
     proj: torch.Tensor  # per_layer_projection [hidden, P]
-    norm: torch.Tensor  # post_per_layer_input_norm [hidden]
+    norm: torch.Tensor  # post_per_layer_input_norm [hidden], float32
 
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """The float32 constants a fast forward reads: norm weights, the PLE gate, ``layer_scalar`` as
-    a Python float (``h * float`` rounds exactly as ``h * tensor([s])``)."""
+    """The float32 constants a fast forward reads: norm weights (float32 copies of bf16 ones), the PLE
+    gate, ``layer_scalar`` as a Python float (``h * float`` rounds exactly as ``h * tensor([s])``)."""
 
     input_norm: torch.Tensor
     post_attention_norm: torch.Tensor
@@ -58,20 +69,35 @@ class LayerWeights:
 
 
 @dataclass(frozen=True)
+class StackedWeights:
+    """One layer's projections stacked once (the modules' parameters become row views of them)."""
+
+    qkv: torch.Tensor  # [(H + 2 Hkv) * D, hidden] (owning layer) or q_proj [H * D, hidden] (KV-shared)
+    head_norm: torch.Tensor  # float32 [H + 2 Hkv, D] or [H, D], contiguous (v rows all ones)
+    q_heads: int
+    o_proj: torch.Tensor  # [hidden, H * D]
+    gate_up: torch.Tensor  # [2 * I, hidden], gate rows first
+    down: torch.Tensor  # [hidden, I]
+
+
+@dataclass(frozen=True)
 class FusedWeights:
     """The extra arguments of the two fused kernels. Linear weights are plain tensors or, with the
     ``packed`` linear mode, oneDNN-prepacked copies (same sizes)."""
 
-    qkv_proj: torch.Tensor  # [(H + 2 Hkv) * D, hidden] (owning layer) or q_proj [H * D, hidden]
-    head_norm: torch.Tensor  # [H + 2 Hkv, D] or [H, D], contiguous
+    qkv_proj: torch.Tensor
+    head_norm: torch.Tensor
     q_heads: int
-    o_proj: torch.Tensor  # [hidden, H * D]
+    o_proj: torch.Tensor
     gate_up: tuple[torch.Tensor, ...]  # (gate_up [2 * I, hidden],) for mm; (gate [I, hidden], up [I, hidden]) for oneDNN
-    down: torch.Tensor  # [hidden, I]
+    down: torch.Tensor
+    ple_gate: torch.Tensor | None
+    ple_proj: torch.Tensor | None
     onednn: bool = False  # plain weights through oneDNN (the ``onednn`` linear mode)
 
     def linear_weights(self) -> list[torch.Tensor]:
-        return [self.qkv_proj, self.o_proj, *self.gate_up, self.down]
+        ple = [w for w in (self.ple_gate, self.ple_proj) if w is not None]
+        return [self.qkv_proj, self.o_proj, *self.gate_up, self.down, *ple]
 
     def for_linear_mode(self, mode: str) -> "FusedWeights":
         """These weights as the kernels take them in linear mode ``mode`` (``linear.py``)."""
@@ -83,21 +109,50 @@ class FusedWeights:
         if mode == "onednn":
             return replace(self, gate_up=(gate, up), onednn=True)
         p = cpu_linear.pack
-        return replace(self, qkv_proj=p(self.qkv_proj), o_proj=p(self.o_proj), gate_up=(p(gate), p(up)), down=p(self.down))
+        ple = {} if self.ple_gate is None or self.ple_proj is None else dict(ple_gate=p(self.ple_gate), ple_proj=p(self.ple_proj))
+        return replace(self, qkv_proj=p(self.qkv_proj), o_proj=p(self.o_proj), gate_up=(p(gate), p(up)), down=p(self.down),
+                       **ple)
+
+
+def _stacked_attention(att: Any, x: torch.Tensor, s: StackedWeights, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                       fb: ForwardBatch) -> torch.Tensor:
+    """``Gemma4Attention.forward`` with one q/k/v matmul, one head norm and one RoPE (float32)."""
+    lay = att.layer  # read now: the assistant rebinds it
+    n, d, h = x.shape[0], lay.head_dim, lay.num_heads
+    k = v = None
+    if att.owns_kv:
+        qkv = F.linear(x, s.qkv).view(n, -1, d)  # [n, H + 2 Hkv, D]
+        qkv = rms_norm(qkv, None, eps).mul_(s.head_norm)
+        hk = h + lay.num_kv_heads
+        qk = apply_rope_prepared(qkv[:, :hk], cos, sin)  # [n, H + Hkv, D]
+        q = qk[:, :h]
+        k = qk[:, h:].reshape(n, -1)
+        v = qkv[:, hk:].reshape(n, -1)
+    else:
+        q = apply_rope_prepared(rms_norm(F.linear(x, s.qkv).view(n, h, d), s.head_norm[0], eps), cos, sin)
+    out = fb.attn_backend.forward(q.reshape(n, -1), k, v, lay, fb)  # [n, H * D]
+    return F.linear(out, s.o_proj)
 
 
 class FloatLayerForward:
-    """The reference forward in float32 with plain function calls."""
+    """The reference forward in float32 with plain function calls (stacked projections when available)."""
 
-    def __init__(self, layer: Any, w: LayerWeights):
-        self.layer, self.w = layer, w
+    def __init__(self, layer: Any, w: LayerWeights, s: StackedWeights | None):
+        self.layer, self.w, self.s = layer, w, s
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ple: torch.Tensor | None,
                  fb: ForwardBatch) -> torch.Tensor:
-        w, layer = self.w, self.layer
-        a = layer.self_attn.forward(rms_norm(h, w.input_norm, w.eps), cos, sin, fb)
+        w, s, layer = self.w, self.s, self.layer
+        x = rms_norm(h, w.input_norm, w.eps)
+        a = layer.self_attn.forward(x, cos, sin, fb) if s is None else _stacked_attention(layer.self_attn, x, s, w.eps, cos, sin, fb)
         h = h + rms_norm(a, w.post_attention_norm, w.eps)
-        m = layer.mlp.forward(rms_norm(h, w.pre_feedforward_norm, w.eps))
+        x = rms_norm(h, w.pre_feedforward_norm, w.eps)
+        if s is None:
+            m = layer.mlp.forward(x)
+        else:
+            i = s.gate_up.shape[0] // 2
+            gu = F.linear(x, s.gate_up)  # [T, 2 * I]
+            m = F.linear(layer.mlp.act(gu[..., :i]).mul_(gu[..., i:]), s.down)
         h = h + rms_norm(m, w.post_feedforward_norm, w.eps)
         if w.ple is not None:
             g = layer.act(F.linear(h, w.ple.gate)).mul_(ple)
@@ -121,73 +176,254 @@ class FusedLayerForward:
         p = w.ple
         return self.ext.decoder_post(
             h, out, f.o_proj, w.post_attention_norm, w.pre_feedforward_norm, f.gate_up, f.down, w.post_feedforward_norm,
-            None if p is None else ple, None if p is None else p.gate, None if p is None else p.proj,
-            None if p is None else p.norm, w.scalar, w.eps, f.onednn,
+            None if p is None else ple, f.ple_gate, f.ple_proj, None if p is None else p.norm, w.scalar, w.eps, f.onednn,
         )
 
 
-def layer_weights(layer: Any) -> LayerWeights | None:
-    """The layer's float32 constants, or None when the float32 fast path does not apply (MoE, or a
-    norm / layer_scalar not in float32)."""
+class LinearForward:
+    """``nn.Linear``'s forward (no bias) through the extension's ``linear`` (any weight kind), in x's dtype."""
+
+    def __init__(self, ext: ModuleType, weight: torch.Tensor, onednn: bool, out_dtype: torch.dtype | None = None):
+        self.ext, self.weight, self.onednn, self.out_dtype = ext, weight, onednn, out_dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.ext.linear(x.reshape(-1, x.shape[-1]), self.weight, self.onednn)  # float32 [rows, out]
+        return y.view(*x.shape[:-1], y.shape[-1]).to(self.out_dtype or x.dtype)
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.float32 else t.float()
+
+
+def layer_weights(layer: Any, float32_only: bool) -> LayerWeights | None:
+    """The layer's constants as float32, or None when no fast path applies (MoE; with ``float32_only``
+    a norm or ``layer_scalar`` not in float32)."""
     norms = [layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
              layer.post_feedforward_layernorm]
     if layer.ple_dim:
         norms.append(layer.post_per_layer_input_norm)
-    fast = [n.fast_weight() for n in norms]
-    if layer.enable_moe or layer.layer_scalar.dtype != torch.float32 or not all(ok for ok, _ in fast):
+    if layer.enable_moe or any(not n.with_scale for n in norms):
         return None
-    ws = [w for _, w in fast]
+    if float32_only and (layer.layer_scalar.dtype != torch.float32 or any(n.weight.dtype != torch.float32 for n in norms)):
+        return None
+    ws = [_f32(n.weight) for n in norms]
     ple = PleWeights(layer.per_layer_input_gate.weight, layer.per_layer_projection.weight, ws[4]) if layer.ple_dim else None
     scalar = float(layer.layer_scalar.reshape(-1)[0])
     return LayerWeights(ws[0], ws[1], ws[2], ws[3], ple, scalar, layer.eps)
 
 
-def fused_weights(layer: Any) -> FusedWeights | None:
-    """The fused kernels' weights for this layer, or None when they do not apply (not gelu-tanh,
-    unfused q/k/v or gate/up weights, not CPU float32)."""
-    att, mlp = layer.self_attn, layer.mlp
-    proj = att._qkv_w if att.owns_kv else att.q_proj.weight
-    if layer.hidden_activation not in GELU_TANH or att._norm_w is None or proj is None or mlp._gate_up_w is None:
+def _as_view_of(lin: nn.Linear, fused: torch.Tensor, lo: int, hi: int) -> None:
+    lin.weight = nn.Parameter(fused[lo:hi], requires_grad=False)
+
+
+@torch.no_grad()
+def stack_weights(layer: Any) -> StackedWeights | None:
+    """Stack the layer's q/k/v and gate/up weights (its parameters become views of the stacked tensors),
+    or None when its projections or q/k norms are not all of one dtype with scales."""
+    att, mlp, lay = layer.self_attn, layer.mlp, layer.self_attn.layer
+    h, hkv, d = lay.num_heads, lay.num_kv_heads, lay.head_dim
+    norms = [att.q_norm] + ([att.k_norm] if att.owns_kv else [])
+    if any(not n.with_scale for n in norms):
         return None
-    if not cpu_fused.usable_for(proj, mlp._gate_up_w):
+    parts = [att.q_proj] + ([att.k_proj, att.k_proj if att.v_proj is None else att.v_proj] if att.owns_kv else [])
+    dtype = att.q_proj.weight.dtype
+    if any(p.weight.dtype != dtype for p in [*parts, att.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]):
         return None
-    lay = att.layer
-    head_w = att._norm_w if att.owns_kv else att._norm_w.expand(lay.num_heads, lay.head_dim)
-    return FusedWeights(proj, head_w.contiguous(), lay.num_heads, att.o_proj.weight, (mlp._gate_up_w,), mlp.down_proj.weight)
+    qw = _f32(att.q_norm.weight)
+    if att.owns_kv:
+        qkv = torch.cat([p.weight for p in parts], dim=0)  # [(H + 2 Hkv) * D, hidden]
+        # With k_eq_v the V rows repeat k_proj's (V is the k projection before k_norm and RoPE).
+        _as_view_of(att.q_proj, qkv, 0, h * d)
+        _as_view_of(att.k_proj, qkv, h * d, (h + hkv) * d)
+        if att.v_proj is not None:
+            _as_view_of(att.v_proj, qkv, (h + hkv) * d, (h + 2 * hkv) * d)
+        ones = torch.ones(hkv, d, dtype=torch.float32, device=qw.device)  # v_norm has no scale
+        head_norm = torch.cat([qw.expand(h, d), _f32(att.k_norm.weight).expand(hkv, d), ones], dim=0)
+    else:
+        qkv = att.q_proj.weight
+        head_norm = qw.expand(h, d).contiguous()
+    i = mlp.intermediate
+    gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight], dim=0)  # [2 * I, hidden]
+    _as_view_of(mlp.gate_proj, gate_up, 0, i)
+    _as_view_of(mlp.up_proj, gate_up, i, 2 * i)
+    return StackedWeights(qkv, head_norm.contiguous(), h, att.o_proj.weight, gate_up, mlp.down_proj.weight)
+
+
+def fused_weights(layer: Any, s: StackedWeights, w: LayerWeights) -> FusedWeights | None:
+    """The fused kernels' weights for this layer, or None when they do not apply (not gelu-tanh, weights
+    not all CPU float32 or all CPU bfloat16)."""
+    ple = [] if w.ple is None else [w.ple.gate, w.ple.proj]
+    if layer.hidden_activation not in GELU_TANH or not cpu_fused.usable_for(s.qkv, s.o_proj, s.gate_up, s.down, *ple):
+        return None
+    return FusedWeights(s.qkv, s.head_norm, s.q_heads, s.o_proj, (s.gate_up,), s.down,
+                        None if w.ple is None else w.ple.gate, None if w.ple is None else w.ple.proj)
 
 
 def is_decoder_layer(m: nn.Module) -> bool:
     return hasattr(m, "layer_scalar") and hasattr(m, "self_attn") and hasattr(m, "mlp")
 
 
+# The plain parameters a prepacked copy replaces, per decoder layer (attribute paths).
+_PACKED_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                   "mlp.up_proj", "mlp.down_proj", "per_layer_input_gate", "per_layer_projection")
+
+
+def _release_packed(layer: nn.Module) -> None:
+    """Replace the layer's linear weights (now held prepacked by its fused forward) with storage-less meta
+    tensors of the same shape and dtype. Nothing else reads them: the layer's own forward is shadowed by
+    the fused one."""
+    for path in _PACKED_LINEARS:
+        mod: Any = layer
+        for part in path.split("."):
+            mod = getattr(mod, part, None)
+        if mod is not None:
+            p = mod.weight
+            mod.weight = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False)
+
+
+def storage_bytes(model: nn.Module) -> int:
+    """Bytes of the distinct storages behind the model's parameters (views of one stacked weight count once;
+    meta tensors hold none)."""
+    seen: dict[int, int] = {}
+    for p in model.parameters():
+        if not p.is_meta:
+            st = p.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+@dataclass(frozen=True)
+class CpuKernels:
+    """What ``apply`` installed on a model (the model runner's record of it)."""
+
+    layer_paths: tuple[str, ...]  # per decoder layer: "fused" | "float" | "module"
+    weight_dtype: str  # dtype of the decoder layers' linear weights
+    linear: cpu_linear.LinearPlan | None  # the fused layers' linear library (None: no layer fused)
+    isa: str  # SIMD the extension was built for ("" without it)
+    other_linears: tuple[str, ...] = ()  # modules outside the fused layers on LinearForward ("project_to_vocab": LM head)
+    packed_bytes: int = 0  # bytes of oneDNN-prepacked weight copies (they replace their parameters)
+    # bytes the transform added to the loaded parameters' (stacked weights, prepacked copies, float32 norm
+    # copies, minus the storages they replaced): what the engine adds to the weights' bytes
+    extra_bytes: int = 0
+    unavailable: str = ""  # why no layer runs the fused kernels (when none does)
+
+    @property
+    def fused_layers(self) -> int:
+        return sum(p == "fused" for p in self.layer_paths)
+
+    def describe(self) -> str:
+        """The startup log's ``CPU kernels: ...`` text."""
+        n = len(self.layer_paths)
+        if not self.fused_layers:
+            return f"torch ops ({self.unavailable})" if self.unavailable else "torch ops"
+        what = f"fused decoder layers ({self.fused_layers} of {n}, {self.weight_dtype} weights"
+        if self.fused_layers < n:
+            what += f"; {n - self.fused_layers} on " + ", ".join(sorted({p for p in self.layer_paths if p != "fused"}))
+        text = f"{what}) and sliding-window attention (C++ extension, {self.isa} build)"
+        if self.linear is not None:
+            text += f"; linear layers: {self.linear.describe()}"
+        if self.other_linears:
+            text += f"; also {', '.join(self.other_linears)} on the extension's linear"
+        return text
+
+    def info(self) -> dict[str, Any]:
+        """What ``/get_server_info`` reports under ``cpu_kernels``."""
+        return {
+            "layers": {k: self.layer_paths.count(k) for k in ("fused", "float", "module") if k in self.layer_paths},
+            "weight_dtype": self.weight_dtype,
+            "isa": self.isa,
+            "linear": None if self.linear is None else self.linear.info(),
+            "other_linears": list(self.other_linears),
+            "packed_bytes": self.packed_bytes,
+            "extra_bytes": self.extra_bytes,
+            "describe": self.describe(),
+        }
+
+
+def _unavailable_reason(dtype: torch.dtype) -> str:
+    if not cpu_fused.enabled_by_env():
+        return f"{cpu_fused.ENV_SWITCH}=0"
+    if cpu_fused.error():
+        return f"fused kernels unavailable: {cpu_fused.error()}"
+    return "the fused kernels serve gelu-tanh layers with float32 or bfloat16 weights only"
+
+
 @torch.no_grad()
-def apply(model: nn.Module) -> nn.Module:
-    """Install the fastest applicable forward on each decoder layer of ``model`` (in place; the
-    parameters and their names are untouched). Returns ``model``; ``model.cpu_linear_plan`` then says
-    which library multiplies the fused layers' weights (None when no layer is fused) and
-    ``model.cpu_linear_packed_bytes`` what its prepacked copies hold."""
+def apply(model: nn.Module) -> CpuKernels:
+    """Install the fastest applicable forward on each decoder layer of ``model`` (in place; parameter names
+    are untouched; prepacked weights replace their parameters). Returns the record of what it installed."""
+    before = storage_bytes(model)
+    layers = [m for m in model.modules() if is_decoder_layer(m)]
+    paths: list[str] = []
     fused: list[tuple[nn.Module, LayerWeights, FusedWeights, ModuleType]] = []
-    for m in model.modules():
-        if not is_decoder_layer(m) or (w := layer_weights(m)) is None:
+    dtypes: set[torch.dtype] = set()
+    for m in layers:
+        ext = cpu_fused.load()
+        w = layer_weights(m, float32_only=ext is None)
+        if w is None:
+            paths.append("module")
             continue
-        f = fused_weights(m)
-        ext = cpu_fused.load() if f is not None else None
+        s = stack_weights(m)
+        f = fused_weights(m, s, w) if s is not None and ext is not None else None
         if ext is not None and f is not None:
             fused.append((m, w, f, ext))
-        else:
+            dtypes.add(f.qkv_proj.dtype)
+            paths.append("fused")
+        elif s is not None and s.qkv.dtype == torch.float32 or s is None and m.self_attn.q_proj.weight.dtype == torch.float32:
             # An instance attribute shadows the class's forward: layer(...) and layer.forward(...) both take it.
-            m.forward = FloatLayerForward(m, w)
-    sized = [cpu_linear.sized_for_onednn(*f.linear_weights()) for _, _, f, _ in fused]
-    packable = sum(sum(t.numel() * t.element_size() for t in f.linear_weights()) for (_, _, f, _), ok in zip(fused, sized) if ok)
-    plan = cpu_linear.plan(packable) if any(sized) else (cpu_linear.LinearPlan("mkl", "weights too small for oneDNN") if fused else None)
-    for (m, w, f, ext), ok in zip(fused, sized):
-        m.forward = FusedLayerForward(ext, m, w, f.for_linear_mode(plan.mode if ok else "mkl"))
-    model.cpu_linear_plan = plan
-    # bytes of the prepacked copies held beside the parameters (the engine counts them as weights)
-    model.cpu_linear_packed_bytes = packable if plan is not None and plan.mode == "packed" else 0
-    return model
+            m.forward = FloatLayerForward(m, w, s)
+            paths.append("float")
+        else:
+            paths.append("module")
+    weight_dtype = str(next(iter(dtypes)) if len(dtypes) == 1 else model_dtype(model)).replace("torch.", "")
+    plan = None
+    packed = 0
+    held: list[torch.Tensor] = []  # tensors the installed forwards hold outside the parameters
+    if fused:
+        sized = [cpu_linear.sized_for_onednn(*f.linear_weights()) for _, _, f, _ in fused]
+        dtype = fused[0][2].qkv_proj.dtype
+        plan = cpu_linear.plan(dtype) if any(sized) else cpu_linear.small_weights_plan(dtype)
+        for (m, w, f, ext), ok in zip(fused, sized):
+            mode = plan.mode if ok else "mkl"
+            g = f.for_linear_mode(mode)
+            if mode == "packed":
+                if w.ple is not None and g.ple_gate is not None and g.ple_proj is not None:
+                    w = replace(w, ple=replace(w.ple, gate=g.ple_gate, proj=g.ple_proj))  # hold no plain copy
+                packed += sum(t.numel() * t.element_size() for t in g.linear_weights())
+                _release_packed(m)
+            m.forward = FusedLayerForward(ext, m, w, g)
+            held += [t for t in (w.input_norm, w.post_attention_norm, w.pre_feedforward_norm, w.post_feedforward_norm,
+                                 g.head_norm, None if w.ple is None else w.ple.norm) if t is not None]
+    ext = cpu_fused.load()
+    others = _install_linears(model, ext, plan, {id(m) for m, _, _, _ in fused}) if ext is not None else ()
+    after = storage_bytes(model) + packed + sum(t.numel() * t.element_size() for t in held)
+    return CpuKernels(tuple(paths), weight_dtype, plan, ext.simd_isa() if ext is not None else "", others, packed,
+                      after - before, "" if fused else _unavailable_reason(model_dtype(model)))
 
 
-def fused_layer_count(model: nn.Module) -> int:
-    """How many decoder layers of ``model`` run the fused kernels."""
-    return sum(isinstance(m.__dict__.get("forward"), FusedLayerForward) for m in model.modules() if is_decoder_layer(m))
+def model_dtype(model: nn.Module) -> torch.dtype:
+    return getattr(model, "dtype", None) or next(model.parameters()).dtype
+
+
+def _install_linears(model: nn.Module, ext: ModuleType, plan: cpu_linear.LinearPlan | None, fused_ids: set[int]) -> tuple[str, ...]:
+    """bf16 ``nn.Linear`` modules outside the fused layers, and the LM head, onto ``LinearForward`` (plain
+    weights; oneDNN above the row kernel's row count only where the CPU has native bf16)."""
+    onednn = cpu_linear.native_bf16() and plan is not None and plan.mode in ("packed", "onednn")
+    names: list[str] = []
+    skip: set[int] = set()
+    for m in model.modules():
+        if id(m) in fused_ids:
+            skip.update(id(c) for c in m.modules())
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear) and id(m) not in skip and m.bias is None and m.weight.dtype == torch.bfloat16 \
+                and m.weight.device.type == "cpu" and m.weight.is_contiguous():
+            m.forward = LinearForward(ext, m.weight, onednn)
+            names.append(name)
+    head = getattr(model, "lm_head_weight", None)
+    if callable(head) and hasattr(model, "project_to_vocab"):
+        w = head()
+        if w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.is_contiguous():
+            # the LM head keeps its plain weight: the tied embedding gathers rows of it
+            model.project_to_vocab = LinearForward(ext, w, onednn, out_dtype=torch.float32)
+            names.append("project_to_vocab")
+    return tuple(names)

@@ -1,0 +1,238 @@
+// The linear layers of the fused CPU kernels (see linear.h; impl/kernels/cpu_fused/linear.py plans them).
+//
+// bfloat16 weights never reach a bf16 matmul of ATen on a CPU without native bf16 arithmetic (0.3 GFLOP/s
+// on an AVX2-only Zen 3). They are read as bf16 and multiplied in float32:
+//  * up to kBf16RowKernelMaxRows rows (decode), by the row kernel below: each weight row is streamed
+//    from memory once per call and widened to float32 in registers (a bf16 value is the top half of a
+//    float32), so a call costs the bytes of the weight, half of a float32 weight's;
+//  * more rows (prefill), by a GEMM: oneDNN's bf16 matmul on a CPU with native bf16 (`onednn`), else
+//    blocks of weight rows widened to float32 (a block of ~2 MB, converted once per call) for ATen's mm.
+// The row kernel accumulates every output element in the same order whatever the row count, so its
+// results for a row do not depend on the other rows of the call (weights under the planner's oneDNN
+// size take it for every row count: the tiny test checkpoints are row-invariant in bf16).
+
+#include "linear.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace cpu_fused {
+namespace {
+
+// SIMD vectors as GCC vector types: 16 floats (one zmm) with AVX-512, 8 (one ymm) with AVX2, else 4.
+#if defined(__AVX512F__)
+constexpr int64_t kVec = 16;
+#elif defined(__AVX2__)
+constexpr int64_t kVec = 8;
+#else
+constexpr int64_t kVec = 4;
+#endif
+typedef float vfloat __attribute__((vector_size(kVec * sizeof(float))));
+typedef float vfloat_u __attribute__((vector_size(kVec * sizeof(float)), aligned(alignof(float))));
+typedef uint16_t vbf16_u __attribute__((vector_size(kVec * sizeof(uint16_t)), aligned(alignof(uint16_t))));
+typedef uint32_t vu32 __attribute__((vector_size(kVec * sizeof(uint32_t))));
+
+inline vfloat vload(const float* p) { return *reinterpret_cast<const vfloat_u*>(p); }
+// a * b + c in one rounding where the CPU has FMA (the build keeps -ffp-contract=off for the layer
+// kernels' RoPE, so the contraction is spelled out here).
+inline vfloat vfma(vfloat a, vfloat b, vfloat c) {
+#if defined(__AVX512F__)
+  return _mm512_fmadd_ps(a, b, c);
+#elif defined(__AVX2__) && defined(__FMA__)
+  return _mm256_fmadd_ps(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+// kVec bf16 values widened to float32: each one's 16 bits become the top half of a float32 (exact).
+inline vfloat vload_bf16(const uint16_t* p) {
+  const vu32 wide = __builtin_convertvector(*reinterpret_cast<const vbf16_u*>(p), vu32) << 16;
+  return reinterpret_cast<vfloat>(wide);
+}
+inline float bf16_to_f32(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline float hsum(vfloat v) {
+  float s = 0.f;
+  for (int64_t i = 0; i < kVec; ++i) s += v[i];
+  return s;
+}
+
+// out[m, n] for R weight rows (w, K apart) and MT rows of x (ldx apart): one accumulator vector per
+// (row, x row) over K in steps of kVec, then its lanes summed, then the K tail. The order of every
+// sum is fixed by K alone.
+template <int R, int MT>
+inline void row_tile(const float* x, int64_t ldx, const uint16_t* w, int64_t K, float* out, int64_t ldo) {
+  vfloat acc[R][MT];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MT; ++m) acc[r][m] = vfloat{};
+  int64_t k = 0;
+  for (; k + kVec <= K; k += kVec) {
+    vfloat wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = vload_bf16(w + r * K + k);
+    for (int m = 0; m < MT; ++m) {
+      const vfloat xv = vload(x + m * ldx + k);
+      for (int r = 0; r < R; ++r) acc[r][m] = vfma(wv[r], xv, acc[r][m]);
+    }
+  }
+  for (int m = 0; m < MT; ++m) {
+    for (int r = 0; r < R; ++r) {
+      float s = hsum(acc[r][m]);
+      for (int64_t kk = k; kk < K; ++kk) s += bf16_to_f32(w[r * K + kk]) * x[m * ldx + kk];
+      out[m * ldo + r] = s;
+    }
+  }
+}
+
+// Weight rows [n0, n0 + R) against every row of x, in tiles of up to kMaxTile x rows.
+#if defined(__AVX512F__)
+constexpr int kRows = 4, kMaxTile = 4;  // 16 accumulators + 4 weight vectors of the 32 zmm registers
+#else
+constexpr int kRows = 4, kMaxTile = 2;  // 8 accumulators + 4 weight vectors of the 16 ymm registers
+#endif
+
+template <int R>
+inline void row_block(const float* x, int64_t M, int64_t K, const uint16_t* w, float* out, int64_t N) {
+  int64_t m = 0;
+  for (; m + kMaxTile <= M; m += kMaxTile) row_tile<R, kMaxTile>(x + m * K, K, w, K, out + m * N, N);
+  switch (M - m) {  // the x-row tail as a compile-time tile (same per-element order)
+    case 3: row_tile<R, 3>(x + m * K, K, w, K, out + m * N, N); break;
+    case 2: row_tile<R, 2>(x + m * K, K, w, K, out + m * N, N); break;
+    case 1: row_tile<R, 1>(x + m * K, K, w, K, out + m * N, N); break;
+    default: break;
+  }
+}
+
+// out [M, N] = x [M, K] (float32, contiguous) @ w [N, K]^T (bf16, contiguous).
+void bf16_row_kernel(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t N, float* out) {
+  const int64_t blocks = N / kRows;
+  // A grain of whole weight rows: each thread streams one contiguous part of the weight.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, K * kRows));
+  auto body = [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; ++b) row_block<kRows>(x, M, K, w + b * kRows * K, out + b * kRows, N);
+  };
+  if (at::get_num_threads() == 1 || blocks <= grain) {
+    body(0, blocks);
+  } else {
+    at::parallel_for(0, blocks, grain, body);
+  }
+  for (int64_t n = blocks * kRows; n < N; ++n) row_block<1>(x, M, K, w + n * K, out + n, N);
+}
+
+// Rows [n0, n0 + nb) of a bf16 weight [N, K] widened into dst [nb, K] float32.
+void widen_rows(const uint16_t* w, int64_t K, int64_t n0, int64_t nb, float* dst) {
+  const int64_t total = nb * K;
+  const uint16_t* src = w + n0 * K;
+  auto body = [&](int64_t lo, int64_t hi) {
+    int64_t i = lo;
+    for (; i + kVec <= hi; i += kVec) *reinterpret_cast<vfloat_u*>(dst + i) = vload_bf16(src + i);
+    for (; i < hi; ++i) dst[i] = bf16_to_f32(src[i]);
+  };
+  if (at::get_num_threads() == 1 || total < (int64_t{1} << 18)) {
+    body(0, total);
+  } else {
+    at::parallel_for(0, total, int64_t{1} << 16, body);
+  }
+}
+
+// Bytes of float32 weight rows converted at a time for ATen's mm (cache-sized; a 1536-wide weight: 340 rows).
+constexpr int64_t kWidenBlockBytes = int64_t{2} << 20;
+
+// out [M, N] = x @ w^T through ATen's mm on blocks of w widened to float32 (each block once per call).
+torch::Tensor widened_mm(const torch::Tensor& x, const torch::Tensor& w) {
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  auto out = torch::empty({M, N}, x.options().dtype(torch::kFloat32));
+  int64_t nb = std::max<int64_t>(16, kWidenBlockBytes / (K * 4)) / 16 * 16;
+  nb = std::min(nb, N);
+  auto buf = torch::empty({nb, K}, out.options());
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  for (int64_t n0 = 0; n0 < N; n0 += nb) {
+    const int64_t rows = std::min(nb, N - n0);
+    auto blk = buf.narrow(0, 0, rows);
+    widen_rows(wp, K, n0, rows, blk.data_ptr<float>());
+    auto dst = out.narrow(1, n0, rows);  // a column block: leading dimension N (BLAS writes it in place)
+    torch::mm_out(dst, x, blk.t());
+  }
+  return out;
+}
+
+}  // namespace
+
+torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, c10::string_view attr,
+                            c10::string_view algo) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                         c10::string_view, c10::List<std::optional<at::Scalar>>,
+                                         std::optional<c10::string_view>)>();
+  return op.call(x, w, std::nullopt, attr, c10::List<std::optional<at::Scalar>>(), algo);
+}
+
+torch::Tensor onednn_linear_mul(const torch::Tensor& x, const torch::Tensor& other, const torch::Tensor& w) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("mkldnn::_linear_pointwise", "binary")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const std::optional<at::Tensor>&, c10::string_view)>();
+  return op.call(x, other, w, std::nullopt, "mul");
+}
+
+// Weights under this many elements (the planner's MIN_WEIGHT_ELEMS) take the row kernel at every row count.
+constexpr int64_t kSmallWeightElems = int64_t{1} << 16;
+
+bool runs_onednn(const torch::Tensor& w, int64_t rows, bool onednn) {
+  if (w.is_mkldnn()) return true;
+  if (!onednn) return false;
+  if (w.scalar_type() != torch::kBFloat16) return true;
+  return rows > kBf16RowKernelMaxRows && w.numel() >= kSmallWeightElems;
+}
+
+torch::Tensor bf16_rows(const torch::Tensor& x, const torch::Tensor& w) {
+  TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.dim() == 2 && w.is_contiguous() && w.device().is_cpu(),
+              "the bf16 row kernel takes a contiguous bfloat16 [N, K] CPU weight");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.size(1), "x must be [M, K] for a weight [N, K]");
+  auto xf = x.to(torch::kFloat32).contiguous();
+  const int64_t M = xf.size(0), K = xf.size(1), N = w.size(0);
+  auto out = torch::empty({M, N}, xf.options());
+  if (M == 0 || N == 0) return out;
+  if (K == 0) return out.zero_();
+  bf16_row_kernel(xf.data_ptr<float>(), M, K, reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), N,
+                  out.data_ptr<float>());
+  return out;
+}
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, bool onednn) {
+  TORCH_CHECK(x.dim() == 2, "linear takes x [M, K]");
+  const int64_t rows = x.size(0);
+  if (runs_onednn(w, rows, onednn)) {
+    auto y = onednn_linear(x.to(w.scalar_type()).contiguous(), w, "none", "");
+    return y.scalar_type() == torch::kFloat32 ? y : y.to(torch::kFloat32);
+  }
+  if (w.scalar_type() == torch::kBFloat16) {
+    if (rows <= kBf16RowKernelMaxRows || w.numel() < kSmallWeightElems) return bf16_rows(x, w);
+    TORCH_CHECK(w.is_contiguous(), "a bfloat16 weight must be contiguous");
+    return widened_mm(x.to(torch::kFloat32).contiguous(), w);
+  }
+  TORCH_CHECK(w.scalar_type() == torch::kFloat32, "linear weights must be float32 or bfloat16, got ", w.scalar_type());
+  return torch::mm(x.to(torch::kFloat32), w.t());
+}
+
+std::string simd_isa() {
+#if defined(__AVX512F__)
+  return "avx512";
+#elif defined(__AVX2__)
+  return "avx2";
+#else
+  return "scalar";
+#endif
+}
+
+}  // namespace cpu_fused

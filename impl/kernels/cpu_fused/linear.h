@@ -1,0 +1,37 @@
+// The linear layers of the fused CPU kernels: y [M, N] = x [M, K] @ w [N, K]^T (see linear.cpp and
+// impl/kernels/cpu_fused/linear.py, which plans the weight kinds per model).
+#pragma once
+
+#include <torch/extension.h>
+
+namespace cpu_fused {
+
+// Row counts up to this run the bf16 weights' row kernel (bound by the bytes of weights read); larger ones
+// a GEMM (oneDNN, or blocks of weights converted to float32 for ATen's mm).
+constexpr int64_t kBf16RowKernelMaxRows = 16;
+
+// y = x @ w^T in float32 for any weight kind:
+//  * float32 [N, K]: ATen's mm, or oneDNN when `onednn`;
+//  * oneDNN-prepacked (mkldnn, float32 or bfloat16): oneDNN, x cast to the weight's dtype;
+//  * bfloat16 [N, K]: the row kernel (float32 arithmetic) up to kBf16RowKernelMaxRows rows or when the
+//    weight is small (`small`: row-invariant results for any M); above, oneDNN's bf16 matmul when `onednn`
+//    (a CPU with native bf16), else the weight in float32 blocks through ATen's mm.
+// x: [M, K] float32 or bfloat16 (any strides). Returns [M, N] float32, contiguous.
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, bool onednn);
+
+// True when `linear(x, w, onednn)` with `rows` rows runs oneDNN (so its post-ops are available).
+bool runs_onednn(const torch::Tensor& w, int64_t rows, bool onednn);
+
+// oneDNN's linear with an optional post-op (attr "gelu" + algo "tanh"); output in x's dtype.
+torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, c10::string_view attr,
+                            c10::string_view algo);
+// (x @ w^T) * other through oneDNN's binary post-op (other: [rows, out] in x's dtype, contiguous).
+torch::Tensor onednn_linear_mul(const torch::Tensor& x, const torch::Tensor& other, const torch::Tensor& w);
+
+// The bf16 row kernel alone (tests and benchmarks): x [M, K] float32, w [N, K] bfloat16 -> [M, N] float32.
+torch::Tensor bf16_rows(const torch::Tensor& x, const torch::Tensor& w);
+
+// The SIMD width the row kernel was compiled for ("avx512", "avx2" or "scalar").
+std::string simd_isa();
+
+}  // namespace cpu_fused

@@ -1,0 +1,185 @@
+"""bf16 weights through the compiled CPU paths (impl/kernels/cpu_fused): each route of ``linear`` and the two
+layer kernels against their float32 references on the same bf16 values, with tolerances derived from
+bf16 rounding; the transform on a bf16 model (record, released parameters, LM head)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from impl.kernels import cpu_fused
+from impl.kernels.cpu_fused import linear as cpu_linear
+from impl.kernels.cpu_fused import reference as ref
+from impl.kernels.cpu_fused import transform as cpu_fused_transform
+
+EXT = cpu_fused.load()
+needs_ext = pytest.mark.skipif(EXT is None, reason=f"fused CPU kernels not built here: {cpu_fused.error()}")
+needs_native = pytest.mark.skipif(not cpu_linear.native_bf16(), reason="no native bf16 (oneDNN's bf16 matmul) here")
+
+U_BF16 = 2.0**-9  # unit roundoff of bfloat16 (8 significant bits)
+U_F32 = 2.0**-24
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _bf16(*shape, g, scale=1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=g) * scale).bfloat16()
+
+
+def _check_linear(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bf16_inputs: bool) -> None:
+    """y = x @ w^T within the rounding bound of its route: K float32 additions (K u32 sum|x w|); the
+    oneDNN bf16 route also rounds x (u_bf16 sum|x w|) and its output (u_bf16 |y|) to bf16."""
+    xd, wd = x.double(), w.double()
+    want = xd @ wd.t()
+    mag = xd.abs() @ wd.abs().t()
+    bound = x.shape[1] * U_F32 * mag
+    if bf16_inputs:
+        bound = bound + U_BF16 * mag + U_BF16 * want.abs()
+    assert y.dtype == torch.float32 and y.shape == want.shape
+    assert bool(((y.double() - want).abs() <= 1.01 * bound + 1e-30).all()), float(((y.double() - want).abs() / (bound + 1e-30)).max())
+
+
+@needs_ext
+@pytest.mark.parametrize("m,n,k", [(1, 7, 5), (3, 40, 70), (16, 300, 256), (17, 512, 256), (40, 1024, 96), (300, 48, 64)])
+def test_linear_bf16_weight_float32_arithmetic(m, n, k):
+    """The row kernel (<= 16 rows, or a weight under oneDNN's size floor at any row count) and the widened
+    float32 blocks for ATen's mm (more rows): float32 arithmetic on the bf16 values."""
+    g = _gen(m * 1000 + n)
+    x, w = torch.randn(m, k, generator=g), _bf16(n, k, g=g)
+    _check_linear(EXT.linear(x, w, False), x, w, bf16_inputs=False)
+    _check_linear(EXT.bf16_rows(x, w), x, w, bf16_inputs=False)
+    # bf16 activations are widened exactly
+    _check_linear(EXT.linear(x.bfloat16(), w, False), x.bfloat16().float(), w, bf16_inputs=False)
+
+
+@needs_ext
+@needs_native
+@pytest.mark.parametrize("m", [1, 16, 17, 300])
+def test_linear_bf16_through_onednn(m):
+    """oneDNN's bf16 matmul (plain weights above the row kernel's row count; prepacked at every count)."""
+    g = _gen(m)
+    n, k = 512, 256  # 128K elements: sized for oneDNN
+    x, w = torch.randn(m, k, generator=g), _bf16(n, k, g=g)
+    plain_onednn = m > cpu_linear.BF16_ROW_KERNEL_MAX_ROWS
+    _check_linear(EXT.linear(x, w, True), x, w, bf16_inputs=plain_onednn)
+    _check_linear(EXT.linear(x, cpu_linear.pack(w), False), x, w, bf16_inputs=True)
+
+
+@needs_ext
+def test_row_kernel_rows_do_not_depend_on_the_batch():
+    """Each output row of the row kernel equals that row computed alone, bit for bit (small weights take
+    it at any row count, so a tiny bf16 model's rows do not depend on which other rows share the call)."""
+    g = _gen(7)
+    for m, n, k in [(40, 256, 64), (16, 2048, 1536), (300, 200, 80)]:
+        x, w = torch.randn(m, k, generator=g), _bf16(n, k, g=g)
+        whole = EXT.linear(x, w, False)
+        for i in (0, 5, m - 1):
+            assert torch.equal(whole[i : i + 1], EXT.linear(x[i : i + 1], w, False)), (m, n, k, i)
+    assert cpu_linear.BF16_ROW_KERNEL_MAX_ROWS == EXT.bf16_row_kernel_max_rows()
+
+
+def _modes():
+    out = ["mkl"]
+    if cpu_linear.native_bf16():
+        out += ["onednn", "packed"]
+    return out
+
+
+def _layer_tol(mode: str, rows: int) -> float:
+    """Relative to the output's scale: the float32-arithmetic routes round once, into the bf16 output
+    (u_bf16); oneDNN's bf16 matmuls also round each matmul input and output on the way (about eight
+    roundings on an element's path through the layer), doubled for margin."""
+    onednn_rows = mode == "packed" or (mode == "onednn" and rows > cpu_linear.BF16_ROW_KERNEL_MAX_ROWS)
+    return (16 if onednn_rows else 2) * U_BF16
+
+
+def _w(t: torch.Tensor, mode: str) -> torch.Tensor:
+    return cpu_linear.pack(t) if mode == "packed" else t
+
+
+@needs_ext
+@pytest.mark.parametrize("mode", _modes())
+@pytest.mark.parametrize("n", [1, 5, 40])
+def test_attn_pre_bf16_matches_float32_reference(mode, n):
+    g = _gen(n + 17)
+    q_heads, kv_heads, d, hid = 8, 1, 64, 256  # proj [640, 256]: sized for oneDNN
+    heads = q_heads + 2 * kv_heads
+    h, proj = _bf16(n, hid, g=g), _bf16(heads * d, hid, g=g, scale=0.1)
+    w_in, head_w = torch.randn(hid, generator=g), torch.randn(heads, d, generator=g)
+    cos, sin = _bf16(n, d, g=g), _bf16(n, d, g=g)
+    got = EXT.attn_pre(h, w_in, _w(proj, mode), head_w, cos, sin, q_heads, 1e-6, mode == "onednn")
+    want = ref.attn_pre(h, w_in, proj, head_w, cos, sin, q_heads, 1e-6)
+    for a, b in zip(got, want):
+        assert a.dtype == torch.bfloat16  # q / k / v leave in h's dtype (the KV pool's)
+        scale = float(b.abs().max())
+        assert float((a.float() - b).abs().max()) <= _layer_tol(mode, n) * scale, (float((a.float() - b).abs().max()), scale)
+
+
+@needs_ext
+@pytest.mark.parametrize("mode", _modes())
+@pytest.mark.parametrize("n,ple_dim", [(1, 16), (6, 0), (40, 16)])
+def test_decoder_post_bf16_matches_float32_reference(mode, n, ple_dim):
+    g = _gen(300 + n)
+    hid, hd, inter = 256, 512, 512  # every weight >= 128K elements: sized for oneDNN
+    h, attn = _bf16(n, hid, g=g), _bf16(n, hd, g=g)
+    o_w, gate, up, down = (_bf16(*s, g=g, scale=0.05) for s in ((hid, hd), (inter, hid), (inter, hid), (hid, inter)))
+    norms = [torch.randn(hid, generator=g) for _ in range(3)]
+    if ple_dim:
+        ple = _bf16(n, 3, ple_dim, g=g)[:, 1]  # a [T, L, P] table's layer slice, as the model passes it
+        pg, pp, pn = _bf16(ple_dim, hid, g=g, scale=0.1), _bf16(hid, ple_dim, g=g, scale=0.1), torch.randn(hid, generator=g)
+    else:
+        ple = pg = pp = pn = None
+    gate_up = [_w(gate, mode), _w(up, mode)] if mode != "mkl" else [torch.cat([gate, up])]
+    got = EXT.decoder_post(h, attn, _w(o_w, mode), norms[0], norms[1], gate_up, _w(down, mode), norms[2], ple,
+                           None if pg is None else _w(pg, mode), None if pp is None else _w(pp, mode), pn, 0.7, 1e-6,
+                           mode == "onednn")
+    want = ref.decoder_post(h, attn, o_w, norms[0], norms[1], [gate, up], down, norms[2], ple, pg, pp, pn, 0.7, 1e-6)
+    assert got.dtype == torch.bfloat16
+    scale = float(want.abs().max())
+    assert float((got.float() - want).abs().max()) <= _layer_tol(mode, n) * scale, (float((got.float() - want).abs().max()), scale)
+
+
+@needs_ext
+@pytest.mark.parametrize("linear", ["auto", "packed"])
+def test_transform_serves_a_bf16_model(linear, monkeypatch):
+    """A bf16 model on the fused kernels: the record says so; the LM head and the per-layer-input projection
+    run the extension's linear; with prepacked weights the plain parameters are released (meta tensors),
+    not held beside the copies."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model"))
+    from harness import Session  # tests/model/harness.py
+
+    from impl.model.loader import load_model
+    from impl.testing.checkpoints import tiny_checkpoint
+
+    if linear == "packed":
+        if not cpu_linear.onednn_available():
+            pytest.skip("torch built without oneDNN")
+        monkeypatch.setenv(cpu_linear.ENV, "packed")
+        monkeypatch.setattr(cpu_linear, "MIN_WEIGHT_ELEMS", 0)
+    model = load_model(tiny_checkpoint("e2b"), dtype="bfloat16")
+    before = cpu_fused_transform.storage_bytes(model)
+    layer_bytes = sum(p.numel() * p.element_size() for m in model.layers for n, p in m.named_parameters()
+                      if n.endswith(("proj.weight", "input_gate.weight", "per_layer_projection.weight")))
+    rec = cpu_fused_transform.apply(model)
+    assert rec.layer_paths == ("fused",) * len(model.layers) and rec.weight_dtype == "bfloat16"
+    assert {"per_layer_model_projection", "project_to_vocab"} <= set(rec.other_linears)
+    assert "bfloat16 weights" in rec.describe() and rec.linear.dtype == "bfloat16"
+    # what the transform holds beyond the loaded weights: float32 norm copies, V rows repeated for k_eq_v
+    # layers' stacked q/k/v, oneDNN's padding; never a second copy of the layers' weights
+    assert 0 < rec.extra_bytes < 0.25 * layer_bytes
+    if linear == "packed":
+        assert rec.linear.mode == "packed" and rec.packed_bytes >= layer_bytes
+        assert all(p.is_meta for m in model.layers for n, p in m.named_parameters() if n.endswith("proj.weight"))
+        assert cpu_fused_transform.storage_bytes(model) == before - layer_bytes  # embeddings, norms: kept
+    else:
+        assert rec.packed_bytes == 0
+    out = Session(model).step([("a", [2, 5, 9, 11, 3, 7] + list(range(40, 60))), ("b", [2, 8, 8, 9])], all_logits=True)
+    assert out.logits.dtype == torch.float32 and bool(out.logits.isfinite().all())
+    h = torch.randn(3, model.config.hidden_size, generator=_gen(1)).bfloat16()
+    w = model.lm_head_weight()
+    _check_linear(model.project_to_vocab(h), h.float(), w, bf16_inputs=False)
