@@ -29,7 +29,7 @@ import shutil
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from impl.testing.corpus import CORPUS
 from impl.testing.tokenizer_factory import (
@@ -40,6 +40,9 @@ from impl.testing.tokenizer_factory import (
     TOKENIZER_VOCAB_SIZE,
     write_tokenizer_files,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 FACTORY_VERSION = 1
 DEFAULT_MODEL = "e2b"
@@ -76,6 +79,10 @@ class CheckpointRecipe:
     distill_from: tuple[str, str] | None = None
     # kind "trained": the random-weight recipe it starts from (same text_config); seed = the language's
     train_from: str | None = None
+    # kind "streamed" (impl/testing/full_size.py: written tensor by tensor, never held in memory):
+    # {"vision": ..., "audio": ...} configs of small towers for the multimodal layout
+    # (Gemma4ForConditionalGeneration, text weights under model.language_model.*); empty: text layout
+    towers: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _text(**overrides: Any) -> dict[str, Any]:
@@ -164,6 +171,49 @@ _E2B_DIMS = dict(
     hidden_size_per_layer_input=256,
     vocab_size_per_layer_input=TOKENIZER_VOCAB_SIZE,
 )
+
+# The published Gemma-4 E2B text model at full size (../shared/design/GEMMA4.md; transformers 5.23's
+# Gemma4TextConfig defaults for the RoPE settings, stated explicitly): vocabulary 262144, PLE table
+# 262144 x (35 * 256), 4.63 B parameters.
+_E2B_FULL_TEXT: dict[str, Any] = dict(
+    vocab_size=262_144,
+    vocab_size_per_layer_input=262_144,
+    hidden_size=1536,
+    intermediate_size=6144,
+    num_hidden_layers=35,
+    layer_types=_E2B_LAYERS,
+    num_attention_heads=8,
+    num_key_value_heads=1,
+    head_dim=256,
+    global_head_dim=512,
+    sliding_window=512,
+    num_kv_shared_layers=20,
+    use_double_wide_mlp=True,
+    hidden_size_per_layer_input=256,
+    final_logit_softcapping=30.0,
+    rope_parameters={
+        S: {"rope_type": "default", "rope_theta": 10_000.0},
+        F: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
+    },
+    max_position_embeddings=131_072,
+    rms_norm_eps=1e-6,
+    hidden_activation="gelu_pytorch_tanh",
+    tie_word_embeddings=True,
+    attention_k_eq_v=False,
+    enable_moe_block=False,
+    pad_token_id=PAD_ID,
+    eos_token_id=EOS_ID,
+    bos_token_id=BOS_ID,
+)
+
+# Small vision and audio towers for the multimodal layout (the loader skips them; what matters is that
+# their tensors are there, named and shaped as transformers 5.23 saves Gemma4ForConditionalGeneration).
+_SMALL_TOWERS: dict[str, Any] = {
+    "vision": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                   num_key_value_heads=2, head_dim=16, position_embedding_size=64),
+    "audio": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, subsampling_conv_channels=[8, 4],
+                  output_proj_dims=64),
+}
 
 TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
     "e2b": CheckpointRecipe(
@@ -294,6 +344,56 @@ TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
         "what a shared 2-core / 24 GB machine can load in float32 (1.5 GB)",
         text_config=_text(layer_types=[S, S, F, S, S, S, F], num_kv_shared_layers=4, **_E2B_DIMS),
     ),
+    # The streamed writer's CI recipe: 'e2b' in the multimodal layout (towers skipped by the loader).
+    "e2b-mm": CheckpointRecipe(
+        kind="streamed",
+        seed=1,
+        description="'e2b' text shape in the multimodal layout (Gemma4ForConditionalGeneration, small towers), "
+        "written by the streamed writer (impl/testing/full_size.py)",
+        text_config=_E2B_TEXT,
+        towers=_SMALL_TOWERS,
+    ),
+    # The 262144-entry vocabulary on a 2-layer model (sampling, logprobs, detokenizer and stop strings at
+    # Gemma-4's vocabulary size, in CI): 34 MB.
+    "vocab262k": CheckpointRecipe(
+        kind="streamed",
+        seed=23,
+        description="2 layers, hidden 32, Gemma-4's 262144-entry vocabulary and a 262144-entry tokenizer",
+        text_config=_text(
+            layer_types=[S, F],
+            vocab_size=262_144,
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            global_head_dim=32,
+            hidden_size_per_layer_input=0,
+            vocab_size_per_layer_input=0,
+        ),
+    ),
+    # Gemma-4 E2B at full size: on demand only (never built by make test / build_all; ~9.3 GB each, a few
+    # minutes to write, under `flock -x` on shared machines).
+    "e2b-full": CheckpointRecipe(
+        kind="streamed",
+        seed=22,
+        on_demand=True,
+        dtype="bfloat16",
+        published_config_form=True,
+        description="the published Gemma-4 E2B text shape at full size: vocabulary 262144, PLE 262144 x 8960, "
+        "35 layers / 20 KV-shared, 4.63 B parameters, bf16 (9.3 GB), a 262144-entry tokenizer",
+        text_config=_E2B_FULL_TEXT,
+    ),
+    "e2b-full-mm": CheckpointRecipe(
+        kind="streamed",
+        seed=22,
+        on_demand=True,
+        dtype="bfloat16",
+        description="e2b-full's weights in the published multimodal layout (Gemma4ForConditionalGeneration, "
+        "text under model.language_model.*, small vision and audio towers), as transformers 5.23 saves it",
+        text_config=_E2B_FULL_TEXT,
+        towers=_SMALL_TOWERS,
+    ),
     "assistant_bench": CheckpointRecipe(
         kind="assistant",
         seed=11,
@@ -371,8 +471,19 @@ def _factory_sources() -> str:
 
 
 def recipe_hash(name: str) -> str:
-    """Short hash of everything that determines the files of checkpoint ``name``."""
+    """Short hash of everything that determines the files of checkpoint ``name``.
+
+    Streamed recipes (the full-size ones) hash the recipe, the streamed writer's ``FORMAT_VERSION`` and
+    the transformers version, not the factory's source: an unrelated edit must not rebuild 9 GB
+    (``full_size.py`` says what guards the version instead)."""
     recipe = _recipe(name)
+    if recipe.kind == "streamed":
+        from impl.testing import full_size
+
+        files = {k: v for k, v in asdict(recipe).items() if k not in ("description", "on_demand")}  # not in the files
+        payload = json.dumps({"name": name, "recipe": files, "format": full_size.FORMAT_VERSION,
+                              "transformers": _transformers_version()}, sort_keys=True)
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:12]
     payload = json.dumps(
         {
             "name": name,
@@ -464,6 +575,12 @@ def build_checkpoint(name: str, out_dir: str) -> None:
     from impl.testing.hf_quirks import assistant_kv_sharing_patch
 
     recipe = _recipe(name)
+    if recipe.kind == "streamed":
+        from impl.testing import full_size
+
+        full_size.check_room(recipe, out_dir)
+        full_size.write_streamed(recipe, out_dir, log=lambda m: print(f"[{name}] {m}", file=sys.stderr, flush=True))
+        return
     if recipe.kind == "distilled":
         from impl.testing.distill import build_distilled
 
@@ -503,11 +620,11 @@ def build_checkpoint(name: str, out_dir: str) -> None:
     with _quiet_transformers():
         model.save_pretrained(out_dir, safe_serialization=True)
     if recipe.published_config_form:
-        _rewrite_published_config_form(os.path.join(out_dir, "config.json"), recipe.text_config)
+        rewrite_published_config_form(os.path.join(out_dir, "config.json"), recipe.text_config)
     write_tokenizer_files(out_dir, model_max_length=int(text_config.max_position_embeddings))
 
 
-def _rewrite_published_config_form(config_path: str, text_config: Mapping[str, Any]) -> None:
+def rewrite_published_config_form(config_path: str, text_config: Mapping[str, Any]) -> None:
     """Replace transformers' ``per_layer_config`` by the published top-level keys."""
     with open(config_path) as f:
         cfg = json.load(f)
@@ -535,8 +652,43 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+def init_rule(pname: str, shape) -> tuple:
+    """How the factory draws the tensor ``pname`` of ``shape`` (see ``reinit_weights``):
+    ``("normal", std)``: N(0, std^2); ``("scaled_one_plus", std, factor)``: factor * (1 + N(0, std^2));
+    ``("uniform", lo, hi)``. The streamed full-size writer (``full_size.py``) uses the same rules."""
+    leaf = pname.rsplit(".", 1)[-1]
+    if pname.endswith("embed_tokens.weight"):
+        return ("normal", 0.15)
+    if pname.endswith("embed_tokens_per_layer.weight"):
+        return ("normal", 0.3)
+    if pname.endswith("router.proj.weight"):
+        return ("normal", 1.0)
+    if leaf == "per_expert_scale":
+        return ("uniform", 0.5, 1.5)
+    if pname.endswith("layer_scalar"):
+        return ("uniform", 0.7, 1.3)
+    if len(shape) <= 1:
+        return ("scaled_one_plus", 0.1, 3.0 if ".post_" in f".{leaf_module(pname)}" else 1.0)
+    return ("normal", 1.0 / math.sqrt(shape[-1]))
+
+
+def draw(rule: tuple, shape, generator) -> "torch.Tensor":
+    """Float32 values of ``rule`` (``init_rule``) from ``generator``."""
+    import torch
+
+    kind = rule[0]
+    if kind == "uniform":
+        lo, hi = rule[1], rule[2]
+        return lo + (hi - lo) * torch.rand(shape, generator=generator, dtype=torch.float32)
+    x = torch.randn(shape, generator=generator, dtype=torch.float32) * rule[1]
+    if kind == "scaled_one_plus":
+        x = 1.0 + x
+        return x if rule[2] == 1.0 else rule[2] * x
+    return x
+
+
 def reinit_weights(model, seed: int) -> None:
-    """Seeded re-initialisation that gives varied, non-degenerate activations.
+    """Seeded re-initialisation that gives varied, non-degenerate activations (``init_rule``):
 
     - linear / expert weights: N(0, 1/fan_in) so projections keep unit scale;
     - token embeddings: N(0, 0.15^2) (tied LM head: logits spread over a few units,
@@ -552,34 +704,12 @@ def reinit_weights(model, seed: int) -> None:
     import torch
 
     g = torch.Generator().manual_seed(seed)
-
-    def normal(shape, std: float) -> "torch.Tensor":
-        return torch.randn(shape, generator=g, dtype=torch.float32) * std
-
-    def uniform(shape, lo: float, hi: float) -> "torch.Tensor":
-        return lo + (hi - lo) * torch.rand(shape, generator=g, dtype=torch.float32)
-
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            leaf = pname.rsplit(".", 1)[-1]
-            if pname.endswith("embed_tokens.weight"):
-                new = normal(p.shape, 0.15)
-            elif pname.endswith("embed_tokens_per_layer.weight"):
-                new = normal(p.shape, 0.3)
-            elif pname.endswith("router.proj.weight"):
-                new = normal(p.shape, 1.0)
-            elif leaf == "per_expert_scale":
-                new = uniform(p.shape, 0.5, 1.5)
-            elif p.dim() == 1 and ".post_" in f".{leaf_module(pname)}":
-                new = 3.0 * (1.0 + normal(p.shape, 0.1))
-            elif p.dim() == 1:
-                new = 1.0 + normal(p.shape, 0.1)
-            else:
-                new = normal(p.shape, 1.0 / math.sqrt(p.shape[-1]))
-            p.copy_(new)
+            p.copy_(draw(init_rule(pname, tuple(p.shape)), p.shape, g))
         for bname, b in model.named_buffers():
             if bname.endswith("layer_scalar"):
-                b.copy_(uniform(b.shape, 0.7, 1.3))
+                b.copy_(draw(init_rule(bname, tuple(b.shape)), b.shape, g))
             elif bname.endswith("token_ordering"):
                 b.copy_(torch.randperm(b.numel(), generator=g))
 

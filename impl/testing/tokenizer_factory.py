@@ -68,6 +68,55 @@ def train_tokenizer(corpus: str = CORPUS, vocab_size: int = TOKENIZER_VOCAB_SIZE
     return tok
 
 
+def widen_tokenizer(tok, vocab_size: int):
+    """``tok`` (the trained byte-level BPE) grown to exactly ``vocab_size`` entries, deterministically.
+
+    The trained merges keep their ranks (corpus text tokenizes as before wherever they apply); the
+    new entries come after them: every pair of byte symbols not yet in the vocabulary, then each
+    two-symbol token extended by one byte symbol, in id order, until the size is reached. So a
+    full-size vocabulary (Gemma-4's 262,144) exists without a corpus that large: most entries are
+    2- and 3-byte pieces, many of them partial UTF-8 characters, which is what a detokenizer and stop
+    strings must cope with when a random-weight model emits them.
+    """
+    from tokenizers import Tokenizer
+
+    spec = json.loads(tok.to_str())
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    merges: list = spec["model"]["merges"]
+    if vocab_size < len(vocab):
+        raise ValueError(f"widen_tokenizer: the trained vocabulary already has {len(vocab)} > {vocab_size} entries")
+    # the byte-level alphabet in id order (single-character, non-special entries)
+    special = set(SPECIAL_TOKENS)
+    alphabet = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1]) if len(t) == 1 and t not in special]
+
+    def add(a: str, b: str) -> bool:
+        token = a + b
+        if token not in vocab:
+            vocab[token] = len(vocab)
+            merges.append([a, b])
+        return len(vocab) >= vocab_size
+
+    done = len(vocab) >= vocab_size
+    for a in alphabet:
+        for b in alphabet:
+            if done or add(a, b):
+                done = True
+                break
+        if done:
+            break
+    pairs = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1]) if len(t) == 2]
+    for p in pairs:
+        if done:
+            break
+        for b in alphabet:
+            if add(p, b):
+                done = True
+                break
+    if len(vocab) != vocab_size:
+        raise ValueError(f"widen_tokenizer: cannot reach {vocab_size} entries from a {len(alphabet)}-symbol alphabet")
+    return Tokenizer.from_str(json.dumps(spec, ensure_ascii=False))
+
+
 def tokenizer_config(model_max_length: int) -> dict:
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -87,9 +136,12 @@ def generation_config() -> dict:
     return {"bos_token_id": BOS_ID, "eos_token_id": list(GENERATION_EOS_IDS), "pad_token_id": PAD_ID}
 
 
-def write_tokenizer_files(folder: str, model_max_length: int = 4096) -> None:
-    """Write tokenizer.json, tokenizer_config.json and generation_config.json into ``folder``."""
+def write_tokenizer_files(folder: str, model_max_length: int = 4096, vocab_size: int = TOKENIZER_VOCAB_SIZE) -> None:
+    """Write tokenizer.json, tokenizer_config.json and generation_config.json into ``folder``
+    (a ``vocab_size`` above the trained 512: ``widen_tokenizer``)."""
     tok = train_tokenizer()
+    if vocab_size != TOKENIZER_VOCAB_SIZE:
+        tok = widen_tokenizer(tok, vocab_size)
     with open(os.path.join(folder, "tokenizer.json"), "w", encoding="utf-8") as f:
         f.write(tok.to_str(pretty=True))
     _write_json(os.path.join(folder, "tokenizer_config.json"), tokenizer_config(model_max_length))
