@@ -32,6 +32,8 @@ def normalise(log: str) -> str:
         msg = re.sub(r"yoco-gemma4 [\w.+-]+", "yoco-gemma4 <version>", msg)
         # the fused CPU kernels build only where a C++ toolchain exists (tests/engine checks the line)
         msg = re.sub(r"^CPU kernels: .*$", "CPU kernels: <fused or torch ops>", msg)
+        # measured sizes (peak RSS, weights, KV pool): tests/args/test_dtype_and_memory.py checks the line
+        msg = re.sub(r"^Memory: peak RSS .*$", "Memory: peak RSS <measured>", msg)
         # likewise the triton backend's compiled CPU attention kernels (else: the torch reference, with the reason)
         msg = re.sub(r"^Attention kernels: triton backend, (CPU kernels \(compiled\)|torch reference .*)$",
                      "Attention kernels: triton backend, <CPU kernels or torch reference>", msg)

@@ -157,6 +157,8 @@ class ModelConfig:
         if model_type == "gemma4":
             text = dict(raw.get("text_config") or {})
             text.setdefault("model_type", "gemma4_text")
+            if not (text.get("dtype") or text.get("torch_dtype")):  # published configs may state it only at the top
+                text["dtype"] = raw.get("dtype") or raw.get("torch_dtype")
             base = _gemma4_text_fields(text)
             base["model_type"] = "gemma4"
         elif model_type == "gemma4_text":

@@ -22,11 +22,13 @@ import torch
 from impl.args.resolution import attention_backends_of
 from impl.attention.registry import create_attention_backend
 from impl.cache.kv_pool import ReqToTokenPool, TokenToKVPool
-from impl.cache.memory import KVBudget, kv_budget
+from impl.args.dtype import auto_dtype
+from impl.cache.memory import KVBudget, kv_budget, process_memory
 from impl.config.model_config import ModelConfig
 from impl.forward_batch import ForwardBatch, WorkCounters
 from impl.kernels.cpu_fused import transform as cpu_fused_transform
 from impl.model import yoco
+from impl.engine.memory_plan import check_memory, memory_info, memory_line
 from impl.model.loader import load_model, resolve_dtype
 from impl.model.outputs import LogitsOutput
 
@@ -45,16 +47,21 @@ class ModelRunner:
         self.device = device
         self.model_config = model_config
         name = {"half": "float16", "float": "float32"}.get(server_args.dtype, server_args.dtype)
-        self.dtype = _auto_dtype(model_config, device) if name == "auto" else resolve_dtype(name, model_config)
-        self.model = load_model(model_config.model_path, self.dtype, device, config=model_config)
-        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        self.cpu_kernels = install_cpu_kernels(self.model, device)
-        if self.cpu_kernels is not None:  # prepacked copies replace their parameters; count what they add
-            weight_bytes += self.cpu_kernels.extra_bytes
+        if name == "auto":  # check_server_args resolves it (impl/args/dtype.py); an unchecked caller gets the same rule
+            name = auto_dtype(model_config.torch_dtype, device.type == "cuda")
+        self.dtype = resolve_dtype(name, model_config)
         # --kv-cache-dtype auto stores K/V in the model dtype; bf16 / bfloat16 in bfloat16
         # (other dtypes are refused at startup by impl.args.unsupported).
         kv_dtype = torch.bfloat16 if server_args.kv_cache_dtype in ("bf16", "bfloat16") else self.dtype
         probe = TokenToKVPool(model_config, 2, kv_dtype, "meta")
+        # refused here, before any weight is read, when it cannot fit (impl/engine/memory_plan.py)
+        self.weight_plan = check_memory(server_args, model_config, self.dtype, probe.bytes_per_token, device)
+        self.model = load_model(model_config.model_path, self.dtype, device, config=model_config, plan=self.weight_plan)
+        self.cpu_kernels = install_cpu_kernels(self.model, device)
+        self.load_peak_rss = process_memory()[1]
+        # prepacked copies replace their parameters; count what they add
+        self.packed_bytes = 0 if self.cpu_kernels is None else self.cpu_kernels.extra_bytes
+        weight_bytes = self.weight_plan.resident_bytes + self.packed_bytes
         self.budget: KVBudget = kv_budget(
             probe.bytes_per_token, device, weight_bytes, server_args.max_total_tokens, server_args.mem_fraction_static
         )
@@ -104,10 +111,18 @@ class ModelRunner:
             f"KV pool: {self.token_to_kv_pool.bytes_per_token} bytes per token, "
             f"{self.token_to_kv_pool.num_kv_layers} of {mc.num_hidden_layers} layers hold KV, "
             f"{self.budget.num_tokens} tokens ({self.budget.reason})",
+            memory_line(self.weight_plan, self.packed_bytes, self.kv_pool_bytes, self.load_peak_rss),
             f"Attention backends: prefill {self.backend_names[0]}, decode {self.backend_names[1]}",
             f"Scheduler limits: max_running_requests={self.limits.max_running_requests}, "
             f"max request length {self.limits.max_req_len} tokens",
         ] + ([f"CPU kernels: {self._cpu_kernels()}"] if self.device.type == "cpu" else [])
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        return self.token_to_kv_pool.bytes_per_token * self.budget.capacity
+
+    def memory_info(self) -> dict:
+        return memory_info(self.weight_plan, self.packed_bytes, self.kv_pool_bytes, self.load_peak_rss)
 
     def cpu_linear(self) -> dict[str, str] | None:
         """Which library multiplies the fused layers' weights (``impl/kernels/cpu_fused/linear.py``), or
@@ -124,10 +139,3 @@ def install_cpu_kernels(model, device: torch.device) -> "cpu_fused_transform.Cpu
     """The compiled CPU fast paths on ``model`` when it lives on the CPU (the target model and the
     speculative assistant); None elsewhere."""
     return cpu_fused_transform.apply(model) if device.type == "cpu" else None
-
-
-def _auto_dtype(model_config: ModelConfig, device: torch.device) -> torch.dtype:
-    """``--dtype auto``: the checkpoint's dtype on CUDA; float32 on CPU (bf16 matmuls are slow there)."""
-    if device.type == "cuda":
-        return resolve_dtype("auto", model_config)
-    return torch.float32

@@ -28,6 +28,23 @@ from impl.model import rope as rope_mod
 from impl.forward_batch import ForwardBatch
 
 
+# vocabulary rows per block when the LM head weight is narrower than the hidden states (below)
+LM_HEAD_BLOCK_ROWS = 16384
+
+
+def lm_head_matmul(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``h @ w.T`` as float32 [R, vocab]. A weight narrower than ``h`` (the bf16 tied table under --dtype
+    float32) is widened one block of vocabulary rows at a time, so no widened copy of the table exists
+    (E2B: 1.6 GB in float32) and each row's logits equal those of the widened weight."""
+    if w.dtype == h.dtype:
+        return F.linear(h, w).float()
+    out = torch.empty(h.shape[0], w.shape[0], dtype=torch.float32, device=h.device)
+    for first in range(0, w.shape[0], LM_HEAD_BLOCK_ROWS):
+        blk = w[first : first + LM_HEAD_BLOCK_ROWS].to(h.dtype)
+        out[:, first : first + blk.shape[0]] = F.linear(h, blk)
+    return out
+
+
 def build_attention_layers(config: ModelConfig) -> list[AttentionLayer]:
     """One AttentionLayer per decoder layer; a KV-shared layer reads its producer's K/V."""
     producers = config.kv_producer
@@ -81,9 +98,11 @@ class Gemma4ForCausalLM(nn.Module):
 
     # ---- pieces -------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        w = self.embed_tokens.weight
-        # The scale is rounded to the weight dtype first, as the reference does (sqrt(1536) in bf16 != in fp32).
-        return self.embed_tokens(input_ids) * torch.tensor(math.sqrt(self.config.hidden_size), dtype=w.dtype)
+        # The table may be narrower than the model dtype (a bf16 table under --dtype float32, see
+        # loader.WeightPlan): the gathered rows are widened exactly, then scaled in the model dtype. The
+        # scale is rounded to that dtype first, as the reference does (sqrt(1536) in bf16 != in fp32).
+        rows = self.embed_tokens(input_ids).to(self.dtype)
+        return rows * torch.tensor(math.sqrt(self.config.hidden_size), dtype=self.dtype)
 
     def per_layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor | None:
         if not self.ple_dim:
@@ -106,15 +125,17 @@ class Gemma4ForCausalLM(nn.Module):
         return self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
 
     def project_to_vocab(self, h: torch.Tensor) -> torch.Tensor:
-        """The LM head's matmul: h [R, hidden] -> [R, vocab] (the CPU transform installs a faster one)."""
-        return F.linear(h, self.lm_head_weight())
+        """The LM head's matmul: h [R, hidden] -> [R, vocab] (the CPU transform installs a faster one;
+        ``lm_head_matmul`` widens a table narrower than ``h``)."""
+        return lm_head_matmul(h, self.lm_head_weight())
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """h [R, hidden] (normed) -> [R, vocab] float32, final softcap applied."""
+        """h [R, hidden] (normed) -> [R, vocab] float32, final softcap applied. Only the rows that need
+        logits reach here (``fb.logits_indices``; fast prefill keeps only those)."""
         logits = self.project_to_vocab(h).float()
         cap = self.config.final_logit_softcapping
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
+        if cap:  # in place: [R, 262144] float32 is 1 MB a row; the values equal tanh(x / cap) * cap
+            logits.div_(cap).tanh_().mul_(cap)
         return logits
 
     def _run_layers(self, layers, h, positions, ple, fb: ForwardBatch, rope=None) -> torch.Tensor:

@@ -1,7 +1,9 @@
 """Load a Gemma-4 HF checkpoint folder into our model.
 
 Reads ``config.json`` through ModelConfig, then one ``model.safetensors`` or
-the shards named by ``model.safetensors.index.json``. Text weights are named
+the shards named by ``model.safetensors.index.json``, tensor by tensor straight into the parameters
+(``safetensors_io``); ``WeightPlan`` says beforehand which dtype each weight gets and which tables are
+memory-mapped, so the engine can refuse a model that does not fit before reading it. Text weights are named
 ``model.*`` (gemma4_text) or ``model.language_model.*`` (multimodal gemma4);
 vision/audio weights are skipped. Not stored and not expected: ``lm_head``
 (tied), k/v projections and k_norm of KV-shared layers (ignored if present),
@@ -14,11 +16,14 @@ import json
 import logging
 import os
 import re
+from dataclasses import dataclass
+from typing import Mapping
 
 import torch
-from safetensors import safe_open
+from torch import nn
 
 from impl.config.model_config import ModelConfig
+from impl.model.safetensors_io import TensorEntry, map_tensor, mappable, read_index, read_into
 
 logger = logging.getLogger("impl.model")
 
@@ -66,67 +71,171 @@ def text_name(name: str, is_multimodal: bool) -> str | None:
     return name[len("model.") :] if name.startswith("model.") else name
 
 
-def iter_checkpoint(model_path: str):
-    """Yields (name, tensor) over all shards."""
-    for path in checkpoint_files(model_path):
-        with safe_open(path, framework="pt") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)
+# Tables read only by row gathers (and the tied LM head) that a wider --dtype never widens; the ones in
+# MAPPED_TABLES are served zero-copy from the checkpoint file on CPU (see WeightPlan).
+EMBEDDING_TABLES = ("embed_tokens.weight", "embed_tokens_per_layer.weight")
+MAPPED_TABLES = ("embed_tokens_per_layer.weight",)
+MMAP_ENV = "IMPL_MMAP_EMBEDDINGS"  # "0": load the mapped tables into memory instead
 
 
-def load_model(model_path: str, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu", config: ModelConfig | None = None):
-    """Build the model for ``model_path`` and load its weights. The model runs the model files' own
-    forwards; on CPU the engine then applies ``impl/kernels/cpu_fused/transform.py`` (``ModelRunner``)."""
-    config = config or ModelConfig.from_pretrained(model_path)
-    torch_dtype = resolve_dtype(dtype, config)
+@dataclass(frozen=True)
+class WeightPlan:
+    """Where every weight of a checkpoint goes, known before anything is read (so a model that does not
+    fit is refused first).
+
+    Every parameter gets the model dtype, except the embedding tables (``EMBEDDING_TABLES``): a table
+    keeps the checkpoint's dtype when --dtype is wider (float32 over a bf16 checkpoint: 2.75 B of E2B's
+    4.63 B parameters would double for nothing, they are only gathered and, tied, read by the LM head
+    that ``compute_logits`` runs in the model dtype) and follows a narrower --dtype like every weight.
+    On CPU the per-layer-embedding table (``MAPPED_TABLES``; E2B: 262144 x 8960, 4.7 GB in bf16) is not
+    loaded at all but memory-mapped from the safetensors file when its dtype matches: it is read only by
+    row gathers (a token touches 17.5 KB of it), so it costs page cache for the rows touched, which the
+    kernel can drop under pressure, instead of 4.7 GB of anonymous memory. ``embed_tokens`` stays in
+    memory: as the LM head it is read whole at every step (``IMPL_MMAP_EMBEDDINGS=0`` loads both)."""
+
+    dtype: torch.dtype
+    entries: tuple[TensorEntry, ...]
+    param_dtypes: Mapping[str, torch.dtype]  # every parameter / buffer -> its dtype once loaded
+    mapped: Mapping[str, TensorEntry]  # parameters served from a memory map
+    resident_bytes: int  # memory the loaded weights take (anonymous)
+    mapped_bytes: int  # bytes memory-mapped from the checkpoint files (page cache)
+
+    def describe_tables(self) -> str:
+        parts = []
+        for name in EMBEDDING_TABLES:
+            if name in self.param_dtypes:
+                where = (f"memory-mapped from {os.path.basename(self.mapped[name].path)}" if name in self.mapped
+                         else "in memory")
+                parts.append(f"{name.split('.')[0]} {_dtype_name(self.param_dtypes[name])} {where}")
+        return ", ".join(parts)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def model_class(config: ModelConfig):
     if config.is_assistant:
         from impl.model.assistant import Gemma4AssistantForCausalLM as cls
     elif config.is_gemma4:
         from impl.model.gemma4 import Gemma4ForCausalLM as cls
     else:
-        raise ValueError(f"{model_path!r} is a {config.model_type!r} model; this engine serves Gemma-4 (gemma4, gemma4_text).")
-    model = cls(config, dtype=torch_dtype, device="meta")
-    model.to_empty(device=device)
-    load_weights(model, iter_checkpoint(model_path), config)
+        raise ValueError(f"{config.model_path!r} is a {config.model_type!r} model; this engine serves Gemma-4 (gemma4, gemma4_text).")
+    return cls
+
+
+def plan_weights(model_path: str, config: ModelConfig, dtype: torch.dtype, device: str | torch.device = "cpu",
+                 model=None) -> WeightPlan:
+    """The WeightPlan of ``model_path`` loaded as ``dtype`` on ``device`` (reads only the file headers)."""
+    entries = read_index(checkpoint_files(model_path))
+    if model is None:
+        model = model_class(config)(config, dtype=dtype, device="meta")
+    tables = EMBEDDING_TABLES if config.is_gemma4 else ()
+    by_param = {text_name(e.name, config.model_type == "gemma4"): e for e in entries}
+    mmap_on = torch.device(device).type == "cpu" and os.environ.get(MMAP_ENV, "1") != "0"
+    dtypes: dict[str, torch.dtype] = {}
+    mapped: dict[str, TensorEntry] = {}
+    resident = mapped_bytes = 0
+    for name, t in _tensors(model):
+        final = t.dtype
+        entry = by_param.get(name)
+        if name in tables and entry is not None and entry.dtype.is_floating_point:
+            wider = torch.empty((), dtype=final).element_size() > torch.empty((), dtype=entry.dtype).element_size()
+            final = entry.dtype if wider else final
+            if mmap_on and name in MAPPED_TABLES and final == entry.dtype and mappable(entry):
+                mapped[name] = entry
+        dtypes[name] = final
+        nbytes = t.numel() * torch.empty((), dtype=final).element_size()
+        if name in mapped:
+            mapped_bytes += nbytes
+        else:
+            resident += nbytes
+    return WeightPlan(dtype, tuple(entries), dtypes, mapped, resident, mapped_bytes)
+
+
+def _tensors(model):
+    yield from model.named_parameters()
+    yield from model.named_buffers()
+
+
+def materialize(model, plan: WeightPlan, device: str | torch.device) -> None:
+    """Give every meta parameter / buffer its (uninitialised) storage in its planned dtype; mapped tables
+    get none (``load_weights`` installs their maps)."""
+    for mod_name, mod in model.named_modules():
+        prefix = f"{mod_name}." if mod_name else ""
+        for pname, p in list(mod._parameters.items()):
+            if p is None or f"{prefix}{pname}" in plan.mapped:
+                continue
+            mod._parameters[pname] = nn.Parameter(
+                torch.empty(p.shape, dtype=plan.param_dtypes[f"{prefix}{pname}"], device=device), requires_grad=False)
+        for bname, b in list(mod._buffers.items()):
+            if b is not None:
+                mod._buffers[bname] = torch.empty(b.shape, dtype=plan.param_dtypes[f"{prefix}{bname}"], device=device)
+
+
+def load_model(model_path: str, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu", config: ModelConfig | None = None,
+               plan: WeightPlan | None = None):
+    """Build the model for ``model_path`` and load its weights, tensor by tensor straight into their
+    parameters (``safetensors_io``: no second copy), placed as ``plan`` (``plan_weights``) says. The model
+    runs the model files' own forwards; on CPU the engine then applies
+    ``impl/kernels/cpu_fused/transform.py`` (``ModelRunner``)."""
+    config = config or ModelConfig.from_pretrained(model_path)
+    torch_dtype = resolve_dtype(dtype, config)
+    model = model_class(config)(config, dtype=torch_dtype, device="meta")
+    plan = plan or plan_weights(model_path, config, torch_dtype, device, model=model)
+    materialize(model, plan, device)
+    load_weights(model, plan, config)
+    model.weight_plan = plan
     logger.info(
         "loaded %s (%s, %d layers, %d KV-shared) from %s as %s on %s",
         type(model).__name__, config.model_type, config.num_hidden_layers, config.num_kv_shared_layers,
-        model_path, str(torch_dtype).replace("torch.", ""), device,
+        model_path, _dtype_name(torch_dtype), device,
     )
+    if plan.describe_tables():
+        logger.info("embedding tables: %s", plan.describe_tables())
     return model.eval()
 
 
-def load_weights(model, weights, config: ModelConfig) -> None:
-    """Copy checkpoint tensors into ``model``'s parameters; every parameter must be filled exactly once."""
-    params = dict(model.named_parameters())
-    params.update(dict(model.named_buffers()))
-    expected = set(params)
+def load_weights(model, plan: WeightPlan, config: ModelConfig) -> None:
+    """Read the checkpoint's tensors into ``model``'s parameters (or install their memory maps); every
+    parameter must be filled exactly once."""
+    owners = {}
+    for mod_name, mod in model.named_modules():
+        prefix = f"{mod_name}." if mod_name else ""
+        for pname in list(mod._parameters) + list(mod._buffers):
+            owners[f"{prefix}{pname}"] = (mod, pname)
+    expected = set(plan.param_dtypes)
     loaded: set[str] = set()
     skipped = 0
     multimodal = config.model_type == "gemma4"
-    for ckpt_name, tensor in weights:
-        name = text_name(ckpt_name, multimodal)
+    for entry in plan.entries:
+        name = text_name(entry.name, multimodal)
         if name is None:
             skipped += 1
             continue
-        if name not in params:
+        if name not in owners or name not in expected:
             if _ignorable(name, config):
                 continue
             raise ValueError(
-                f"checkpoint tensor {ckpt_name!r} (shape {tuple(tensor.shape)}) has no place in the model; "
+                f"checkpoint tensor {entry.name!r} (shape {entry.shape}) has no place in the model; "
                 "the checkpoint does not match config.json."
             )
-        p = params[name]
-        if tuple(p.shape) != tuple(tensor.shape):
+        mod, attr = owners[name]
+        current = getattr(mod, attr)
+        if tuple(current.shape) != entry.shape:
             raise ValueError(
-                f"checkpoint tensor {ckpt_name!r} has shape {tuple(tensor.shape)}, expected {tuple(p.shape)} from config.json."
+                f"checkpoint tensor {entry.name!r} has shape {entry.shape}, expected {tuple(current.shape)} from config.json."
             )
-        with torch.no_grad():
-            p.copy_(tensor.to(p.dtype))
+        if name in loaded:
+            raise ValueError(f"checkpoint tensor {entry.name!r} fills {name!r}, which another tensor already filled")
+        if name in plan.mapped:
+            mod._parameters[attr] = nn.Parameter(map_tensor(entry), requires_grad=False)
+        else:
+            read_into(entry, current.data)
         loaded.add(name)
     missing = sorted(expected - loaded)
     if missing:
-        shapes = ", ".join(f"{n} (expected shape {tuple(params[n].shape)})" for n in missing[:5])
+        shapes = ", ".join(f"{n} (expected shape {tuple(getattr(*owners[n]).shape)})" for n in missing[:5])
         raise ValueError(f"checkpoint is missing {len(missing)} tensor(s): {shapes}" + (" ..." if len(missing) > 5 else ""))
     if skipped:
         logger.info("skipped %d non-text (vision/audio) tensors", skipped)

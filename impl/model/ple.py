@@ -27,7 +27,8 @@ def per_layer_inputs(
     num_layers: int,
 ) -> torch.Tensor:  # [T, L, P]
     p = table.weight.shape[1] // num_layers
-    tok = table(input_ids) * torch.tensor(math.sqrt(p), dtype=table.weight.dtype)
+    # a table narrower than the model dtype (loader.WeightPlan) is widened row by row, then scaled
+    tok = table(input_ids).to(embeds.dtype) * torch.tensor(math.sqrt(p), dtype=embeds.dtype)
     tok = tok.view(-1, num_layers, p)
     proj = projection(embeds) * (embeds.shape[-1] ** -0.5)
     proj = norm(proj.view(-1, num_layers, p))

@@ -1,0 +1,132 @@
+"""Loading within memory (issue 22): embedding tables kept in the checkpoint's dtype or memory-mapped,
+tensors read straight into their parameters, and the safetensors reader's integrity checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+from harness import Session
+from model_helpers import prompt
+from safetensors.torch import load_file, save_file
+
+from impl.model import safetensors_io
+from impl.model.loader import MMAP_ENV, load_model
+from impl.testing.checkpoints import tiny_checkpoint
+
+
+def bf16_copy(tmp_path_factory, name: str = "e2b") -> str:
+    """Checkpoint ``name`` stored in bfloat16 (config.json says so), as published checkpoints are."""
+    src = tiny_checkpoint(name)
+    dst = str(tmp_path_factory.mktemp("bf16") / name)
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors", "config.json"))
+    tensors = {k: v.to(torch.bfloat16) for k, v in load_file(os.path.join(src, "model.safetensors")).items()}
+    save_file(tensors, os.path.join(dst, "model.safetensors"))
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    cfg["dtype"] = "bfloat16"
+    json.dump(cfg, open(os.path.join(dst, "config.json"), "w"))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def bf16_ckpt(tmp_path_factory) -> str:
+    return bf16_copy(tmp_path_factory)
+
+
+def _logits(model, toks):
+    return Session(model).step([("a", toks)], all_logits=True).logits
+
+
+def test_float32_over_bf16_keeps_both_tables_bf16_and_maps_the_ple_table(bf16_ckpt, monkeypatch):
+    from transformers import Gemma4ForCausalLM
+
+    from impl.model import loader
+
+    model = load_model(bf16_ckpt, dtype="float32")
+    assert model.embed_tokens.weight.dtype == model.embed_tokens_per_layer.weight.dtype == torch.bfloat16
+    others = {n: p.dtype for n, p in model.named_parameters() if "embed_tokens" not in n}
+    assert set(others.values()) == {torch.float32}
+    plan = model.weight_plan
+    assert set(plan.mapped) == {"embed_tokens_per_layer.weight"}
+    table = model.embed_tokens_per_layer.weight
+    assert plan.mapped_bytes == table.numel() * 2
+    assert plan.resident_bytes == sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+                                      if n != "embed_tokens_per_layer.weight")
+    toks = prompt(20, 3)
+    got = _logits(model, toks)
+    # exactly the logits of the same model with both tables widened to float32 (the former behaviour)
+    monkeypatch.setattr(loader, "EMBEDDING_TABLES", ())
+    widened = load_model(bf16_ckpt, dtype="float32")
+    assert widened.embed_tokens.weight.dtype == torch.float32 and not widened.weight_plan.mapped
+    assert torch.equal(got, _logits(widened, toks))
+    # and within 10x transformers' own float32 error of its float64 logits on these weights
+    with torch.no_grad():
+        ref = {dt: Gemma4ForCausalLM.from_pretrained(bf16_ckpt, dtype=dt).eval()(torch.tensor([toks])).logits[0].double()
+               for dt in (torch.float32, torch.float64)}
+    hf_err = (ref[torch.float32] - ref[torch.float64]).abs().max().item()
+    assert (got.double() - ref[torch.float64]).abs().max().item() <= 10 * hf_err
+
+
+def test_mapping_off_loads_the_same_values_into_memory(bf16_ckpt, monkeypatch):
+    toks = prompt(20, 3)
+    mapped = _logits(load_model(bf16_ckpt, dtype="float32"), toks)
+    monkeypatch.setenv(MMAP_ENV, "0")
+    model = load_model(bf16_ckpt, dtype="float32")
+    assert not model.weight_plan.mapped and model.embed_tokens_per_layer.weight.dtype == torch.bfloat16
+    assert torch.equal(_logits(model, toks), mapped)
+
+
+def test_bf16_load_reads_every_tensor_exactly(bf16_ckpt):
+    model = load_model(bf16_ckpt, dtype="bfloat16")
+    want = load_file(os.path.join(bf16_ckpt, "model.safetensors"))
+    assert torch.equal(model.embed_tokens_per_layer.weight, want["model.embed_tokens_per_layer.weight"])
+    assert torch.equal(model.layers[3].mlp.down_proj.weight, want["model.layers.3.mlp.down_proj.weight"])
+    assert torch.equal(model.layers[0].layer_scalar, want["model.layers.0.layer_scalar"])
+
+
+def test_converting_reads_go_through_small_blocks(monkeypatch, tmp_path):
+    t = {"a": torch.randn(37, 11), "b": torch.randn(5).to(torch.bfloat16), "c": torch.arange(6, dtype=torch.int64)}
+    path = str(tmp_path / "x.safetensors")
+    save_file(t, path)
+    monkeypatch.setattr(safetensors_io, "BLOCK_BYTES", 24)
+    entries = {e.name: e for e in safetensors_io.read_header(path)}
+    out = torch.empty(37, 11, dtype=torch.bfloat16)
+    safetensors_io.read_into(entries["a"], out)
+    assert torch.equal(out, t["a"].to(torch.bfloat16))
+    wide = torch.empty(5, dtype=torch.float32)
+    safetensors_io.read_into(entries["b"], wide)
+    assert torch.equal(wide, t["b"].float())
+    same = torch.empty(6, dtype=torch.int64)
+    safetensors_io.read_into(entries["c"], same)
+    assert torch.equal(same, t["c"])
+    assert torch.equal(safetensors_io.map_tensor(entries["a"]), t["a"])
+
+
+def test_corrupt_safetensors_files_are_named(tmp_path):
+    path = str(tmp_path / "x.safetensors")
+    save_file({"w": torch.randn(64, 64)}, path)
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) - 100])  # truncated
+    with pytest.raises(ValueError, match=r"x\.safetensors: tensor 'w'.*truncated or corrupt"):
+        safetensors_io.read_header(path)
+    open(path, "wb").write(b"\xff" * 8 + data[8:])
+    with pytest.raises(ValueError, match="header length"):
+        safetensors_io.read_header(path)
+
+
+def test_streamed_multimodal_checkpoint_loads_its_text_model_like_transformers():
+    """e2b-mm: the streamed writer's multimodal layout (sharded index, towers skipped, text under
+    model.language_model.*) gives transformers' Gemma4ForConditionalGeneration logits."""
+    from transformers import Gemma4ForConditionalGeneration
+
+    path = tiny_checkpoint("e2b-mm")
+    model = load_model(path, dtype="float32")
+    toks = prompt(20, 3)
+    with torch.no_grad():
+        ref = {dt: Gemma4ForConditionalGeneration.from_pretrained(path, dtype=dt).eval()(torch.tensor([toks])).logits[0].double()
+               for dt in (torch.float32, torch.float64)}
+    hf_err = (ref[torch.float32] - ref[torch.float64]).abs().max().item()
+    assert (_logits(model, toks).double() - ref[torch.float64]).abs().max().item() <= max(10 * hf_err, 1e-4)
