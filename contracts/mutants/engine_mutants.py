@@ -110,13 +110,13 @@ class SamplerIgnoresSeed(PatchedSubject):
     """Sampling draws from a fresh random generator instead of the request's seeded one."""
 
     def patches(self):
-        orig = _orig("impl.sampling.sampler", "_draw")
+        orig = _orig("impl.sampling.sampler", "_draw_row")
 
-        def draw(scaled, rows):
-            fresh = [dataclasses.replace(r, generator=torch.Generator().manual_seed(random.randrange(2**31))) for r in rows]
-            return orig(scaled, fresh)
+        def draw(scaled, probs, row):
+            fresh = dataclasses.replace(row, generator=torch.Generator().manual_seed(random.randrange(2**31)))
+            return orig(scaled, probs, fresh)
 
-        return {"impl.sampling.sampler:_draw": draw}
+        return {"impl.sampling.sampler:_draw_row": draw}
 
 
 @mutant("ENGINE-KV-FREED")

@@ -65,6 +65,30 @@ class SchedulerConfig:
         return self.chunked_prefill_size if self.chunked_prefill_size > 0 else self.max_prefill_tokens
 
 
+@dataclass
+class DecodeStepTimes:
+    """Wall time of pure decode steps, split into the model forward and everything else on the
+    scheduler thread (scheduling, batch building, sampling over the vocabulary, stop checks): what the
+    large-vocabulary work costs per step (``/get_server_info`` ``decode_step_times``)."""
+
+    steps: int = 0
+    rows: int = 0
+    total_s: float = 0.0
+    forward_s: float = 0.0
+
+    def add(self, rows: int, total_s: float, forward_s: float) -> None:
+        self.steps += 1
+        self.rows += rows
+        self.total_s += total_s
+        self.forward_s += forward_s
+
+    def as_dict(self) -> dict[str, float]:
+        n = max(self.steps, 1)
+        return {"steps": self.steps, "rows": self.rows, "total_s": self.total_s, "forward_s": self.forward_s,
+                "outside_model_ms_per_step": 1e3 * (self.total_s - self.forward_s) / n,
+                "forward_ms_per_step": 1e3 * self.forward_s / n}
+
+
 class Scheduler(FaultIsolation):
     def __init__(
         self,
@@ -84,6 +108,7 @@ class Scheduler(FaultIsolation):
         self.new_token_ratio = config.init_new_token_ratio
         self.num_retractions = 0
         self.num_forwards = 0
+        self.decode_times = DecodeStepTimes()
         self._idle_checked = False
         self.unhealthy: str | None = None  # set once by a failed integrity check (fault_isolation.py)
 
@@ -108,6 +133,7 @@ class Scheduler(FaultIsolation):
 
     def step(self) -> bool:
         """Run at most one forward. Returns False when there was nothing to do."""
+        t_start = time.perf_counter()
         self._drain_inbox()
         if self.unhealthy is not None:
             return False
@@ -129,7 +155,9 @@ class Scheduler(FaultIsolation):
             cached_tokens=self._cached_this_step,
         )
         try:
+            t_fwd = time.perf_counter()
             out = self.runner.forward(fb)
+            t_fwd = time.perf_counter() - t_fwd
         except Exception as e:  # noqa: BLE001 - fail this batch only (fault_isolation.py)
             self.fail_batch([it.req for it in batch.items], e)
             return True
@@ -137,6 +165,8 @@ class Scheduler(FaultIsolation):
         if self.spec is not None:
             self.spec.after_forward(batch, out.hidden_states)
         self._process(batch, out.logits)
+        if all(it.is_decode_step for it in batch.items):
+            self.decode_times.add(len(batch.items), time.perf_counter() - t_start, t_fwd)
         return True
 
     def check_integrity(self) -> None:

@@ -24,10 +24,13 @@ def apply_penalties(
     eos_ids: Sequence[int],
 ) -> None:
     vocab = logits.shape[-1]
+    # every penalty touches only the tokens it names (no vocabulary-sized count table)
     if output_ids and (params.frequency_penalty != 0.0 or params.presence_penalty != 0.0):
-        counts = torch.bincount(torch.tensor(output_ids, dtype=torch.int64), minlength=vocab)[:vocab]
-        counts = counts.to(device=logits.device, dtype=logits.dtype)
-        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(logits.dtype)
+        ids, counts = torch.unique(torch.tensor(output_ids, dtype=torch.int64), return_counts=True)
+        keep = ids < vocab
+        ids = ids[keep].to(logits.device)
+        counts = counts[keep].to(device=logits.device, dtype=logits.dtype)
+        logits[ids] -= params.frequency_penalty * counts + params.presence_penalty
     if params.repetition_penalty != 1.0:
         seen = torch.tensor(sorted(set(prompt_ids) | set(output_ids)), dtype=torch.int64, device=logits.device)
         seen = seen[seen < vocab]
