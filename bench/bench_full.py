@@ -95,8 +95,14 @@ def measure_limits(hidden: int = 1536, inter: int = 6144, q_out: int = 2048 + 51
         dst.copy_(buf)
         best = min(best, time.perf_counter() - t)
     copy_bw = 2 * buf.numel() * 4 / best
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - t)
+    read_bw = buf.numel() * 4 / best
     return {"cpu": cpu_description(), "threads": THREADS, "gemm_f32_flops": rate(torch.float32),
-            "gemm_bf16_flops": rate(torch.bfloat16), "copy_bytes_per_s": copy_bw}
+            "gemm_bf16_flops": rate(torch.bfloat16), "copy_bytes_per_s": copy_bw, "read_bytes_per_s": read_bw}
 
 
 # ------------------------------------------------------------------ model arithmetic
@@ -404,7 +410,8 @@ def report(args) -> str:
              f"server at a time. CPU: {lim['cpu']}.", "",
              f"Machine limits, measured in the same run ({THREADS} threads): float32 GEMM "
              f"{f32 / 1e9:.0f} GFLOP/s and bf16 GEMM {lim['gemm_bf16_flops'] / 1e9:.0f} GFLOP/s at the E2B layer shapes "
-             f"(1024 rows), memory copy {bw / 1e9:.1f} GB/s (1 GiB, read + write). Bounds: prefill "
+             f"(1024 rows), memory copy {bw / 1e9:.1f} GB/s (1 GiB, read + write; a read-only sum: "
+             f"{lim.get('read_bytes_per_s', 0) / 1e9:.1f} GB/s). Bounds: prefill "
              f"{costs[1024]['flops_per_token_on'] / 1e9:.2f} GFLOP per prompt token with the flag, "
              f"{costs[1024]['flops_per_token_off'] / 1e9:.2f} without (1024-token prompt, attention included) over the "
              f"float32 GEMM rate; decode {costs[512]['decode_weight_bytes'] / 1e9:.2f} GB of weights per batch-1 step over "
@@ -424,8 +431,11 @@ def report(args) -> str:
             f"{r['pp512']['tok_s']:.1f} | {r['pp1024']['tok_s']:.1f} ({r['pp1024']['tok_s'] / pp_bound(1024, on):.0%}) | "
             f"{r['tg128']['tok_s']:.2f} ({r['tg128']['tok_s'] / tg_bound:.0%}) |")
     lines.append("")
-    lines.append(f"Bounds: pp1024 {pp_bound(1024, False):.0f} tok/s flag off, {pp_bound(1024, True):.0f} tok/s flag on; "
-                 f"tg128 {tg_bound:.2f} tok/s.")
+    read_bound = lim.get("read_bytes_per_s", 0) / costs[512]["decode_weight_bytes"]
+    lines.append(f"Bounds: pp1024 {pp_bound(1024, False):.0f} tok/s flag off, {pp_bound(1024, True):.0f} tok/s flag on "
+                 f"(float32 GEMM rate; at the bf16 GEMM rate {pp_bound(1024, False) * lim['gemm_bf16_flops'] / f32:.0f} and "
+                 f"{pp_bound(1024, True) * lim['gemm_bf16_flops'] / f32:.0f}); tg128 {tg_bound:.2f} tok/s at the copy "
+                 f"bandwidth ({read_bound:.2f} at the read bandwidth).")
     notes = []
     o_off, o_on, v_off, v_on = runs["ours-off"], runs["ours-on"], runs["vllm-off"], runs["vllm-on"]
     if o_off and o_on:
