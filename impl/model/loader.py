@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from impl.config.model_config import ModelConfig
-from impl.model.safetensors_io import TensorEntry, map_tensor, mappable, read_index, read_into
+from impl.model.safetensors_io import TensorEntry, map_tensor, mappable, read_ahead, read_index, read_into
 
 logger = logging.getLogger("impl.model")
 
@@ -104,8 +104,8 @@ class WeightPlan:
         parts = []
         for name in EMBEDDING_TABLES:
             if name in self.param_dtypes:
-                where = (f"memory-mapped from {os.path.basename(self.mapped[name].path)}" if name in self.mapped
-                         else "in memory")
+                where = (f"memory-mapped from {os.path.basename(self.mapped[name].path)} (read ahead into the "
+                         "page cache in the background)" if name in self.mapped else "in memory")
                 parts.append(f"{name.split('.')[0]} {_dtype_name(self.param_dtypes[name])} {where}")
         return ", ".join(parts)
 
@@ -230,6 +230,7 @@ def load_weights(model, plan: WeightPlan, config: ModelConfig) -> None:
             raise ValueError(f"checkpoint tensor {entry.name!r} fills {name!r}, which another tensor already filled")
         if name in plan.mapped:
             mod._parameters[attr] = nn.Parameter(map_tensor(entry), requires_grad=False)
+            read_ahead(entry)  # into the page cache in the background: no disk read per cold row later
         else:
             read_into(entry, current.data)
         loaded.add(name)

@@ -12,6 +12,10 @@ file format itself (an 8-byte little-endian header length, a JSON header of ``dt
 * ``map_tensor(entry)``: a zero-copy tensor over a private (copy-on-write) memory map of the file's
   bytes. Its pages are page cache, read from disk on first touch and reclaimable by the kernel, not
   anonymous memory: a table read only by row gathers costs only the rows that were touched.
+* ``read_ahead(entry)``: asks the kernel, from a background thread, to read a mapped entry's bytes into
+  the page cache (``POSIX_FADV_WILLNEED``: one sequential read instead of a synchronous disk read per
+  page on first touch; on a slow disk, 40-55 MB/s on the shared machines, cold PLE rows made a decode
+  step of Gemma-4 E2B take 2 s instead of 0.3 s). The pages stay reclaimable page cache.
 
 ``read_index(paths)`` checks each header (integrity: offsets inside the file, byte counts equal to
 shape x element size, no overlaps) before anything is read.
@@ -23,6 +27,7 @@ import json
 import mmap
 import os
 import struct
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -165,3 +170,28 @@ def map_tensor(entry: TensorEntry, random_access: bool = True) -> torch.Tensor:
         warnings.simplefilter("ignore")  # frombuffer's note about buffers it does not own
         t = torch.frombuffer(mm, dtype=entry.dtype, count=entry.numel, offset=entry.start - first)
     return t.view(entry.shape)
+
+
+def read_ahead(entry: TensorEntry) -> threading.Thread | None:
+    """Start reading ``entry``'s bytes into the page cache in the background (a daemon thread; the call
+    returns at once and the mapped tensor stays usable meanwhile); None where the platform has no
+    ``posix_fadvise``. A hint: a failure changes no result, only when the pages arrive."""
+    if not hasattr(os, "posix_fadvise"):
+        return None
+
+    def run() -> None:
+        try:
+            fd = os.open(entry.path, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.posix_fadvise(fd, entry.start, entry.nbytes, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    t = threading.Thread(target=run, name=f"read-ahead {os.path.basename(entry.path)}", daemon=True)
+    t.start()
+    return t
+

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 
 import pytest
 import torch
@@ -103,6 +104,49 @@ def test_converting_reads_go_through_small_blocks(monkeypatch, tmp_path):
     safetensors_io.read_into(entries["c"], same)
     assert torch.equal(same, t["c"])
     assert torch.equal(safetensors_io.map_tensor(entries["a"]), t["a"])
+
+
+def _resident_pages(path: str) -> tuple[int, int]:
+    """(pages of ``path`` in the page cache, pages in all), by mincore(2) over a read-only map."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    size = os.path.getsize(path)
+    page = mmap.PAGESIZE
+    n = (size + page - 1) // page
+    with open(path, "rb") as f:
+        addr = libc.mmap(None, ctypes.c_size_t(size), mmap.PROT_READ, mmap.MAP_SHARED, f.fileno(), ctypes.c_long(0))
+    vec = (ctypes.c_ubyte * n)()
+    assert libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) == 0, ctypes.get_errno()
+    libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
+    return sum(v & 1 for v in vec), n
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="posix_fadvise: Linux")
+def test_a_mapped_table_is_read_into_the_page_cache_in_the_background(tmp_path):
+    """The PLE table is memory-mapped; its pages are read ahead so that a cold row costs no disk read."""
+    path = str(tmp_path / "x.safetensors")
+    t = torch.randn(512, 1024)  # 2 MB
+    save_file({"t": t}, path)
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    (entry,) = safetensors_io.read_header(path)
+    resident, total = _resident_pages(path)
+    if resident > total // 2:
+        pytest.skip("the kernel kept the file's pages cached after POSIX_FADV_DONTNEED")
+    thread = safetensors_io.read_ahead(entry)
+    assert thread is not None
+    thread.join(30)  # the read is submitted; the pages arrive asynchronously
+    deadline = time.monotonic() + 30
+    while _resident_pages(path)[0] < entry.nbytes // 4096 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    resident, total = _resident_pages(path)
+    assert resident >= entry.nbytes // 4096, (resident, total)
+    assert torch.equal(safetensors_io.map_tensor(entry), t)
 
 
 def test_corrupt_safetensors_files_are_named(tmp_path):
