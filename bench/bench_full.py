@@ -249,9 +249,9 @@ class RssSampler:
 # ------------------------------------------------------------------ one server
 
 
-def our_server(model: str, flag: bool, port: int) -> Server:
+def our_server(model: str, flag: bool, port: int, extra: list[str] = ()) -> Server:
     argv = [os.path.join(ROOT, ".venv", "bin", "python"), "-m", "impl.launch_server", "--model-path", model,
-            "--host", "127.0.0.1", "--port", str(port)] + (["--kv-sharing-fast-prefill"] if flag else [])
+            "--host", "127.0.0.1", "--port", str(port)] + (["--kv-sharing-fast-prefill"] if flag else []) + list(extra)
     return Server(f"ours flag {'on' if flag else 'off'}", argv, {"OMP_NUM_THREADS": str(THREADS)}, port)
 
 
@@ -300,6 +300,8 @@ def run_server(srv: Server, vocab: int, args, log_dir: str) -> dict:
         out["concurrent"] = {"wall_s": wall, "tok_s": sum(len(r.ids) for r in res) / wall,
                              "ttft_median_s": statistics.median(r.t_first for r in res),
                              "ids": [r.ids for r in res], "first_top": [r.first_top for r in res]}
+        if args.concurrent_only:
+            return out
         # (b) pp512, pp1024 (fresh prompts each repetition), tg128
         for n in (512, 1024):
             reps = []
@@ -347,16 +349,17 @@ def phase_servers(who: str, args) -> None:
     for flag in [f.strip() == "on" for f in args.flags.split(",") if f.strip()]:
         limits = measure_limits()
         print(f"limits: {json.dumps({k: v for k, v in limits.items()})}", flush=True)
-        srv = our_server(path, flag, free_port()) if who == "ours" else vllm_server(exe, path, flag, free_port())
+        srv = (our_server(path, flag, free_port(), args.server_args.split()) if who == "ours"
+               else vllm_server(exe, path, flag, free_port()))
         res = run_server(srv, vocab, args, log_dir)
         res.update(limits=limits, model=path, flag=flag, system=who, finished=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-        name = os.path.join(args.out_dir, f"{who}-{'on' if flag else 'off'}.json")
+        name = os.path.join(args.out_dir, f"{who}-{'on' if flag else 'off'}{args.tag}.json")
         with open(name, "w") as f:
             json.dump(res, f, indent=1)
+        llama = "" if args.concurrent_only else (
+            f", pp512 {res['pp512']['tok_s']:.1f} pp1024 {res['pp1024']['tok_s']:.1f} tg128 {res['tg128']['tok_s']:.2f} tok/s")
         print(f"{srv.name}: load {res['load_s']:.0f} s, peak RSS {res['peak_rss_bytes'] / 1e9:.1f} GB, "
-              f"(a) {res['concurrent']['tok_s']:.2f} tok/s TTFT {res['concurrent']['ttft_median_s']:.1f} s, "
-              f"pp512 {res['pp512']['tok_s']:.1f} pp1024 {res['pp1024']['tok_s']:.1f} tg128 {res['tg128']['tok_s']:.2f} tok/s",
-              flush=True)
+              f"(a) {res['concurrent']['tok_s']:.2f} tok/s TTFT {res['concurrent']['ttft_median_s']:.1f} s{llama}", flush=True)
 
 
 def _load(out_dir: str, name: str) -> dict | None:
@@ -443,6 +446,15 @@ def report(args) -> str:
         notes.append(f"Greedy ids, ours flag on vs off, (a): {same}/{len(o_on['concurrent']['ids'])} requests identical "
                      f"(16 tokens each); TTFT of the 1024-token prompts flag on / off: "
                      f"{o_on['concurrent']['ttft_median_s'] / o_off['concurrent']['ttft_median_s']:.2f}.")
+    same_backend = _load(args.out_dir, "ours-off-triton")  # flag off on the flag's attention backend (triton)
+    if same_backend and o_on:
+        ids_a, ids_b = same_backend["concurrent"]["ids"], o_on["concurrent"]["ids"]
+        same = sum(a == b for a, b in zip(ids_a, ids_b))
+        gaps = [abs(x[0][1] - y[0][1]) for x, y in zip(same_backend["concurrent"]["first_top"], o_on["concurrent"]["first_top"])
+                if x and y and x[0][0] == y[0][0]]
+        notes.append(f"Greedy ids, ours flag on vs flag off with `--attention-backend triton` (the backend the flag "
+                     f"selects; the default flag-off backend is torch_native), (a): {same}/{len(ids_b)} requests identical; "
+                     f"first-token top-1 logprob differences up to {max(gaps, default=0):.2g}.")
     for mine, peer in ((o_off, v_off), (o_on, v_on)):
         if mine and peer:
             s, n, diffs = first_token_agreement(mine, peer)
@@ -511,6 +523,9 @@ def main(argv=None) -> int:
     ap.add_argument("--phase", choices=("limits", "ours", "vllm", "report"), required=True)
     ap.add_argument("--model", default="e2b-full", help="checkpoint name (impl.testing.checkpoints) or folder")
     ap.add_argument("--flags", default="off,on")
+    ap.add_argument("--server-args", default="", help="extra flags for our server (e.g. --attention-backend triton)")
+    ap.add_argument("--tag", default="", help="suffix of the result file (a run beside the table's, e.g. -triton)")
+    ap.add_argument("--concurrent-only", action="store_true", help="only (a): the 4 concurrent 1024-token prompts")
     ap.add_argument("--reps", type=int, default=2, help="repetitions of each llama-bench figure (best kept)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out-dir", default=os.path.join(ROOT, ".cache", "bench_full"))
