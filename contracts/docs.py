@@ -22,8 +22,12 @@ accept / reject expectations (`expect_accepted`, `expect_rejected`, `must_accept
 Any module of `contracts/mutants/` registers mutants with `@mutant(*contract_ids)`; the seed-004 ones
 that only disable a helper or change a value are rows of `kv_cache_mutants.TABLE`.
 
-| id | rule | rule ids | source | needs | mutants |
-|---|---|---|---|---|---|
+Origin: `seed 000` / `seed 004` are the seeds' rules; `project` this project's own (H*, E*, S*, ...); a seed
+followed by `+ project` marks a contract that also asks what this project chose beyond the seed (the notes say
+what). Conformance reports of other engines (`docs/conformance/`) keep the distinction.
+
+| id | rule | rule ids | origin | source | needs | mutants |
+|---|---|---|---|---|---|---|
 """
 
 
@@ -37,11 +41,12 @@ def render() -> str:
     for c in all_contracts():
         rule = c.rule.replace("|", "\\|")
         rows.append(
-            f"| `{c.id}` | {rule} | {', '.join(c.rules)} | {c.source.replace('|', '/')} | "
+            f"| `{c.id}` | {rule} | {', '.join(c.rules)} | {c.origin} | {c.source.replace('|', '/')} | "
             f"{', '.join(sorted(c.needs))} | {', '.join(sorted(killers.get(c.id, [])))} |"
         )
-        if c.note:
-            notes.append(f"- `{c.id}`: {c.note}")
+        if c.note or c.stricter:
+            stricter = f"Beyond the seed (this project's choice): {c.stricter}." if c.stricter else ""
+            notes.append(f"- `{c.id}`: " + " ".join(t for t in (c.note, stricter) if t))
     out = HEADER + "\n".join(rows) + "\n"
     if notes:
         out += "\n## Notes (including where SGLang 0.5.23 differs from the seed)\n\n" + "\n".join(notes) + "\n"

@@ -74,3 +74,39 @@ def prefill_flops(cfg: Mapping[str, Any], t: int, fast: bool) -> float:
 def flop_bound(cfg: Mapping[str, Any], t: int) -> float:
     """Prefill FLOPs with fast prefill off over on: the most a ``t``-token prefill can speed up."""
     return prefill_flops(cfg, t, fast=False) / prefill_flops(cfg, t, fast=True)
+
+
+def config_from_hf(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields ``prefill_flops`` reads, from a Gemma-4 checkpoint's ``config.json`` (text-only, or the text model
+    under ``text_config``): per-layer head dims and KV heads as HF derives them (``global_head_dim`` /
+    ``num_global_key_value_heads`` on full-attention layers, a ``per_layer_config`` block where transformers wrote one)."""
+    c = dict(raw.get("text_config") or raw) if raw.get("model_type") == "gemma4" else dict(raw)
+    if not str(c.get("model_type", "")).startswith("gemma4"):
+        raise ValueError(f"the FLOP model knows Gemma-4 text models; this config is {c.get('model_type')!r}")
+    n = int(c["num_hidden_layers"])
+    types = list(c.get("layer_types") or [SLIDING if (i + 1) % 6 else "full_attention" for i in range(n)])
+    types[-1] = "full_attention"  # transformers forces the last layer to full attention
+    head_dim, kv = int(c.get("head_dim", 256)), int(c.get("num_key_value_heads", 1))
+    k_eq_v = bool(c.get("attention_k_eq_v", False))
+    g_dim = int(c.get("global_head_dim", 512))
+    g_kv = int(c["num_global_key_value_heads"]) if (c.get("num_global_key_value_heads") is not None and k_eq_v) else kv
+    per_layer = {int(k): v for k, v in (c.get("per_layer_config") or {}).items() if str(k).isdigit()}
+    dims, heads = [], []
+    for i, t in enumerate(types):
+        over = per_layer.get(i)
+        if over is not None:
+            dims.append(int(over.get("head_dim", head_dim)))
+            heads.append(int(over.get("num_key_value_heads", kv)))
+        else:
+            dims.append(head_dim if t == SLIDING else g_dim)
+            heads.append(kv if t == SLIDING else g_kv)
+    return {
+        "hidden_size": int(c["hidden_size"]), "num_attention_heads": int(c["num_attention_heads"]),
+        "intermediate_size": int(c["intermediate_size"]), "num_hidden_layers": n,
+        "num_kv_shared_layers": int(c.get("num_kv_shared_layers", 0) or 0), "layer_types": types,
+        "layer_head_dims": dims, "layer_num_kv_heads": heads, "vocab_size": int(c["vocab_size"]),
+        "sliding_window": c.get("sliding_window"), "attention_k_eq_v": k_eq_v,
+        "use_double_wide_mlp": bool(c.get("use_double_wide_mlp", False)),
+        "hidden_size_per_layer_input": int(c.get("hidden_size_per_layer_input", 0) or 0),
+        "enable_moe_block": bool(c.get("enable_moe_block", False)),
+    }

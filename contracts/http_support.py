@@ -9,9 +9,11 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterable
 
 import httpx
+
+from contracts.sse_client import sse_lines
 
 # Every HTTP contract launches one of these (the ``impl`` subject caches one server per argv).
 # torch_native decode on both, so fast prefill on vs off differs only in the prefill path.
@@ -33,7 +35,7 @@ class SSE:
     raw: list[str] = field(default_factory=list)
 
 
-def read_sse(lines: Iterator[str]) -> SSE:
+def read_sse(lines: Iterable[str]) -> SSE:
     out = SSE()
     for line in lines:
         if not line.strip():
@@ -61,7 +63,7 @@ def post_stream(url: str, path: str, body: dict[str, Any]) -> SSE:
         if r.status_code != 200:
             r.read()
             raise AssertionError(f"POST {path} (stream) answered {r.status_code}: {r.text[:300]}")
-        return read_sse(r.iter_lines())
+        return read_sse(sse_lines(r.iter_text()))
 
 
 def get_json(url: str, path: str) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contracts.base import contract
 from contracts.expect import VALUE_TYPES, must_accept, must_reject
-from contracts.models import PREFILL_ONLY_OK
+from contracts.models import LLAMA, PREFILL_ONLY_OK
 
 SEED = "seeds/004"
 
@@ -40,7 +40,7 @@ def prefill_only_after_backend_resolution(subject) -> None:
     unset = _without(PREFILL_ONLY_OK, "--attention-backend")
     must_reject(subject, unset, (FLAG, "'triton'"), platform="hopper", types=VALUE_TYPES)
     must_reject(subject, unset, (FLAG, "'torch_native'"), platform="cpu", types=VALUE_TYPES)
-    must_accept(subject, (*unset, "--prefill-attention-backend", "fa3"), platform="hopper")
+    must_accept(subject, (*unset, "--prefill-attention-backend", "fa4"), platform="hopper")
     must_accept(subject, (*unset, "--prefill-attention-backend", "fa4"), platform="cpu")
 
 
@@ -51,15 +51,17 @@ def prefill_only_after_backend_resolution(subject) -> None:
     rules=("K10",),
 )
 def prefill_only_fa_backend(subject) -> None:
+    # A plain MHA model (Llama), which every backend here serves: Gemma-4's own backend list would refuse some first.
     base = _without(PREFILL_ONLY_OK, "--attention-backend")
     for flags in (("--attention-backend", "fa3"), ("--attention-backend", "fa4"),
                   ("--prefill-attention-backend", "fa4", "--decode-attention-backend", "triton")):
-        must_accept(subject, (*base, *flags), platform="hopper")
+        must_accept(subject, (*base, *flags), platform="hopper", model=LLAMA)
     for backend in ("triton", "flashinfer", "torch_native", "trtllm_mha"):
-        must_reject(subject, (*base, "--attention-backend", backend), (FLAG, backend, "fa3", "fa4"), platform="hopper", types=VALUE_TYPES)
+        must_reject(subject, (*base, "--attention-backend", backend), (FLAG, backend, "fa3", "fa4"), platform="hopper",
+                    types=VALUE_TYPES, model=LLAMA)
     must_reject(
         subject, (*base, "--prefill-attention-backend", "triton", "--decode-attention-backend", "fa3"),
-        (FLAG, "triton"), platform="hopper", types=VALUE_TYPES,
+        (FLAG, "triton"), platform="hopper", types=VALUE_TYPES, model=LLAMA,
     )
 
 
@@ -136,15 +138,15 @@ def prefill_only_no_radix(subject) -> None:
     rules=("K45",),
 )
 def prefill_only_no_attn_cp(subject) -> None:
-    for size in ("2", "4"):
-        _precondition(subject, (*PREFILL_ONLY_OK, "--attn-cp-size", size), ("--attn-cp-size",),
-                      good=(*PREFILL_ONLY_OK, "--attn-cp-size", "1"), alone=("--attn-cp-size", size))
+    for size in ("2", "4"):  # attention CP shards within tensor parallelism: --tp-size a multiple of it
+        _precondition(subject, (*PREFILL_ONLY_OK, "--tp-size", size, "--attn-cp-size", size), ("--attn-cp-size",),
+                      good=(*PREFILL_ONLY_OK, "--attn-cp-size", "1"), alone=("--tp-size", size, "--attn-cp-size", size))
 
 
 @contract("PREFILL-ONLY-NO-PREFILL-CP", f"{FLAG} with --enable-prefill-cp is a ValueError.", ARGS_FN, rules=("K46",))
 def prefill_only_no_prefill_cp(subject) -> None:
     _precondition(subject, (*PREFILL_ONLY_OK, "--enable-prefill-cp"), ("--enable-prefill-cp",),
-                  alone=("--enable-prefill-cp",))
+                  alone=("--enable-prefill-cp", "--cp-strategy", "zigzag"))
 
 
 @contract("PREFILL-ONLY-NO-HISPARSE", f"{FLAG} with --enable-hisparse is a ValueError.", ARGS_FN, rules=("K47",))

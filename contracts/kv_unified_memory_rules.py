@@ -10,11 +10,28 @@ from contracts.expect import (
     must_reject,
     warnings_about,
 )
-from contracts.models import DSV3, E2B, LLAMA, MLA_SWA, UM, UM_TRITON
+from contracts.models import DSV3, E2B, LLAMA, MLA_SWA, UM, UM_TRITON, model_dir
 
 SEED = "seeds/004"
 # The environment switch that disables lazy compaction (SGLang: SGLANG_DISABLE_LAZY_COMPACTION).
 LAZY_COMPACTION_ENV = "YOCO_DISABLE_LAZY_COMPACTION"
+
+
+
+def lazy_compaction_env(subject) -> str:
+    """The switch's name in the subject's own environment prefix (``env_prefix``: SGLang's is ``SGLANG_``); the
+    contracts set ``YOCO_...`` and an adapter maps the prefix."""
+    return getattr(subject, "env_prefix", "YOCO_") + "DISABLE_LAZY_COMPACTION"
+
+
+# The GPU platform of the DCP and DSPARK cases: every backend they name exists there (trtllm_mla is Blackwell-only,
+# DSPARK needs a CUDA device), so only the unified-memory rule can refuse.
+GPU = "sm100"
+
+def _draft(model: str) -> tuple[str, ...]:
+    """A draft model for DSPARK (SGLang 0.5.23 requires one): the target's own folder, enough for argument checks."""
+    return ("--speculative-draft-model-path", model_dir(model))
+
 
 FN = f"{SEED} handle_unified_memory_pool"
 DCP_FN = f"{SEED} _validate_unified_memory_dcp"
@@ -31,8 +48,9 @@ PD = ("--disaggregation-mode", "decode")
     "{mooncake}) and also refuses mooncake with speculative decoding, plus decode-offload / host-pool sub-rules.",
 )
 def um_pd_mooncake(subject) -> None:
-    for backend in ("nixl", "fake", "mooncake_tcp"):
-        for mode in ("decode", "prefill"):
+    # Not mooncake_tcp: a mooncake transport (SGLang resolves it to mooncake).
+    for backend in ("nixl", "fake"):
+        for mode in ("decode", "prefill") if backend != "fake" else ("decode",):  # fake: a decode-side test backend
             must_reject(
                 subject, (*UM_TRITON, "--disaggregation-mode", mode, "--disaggregation-transfer-backend", backend),
                 (UMF, "mooncake", backend),
@@ -44,7 +62,7 @@ def um_pd_mooncake(subject) -> None:
 
 @contract("UM-PD-NO-PP", f"{UMF} with PD disaggregation needs --pp-size 1.", FN, rules=("K20",))
 def um_pd_no_pp(subject) -> None:
-    must_reject(subject, (*UM_TRITON, *PD, "--pp-size", "2"), (UMF, "pp-size", "pipeline parallel"))
+    must_reject(subject, (*UM_TRITON, *PD, "--pp-size", "2"), (UMF, "pipeline parallel"))
     must_accept(subject, (*UM_TRITON, "--pp-size", "2"))
     must_accept(subject, (*UM_TRITON, *PD, "--pp-size", "1"))
 
@@ -54,17 +72,19 @@ def um_pd_no_pp(subject) -> None:
     f"{UMF} with PD disaggregation refuses {LAZY_COMPACTION_ENV}=1 (lazy compaction is required).",
     FN,
     rules=("K21",),
+    stricter="a switch value that is not a boolean is a ValueError naming the switch",
     note=f"Our environment switch is {LAZY_COMPACTION_ENV} (SGLang: SGLANG_DISABLE_LAZY_COMPACTION); a value "
     "that is not a boolean is a ValueError naming it.",
 )
 def um_pd_lazy_compaction(subject) -> None:
+    env_name = lazy_compaction_env(subject)
     for value in ("1", "true", "YES"):
-        must_reject(subject, (*UM_TRITON, *PD), (UMF, LAZY_COMPACTION_ENV, "lazy compaction"), env={LAZY_COMPACTION_ENV: value})
+        must_reject(subject, (*UM_TRITON, *PD), (UMF, env_name, "lazy compaction"), env={LAZY_COMPACTION_ENV: value})
     for value in ("0", "false"):
         must_accept(subject, (*UM_TRITON, *PD), env={LAZY_COMPACTION_ENV: value})
     must_accept(subject, (*UM_TRITON, *PD))
     must_accept(subject, UM_TRITON, env={LAZY_COMPACTION_ENV: "1"})
-    must_reject(subject, (*UM_TRITON, *PD), (LAZY_COMPACTION_ENV,), env={LAZY_COMPACTION_ENV: "maybe"}, types=VALUE_TYPES)
+    must_reject(subject, (*UM_TRITON, *PD), (env_name,), env={LAZY_COMPACTION_ENV: "maybe"}, types=VALUE_TYPES)
 
 
 @contract("UM-PD-NO-HISPARSE", f"{UMF} with PD disaggregation is not compatible with --enable-hisparse.", FN, rules=("K22",))
@@ -86,7 +106,7 @@ def um_spec_algorithm(subject) -> None:
     for algo in ("EAGLE", "EAGLE3", "NGRAM", "STANDALONE"):
         must_reject(subject, (*UM_TRITON, "--speculative-algorithm", algo), (UMF, "--speculative-algorithm", algo, "DSPARK"))
         must_accept(subject, ("--attention-backend", "triton", "--speculative-algorithm", algo))
-    must_accept(subject, (*UM_TRITON, "--speculative-algorithm", "DSPARK"))
+    must_accept(subject, (*UM_TRITON, "--speculative-algorithm", "DSPARK", *_draft(E2B)), platform=GPU)
     must_accept(subject, UM_TRITON)
 
 
@@ -98,12 +118,12 @@ def um_spec_algorithm(subject) -> None:
     note="SGLang 0.5.23 checks --speculative-eagle-topk in {None, 1} for every algorithm, not only DSPARK.",
 )
 def um_dspark_topk(subject) -> None:
-    dspark = (*UM_TRITON, "--speculative-algorithm", "DSPARK")
+    dspark = (*UM_TRITON, "--speculative-algorithm", "DSPARK", *_draft(E2B))
     for k in ("2", "4"):
-        must_reject(subject, (*dspark, "--speculative-eagle-topk", k), (UMF, "DSPARK", "--speculative-eagle-topk", k))
-    must_accept(subject, (*dspark, "--speculative-eagle-topk", "1"))
-    must_accept(subject, dspark)
-    must_accept(subject, (*UM_TRITON, "--speculative-eagle-topk", "4"))
+        must_reject(subject, (*dspark, "--speculative-eagle-topk", k), (UMF, "DSPARK", "--speculative-eagle-topk", k), platform=GPU)
+    must_accept(subject, (*dspark, "--speculative-eagle-topk", "1"), platform=GPU)
+    must_accept(subject, dspark, platform=GPU)
+    must_accept(subject, (*UM_TRITON, "--speculative-eagle-topk", "4"), platform=GPU)
 
 
 @contract(
@@ -115,17 +135,21 @@ def um_dspark_topk(subject) -> None:
     "(tokenspeed_mla dropped).",
 )
 def um_dspark_backends(subject) -> None:
-    dspark = ("--enable-unified-memory", "--speculative-algorithm", "DSPARK")
+    def dspark(model: str) -> tuple[str, ...]:
+        return ("--enable-unified-memory", "--speculative-algorithm", "DSPARK", *_draft(model))
+
     for backend in ("trtllm_mla", "cutedsl_mla", "tokenspeed_mla", "triton"):
-        must_accept(subject, (*dspark, "--attention-backend", backend), model=DSV3)
-    must_accept(subject, (*dspark, "--attention-backend", "triton"), model=E2B)
-    for model, backend in ((DSV3, "flashmla"), (DSV3, "flashinfer"), (E2B, "fa3"), (E2B, "fa4")):
-        must_reject(subject, (*dspark, "--attention-backend", backend), (UMF, "DSPARK", backend, "tokenspeed_mla"), model=model)
-        must_accept(subject, (*UM, "--attention-backend", backend), model=model)
+        must_accept(subject, (*dspark(DSV3), "--attention-backend", backend), model=DSV3, platform=GPU)
+    must_accept(subject, (*dspark(E2B), "--attention-backend", "triton"), model=E2B, platform=GPU)
+    # fa3 / fa4 on a plain MHA model (Llama): Gemma-4's own backend list would refuse fa3 first
+    for model, backend in ((DSV3, "flashmla"), (DSV3, "flashinfer"), (LLAMA, "fa3"), (LLAMA, "fa4")):
+        must_reject(subject, (*dspark(model), "--attention-backend", backend), (UMF, "DSPARK", backend, "tokenspeed_mla"), model=model, platform=GPU)
+        must_accept(subject, (*UM, "--attention-backend", backend), model=model, platform=GPU)
     # Both roles count.
     for prefill, decode in (("triton", "fa3"), ("fa3", "triton")):
         must_reject(
-            subject, (*dspark, "--prefill-attention-backend", prefill, "--decode-attention-backend", decode), (UMF, "DSPARK", "fa3")
+            subject, (*dspark(LLAMA), "--prefill-attention-backend", prefill, "--decode-attention-backend", decode), (UMF, "DSPARK", "fa3"),
+            model=LLAMA, platform=GPU,
         )
 
 
@@ -149,10 +173,10 @@ def um_no_host_tiered(subject) -> None:
     rules=("K27",),
 )
 def um_dcp_gate(subject) -> None:
-    must_reject(subject, (*UM_TRITON, "--dcp-size", "2"), (UMF, "--dcp-size"))
-    must_accept(subject, (*UM_TRITON, "--dcp-size", "1"))
-    must_accept(subject, ("--attention-backend", "triton", "--dcp-size", "2"))
-    must_accept(subject, (*UM, "--attention-backend", "flashinfer", "--dcp-size", "2"), model=DSV3)
+    must_reject(subject, (*UM_TRITON, "--dcp-size", "2"), (UMF, "--dcp-size"), platform=GPU)
+    must_accept(subject, (*UM_TRITON, "--dcp-size", "1"), platform=GPU)
+    must_accept(subject, ("--attention-backend", "triton", "--dcp-size", "2"), platform=GPU)
+    must_accept(subject, (*UM, "--attention-backend", "flashinfer", "--dcp-size", "2"), model=DSV3, platform=GPU)
 
 
 @contract(
@@ -211,9 +235,9 @@ def um_prefill_cuda_graph(subject) -> None:
 )
 def um_dcp_mla_only(subject) -> None:
     for model, backend in ((E2B, "triton"), (LLAMA, "triton"), (LLAMA, "flashinfer")):
-        must_reject(subject, (*UM, "--attention-backend", backend, "--dcp-size", "2"), (UMF, "--dcp-size", "MLA"), model=model)
+        must_reject(subject, (*UM, "--attention-backend", backend, "--dcp-size", "2"), (UMF, "--dcp-size", "MLA"), model=model, platform=GPU)
     for backend in ("flashinfer", "trtllm_mla"):
-        must_accept(subject, (*UM, "--attention-backend", backend, "--dcp-size", "2"), model=DSV3)
+        must_accept(subject, (*UM, "--attention-backend", backend, "--dcp-size", "2"), model=DSV3, platform=GPU)
 
 
 @contract(
@@ -224,9 +248,9 @@ def um_dcp_mla_only(subject) -> None:
 )
 def um_dcp_no_hybrid_swa(subject) -> None:
     flags = (*UM, "--attention-backend", "flashinfer")
-    must_reject(subject, (*flags, "--dcp-size", "2"), (UMF, "--dcp-size", "sliding-window"), model=MLA_SWA)
-    must_accept(subject, (*flags, "--dcp-size", "1"), model=MLA_SWA)
-    must_accept(subject, (*flags, "--dcp-size", "2"), model=DSV3)
+    must_reject(subject, (*flags, "--dcp-size", "2"), (UMF, "--dcp-size", "sliding-window"), model=MLA_SWA, platform=GPU)
+    must_accept(subject, (*flags, "--dcp-size", "1"), model=MLA_SWA, platform=GPU)
+    must_accept(subject, (*flags, "--dcp-size", "2"), model=DSV3, platform=GPU)
 
 
 @contract(
@@ -238,9 +262,9 @@ def um_dcp_no_hybrid_swa(subject) -> None:
 def um_dcp_no_pd(subject) -> None:
     flags = (*UM, "--attention-backend", "flashinfer", "--dcp-size", "2")
     for mode in ("decode", "prefill"):
-        must_reject(subject, (*flags, "--disaggregation-mode", mode), (UMF, "--dcp-size", "disaggregation"), model=DSV3)
-        must_accept(subject, (*UM, "--attention-backend", "flashinfer", "--disaggregation-mode", mode), model=DSV3)
-    must_accept(subject, flags, model=DSV3)
+        must_reject(subject, (*flags, "--disaggregation-mode", mode), (UMF, "--dcp-size", "disaggregation"), model=DSV3, platform=GPU)
+        must_accept(subject, (*UM, "--attention-backend", "flashinfer", "--disaggregation-mode", mode), model=DSV3, platform=GPU)
+    must_accept(subject, flags, model=DSV3, platform=GPU)
 
 
 @contract(
@@ -252,12 +276,12 @@ def um_dcp_no_pd(subject) -> None:
 )
 def um_dcp_backends(subject) -> None:
     for backend in ("flashinfer", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla"):
-        must_accept(subject, (*UM, "--attention-backend", backend, "--dcp-size", "2"), model=DSV3)
+        must_accept(subject, (*UM, "--attention-backend", backend, "--dcp-size", "2"), model=DSV3, platform=GPU)
     for backend in ("triton", "fa3", "flashmla"):
-        must_reject(subject, (*UM, "--attention-backend", backend, "--dcp-size", "2"), (UMF, "--dcp-size", backend), model=DSV3)
-        must_accept(subject, (*UM, "--attention-backend", backend), model=DSV3)
+        must_reject(subject, (*UM, "--attention-backend", backend, "--dcp-size", "2"), (UMF, "--dcp-size", backend), model=DSV3, platform=GPU)
+        must_accept(subject, (*UM, "--attention-backend", backend), model=DSV3, platform=GPU)
     must_reject(
         subject,
         (*UM, "--prefill-attention-backend", "flashinfer", "--decode-attention-backend", "triton", "--dcp-size", "2"),
-        (UMF, "triton"), model=DSV3, types=ASSERT_TYPES,
+        (UMF, "triton"), model=DSV3, types=ASSERT_TYPES, platform=GPU,
     )

@@ -17,12 +17,13 @@ class _ListHandler(logging.Handler):
 
 
 @contextlib.contextmanager
-def capture_logs(logger_name: str) -> Iterator[list[tuple[str, str]]]:
+def capture_logs(logger_name: str, level: int = logging.DEBUG) -> Iterator[list[tuple[str, str]]]:
+    """(levelname, message) of every record of ``logger_name``'s tree at ``level`` or above, while inside."""
     logger = logging.getLogger(logger_name)
     handler = _ListHandler()
     old_level = logger.level
     logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
+    logger.setLevel(level)
     try:
         yield handler.records
     finally:

@@ -90,6 +90,8 @@ MODELS: dict[str, dict[str, Any]] = {
         "hidden_size": 4096, "num_hidden_layers": 12, "num_attention_heads": 64, "num_key_value_heads": 4,
         "head_dim": 192, "v_head_dim": 128, "swa_head_dim": 192, "swa_v_head_dim": 128,
         "layer_types": _pattern(5, 2), "sliding_window": 128,
+        # MiMo's own encoding of the same layer pattern (1 = sliding window), which SGLang reads
+        "hybrid_layer_pattern": [1 if t == SLIDING else 0 for t in _pattern(5, 2)],
     },
     # Seed 004: an MLA model with hybrid sliding-window layers (config-only, for the unified-memory DCP rules).
     "MLA-hybrid-SWA-test": {
@@ -97,6 +99,7 @@ MODELS: dict[str, dict[str, Any]] = {
         "hidden_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 16,
         "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
         "layer_types": _pattern(3, 2), "sliding_window": 4096,
+        "is_hybrid_swa": True,  # how a config opts into hybrid SWA for an architecture SGLang does not list
     },
 }
 
@@ -108,15 +111,21 @@ ASSISTANTS = ("gemma-4-E2B-it-assistant",)
 
 
 def model_dir(name: str) -> str:
-    """Folder holding ``config.json`` for fixture ``name`` (created on first use)."""
+    """Folder holding ``config.json`` for fixture ``name`` (written on first use, and again when the fixture changed)."""
     root = os.path.join(tempfile.gettempdir(), f"yoco-contract-models-{os.getuid()}")
     path = os.path.join(root, name)
     cfg_path = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_path):
+    text = json.dumps(MODELS[name], indent=1)
+    try:
+        with open(cfg_path) as f:
+            current = f.read()
+    except OSError:
+        current = None
+    if current != text:
         os.makedirs(path, exist_ok=True)
         tmp = cfg_path + f".{os.getpid()}.tmp"
         with open(tmp, "w") as f:
-            json.dump(MODELS[name], f, indent=1)
+            f.write(text)
         os.replace(tmp, cfg_path)
     return path
 
@@ -159,5 +168,5 @@ PREFILL_ONLY_OK = (
     "-1",
     "--disable-radix-cache",
     "--attention-backend",
-    "fa3",
+    "fa4",  # an FA backend Gemma-4 serves in SGLang (its Gemma-4 backends: trtllm_mha, triton, fa4, ...)
 )

@@ -4,15 +4,26 @@ Everything goes through the command line an operator would type (``argv``) and
 neutral records, so any engine (ours, a patched SGLang, a mutant) can be
 plugged in by writing an adapter.
 
-Capabilities:
+Capabilities (``CAPABILITY_OF`` maps each method to its capability):
 * ``args``: ``parse_args``, ``cli_options``, ``check`` (validation and
   resolution against a model folder and a named platform, with the startup log).
+  A command line the subject's parser refuses raises ``contracts.base.CommandLineRefused``.
+* ``refuse``: ``refuse`` (launch-time refusal of settings the engine does not implement).
 * ``engine``: ``generate`` (token ids, logprobs, per-forward work counters).
-* ``http``: ``base_url`` of a running server started from ``argv``.
+* ``models``: ``tiny_model`` (this project's tiny checkpoints, which the subject can serve).
+* ``faults``: ``generate_with_faults``.
+* ``http``: ``base_url`` of a running server started from ``argv`` (a subject at a URL
+  has one or two servers and ignores the rest of ``argv``).
 * ``bench``: ``timed_generate`` (per-request TTFT, latency and output tokens of requests
   sent together to the launch ``argv``) and ``model_config`` (the config fields the
   launch serves, for FLOP bounds). The clock is the subject's: wall time over HTTP,
   the process's CPU time in process (immune to other jobs on a shared machine).
+* ``impl``: this project's engine in process (``isolated``; mutants patch it).
+
+``CapabilityGuard`` wraps a subject so that using a capability it lacks raises
+``MissingCapability`` (a ``NotApplicable`` naming the capability) instead of an
+``AttributeError``: against any subject every spec test runs or is skipped with the
+missing capability named.
 """
 
 from __future__ import annotations
@@ -20,7 +31,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
+from contracts.base import NotApplicable
+
 PLATFORMS = ("cpu", "ampere", "hopper", "sm100", "sm120")
+
+CAPABILITY_OF = {
+    "parse_args": "args", "cli_options": "args", "check": "args",
+    "refuse": "refuse",
+    "generate": "engine",
+    "tiny_model": "models",
+    "generate_with_faults": "faults",
+    "base_url": "http",
+    "timed_generate": "bench", "model_config": "bench",
+    "isolated": "impl",
+}
 
 
 @dataclass(frozen=True)
@@ -151,3 +175,28 @@ class SubjectWrapper:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+class MissingCapability(NotApplicable):
+    """A contract or test used a capability the subject does not have."""
+
+    def __init__(self, subject: str, capability: str, method: str):
+        super().__init__(f"subject {subject} lacks the {capability!r} capability ({method})")
+        self.capability = capability
+
+
+class CapabilityGuard(SubjectWrapper):
+    """The subject as the spec sees it: a method of a capability the subject lacks raises ``MissingCapability``."""
+
+    def __init__(self, inner: Any):
+        super().__init__(inner)
+        self.name = inner.name
+
+    def __getattr__(self, name: str) -> Any:
+        cap = CAPABILITY_OF.get(name)
+        if cap is not None and cap not in self.capabilities:
+            raise MissingCapability(self.name, cap, name)
+        return getattr(self.inner, name)
+
+    def describe(self) -> str:
+        return getattr(self.inner, "describe", lambda: self.inner.name)()

@@ -70,6 +70,7 @@ def _compare(what: str, off, on) -> None:
     f"{SEED}: per-prompt parity test; PR-C: accuracy unchanged",
     rules=("F13", "F15", "F16"),
     needs=("engine",),
+    stricter="greedy outputs do not depend on the batch (batched and one by one) and logprobs agree within 1e-4",
 )
 def parity_greedy(subject) -> None:
     ps = prompts(subject.tiny_model(MODEL))
@@ -112,6 +113,7 @@ def parity_edge_batches(subject) -> None:
     f"{SEED}: rows that feed the LM head include every prompt-logprob row",
     rules=("F13", "F15"),
     needs=("engine",),
+    stricter="prompt logprobs with the flag on are computed (and equal), not refused",
 )
 def parity_prompt_logprobs(subject) -> None:
     ps = prompts(subject.tiny_model(MODEL), lengths=[5, 20, 37], seed=2)

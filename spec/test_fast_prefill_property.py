@@ -6,9 +6,11 @@ import json
 import os
 import tempfile
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contracts.base import CommandLineRefused
 from contracts.models import MODELS, model_dir
 
 FLAG = "--kv-sharing-fast-prefill"
@@ -46,7 +48,8 @@ def oracle(arch, n_shared, backend, prefill, decode, algo, draft, flag) -> bool:
     return algo not in ("EAGLE", "EAGLE3")
 
 
-@settings(max_examples=150, deadline=None)
+@pytest.mark.needs("args")
+@settings(max_examples=150, deadline=None, report_multiple_bugs=False)
 @given(
     arch=st.sampled_from(["gemma4", "llama", "qwen2"]),
     n_shared=st.sampled_from([0, 1, 5, 20]),
@@ -71,7 +74,10 @@ def test_decision_matches_oracle(subject, arch, n_shared, backend, prefill, deco
         argv += ["--speculative-draft-model-path", model_dir(drafts[draft])]
     if flag:
         argv.append(FLAG)
-    out = subject.check(argv)  # anything but ValueError/RuntimeError propagates and fails the property
+    try:
+        out = subject.check(argv)  # anything but ValueError/RuntimeError propagates and fails the property
+    except CommandLineRefused as e:  # an engine without the flag: a failed property, not a crash
+        raise AssertionError(f"{argv}: the subject's command line refused it: {e}") from e
     expected = oracle(arch, n_shared, backend, prefill, decode, algo, draft, flag)
     assert out.accepted == expected, f"{argv}: oracle says {'accept' if expected else 'reject'}, subject: {out.error!r}"
     if out.error is not None:

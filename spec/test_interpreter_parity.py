@@ -13,9 +13,8 @@ import torch
 from contracts.base import all_contracts
 
 
+@pytest.mark.needs("impl", "engine", "models")  # the kernel provider is chosen in process
 def test_parity_greedy_on_the_interpreter(subject, monkeypatch):
-    if subject.name != "impl":
-        pytest.skip("the provider is chosen in process")
     if torch.cuda.is_available():
         pytest.skip("on CUDA the Triton kernels run compiled in test_contracts.py")
     from contracts.adapters.impl_engine import engine_for, isolated_engines

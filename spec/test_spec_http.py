@@ -30,14 +30,9 @@ class WithMTP(SubjectWrapper):
         return self.inner.base_url([*argv, *mtp])
 
 
-def _need_http(subject):
-    if "http" not in subject.capabilities:
-        pytest.skip(f"subject {subject.name} has no http capability")
-
-
+@pytest.mark.needs("http", "models")  # launches MTP servers with this project's tiny draft
 @pytest.mark.parametrize("cid", HTTP_CONTRACTS)
 def test_http_contract_with_mtp(cid, subject):
-    _need_http(subject)
     get_contract(cid).run(WithMTP(subject))
 
 
@@ -52,8 +47,8 @@ def _post(url: str, body: dict):
         return json.loads(r.read())
 
 
+@pytest.mark.needs("http", "models")
 def test_speculation_is_visible_over_http(subject):
-    _need_http(subject)
     url = WithMTP(subject).base_url(ARGV_OFF)
     out = _post(f"{url}/generate", {"input_ids": [2, 40, 41, 42, 43], "sampling_params": {
         "max_new_tokens": 9, "temperature": 0, "ignore_eos": True}})

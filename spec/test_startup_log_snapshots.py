@@ -33,10 +33,9 @@ def normalise(text: str, argv: list[str]) -> str:
     return text
 
 
+@pytest.mark.needs("impl", "args")  # the snapshots record this engine's wording
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_startup_log(case, subject, snapshot):
-    if subject.name != "impl":
-        pytest.skip("snapshots record the impl subject's wording")
     argv = CASES[case]
     out = subject.check(argv)
     lines = [f"{lv} {normalise(m, argv)}" for lv, m in out.log]

@@ -1,13 +1,16 @@
 """The ``http`` subject: any running server at a base URL (``pytest spec --subject http://127.0.0.1:30000``).
 
-It cannot launch servers, so ``base_url`` ignores ``argv``: every contract talks
-to the one server. Contracts that compare launches (fast prefill on vs off)
-notice that both URLs are the same and check what one server can show.
+It cannot launch servers, so ``base_url`` ignores ``argv``: every contract talks to the one server. Contracts
+that compare launches (fast prefill on vs off) notice that both URLs are the same and check what one server can
+show. What the server offers (native ``/generate`` or only the OpenAI routes, ``/get_server_info``,
+``/get_model_info``, output token ids, its metric names) is discovered on first use
+(``contracts.http_dialect.discover``), and the HTTP contracts use the routes it has.
 
-Given a second server launched with ``--kv-sharing-fast-prefill``
-(``--subject-fast-prefill http://...``), launch lines with that flag go to it and the
-subject gains the ``bench`` capability: the THRU contracts time the two servers
-through the streaming ``/generate`` route (wall clock, SGLang bench_serving's TTFT).
+Given a second server launched with ``--kv-sharing-fast-prefill`` (``--subject-fast-prefill http://...``),
+launch lines with that flag go to it and the subject gains the ``bench`` capability: the THRU contracts time the
+two servers through streaming requests (native ``/generate``, else ``/v1/completions`` with token-id prompts;
+wall clock, SGLang bench_serving's TTFT). The FLOP bound they need comes from ``/get_model_info``'s
+``model_config``, else from the served folder's ``config.json`` when the server names one that exists here.
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ from typing import Any, Sequence
 
 import httpx
 
+from contracts.base import NotApplicable
+from contracts.flops import config_from_hf
+from contracts.http_dialect import ServerApi, discover
+from contracts.sse_client import RequestFuncInput, openai_completions, sglang_generate
 from contracts.subject import GenRequest, TimedOutput
 
 FLAG = "--kv-sharing-fast-prefill"
@@ -32,28 +39,44 @@ class HttpSubject:
     def base_url(self, argv: Sequence[str]) -> str:
         return self.fast_prefill_url if (self.fast_prefill_url and FLAG in argv) else self.url
 
+    def api(self, argv: Sequence[str] = ()) -> ServerApi:
+        return discover(self.base_url(argv))
+
+    def describe(self) -> str:
+        api = self.api()
+        engine = {"sglang": "an SGLang-dialect server", "vllm": "vLLM"}.get(api.family, "an OpenAI-compatible server")
+        version = f" {api.version}" if api.version else ""
+        routes = "native /generate" if api.native else "OpenAI routes only"
+        second = f", flag on at {self.fast_prefill_url}" if self.fast_prefill_url else ""
+        return f"{engine}{version} at {self.url}{second} (model {api.model}; {routes})"
+
     # ---- bench ---------------------------------------------------------------------
     def model_config(self, argv: Sequence[str]) -> dict[str, Any]:
-        """The ``model_config`` object of GET /get_model_info (empty when the server does not report one)."""
-        r = httpx.get(self.base_url(argv) + "/get_model_info", timeout=60)
-        r.raise_for_status()
-        info = r.json()
-        return dict(info.get("model_config") or {})
+        """The served model's config fields for the FLOP bound: ``/get_model_info``'s ``model_config``, else derived
+        from the served folder's config.json (when it is on this machine)."""
+        api = self.api(argv)
+        cfg = dict((api.model_info or {}).get("model_config") or {})
+        if cfg:
+            return cfg
+        hf = api.hf_config()
+        if hf is None:
+            raise NotApplicable(f"{api.url} reports no model config (no /get_model_info, no local model folder): "
+                                "the prefill FLOP bound cannot be computed")
+        return config_from_hf(hf)
 
     def timed_generate(self, argv: Sequence[str], requests: Sequence[GenRequest]) -> list[TimedOutput]:
-        return asyncio.run(_timed(self.base_url(argv), requests))
+        return asyncio.run(_timed(self.api(argv), requests))
 
 
-async def _timed(url: str, requests: Sequence[GenRequest]) -> list[TimedOutput]:
-    from bench.serving.backends import RequestFuncInput, sglang_generate
-
+async def _timed(api: ServerApi, requests: Sequence[GenRequest]) -> list[TimedOutput]:
+    send = sglang_generate if api.native else openai_completions
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=30.0)) as client:
         outs = await asyncio.gather(*(
-            sglang_generate(client, RequestFuncInput(url, "", list(r.input_ids), len(r.input_ids), r.max_new_tokens,
-                                                     ignore_eos=r.ignore_eos))
+            send(client, RequestFuncInput(api.url, api.model, list(r.input_ids), len(r.input_ids), r.max_new_tokens,
+                                          ignore_eos=r.ignore_eos))
             for r in requests
         ))
     bad = [o for o in outs if not o.success]
     if bad:
-        raise RuntimeError(f"POST {url}/generate failed: {bad[0].error}")
+        raise RuntimeError(f"{'POST /generate' if api.native else 'POST /v1/completions'} at {api.url} failed: {bad[0].error}")
     return [TimedOutput(o.ttft, o.latency, o.output_len, "wall") for o in outs]

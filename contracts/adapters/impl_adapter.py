@@ -20,7 +20,7 @@ def _model_config_dict(mc: Any) -> dict[str, Any]:
 
 class ImplSubject:
     name = "impl"
-    capabilities = frozenset({"args", "engine", "http", "faults", "bench"})
+    capabilities = frozenset({"args", "refuse", "engine", "models", "faults", "http", "bench", "impl"})
 
     # ---- args --------------------------------------------------------------------
     def parse_args(self, argv: Sequence[str]) -> dict[str, Any]:

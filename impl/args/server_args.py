@@ -146,6 +146,8 @@ class ServerArgs:
     is_embedding: bool = _f(False, "Serve an embedding model.")
     attn_cp_size: int = _f(1, "Attention context-parallel size.", type=int)
     enable_prefill_cp: bool = _f(False, "Context-parallel prefill.")
+    cp_strategy: str | None = _f(None, "Sharding strategy of context-parallel prefill (SGLang needs one with --enable-prefill-cp).",
+                                 ("zigzag", "interleave"))
     enable_hisparse: bool = _f(False, "HiSparse attention.")
     disaggregation_mode: str = _f("null", "PD disaggregation role.", ("null", "prefill", "decode"))
     disaggregation_transfer_backend: str = _f("mooncake", "PD disaggregation transfer backend.", DISAGG_TRANSFER_BACKEND_CHOICES)
