@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,9 @@ class MetricNames:
     aborted: tuple[str, dict[str, str]] | None  # counter name, label filter
     skipped_rows: str | None  # this project's fast-prefill counter
     forwards: str | None  # a count of engine steps (histogram _count), when the server exports one
+    # an info gauge whose labels are the resolved cache config (vLLM: vllm:cache_config_info, one label per
+    # CacheConfig field, kv_sharing_fast_prefill among them): (metric name, the flag's label)
+    config_info: tuple[str, str] | None = None
 
 
 SGLANG_METRICS = MetricNames(
@@ -55,6 +59,7 @@ VLLM_METRICS = MetricNames(
     "vllm:request_time_per_output_token_seconds", "vllm:e2e_request_latency_seconds", "vllm:num_requests_running",
     "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
     ("vllm:request_success_total", {"finished_reason": "abort"}), None, "vllm:iteration_tokens_total",
+    ("vllm:cache_config_info", "kv_sharing_fast_prefill"),
 )
 
 
@@ -138,25 +143,41 @@ def discover(url: str) -> ServerApi:
 # ---------------------------------------------------------------- Prometheus samples, labels kept
 
 
+# one label: name="value", the value with Prometheus' escapes (\\ \" \n); values may hold commas and spaces
+_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?')
+
+
+def parse_sample(line: str) -> tuple[str, dict[str, str], float] | None:
+    """One Prometheus text-format sample line as (name, labels, value); None for comments and unparsable lines."""
+    line = line.strip()
+    if not line or line.startswith("#"):
+        return None
+    brace = line.find("{")
+    labels: dict[str, str] = {}
+    if brace < 0:
+        name, _, rest = line.partition(" ")
+    else:
+        name, pos = line[:brace], brace + 1
+        while True:
+            m = _LABEL.match(line, pos)
+            if m is None:
+                break
+            labels[m.group(1)] = re.sub(r"\\(.)", lambda e: "\n" if e.group(1) == "n" else e.group(1), m.group(2))
+            pos = m.end()
+        if not line.startswith("}", pos):
+            return None
+        rest = line[pos + 1:]
+    fields = rest.split()
+    try:
+        return (name.strip(), labels, float(fields[0])) if fields else None
+    except ValueError:
+        return None
+
+
 def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
     r = httpx.get(url + "/metrics", timeout=TIMEOUT)
     r.raise_for_status()
-    out = []
-    for line in r.text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        key, _, value = line.rpartition(" ")
-        name, _, labels = key.partition("{")
-        pairs = {}
-        for part in labels.rstrip("}").split(","):
-            k, eq, v = part.partition("=")
-            if eq:
-                pairs[k.strip()] = v.strip().strip('"')
-        try:
-            out.append((name, pairs, float(value)))
-        except ValueError:
-            continue
-    return out
+    return [s for s in map(parse_sample, r.text.splitlines()) if s is not None]
 
 
 def total(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float | None:

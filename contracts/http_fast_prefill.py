@@ -25,23 +25,54 @@ def _prefill_backend(info: dict[str, Any]) -> Any:
     return info.get("prefill_attention_backend") or info.get("attention_backend")
 
 
+def _config_info_flag(url: str) -> bool | None:
+    """The resolved flag from the server's config-info gauge (vLLM's vllm:cache_config_info), None without one."""
+    names = discover(url).metrics
+    if names is None or names.config_info is None:
+        return None
+    metric, label = names.config_info
+    values = {ls[label] for n, ls, _ in scrape(url) if n == metric and label in ls}
+    require(len(values) == 1 and values <= {"True", "False"},
+            f"{url}/metrics: {metric} must carry one {label} label, True or False; got {sorted(values) or 'none'}")
+    return values == {"True"}
+
+
+def _flag_from_metrics(urls: dict[bool, str]) -> None:
+    """H7 on a server without /get_server_info: the resolved flag as its config-info gauge reports it."""
+    flags = {}
+    for launched, url in urls.items():
+        flag = _config_info_flag(url)
+        if flag is None:
+            raise not_applicable(f"{url} reports no resolved arguments (no /get_server_info or /server_info, no "
+                                 "/get_model_info, no config-info metric): the flag's resolution cannot be read")
+        flags[launched] = flag
+    metric = discover(urls[True]).metrics.config_info[0]  # type: ignore[union-attr]
+    note(f"no /get_server_info: the resolved flag read from {metric}; the server lists no resolutions with their "
+         "source, and its prefill attention backend is its own (the triton requirement is SGLang's)")
+    if urls[True] != urls[False]:
+        require(flags[True] is True and flags[False] is False,
+                f"{metric}: launched with the flag the server reports {FIELD}={flags[True]}; without it "
+                f"{flags[False]}; expected True and False")
+    else:
+        note("one server: its report is checked for consistency only (give --subject-fast-prefill)")
+
+
 @contract(
     "HTTP-SERVER-INFO-FLAG",
     "GET /get_server_info reports the resolved kv_sharing_fast_prefill flag (true only when launched with "
     "--kv-sharing-fast-prefill, and then with the triton prefill backend) and the declared resolutions with their "
-    "source; /get_model_info agrees.",
+    "source; /get_model_info agrees. A server without those routes that exports its resolved cache config as a "
+    "metric (vLLM's vllm:cache_config_info) is held to the flag there: true only on the server launched with it.",
     SOURCE,
     rules=("H7",),
     needs=("http",),
 )
 def server_info_flag(subject) -> None:
-    urls = {}
-    for launched, argv in ((True, ARGV_ON), (False, ARGV_OFF)):
-        url = urls[launched] = subject.base_url(argv)
-        api = discover(url)
-        if api.server_info is None or api.model_info is None:
-            raise not_applicable(f"{url} reports no resolved arguments (no /get_server_info or /server_info, or no "
-                                 "/get_model_info): the flag's resolution cannot be read")
+    urls = {launched: subject.base_url(argv) for launched, argv in ((True, ARGV_ON), (False, ARGV_OFF))}
+    if any(discover(u).server_info is None or discover(u).model_info is None for u in urls.values()):
+        _flag_from_metrics(urls)
+        return
+    for url in urls.values():
         info = get_json(url, "/get_server_info")
         require(isinstance(info.get(FIELD), bool), f"/get_server_info must report {FIELD} as a bool, got "
                                                         f"{info.get(FIELD)!r}")
