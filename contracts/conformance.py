@@ -20,10 +20,12 @@ A failure without an explanation is marked as such and counted in the headline. 
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import platform
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pytest
@@ -74,64 +76,103 @@ class Recorder:
 
     # ---- writing ---------------------------------------------------------------------------
     def write(self) -> None:
-        notes = _read_notes(self.config.getoption("--conformance-notes"))
-        contracts = all_contracts()
-        counts = {v: 0 for v in VERDICTS}
-        rows, failures = [], []
-        for c in contracts:
-            o = self.contracts.get(c.id, Outcome("not run", "deselected (-k) or not collected"))
-            counts[o.verdict] = counts.get(o.verdict, 0) + 1
-            origin = c.origin + (f": {c.stricter}" if c.stricter else "")
-            evidence = o.evidence if o.verdict != "pass" else "; ".join(o.notes)
-            rows.append(f"| `{c.id}` | {', '.join(c.rules)} | {_cell(origin)} | **{o.verdict}** | {_cell(evidence, 500)} |")
-            if o.verdict in ("fail", "harness error"):
-                failures.append((c, o))
-        unexplained = [c.id for c, _ in failures if c.id not in notes]
-        other_counts: dict[str, int] = {}
-        for o in self.others.values():
-            other_counts[o.verdict] = other_counts.get(o.verdict, 0) + 1
-        harness_errors = counts["harness error"] + other_counts.get("harness error", 0)
-        lines = [
-            f"# Conformance of {self.subject_text}",
-            "",
-            "Written by `pytest spec --conformance-report` (contracts/conformance.py); the explanations below the "
-            "table come from the notes file. Regenerate, do not edit.",
-            "",
-            f"Command: `{_command(self.config)}`  ",
-            f"Machine: {_cpu()}",
-            "",
-            f"**{len(contracts)} contracts: {counts['pass']} pass, {counts['fail']} fail, "
-            f"{counts['not applicable']} not applicable, {harness_errors} harness errors"
-            + (f", {counts['not run']} not run" if counts.get("not run") else "")
-            + f"; {len(failures) - len(unexplained)} of {len(failures)} failures explained.**"
-            + f" Other spec tests: {_counts(other_counts)}.",
-            "",
-        ]
-        if "Overview" in notes:
-            lines += [notes["Overview"], ""]
-        lines += [
-            "Origin: `seed 000` / `seed 004` are the seeds' rules (F1-F16, K1-K47 of RULES.md); `project` marks this "
-            "project's own rules (HTTP H*, engine E*, speculative S*, ...) or, after a seed, what the contract asks "
-            "beyond the seed.",
-            "",
-            "| contract | rule ids | origin | verdict | evidence |",
-            "|---|---|---|---|---|",
-            *rows,
-            "",
-        ]
-        if failures:
-            lines += ["## Failures explained", ""]
-            for c, o in failures:
-                lines += [f"### `{c.id}` ({o.verdict})", "", notes.get(c.id, "**Not yet explained.**"), ""]
-        for verdict, title in (("fail", "Other spec tests that failed"), ("harness error", "Harness errors outside the contracts")):
-            listed = [(k, o) for k, o in self.others.items() if o.verdict == verdict]
-            if listed:
-                lines += [f"## {title}", ""]
-                lines += [f"- `{k}`: {_cell(o.evidence, 400)}" + (f" {notes[k]}" if k in notes else "") for k, o in listed]
-                lines += [""]
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        with open(self.path, "w") as f:
-            f.write("\n".join(lines))
+        run = Run(self.subject_text, _command(self.config), _cpu(), self.contracts, self.others)
+        results = results_path(self.path)
+        os.makedirs(os.path.dirname(results), exist_ok=True)
+        with open(results, "w") as f:
+            json.dump(run.to_json(), f, indent=1)
+        write_report(run, self.path, self.config.getoption("--conformance-notes"))
+
+
+@dataclass
+class Run:
+    """One suite run's verdicts, kept beside the report (``results_path``) so that notes can be added without
+    rerunning the engine: ``python -m contracts.conformance RESULTS --report FILE --notes NOTES``."""
+
+    subject_text: str
+    command: str
+    machine: str
+    contracts: dict[str, Outcome]
+    others: dict[str, Outcome]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"subject": self.subject_text, "command": self.command, "machine": self.machine,
+                "contracts": {k: asdict(o) for k, o in self.contracts.items()},
+                "others": {k: asdict(o) for k, o in self.others.items()}}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Run:
+        return cls(d["subject"], d["command"], d["machine"], {k: Outcome(**o) for k, o in d["contracts"].items()},
+                   {k: Outcome(**o) for k, o in d["others"].items()})
+
+
+def results_path(report: str) -> str:
+    """Where a report's recorded verdicts are kept: .cache/conformance/<report name>.json (not committed)."""
+    return os.path.join(".cache", "conformance", os.path.splitext(os.path.basename(report))[0] + ".json")
+
+
+def write_report(run: Run, path: str, notes_path: str | None) -> None:
+    notes = _read_notes(notes_path)
+    contracts = all_contracts()
+    counts = {v: 0 for v in VERDICTS}
+    rows, failures = [], []
+    for c in contracts:
+        o = run.contracts.get(c.id, Outcome("not run", "deselected (-k) or not collected"))
+        counts[o.verdict] = counts.get(o.verdict, 0) + 1
+        origin = c.origin + (f": {c.stricter}" if c.stricter else "")
+        evidence = o.evidence if o.verdict != "pass" else "; ".join(o.notes)
+        rows.append(f"| `{c.id}` | {', '.join(c.rules)} | {_cell(origin)} | **{o.verdict}** | {_cell(evidence, 500)} |")
+        if o.verdict in ("fail", "harness error"):
+            failures.append((c, o))
+    unexplained = [c.id for c, _ in failures if c.id not in notes]
+    other_counts: dict[str, int] = {}
+    for o in run.others.values():
+        other_counts[o.verdict] = other_counts.get(o.verdict, 0) + 1
+    harness_errors = counts["harness error"] + other_counts.get("harness error", 0)
+    lines = [
+        f"# Conformance of {run.subject_text}",
+        "",
+        "Written by `pytest spec --conformance-report` (contracts/conformance.py); the explanations below the "
+        "table come from the notes file. Regenerate, do not edit.",
+        "",
+        f"Command: `{run.command}`  ",
+        f"Machine: {run.machine}",
+        "",
+        f"**{len(contracts)} contracts: {counts['pass']} pass, {counts['fail']} fail, "
+        f"{counts['not applicable']} not applicable, {harness_errors} harness errors"
+        + (f", {counts['not run']} not run" if counts.get("not run") else "")
+        + f"; {len(failures) - len(unexplained)} of {len(failures)} failures explained.**"
+        + f" Other spec tests: {_counts(other_counts)}.",
+        "",
+    ]
+    if "Overview" in notes:
+        lines += [notes["Overview"], ""]
+    lines += [
+        "Origin: `seed 000` / `seed 004` are the seeds' rules (F1-F16, K1-K47 of RULES.md); `project` marks this "
+        "project's own rules (HTTP H*, engine E*, speculative S*, ...) or, after a seed, what the contract asks "
+        "beyond the seed.",
+        "",
+        "| contract | rule ids | origin | verdict | evidence |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+    if failures:
+        lines += ["## Failures explained", ""]
+        for c, o in failures:
+            lines += [f"### `{c.id}` ({o.verdict})", ""]
+            if len(_cell(o.evidence)) > 500:  # the table cell was cut: the whole evidence here
+                lines += ["```", o.evidence[:4000], "```", ""]
+            lines += [notes.get(c.id, "**Not yet explained.**"), ""]
+    for verdict, title in (("fail", "Other spec tests that failed"), ("harness error", "Harness errors outside the contracts")):
+        listed = [(k, o) for k, o in run.others.items() if o.verdict == verdict]
+        if listed:
+            lines += [f"## {title}", ""]
+            lines += [f"- `{k}`: {_cell(o.evidence, 400)}" + (f" {notes[k]}" if k in notes else "") for k, o in listed]
+            lines += [""]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
 
 
 def _contract_id(item: pytest.Item) -> str | None:
@@ -238,3 +279,20 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         if not rec.subject_text:
             rec.subject_text = str(session.config.getoption("--subject"))
         rec.write()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite a report from its recorded verdicts with the current notes (no engine needed)."""
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--report", required=True, help="the report to rewrite (its verdicts: .cache/conformance/)")
+    ap.add_argument("--notes", default=None, help="the notes file (## CONTRACT-ID sections)")
+    args = ap.parse_args(argv)
+    with open(results_path(args.report)) as f:
+        run = Run.from_json(json.load(f))
+    write_report(run, args.report, args.notes)
+    print(f"wrote {args.report} from {results_path(args.report)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
