@@ -97,6 +97,12 @@ def bf16_isa() -> str:
     return ""
 
 
+def onednn_bf16_available() -> bool:
+    """True when torch's oneDNN ops take bf16 at all (native or emulated on AVX-512; never under AVX2)."""
+    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return onednn_available() and bool(probe is not None and probe())
+
+
 def native_bf16() -> bool:
     """True when oneDNN runs bf16 matmuls in the CPU's own bf16 instructions."""
     return onednn_available() and bool(bf16_isa())
@@ -117,6 +123,10 @@ def plan(dtype: torch.dtype = torch.float32) -> LinearPlan:
     if dtype == torch.bfloat16:
         isa = bf16_isa()
         if mode != "auto":
+            if not onednn_bf16_available():
+                raise ValueError(f"{ENV}={mode} sends bf16 weights to oneDNN, which has no bf16 path on this CPU "
+                                 "(it needs avx512bw/vl/dq or avx_ne_convert; ONEDNN_MAX_CPU_ISA may cap it); unset it "
+                                 f"(auto) or set {ENV}=mkl for the float32-arithmetic kernels.")
             note = f"native bf16: {isa}" if isa else "no native bf16: oneDNN emulates it, slowly"
             return LinearPlan(mode, f"{ENV}={mode}; {note}", name)
         if isa:
