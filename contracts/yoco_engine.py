@@ -23,7 +23,11 @@ LOGPROB_TOL = 1e-4
 # served in bfloat16 (the dtype E2B is served in): the flag must not change which token wins there either,
 # where any difference in a kept row's arithmetic would be amplified, not hidden, by bf16 rounding.
 # (A small KV pool for the bf16 engines: the in-process subject keeps every engine it built for the session.)
-DTYPES = ((), ("--dtype", "bfloat16", "--max-total-tokens", "8192"))
+# The contracts read DTYPES when they run: spec/test_mutants.py runs them with only BF16 to show that the
+# bf16 legs alone still kill each PARITY mutant.
+F32 = ()
+BF16 = ("--dtype", "bfloat16", "--max-total-tokens", "8192")
+DTYPES = (F32, BF16)
 # Prompt lengths: 1-token prompts, shorter than, equal to and longer than the window,
 # several windows long.
 LENGTHS = [1, 2, 3, 5, 7, 9, 12, 15, 16, 17, 19, 23, 28, 31, 32, 33, 37, 41, 47, 52, 58, 64, 71, 80]
@@ -75,7 +79,7 @@ def _compare(what: str, off, on) -> None:
 def parity_greedy(subject) -> None:
     ps = prompts(subject.tiny_model(MODEL))
     reqs = [GenRequest(p, max_new_tokens=4, return_logprob=True) for p in ps]
-    for dtype, batched in ((DTYPES[0], True), (DTYPES[0], False), (DTYPES[1], True)):
+    for dtype, batched in [(d, b) for d in DTYPES for b in ((True, False) if d == F32 else (True,))]:
         off = subject.generate(_argv(subject, "--disable-radix-cache", *dtype), reqs, batched=batched)
         on = subject.generate(_argv(subject, "--disable-radix-cache", *dtype, FLAG), reqs, batched=batched)
         _compare(f"{'batched' if batched else 'one by one'}{' '.join(('',) + dtype)}", off, on)
@@ -118,9 +122,8 @@ def parity_edge_batches(subject) -> None:
 def parity_prompt_logprobs(subject) -> None:
     ps = prompts(subject.tiny_model(MODEL), lengths=[5, 20, 37], seed=2)
     reqs = [GenRequest(p, max_new_tokens=2, return_logprob=True, logprob_start_len=s) for p, s in zip(ps, (0, 3, 30))]
-    # Whole prompts, then 16-token chunks (later chunks attend to a cached prefix).
-    for flags in (("--disable-radix-cache",), ("--disable-radix-cache", "--chunked-prefill-size", "16"),
-                  ("--disable-radix-cache", *DTYPES[1])):
+    # Whole prompts, then 16-token chunks (later chunks attend to a cached prefix), in each dtype.
+    for flags in [("--disable-radix-cache", *d, *c) for d in DTYPES for c in ((), ("--chunked-prefill-size", "16"))]:
         off = subject.generate(_argv(subject, *flags), reqs)
         on = subject.generate(_argv(subject, *flags, FLAG), reqs)
         for o, p, s in zip(on.outputs, ps, (0, 3, 30)):
