@@ -31,6 +31,14 @@ test: $(STAMP)
 spec: $(STAMP)
 	$(PY) -m pytest spec -q
 
+# The AVX2 code paths on an AVX-512 machine (not in CI: rebuilds both C++ extensions with -march=haswell, ~2 min
+# once): the kernels against their references and the PARITY contracts, oneDNN capped at its AVX2 kernels.
+.PHONY: test-avx2
+test-avx2: $(STAMP)
+	IMPL_CPU_MARCH=haswell ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest -q tests/kernels/test_cpu_avx2_paths.py \
+		tests/kernels/test_cpu_fused.py tests/kernels/test_cpu_fused_bf16.py tests/kernels/test_cpu_attn.py \
+		spec/test_contracts.py -k "not contract or PARITY"
+
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy

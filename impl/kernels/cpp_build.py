@@ -25,6 +25,18 @@ logger = logging.getLogger("impl.kernels")
 
 # A build takes ~20-60 s; a lock older than this was left by a process killed mid-build.
 STALE_LOCK_S = 600.0
+# The target CPU of the builds (gcc's -march): native by default; e.g. IMPL_CPU_MARCH=haswell builds (and
+# runs) the AVX2 code on an AVX-512 machine, to check that path against the references.
+ENV_MARCH = "IMPL_CPU_MARCH"
+
+
+def march() -> str:
+    """The ``-march`` the C++ extensions are built for (``IMPL_CPU_MARCH``, default ``native``): it replaces
+    the ``-march=native`` of their flags."""
+    raw = os.environ.get(ENV_MARCH, "").strip() or "native"
+    if not raw.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"environment variable {ENV_MARCH}={raw!r} is not a gcc -march name (e.g. native, haswell)")
+    return raw
 
 
 def build_extension(prefix: str, source: str | list[str], cflags: list[str]) -> ModuleType:
@@ -33,6 +45,7 @@ def build_extension(prefix: str, source: str | list[str], cflags: list[str]) -> 
     from torch.utils.cpp_extension import load as load_extension
 
     sources = [source] if isinstance(source, str) else list(source)
+    cflags = [f"-march={march()}" if f == "-march=native" else f for f in cflags]  # IMPL_CPU_MARCH
 
     if shutil.which("ninja") is None:
         try:  # the PyPI ninja package ships the binary beside the interpreter's scripts

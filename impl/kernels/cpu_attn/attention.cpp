@@ -609,4 +609,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         release());
   m.def("decode_attention", &decode_attention, "split-KV decode attention over the paged KV pool (CPU)", release());
   m.def("rows_attention", &rows_attention, "query rows over the paged KV pool through req_to_token (CPU)", release());
+  m.def("simd_isa", []() -> std::string {
+#if defined(__AVX512F__)
+    return "avx512";
+#elif defined(__AVX2__)
+    return "avx2";
+#else
+    return "generic";
+#endif
+  }, "the SIMD width the kernels were compiled for (-march: native, or IMPL_CPU_MARCH)");
 }

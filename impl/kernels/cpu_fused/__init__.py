@@ -31,23 +31,13 @@ from impl.kernels.cpp_build import LazyExtension
 logger = logging.getLogger("impl.kernels")
 
 ENV_SWITCH = "IMPL_CPU_FUSED"
-# The target CPU of the build (gcc's -march): native by default; e.g. IMPL_CPU_MARCH=haswell builds (and
-# runs) the AVX2 code on an AVX-512 machine, to check that path against the references.
-ENV_MARCH = "IMPL_CPU_MARCH"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCES = [os.path.join(_HERE, "fused_layer.cpp"), os.path.join(_HERE, "linear.cpp")]
 
-
-def _march() -> str:
-    raw = os.environ.get(ENV_MARCH, "").strip() or "native"
-    if not raw.replace("-", "").replace("_", "").isalnum():
-        raise ValueError(f"environment variable {ENV_MARCH}={raw!r} is not a gcc -march name (e.g. native, haswell)")
-    return raw
-
-
 # -ffp-contract=off: no FMA may fuse a product into an add (RoPE's x*cos + rot*sin rounds both products;
 # linear.cpp spells its FMAs out).
-_CFLAGS = ["-O3", f"-march={_march()}", "-ffp-contract=off", "-fopenmp"]
+# -march=native: or IMPL_CPU_MARCH (e.g. haswell: the AVX2 code on an AVX-512 machine; cpp_build.march).
+_CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 
 EXTENSION = LazyExtension("impl_cpu_fused", _SOURCES, _CFLAGS, ENV_SWITCH, "fused CPU kernels", "decoder layers use the torch path")
 enabled_by_env = EXTENSION.enabled_by_env
