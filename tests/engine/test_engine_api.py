@@ -191,4 +191,5 @@ def test_bad_server_args_and_startup_log():
     if cpu_fused.load() is not None:  # the tiny e2b's weights are under oneDNN's size floor
         assert info["cpu_linear"] == {"mode": "mkl", "reason": "weights too small for oneDNN", "dtype": "float32"}
         assert info["cpu_kernels"]["layers"] == {"fused": 35} and info["cpu_kernels"]["weight_dtype"] == "float32"
+        assert info["cpu_kernels"]["routes"] == {"fused, mkl": list(range(35))}  # which path serves which layer
     assert set(eng.work_counters()) >= {"prefill_tokens", "decode_tokens", "cached_tokens", "cross_decoder_rows"}

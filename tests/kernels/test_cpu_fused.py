@@ -267,3 +267,30 @@ def test_linear_plan_modes(monkeypatch):
     with pytest.raises(ValueError, match="IMPL_CPU_LINEAR='fastest' is not one of auto, packed, onednn, mkl"):
         cpu_linear.plan()
     assert cpu_linear.sized_for_onednn(torch.empty(256, 256)) and not cpu_linear.sized_for_onednn(torch.empty(64, 512))
+
+
+@needs_ext
+@needs_onednn
+def test_record_says_which_route_serves_which_layer(monkeypatch):
+    """A model whose layers take different routes (here only the KV-shared layers count as sized for oneDNN,
+    as a model with wider back-half layers would): the startup log text and /get_server_info's ``routes``
+    name the layers of each route."""
+    import itertools
+
+    from impl.model.loader import load_model
+    from impl.testing.checkpoints import tiny_checkpoint
+
+    monkeypatch.setenv(cpu_linear.ENV, "packed")
+    model = load_model(tiny_checkpoint("e2b"), dtype="float32")
+    shared = list(range(len(model.layers) - model.config.num_kv_shared_layers, len(model.layers)))
+    layer = itertools.count()  # the transform asks once per fused layer, in layer order
+    monkeypatch.setattr(cpu_linear, "sized_for_onednn", lambda *ws: next(layer) >= shared[0])
+    rec = cpu_fused_transform.apply(model)
+    assert rec.routes() == {"fused, mkl": [i for i in range(len(model.layers)) if i not in shared], "fused, packed": shared}
+    assert rec.info()["routes"] == rec.routes()
+    text = rec.describe()
+    assert "linear layers: oneDNN, prepacked weights (IMPL_CPU_LINEAR=packed)" in text
+    assert f"; layers 0-{shared[0] - 1} keep ATen mm (weights too small for oneDNN)" in text, text
+    assert model.layers[shared[0]].mlp.down_proj.weight.is_meta and not model.layers[0].mlp.down_proj.weight.is_meta
+    got = _run_session(model)
+    assert all(bool(v.isfinite().all()) for v in got.values())

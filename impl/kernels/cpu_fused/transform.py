@@ -306,10 +306,21 @@ class CpuKernels:
     # copies, minus the storages they replaced): what the engine adds to the weights' bytes
     extra_bytes: int = 0
     unavailable: str = ""  # why no layer runs the fused kernels (when none does)
+    # per decoder layer: the linear mode of a fused layer ("packed" | "onednn" | "mkl"; a layer whose weights
+    # are under oneDNN's size floor keeps "mkl" whatever the plan says), "" for the other paths
+    layer_linear: tuple[str, ...] = ()
 
     @property
     def fused_layers(self) -> int:
         return sum(p == "fused" for p in self.layer_paths)
+
+    def routes(self) -> dict[str, list[int]]:
+        """Which path serves which decoder layer: "fused, <linear mode>", "float" or "module" -> layer indices."""
+        out: dict[str, list[int]] = {}
+        modes = self.layer_linear or ("",) * len(self.layer_paths)
+        for i, (path, mode) in enumerate(zip(self.layer_paths, modes)):
+            out.setdefault(f"{path}, {mode}" if path == "fused" and mode else path, []).append(i)
+        return out
 
     def describe(self) -> str:
         """The startup log's ``CPU kernels: ...`` text."""
@@ -318,10 +329,14 @@ class CpuKernels:
             return f"torch ops ({self.unavailable})" if self.unavailable else "torch ops"
         what = f"fused decoder layers ({self.fused_layers} of {n}, {self.weight_dtype} weights"
         if self.fused_layers < n:
-            what += f"; {n - self.fused_layers} on " + ", ".join(sorted({p for p in self.layer_paths if p != "fused"}))
+            others = {k: v for k, v in self.routes().items() if not k.startswith("fused")}
+            what += "; " + "; ".join(f"{_ranges(v)} on {k}" for k, v in others.items())
         text = f"{what}) and sliding-window attention (C++ extension, {self.isa} build)"
         if self.linear is not None:
             text += f"; linear layers: {self.linear.describe()}"
+            small = [i for i, m in enumerate(self.layer_linear) if m == "mkl" and self.layer_paths[i] == "fused"]
+            if small and self.linear.mode != "mkl":
+                text += f"; {_ranges(small)} keep{'s' if len(small) == 1 else ''} {cpu_linear.small_weights_plan(getattr(torch, self.linear.dtype)).describe()}"
         if self.other_linears:
             text += f"; also {', '.join(self.other_linears)} on the extension's linear"
         return text
@@ -330,6 +345,7 @@ class CpuKernels:
         """What ``/get_server_info`` reports under ``cpu_kernels``."""
         return {
             "layers": {k: self.layer_paths.count(k) for k in ("fused", "float", "module") if k in self.layer_paths},
+            "routes": self.routes(),
             "weight_dtype": self.weight_dtype,
             "isa": self.isa,
             "linear": None if self.linear is None else self.linear.info(),
@@ -378,6 +394,7 @@ def apply(model: nn.Module) -> CpuKernels:
     weight_dtype = str(next(iter(dtypes)) if len(dtypes) == 1 else model_dtype(model)).replace("torch.", "")
     plan = None
     packed = 0
+    modes: dict[int, str] = {}  # id(fused layer) -> its linear mode
     held: list[torch.Tensor] = []  # tensors the installed forwards hold outside the parameters
     if fused:
         sized = [cpu_linear.sized_for_onednn(*f.linear_weights()) for _, _, f, _ in fused]
@@ -385,6 +402,7 @@ def apply(model: nn.Module) -> CpuKernels:
         plan = cpu_linear.plan(dtype) if any(sized) else cpu_linear.small_weights_plan(dtype)
         for (m, w, f, ext), ok in zip(fused, sized):
             mode = plan.mode if ok else "mkl"
+            modes[id(m)] = mode
             g = f.for_linear_mode(mode)
             if mode == "packed":
                 if w.ple is not None and g.ple_gate is not None and g.ple_proj is not None:
@@ -398,7 +416,19 @@ def apply(model: nn.Module) -> CpuKernels:
     others = _install_linears(model, ext, plan, {id(m) for m, _, _, _ in fused}) if ext is not None else ()
     after = storage_bytes(model) + packed + sum(t.numel() * t.element_size() for t in held)
     return CpuKernels(tuple(paths), weight_dtype, plan, ext.simd_isa() if ext is not None else "", others, packed,
-                      after - before, "" if fused else _unavailable_reason(model_dtype(model)))
+                      after - before, "" if fused else _unavailable_reason(model_dtype(model)),
+                      tuple(modes.get(id(m), "") for m in layers))
+
+
+def _ranges(layers: list[int]) -> str:
+    """[5] -> "layer 5"; [0, 1, 2, 5, 7, 8] -> "layers 0-2, 5, 7-8"."""
+    spans: list[list[int]] = []
+    for i in layers:
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ("layer " if len(layers) == 1 else "layers ") + ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def model_dtype(model: nn.Module) -> torch.dtype:
