@@ -28,14 +28,13 @@ def test_mutant_is_killed(mutant, cid, subject):
 PARITY_PAIRS = [(m, cid) for m, cid in PAIRS if cid.startswith("PARITY-")]
 
 
+@pytest.mark.needs("impl")  # mutants patch this project's engine in process
 @pytest.mark.parametrize("mutant,cid", PARITY_PAIRS, ids=[f"{m.name}-kills-{cid}-in-bf16" for m, cid in PARITY_PAIRS])
 def test_parity_mutant_is_killed_in_bf16_alone(mutant, cid, subject, monkeypatch):
     """The PARITY contracts' bfloat16 legs alone (the float32 ones dropped) still kill each PARITY mutant:
     bf16 rounding must not hide a kept row the flag got wrong (issue 22.6)."""
     from contracts import yoco_engine
 
-    if subject.name != "impl":
-        pytest.skip("mutants wrap the in-process impl subject")
     monkeypatch.setattr(yoco_engine, "DTYPES", (yoco_engine.BF16,))
     argvs: list[list[str]] = []
     broken = mutant.make(subject)
