@@ -255,10 +255,10 @@ def our_server(model: str, flag: bool, port: int, extra: list[str] = ()) -> Serv
     return Server(f"ours flag {'on' if flag else 'off'}", argv, {"OMP_NUM_THREADS": str(THREADS)}, port)
 
 
-def vllm_server(exe: str, model: str, flag: bool, port: int) -> Server:
+def vllm_server(exe: str, model: str, flag: bool, port: int, extra: list[str] = ()) -> Server:
     python = os.path.join(os.path.dirname(exe), "python")  # the api_server module: see bench_peer.vllm_server
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
-            "--port", str(port), "--served-model-name", "peer"] + (["--kv-sharing-fast-prefill"] if flag else [])
+            "--port", str(port), "--served-model-name", "peer"] + (["--kv-sharing-fast-prefill"] if flag else []) + list(extra)
     return Server(f"vllm flag {'on' if flag else 'off'}", argv, {"VLLM_CPU_OMP_THREADS_BIND": f"0-{THREADS - 1}"}, port)
 
 
@@ -350,7 +350,7 @@ def phase_servers(who: str, args) -> None:
         limits = measure_limits()
         print(f"limits: {json.dumps({k: v for k, v in limits.items()})}", flush=True)
         srv = (our_server(path, flag, free_port(), args.server_args.split()) if who == "ours"
-               else vllm_server(exe, path, flag, free_port()))
+               else vllm_server(exe, path, flag, free_port(), args.vllm_args.split()))
         res = run_server(srv, vocab, args, log_dir)
         res.update(limits=limits, model=path, flag=flag, system=who, finished=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
         name = os.path.join(args.out_dir, f"{who}-{'on' if flag else 'off'}{args.tag}.json")
@@ -524,6 +524,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="e2b-full", help="checkpoint name (impl.testing.checkpoints) or folder")
     ap.add_argument("--flags", default="off,on")
     ap.add_argument("--server-args", default="", help="extra flags for our server (e.g. --attention-backend triton)")
+    ap.add_argument("--vllm-args", default="", help="extra flags for vLLM (its default --gpu-memory-utilization 0.92 "
+                    "is refused on a machine where other processes hold more than 8%% of memory)")
     ap.add_argument("--tag", default="", help="suffix of the result file (a run beside the table's, e.g. -triton)")
     ap.add_argument("--concurrent-only", action="store_true", help="only (a): the 4 concurrent 1024-token prompts")
     ap.add_argument("--reps", type=int, default=2, help="repetitions of each llama-bench figure (best kept)")
