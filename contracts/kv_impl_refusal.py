@@ -29,8 +29,6 @@ SINGLE = [
     (("--decode-attention-backend", "flashinfer"), "hopper", ("--decode-attention-backend", "flashinfer")),
     (("--linear-attn-backend", "triton"), "cpu", ("--linear-attn-backend",)),
     (("--mamba-backend", "triton"), "cpu", ("--mamba-backend",)),
-    (("--kv-cache-dtype", "fp8_e4m3"), "hopper", ("--kv-cache-dtype", "fp8_e4m3")),
-    (("--kv-cache-dtype", "fp8_e5m2"), "cpu", ("--kv-cache-dtype", "fp8_e5m2")),
     (("--kv-cache-dtype", "nvfp4", "--attention-backend", "triton"), "sm100", ("--kv-cache-dtype", "nvfp4")),
     (("--kv-cache-dtype", "fp4_mx_block16", "--attention-backend", "triton"), "hopper", ("--kv-cache-dtype", "fp4_mx_block16")),
     (("--kv-cache-dtype", "mxfp8"), "sm120", ("--kv-cache-dtype", "mxfp8")),
@@ -47,14 +45,17 @@ ACCEPTED = [
     (("--attention-backend", "triton"), "hopper", E2B),
     (("--attention-backend", "torch_native"), "cpu", E2B),
     (("--kv-cache-dtype", "bf16"), "cpu", E2B),
+    (("--kv-cache-dtype", "fp8_e4m3"), "cpu", E2B),
+    (("--kv-cache-dtype", "fp8_e5m2"), "cpu", E2B),
+    (("--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "triton"), "hopper", E2B),
     (("--kv-cache-dtype", "bfloat16", "--attention-backend", "triton"), "sm100", E2B),
     (("--kv-cache-dtype", "auto", "--disable-radix-cache", "--swa-full-tokens-ratio", "0.5"), "cpu", E2B),
     (("--cuda-graph-backend-prefill", "disabled", "--disable-cuda-graph"), "hopper", E2B),
 ]
 
 COMBINED = (
-    ("--enable-lmcache", "--dcp-size", "2", "--kv-cache-dtype", "fp8_e5m2", "--enable-priority-scheduling", "--tp-size", "2"),
-    ("--enable-lmcache", "--dcp-size", "--kv-cache-dtype", "fp8_e5m2", "--enable-priority-scheduling", "--tp-size"),
+    ("--enable-lmcache", "--dcp-size", "2", "--enable-hisparse", "--enable-priority-scheduling", "--tp-size", "2"),
+    ("--enable-lmcache", "--dcp-size", "--enable-hisparse", "--enable-priority-scheduling", "--tp-size"),
 )
 
 
@@ -62,13 +63,14 @@ COMBINED = (
     "IMPL-REFUSES-UNIMPLEMENTED",
     "At launch, after validation, settings whose feature this engine does not implement (PD disaggregation, "
     "hierarchical cache, LMCache, unified memory, page-major layout, HiSparse, context parallelism, DCP, TP/PP > 1, "
-    "non-triton/torch_native, linear-attention and Mamba backends, FP4/MXFP8/FP8 KV, prefill-only embedding, "
-    "speculative decoding, priority scheduling, prefill cuda-graph capture) stop it with ONE ValueError naming "
-    "every such flag; auto / bf16 / bfloat16 KV and the implemented backends start.",
+    "non-triton/torch_native, linear-attention and Mamba backends, FP4/MXFP8 KV, prefill-only embedding, "
+    "speculative decoding other than FROZEN_KV_MTP, priority scheduling, prefill cuda-graph capture) stop it with "
+    "ONE ValueError naming every such flag; auto / bf16 / bfloat16 / fp8_e4m3 / fp8_e5m2 KV and the implemented "
+    "backends start.",
     f"{SEED} (engine scope: issue 3, honest behaviour)",
     rules=("K1", "K2", "K19", "K26", "K33", "K40"),
-    note="Engine-specific: the rule ids are the seed-004 settings families it refuses. fp8_e4m3 / fp8_e5m2 are "
-    "refused until the KV pool implements them; speculative decoding until the speculative loop exists.",
+    note="Engine-specific: the rule ids are the seed-004 settings families it refuses. fp8_e4m3 / fp8_e5m2 KV "
+    "caches start since issue 25 (contracts KV-FP8-*); FP4 and MXFP8 stay refused.",
 )
 def impl_refuses_unimplemented(subject) -> None:
     for flags, platform, model in ACCEPTED:

@@ -364,7 +364,8 @@ TABLE: list[tuple[str, str | tuple[str, ...], str, str | dict[str, Any]]] = [
     ("LinearPrefill0523", "PAGE-MAJOR-LINEAR-PREFILL", "SGLang 0.5.23's prefill list (flashinfer added).", {"LINEAR_PREFILL_BACKENDS": frozenset({"triton", "flashkda", "flashinfer"})}),
     ("MambaAllowsFlashinfer", "PAGE-MAJOR-MAMBA", "flashinfer Mamba kernels are accepted with the page-major layout.", {"MAMBA_BACKENDS": (None, "triton", "flashinfer")}),
     ("RefusesFirstOnly", "IMPL-REFUSES-UNIMPLEMENTED", "Only the first unimplemented setting is reported (the operator fixes them one launch at a time).", {"impl.args.unsupported:refuse_unimplemented": _refuse_first_only}),
-    ("AcceptsFp8Kv", "IMPL-REFUSES-UNIMPLEMENTED", "fp8 KV dtypes start although the pool stores them as bf16 (silently ignored).", {"impl.args.unsupported:IMPLEMENTED_KV_CACHE_DTYPES": ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2")}),
+    ("AcceptsMxfp8Kv", "IMPL-REFUSES-UNIMPLEMENTED", "MXFP8 / FP4 KV dtypes start although no pool stores them (silently ignored).", {"impl.args.unsupported:IMPLEMENTED_KV_CACHE_DTYPES": ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4", "fp4_mx_block16")}),
+    ("RefusesFp8Kv", "IMPL-REFUSES-UNIMPLEMENTED", "fp8 KV is refused although the pool implements it (the pre-issue-25 refusal).", {"impl.args.unsupported:IMPLEMENTED_KV_CACHE_DTYPES": ("auto", "bf16", "bfloat16")}),
     ("RefusesBf16Kv", "IMPL-REFUSES-UNIMPLEMENTED", "bf16 KV is refused although the pool implements it.", {"impl.args.unsupported:IMPLEMENTED_KV_CACHE_DTYPES": ("auto",)}),
 ]
 

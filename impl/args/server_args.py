@@ -123,9 +123,15 @@ class ServerArgs:
     # ---- memory and scheduling ----------------------------------------------
     kv_cache_dtype: str = _f(
         "auto",
-        "KV-cache dtype: auto (the model dtype), bf16/bfloat16, fp8_e4m3, fp8_e5m2, mxfp8 (Blackwell), nvfp4 "
-        "(SM100/SM120), fp4_mx_block16 (CUDA).",
+        "KV-cache dtype: auto (the model dtype), bf16/bfloat16, fp8_e4m3, fp8_e5m2 (per-layer scales: "
+        "--quantization-param-path), mxfp8 (Blackwell), nvfp4 (SM100/SM120), fp4_mx_block16 (CUDA).",
         KV_CACHE_DTYPE_CHOICES,
+    )
+    quantization_param_path: str | None = _f(
+        None,
+        "JSON file of per-layer fp8 KV-cache scaling factors (SGLang's / vLLM's schema: kv_cache.dtype and "
+        "kv_cache.scaling_factor {tp rank: {layer: scale}}); needs --kv-cache-dtype fp8_e4m3 or fp8_e5m2. Without "
+        "it fp8 KV caches use scale 1.0.",
     )
     max_total_tokens: int | None = _f(None, "KV-cache capacity in tokens; overrides --mem-fraction-static.", type=int)
     mem_fraction_static: float | None = _f(None, "Fraction of available memory for weights plus KV cache.", type=float)

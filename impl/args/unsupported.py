@@ -19,10 +19,10 @@ from typing import Any, Callable
 from impl.args.resolution import attention_backends_of, resolved_view, resolving_view
 from impl.args.server_args import IMPLEMENTED_ATTENTION_BACKENDS
 
-# KV-cache dtypes the pool stores natively: auto (the model dtype) and bf16.
-# fp8_e4m3 / fp8_e5m2 are valid SGLang settings but are refused until the pool
-# and kernels implement them.
-IMPLEMENTED_KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16")
+# KV-cache dtypes the pool stores: auto (the model dtype), bf16, and fp8 (e4m3 / e5m2, per-layer scales,
+# dequantised in every attention kernel: impl/cache/kv_quant.py). The block-scaled FP4 / MXFP8 formats are
+# refused.
+IMPLEMENTED_KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
 IMPLEMENTED_PREFILL_CUDA_GRAPH = (None, "disabled")
 
 
@@ -104,7 +104,7 @@ UNIMPLEMENTED: list[Unimplemented] = [
         ),
     ),
     Unimplemented(
-        "KV-cache dtypes other than " + "/".join(IMPLEMENTED_KV_CACHE_DTYPES) + " (FP4, MXFP8, FP8)",
+        "KV-cache dtypes other than " + "/".join(IMPLEMENTED_KV_CACHE_DTYPES) + " (FP4, MXFP8)",
         lambda v: _flags(v, kv_cache_dtype=lambda x: x not in IMPLEMENTED_KV_CACHE_DTYPES),
     ),
     Unimplemented(

@@ -32,7 +32,8 @@ Gathered K/V are kept per plan and KV layer: a KV-shared layer reads exactly
 the K/V its producer gathered in the same pass (the producer wrote them before
 its own attention, and nothing writes that layer's buffers afterwards; a write
 drops the entry). Gathers go into scratch buffers kept across passes. Scores
-are computed in float32. Results equal a dense masked attention up to float32
+are computed in float32; fp8 pools are dequantised as they are gathered (element times the
+layer's scale), and the compiled rows kernel dequantises them in the kernel. Results equal a dense masked attention up to float32
 rounding (the summation order differs), not bit for bit.
 """
 
@@ -45,6 +46,7 @@ import torch
 from torch.nn import functional as F
 
 from impl.attention.base import AttentionBackend, AttentionLayer
+from impl.cache.kv_quant import is_fp8
 from impl.kernels import cpu_attn
 from impl.forward_batch import ForwardBatch
 
@@ -243,17 +245,17 @@ class TorchNativeAttnBackend(AttentionBackend):
             plan.bands[window] = out
         return plan.bands[window]
 
-    def _gather(self, k_buf, v_buf, slots: torch.Tensor, tag: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    def _gather(self, kv: "_PoolKV", slots: torch.Tensor, tag: tuple) -> tuple[torch.Tensor, torch.Tensor]:
         """Like ``_gather`` but into this backend's scratch buffers for ``tag`` (one per cached entry of a plan)."""
-        rows, width = slots.numel(), k_buf[0].numel()
+        rows, width = slots.numel(), kv.k[0].numel()
         out = []
-        for kind, buf in (("k", k_buf), ("v", v_buf)):
+        for kind, buf in (("k", kv.k), ("v", kv.v)):
             have = self._scratch.get((*tag, kind))
             if have is None or have.dtype != buf.dtype or have.shape[0] < rows or have.shape[1] != width:
                 have = torch.empty(max(rows, int(rows * 1.25)), width, dtype=buf.dtype, device=buf.device)
                 self._scratch[(*tag, kind)] = have
             out.append(have[:rows])
-        return _gather(k_buf, v_buf, slots, (out[0], out[1]))
+        return _gather(kv, slots, (out[0], out[1]))
 
     # ---- compute ------------------------------------------------------------
     def forward(self, q, k, v, layer: AttentionLayer, fb: ForwardBatch, save_kv_cache: bool = True) -> torch.Tensor:
@@ -273,26 +275,28 @@ class TorchNativeAttnBackend(AttentionBackend):
                 f"passed {n}; call init_forward_metadata (or init_cross_decoder_metadata for YOCO) first."
             )
         k_buf, v_buf = self.token_to_kv_pool.get_kv_buffer(layer.kv_layer_id)
+        scales = self.token_to_kv_pool.get_kv_scales(layer.kv_layer_id)
         q3 = q.view(n, layer.num_heads, layer.head_dim)
-        if self._rows_kernel and q.dtype == k_buf.dtype:
+        if self._rows_kernel and (q.dtype == k_buf.dtype or is_fp8(k_buf.dtype)):
             r2t = self.req_to_token_pool.req_to_token
             out = cpu_attn.rows_attention(q3, k_buf, v_buf, r2t, plan.row_req, plan.q_pos, layer.sliding_window,
-                                          layer.scaling, layer.logit_cap)
+                                          layer.scaling, layer.logit_cap, *scales)
             return out.reshape(n, -1)
+        kv = _PoolKV(k_buf, v_buf, *scales)
         if layer.sliding_window is not None:
-            out = self._sliding(q3, k_buf, v_buf, plan, layer)
+            out = self._sliding(q3, kv, plan, layer)
         else:
-            out = self._full(q3, k_buf, v_buf, plan, layer)
+            out = self._full(q3, kv, plan, layer)
         return out.to(q.dtype).reshape(n, -1)  # a strided [n, H, D] view (logit-cap path, one request) reshapes by copy
 
-    def _sliding(self, q3, k_buf, v_buf, plan: _Plan, layer: AttentionLayer) -> torch.Tensor:
+    def _sliding(self, q3, kv: "_PoolKV", plan: _Plan, layer: AttentionLayer) -> torch.Tensor:
         if not plan.band_groups:
-            return self._sliding_rows(q3, k_buf, v_buf, plan, layer)
+            return self._sliding_rows(q3, kv, plan, layer)
         n, h, d = q3.shape
         key = (layer.kv_layer_id, layer.sliding_window, "band")
         bands = self._bands(plan, self.req_to_token_pool.req_to_token, layer.sliding_window)
         if key not in plan.kv:
-            plan.kv[key] = [_gather(k_buf, v_buf, b.slots[None]) for b in bands]
+            plan.kv[key] = [_gather(kv, b.slots[None]) for b in bands]
         if len(bands) == 1 and plan.window_rows.numel() == 0:
             return _attend_band(q3, bands[0], *plan.kv[key][0], layer)
         out = torch.empty(n, h, d, dtype=torch.float32, device=q3.device)
@@ -300,34 +304,34 @@ class TorchNativeAttnBackend(AttentionBackend):
             out[b.rows] = _attend_band(q3[b.rows], b, kf, vf, layer)
         if plan.window_rows.numel():
             rows = plan.window_rows
-            out[rows] = self._sliding_rows(q3.index_select(0, rows), k_buf, v_buf, plan, layer)
+            out[rows] = self._sliding_rows(q3.index_select(0, rows), kv, plan, layer)
         return out
 
-    def _sliding_rows(self, q3, k_buf, v_buf, plan: _Plan, layer: AttentionLayer) -> torch.Tensor:
+    def _sliding_rows(self, q3, kv: "_PoolKV", plan: _Plan, layer: AttentionLayer) -> torch.Tensor:
         """Each row (of ``plan.window_rows``) against its own window of keys: batched ``[n * Hkv, G, w]`` scores."""
         n, h, d = q3.shape
         win = self._window(plan, self.req_to_token_pool.req_to_token, layer.sliding_window)
-        chunk = max(1, _WINDOW_CHUNK_ELEMS // (win.w * k_buf.shape[1] * k_buf.shape[2]))
+        chunk = max(1, _WINDOW_CHUNK_ELEMS // (win.w * kv.k.shape[1] * kv.k.shape[2]))
         key = (layer.kv_layer_id, layer.sliding_window)
         if n <= chunk:
             if key not in plan.kv:
-                plan.kv[key] = self._gather(k_buf, v_buf, win.slots, (plan.cross, *key))
+                plan.kv[key] = self._gather(kv, win.slots, (plan.cross, *key))
             ks, vs = plan.kv[key]
             return _attend_rows(q3, ks, vs, win.bias, layer)
         out = torch.empty(n, h, d, dtype=torch.float32, device=q3.device)
         for lo in range(0, n, chunk):
             hi = min(n, lo + chunk)
-            ks, vs = _gather(k_buf, v_buf, win.slots[lo:hi])
+            ks, vs = _gather(kv, win.slots[lo:hi])
             out[lo:hi] = _attend_rows(q3[lo:hi], ks, vs, win.bias[lo:hi], layer)
         return out
 
-    def _full(self, q3, k_buf, v_buf, plan: _Plan, layer: AttentionLayer) -> torch.Tensor:
+    def _full(self, q3, kv: "_PoolKV", plan: _Plan, layer: AttentionLayer) -> torch.Tensor:
         n, h, d = q3.shape
         key = (layer.kv_layer_id, None)
         segments = plan.segments()
         if key not in plan.kv:
             plan.kv[key] = [
-                self._gather(k_buf, v_buf, seg.kv_slots, (plan.cross, *key, j)) for j, seg in enumerate(segments)
+                self._gather(kv, seg.kv_slots, (plan.cross, *key, j)) for j, seg in enumerate(segments)
             ]
         gathered = plan.kv[key]
         if len(segments) == 1 and segments[0].b * segments[0].m == n:
@@ -388,11 +392,26 @@ def _bias(allowed: torch.Tensor) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
+@dataclass(frozen=True)
+class _PoolKV:
+    """One KV layer's buffers as the torch-ops path reads them: rows ``slot_map[slot]`` (or ``slot``) of
+    ``k`` / ``v`` ``[N, Hkv, D]``, dequantised as ``element * scale`` (fp8 pools; 1.0 otherwise)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+    slot_map: torch.Tensor | None = None
+
+
 def _gather(
-    k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
+    kv: _PoolKV, slots: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """slots [b, L] -> K, V [b, L, Hkv, D] float32 (index_select on flat slots: much cheaper than ``k_buf[slots]``)."""
+    k_buf, v_buf = kv.k, kv.v
     flat = slots.reshape(-1)
+    if kv.slot_map is not None:
+        flat = kv.slot_map.index_select(0, flat)
     shape = (*slots.shape, *k_buf.shape[1:])
     # On 2-D views: index_select copies whole rows then (about 3x faster than on [N, Hkv, D]).
     k2, v2 = k_buf.view(k_buf.shape[0], -1), v_buf.view(v_buf.shape[0], -1)
@@ -400,7 +419,12 @@ def _gather(
         k, v = k2.index_select(0, flat), v2.index_select(0, flat)
     else:
         k, v = torch.index_select(k2, 0, flat, out=out[0]), torch.index_select(v2, 0, flat, out=out[1])
-    return k.view(shape).float(), v.view(shape).float()
+    k, v = k.view(shape).float(), v.view(shape).float()
+    if kv.k_scale != 1.0:
+        k = k * kv.k_scale
+    if kv.v_scale != 1.0:
+        v = v * kv.v_scale
+    return k, v
 
 
 def _attend_band(q3: torch.Tensor, band: _Band, kf: torch.Tensor, vf: torch.Tensor, layer: AttentionLayer) -> torch.Tensor:

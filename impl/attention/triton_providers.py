@@ -113,20 +113,20 @@ def _reference(description: str) -> KernelProvider:
 
 
 def _extend_reference(q, o, k_buf, v_buf, qo_indptr, q_positions, kv_indptr, kv_indices, max_q_len, sm_scale,
-                      window=None, logit_cap=None):
+                      window=None, logit_cap=None, k_scale=1.0, v_scale=1.0):
     from impl.kernels.reference import attention_ref
 
     o.copy_(attention_ref(q, k_buf, v_buf, qo_indptr, q_positions, kv_indptr, kv_indices, sm_scale, window,
-                          logit_cap, compute_dtype=torch.float32))
+                          logit_cap, compute_dtype=torch.float32, k_scale=k_scale, v_scale=v_scale))
     return o
 
 
 def _decode_reference(q, o, k_buf, v_buf, q_positions, kv_indptr, kv_indices, num_kv_splits, max_kv_splits, sm_scale,
-                      window=None, logit_cap=None):
+                      window=None, logit_cap=None, k_scale=1.0, v_scale=1.0):
     from impl.kernels.reference import decode_attention_ref
 
     o.copy_(decode_attention_ref(q, k_buf, v_buf, q_positions, kv_indptr, kv_indices, sm_scale, window, logit_cap,
-                                 compute_dtype=torch.float32))
+                                 compute_dtype=torch.float32, k_scale=k_scale, v_scale=v_scale))
     return o
 
 

@@ -29,7 +29,12 @@ class TokenToKVPoolBase(ABC):
 
     @abstractmethod
     def set_kv_buffer(self, kv_layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write rows ``k``/``v`` ``[n, num_kv_heads, head_dim]`` at slots ``loc`` ``[n]``."""
+        """Write rows ``k``/``v`` ``[n, num_kv_heads, head_dim]`` at slots ``loc`` ``[n]`` (fp8 pools:
+        ``value / scale``, saturated)."""
+
+    @abstractmethod
+    def get_kv_scales(self, kv_layer_id: int) -> tuple[float, float]:
+        """(k_scale, v_scale): a reader dequantises a stored element as ``element * scale``."""
 
     @property
     @abstractmethod

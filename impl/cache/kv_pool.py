@@ -4,6 +4,9 @@ Only layers that write K/V (``config.kv_layer_ids``, the self-decoder) own
 buffers; each has its own head count and head dim (sliding vs full layers
 differ on Gemma-4). KV-shared layers read their producer's buffers. Neither
 class decides which slots a request gets: the allocator and radix cache do.
+
+An fp8 pool (``impl/cache/kv_quant.py``) stores ``value / scale`` per layer; readers get the
+scales from ``get_kv_scales`` and dequantise in their kernels.
 """
 
 from __future__ import annotations
@@ -11,11 +14,13 @@ from __future__ import annotations
 import torch
 
 from impl.cache.base import TokenToKVPoolBase
+from impl.cache.kv_quant import KVScales, is_fp8, quantize
 from impl.config.model_config import ModelConfig
 
 
 class TokenToKVPool(TokenToKVPoolBase):
-    def __init__(self, model_config: ModelConfig, capacity: int, dtype: torch.dtype, device: str | torch.device = "cpu"):
+    def __init__(self, model_config: ModelConfig, capacity: int, dtype: torch.dtype, device: str | torch.device = "cpu",
+                 scales: KVScales | None = None):
         if capacity < 2:
             raise ValueError(f"KV pool capacity {capacity} is too small: slot 0 is reserved, so at least 2 slots are needed.")
         self.config = model_config
@@ -23,6 +28,8 @@ class TokenToKVPool(TokenToKVPoolBase):
         self.dtype = dtype
         self.device = torch.device(device)
         self.layer_ids = tuple(model_config.kv_layer_ids)
+        self.scales = scales or KVScales()
+        self.quantized = is_fp8(dtype)
         # k_buffers[layer]: [capacity, num_kv_heads(layer), head_dim(layer)]; slot 0 is the pad slot.
         self.k_buffers: dict[int, torch.Tensor] = {}
         self.v_buffers: dict[int, torch.Tensor] = {}
@@ -42,11 +49,22 @@ class TokenToKVPool(TokenToKVPoolBase):
         self._check_layer(kv_layer_id)
         return self.k_buffers[kv_layer_id], self.v_buffers[kv_layer_id]
 
+    def get_kv_scales(self, kv_layer_id: int) -> tuple[float, float]:
+        """(k_scale, v_scale) the layer's K/V buffers were written with (1.0 unless fp8 with a scale file)."""
+        return self.scales.get(kv_layer_id) if self.quantized else (1.0, 1.0)
+
     def set_kv_buffer(self, kv_layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self._check_layer(kv_layer_id)
         kb, vb = self.k_buffers[kv_layer_id], self.v_buffers[kv_layer_id]
-        kb.index_copy_(0, loc, k.view(-1, *kb.shape[1:]).to(kb.dtype))
-        vb.index_copy_(0, loc, v.view(-1, *vb.shape[1:]).to(vb.dtype))
+        k, v = k.view(-1, *kb.shape[1:]), v.view(-1, *vb.shape[1:])
+        if self.quantized:
+            # fp8 rows go in as bytes (index_copy_ has no fp8 kernel on CPU)
+            ks, vs = self.scales.get(kv_layer_id)
+            kb.view(torch.uint8).index_copy_(0, loc, quantize(k, ks, kb.dtype).view(torch.uint8))
+            vb.view(torch.uint8).index_copy_(0, loc, quantize(v, vs, vb.dtype).view(torch.uint8))
+            return
+        kb.index_copy_(0, loc, k.to(kb.dtype))
+        vb.index_copy_(0, loc, v.to(vb.dtype))
 
     @property
     def bytes_per_token(self) -> int:

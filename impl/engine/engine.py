@@ -366,6 +366,7 @@ class Engine:
             resolutions=[r.describe() for r in resolutions_of(self.server_args)],
             max_total_num_tokens=self.runner.budget.num_tokens,
             kv_bytes_per_token=self.runner.token_to_kv_pool.bytes_per_token,
+            kv_cache_storage=self.runner.kv_cache_dtype_name(),
             num_kv_layers=self.runner.token_to_kv_pool.num_kv_layers,
             chunked_prefill_size=self.scheduler_config.chunked_prefill_size,
             max_running_requests=self.scheduler_config.max_running_requests,

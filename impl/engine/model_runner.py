@@ -23,6 +23,7 @@ from impl.args.resolution import attention_backends_of
 from impl.attention.registry import create_attention_backend
 from impl.cache.kv_pool import ReqToTokenPool, TokenToKVPool
 from impl.args.dtype import auto_dtype
+from impl.cache.kv_quant import kv_cache_torch_dtype, load_kv_scales
 from impl.cache.memory import KVBudget, kv_budget, process_memory
 from impl.config.model_config import ModelConfig
 from impl.forward_batch import ForwardBatch, WorkCounters
@@ -50,9 +51,13 @@ class ModelRunner:
         if name == "auto":  # check_server_args resolves it (impl/args/dtype.py); an unchecked caller gets the same rule
             name = auto_dtype(model_config.torch_dtype, device.type == "cuda")
         self.dtype = resolve_dtype(name, model_config)
-        # --kv-cache-dtype auto stores K/V in the model dtype; bf16 / bfloat16 in bfloat16
-        # (other dtypes are refused at startup by impl.args.unsupported).
-        kv_dtype = torch.bfloat16 if server_args.kv_cache_dtype in ("bf16", "bfloat16") else self.dtype
+        # --kv-cache-dtype auto stores K/V in the model dtype; bf16 / bfloat16 in bfloat16; fp8_e4m3 / fp8_e5m2 in
+        # fp8 with per-layer scales (impl/cache/kv_quant.py; other dtypes are refused by impl.args.unsupported).
+        kv_dtype = kv_cache_torch_dtype(server_args.kv_cache_dtype, self.dtype)
+        self.kv_scales = load_kv_scales(
+            getattr(server_args, "quantization_param_path", None), server_args.kv_cache_dtype, model_config.model_type,
+            model_config.num_hidden_layers, tuple(model_config.kv_layer_ids),
+        )
         probe = TokenToKVPool(model_config, 2, kv_dtype, "meta")
         # refused here, before any weight is read, when it cannot fit (impl/engine/memory_plan.py)
         self.weight_plan = check_memory(server_args, model_config, self.dtype, probe.bytes_per_token, device)
@@ -65,7 +70,7 @@ class ModelRunner:
         self.budget: KVBudget = kv_budget(
             probe.bytes_per_token, device, weight_bytes, server_args.max_total_tokens, server_args.mem_fraction_static
         )
-        self.token_to_kv_pool = TokenToKVPool(model_config, self.budget.capacity, kv_dtype, device)
+        self.token_to_kv_pool = TokenToKVPool(model_config, self.budget.capacity, kv_dtype, device, self.kv_scales)
         context_len = server_args.context_length or model_config.max_position_embeddings
         max_req_len = min(context_len, self.budget.num_tokens)
         default_running = 256 if device.type == "cuda" else 64
@@ -111,6 +116,7 @@ class ModelRunner:
             f"KV pool: {self.token_to_kv_pool.bytes_per_token} bytes per token, "
             f"{self.token_to_kv_pool.num_kv_layers} of {mc.num_hidden_layers} layers hold KV, "
             f"{self.budget.num_tokens} tokens ({self.budget.reason})",
+            f"KV cache dtype: {self.kv_cache_dtype_name()}",
             memory_line(self.weight_plan, self.packed_bytes, self.kv_pool_bytes, self.load_peak_rss),
             f"Attention backends: prefill {self.backend_names[0]}, decode {self.backend_names[1]}",
             f"Scheduler limits: max_running_requests={self.limits.max_running_requests}, "
@@ -123,6 +129,12 @@ class ModelRunner:
 
     def memory_info(self) -> dict:
         return memory_info(self.weight_plan, self.packed_bytes, self.kv_pool_bytes, self.load_peak_rss)
+
+    def kv_cache_dtype_name(self) -> str:
+        """The pool's storage dtype, with its scales when fp8 (the startup log and /get_server_info)."""
+        pool = self.token_to_kv_pool
+        name = str(pool.dtype).replace("torch.", "")
+        return f"{name} ({self.kv_scales.describe()})" if pool.quantized else name
 
     def cpu_linear(self) -> dict[str, str] | None:
         """Which library multiplies the fused layers' weights (``impl/kernels/cpu_fused/linear.py``), or

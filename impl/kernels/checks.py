@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# K/V pools may also store fp8 (read with a per-layer scale: stored = value / scale).
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 512
 
 
@@ -26,8 +28,12 @@ def check_attention_args(q, o, k_buf, v_buf, name: str) -> None:
     require(kvh > 0 and h % kvh == 0, f"{name}: num_heads {h} must be a multiple of num_kv_heads {kvh} (GQA)")
     require(MIN_HEAD_DIM <= d <= MAX_HEAD_DIM, f"{name}: head_dim {d} outside the supported {MIN_HEAD_DIM}..{MAX_HEAD_DIM}")
     require(q.dtype in SUPPORTED_DTYPES, f"{name}: dtype {q.dtype} unsupported; use float32, bfloat16 or float16")
+    require(o.dtype == q.dtype, f"{name}: o dtype {o.dtype} differs from q dtype {q.dtype}; cast one of them")
+    require(v_buf.dtype == k_buf.dtype, f"{name}: k_buf is {k_buf.dtype} but v_buf {v_buf.dtype}; one pool dtype")
+    require(k_buf.dtype == q.dtype or k_buf.dtype in FP8_KV_DTYPES,
+            f"{name}: K/V buffer dtype {k_buf.dtype} differs from q dtype {q.dtype}; the pool holds q's dtype or fp8 "
+            "(float8_e4m3fn / float8_e5m2)")
     for t, n in ((o, "o"), (k_buf, "k_buf"), (v_buf, "v_buf")):
-        require(t.dtype == q.dtype, f"{name}: {n} dtype {t.dtype} differs from q dtype {q.dtype}; cast one of them")
         require(t.device == q.device, f"{name}: {n} is on {t.device}, q on {q.device}")
     for t, n in ((q, "q"), (o, "o"), (k_buf, "k_buf"), (v_buf, "v_buf")):
         require(t.stride(2) == 1, f"{name}: {n} must be contiguous in head_dim (stride {t.stride(2)}); call .contiguous()")
@@ -46,8 +52,13 @@ def _check_window_cap(name: str, window: int | None, logit_cap: float | None) ->
     require(logit_cap is None or logit_cap >= 0, f"{name}: logit_cap must be >= 0 or None, got {logit_cap}")
 
 
+def check_kv_scales(name: str, k_scale: float, v_scale: float) -> None:
+    require(k_scale > 0 and v_scale > 0 and k_scale < float("inf") and v_scale < float("inf"),
+            f"{name}: KV scales must be positive and finite, got k_scale={k_scale} v_scale={v_scale}")
+
+
 def check_extend_launch(name: str, q, o, k_buf, v_buf, qo_indptr, q_positions, kv_indptr, kv_indices,
-                        window: int | None, logit_cap: float | None) -> int:
+                        window: int | None, logit_cap: float | None, k_scale: float = 1.0, v_scale: float = 1.0) -> int:
     """Every extend provider's preconditions (Triton and CPU take one signature); returns the batch size."""
     check_attention_args(q, o, k_buf, v_buf, name)
     batch = qo_indptr.shape[0] - 1
@@ -56,11 +67,13 @@ def check_extend_launch(name: str, q, o, k_buf, v_buf, qo_indptr, q_positions, k
     check_index(q_positions, q.shape[0], name, "q_positions", q.device)
     check_index(kv_indices, None, name, "kv_indices", q.device)
     _check_window_cap(name, window, logit_cap)
+    check_kv_scales(name, k_scale, v_scale)
     return batch
 
 
 def check_decode_launch(name: str, q, o, k_buf, v_buf, q_positions, kv_indptr, kv_indices, num_kv_splits,
-                        max_kv_splits: int, window: int | None, logit_cap: float | None) -> int:
+                        max_kv_splits: int, window: int | None, logit_cap: float | None, k_scale: float = 1.0,
+                        v_scale: float = 1.0) -> int:
     """Every decode provider's preconditions (one query row per request); returns the batch size."""
     check_attention_args(q, o, k_buf, v_buf, name)
     batch = q.shape[0]
@@ -70,4 +83,5 @@ def check_decode_launch(name: str, q, o, k_buf, v_buf, q_positions, kv_indptr, k
     check_index(num_kv_splits, batch, name, "num_kv_splits", q.device)
     require(max_kv_splits >= 1, f"{name}: max_kv_splits must be >= 1, got {max_kv_splits}")
     _check_window_cap(name, window, logit_cap)
+    check_kv_scales(name, k_scale, v_scale)
     return batch

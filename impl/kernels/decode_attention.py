@@ -9,6 +9,9 @@ extend). It writes a partial output and its log-sum-exp. Stage 2 merges the
 
 The query position is explicit (``q_positions[b]``), so this kernel also serves
 a YOCO back half that selected one row per request (any row, not only the last).
+
+fp8 pools (``KV_FP8``) are dequantised in stage 1 as in the extend kernel: tiles converted to q's dtype,
+the K scale in ``sm_scale``, the V scale on each split's partial output.
 """
 
 from __future__ import annotations
@@ -31,13 +34,13 @@ _NEG_FLOOR = tl.constexpr(-1.0e30)
 def _decode_stage1_kernel(
     Q, K_buf, V_buf, Mid_O, Mid_LSE, O,
     q_positions, kv_indptr, kv_indices, num_kv_splits,
-    sm_scale, window, logit_cap,
+    sm_scale, window, logit_cap, v_scale,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
     KV_GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_IEEE: tl.constexpr,
-    DIRECT_OUT: tl.constexpr,
+    DIRECT_OUT: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_h = tl.program_id(1)
@@ -75,6 +78,8 @@ def _decode_stage1_kernel(
         slots = tl.load(kv_indices + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
         k = tl.load(K_buf + slots[None, :] * stride_kt + kv_h * stride_kh + offs_d[:, None],
                     mask=mask_n[None, :] & mask_d[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
+        if KV_FP8:
+            k = k.to(Q.dtype.element_ty)  # dequantise: the K scale is in sm_scale
         if UPCAST_DOT:
             k = k.to(tl.float32)
         if DOT_IEEE:
@@ -91,6 +96,8 @@ def _decode_stage1_kernel(
         l_i = l_i * alpha + reduce_sum(p, 1)
         v = tl.load(V_buf + slots[:, None] * stride_vt + kv_h * stride_vh + offs_d[None, :],
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        if KV_FP8:
+            v = v.to(Q.dtype.element_ty)  # dequantise: the V scale multiplies the output
         p = p.to(v.dtype)
         if UPCAST_DOT:
             p = p.to(tl.float32)
@@ -102,7 +109,7 @@ def _decode_stage1_kernel(
         m_i = m_new
 
     nonempty = l_i > 0.0
-    out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
+    out = acc * (v_scale / tl.where(nonempty, l_i, 1.0))[:, None]
     if DIRECT_OUT:  # one split for every request: this is the final output, no stage 2
         tl.store(O + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(O.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
@@ -165,11 +172,13 @@ def decode_attention_fwd(
     sm_scale: float,
     window: int | None = None,
     logit_cap: float | None = None,
+    k_scale: float = 1.0,  # fp8 pools store K / k_scale (1.0 otherwise)
+    v_scale: float = 1.0,
     launch: DecodeLaunch | None = None,
 ) -> torch.Tensor:
     name = "decode_attention_fwd"
     batch = check_decode_launch(name, q, o, k_buf, v_buf, q_positions, kv_indptr, kv_indices, num_kv_splits,
-                                max_kv_splits, window, logit_cap)
+                                max_kv_splits, window, logit_cap, k_scale, v_scale)
     _, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
     if batch == 0:
@@ -185,13 +194,14 @@ def decode_attention_fwd(
     _decode_stage1_kernel[(batch, num_kv_heads, max_kv_splits)](
         q, k_buf, v_buf, mid_o, mid_lse, o,
         q_positions, kv_indptr, kv_indices, num_kv_splits,
-        float(sm_scale), int(window or 0), float(logit_cap or 0.0),
+        float(sm_scale) * float(k_scale), int(window or 0), float(logit_cap or 0.0), float(v_scale),
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         o.stride(0), o.stride(1),
         KV_GROUP=group, HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_H=block_h, BLOCK_N=cfg.block_n,
         HAS_WINDOW=bool(window), HAS_CAP=bool(logit_cap),
         UPCAST_DOT=TRITON_INTERPRETED, DOT_IEEE=q.dtype == torch.float32, DIRECT_OUT=direct,
+        KV_FP8=k_buf.dtype != q.dtype,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if direct:

@@ -11,6 +11,10 @@ One program = one request x one KV head x ``BLOCK_M`` lanes (query rows x the
 query heads of that KV group); it walks only the key blocks some of its queries
 can see (from the lowest query's window start to the highest query's position),
 with online softmax in fp32.
+
+fp8 pools (``KV_FP8``): K and V tiles load as fp8 and are converted to q's dtype before the dots
+(dequantised in the kernel); the layer's K scale multiplies the scores (``sm_scale * k_scale``), its V
+scale the output.
 """
 
 from __future__ import annotations
@@ -34,11 +38,12 @@ _NEG_FLOOR = tl.constexpr(-1.0e30)
 def _extend_attn_kernel(
     Q, K_buf, V_buf, O,
     qo_indptr, q_positions, kv_indptr, kv_indices,
-    sm_scale, window, logit_cap,
+    sm_scale, window, logit_cap, v_scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     KV_GROUP: tl.constexpr, ROWS_PER_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_IEEE: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     # GQA packing: the BLOCK_M lanes of a program are ROWS_PER_BLOCK query rows x the KV_GROUP query
     # heads sharing KV head kv_h (lane i: row i // KV_GROUP, head i % KV_GROUP), so every K/V tile
@@ -85,6 +90,8 @@ def _extend_attn_kernel(
         slots = tl.load(kv_indices + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
         k = tl.load(K_buf + slots[None, :] * stride_kt + kv_h * stride_kh + offs_d[:, None],
                     mask=mask_n[None, :] & mask_d[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
+        if KV_FP8:
+            k = k.to(Q.dtype.element_ty)  # dequantise: the K scale is in sm_scale
         if UPCAST_DOT:
             k = k.to(tl.float32)
         if DOT_IEEE:
@@ -105,6 +112,8 @@ def _extend_attn_kernel(
         l_i = l_i * alpha + reduce_sum(p, 1)
         v = tl.load(V_buf + slots[:, None] * stride_vt + kv_h * stride_vh + offs_d[None, :],
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        if KV_FP8:
+            v = v.to(Q.dtype.element_ty)  # dequantise: the V scale multiplies the output
         p = p.to(v.dtype)  # P @ V in the input dtype (bf16 on GPU tensor cores), fp32 accumulation
         if UPCAST_DOT:
             p = p.to(tl.float32)
@@ -115,7 +124,7 @@ def _extend_attn_kernel(
             acc = acc * alpha[:, None] + tl.dot(p, v)
         m_i = m_new
 
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    out = acc * (v_scale / tl.where(l_i == 0.0, 1.0, l_i))[:, None]
     tl.store(O + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty),
              mask=mask_m[:, None] & mask_d[None, :])
 
@@ -133,11 +142,13 @@ def extend_attention_fwd(
     sm_scale: float,
     window: int | None = None,  # W: a query at p sees keys in (p - W, p]
     logit_cap: float | None = None,
+    k_scale: float = 1.0,  # fp8 pools store K / k_scale (1.0 otherwise)
+    v_scale: float = 1.0,
     launch: ExtendLaunch | None = None,
 ) -> torch.Tensor:
     name = "extend_attention_fwd"
     batch = check_extend_launch(name, q, o, k_buf, v_buf, qo_indptr, q_positions, kv_indptr, kv_indices, window,
-                                logit_cap)
+                                logit_cap, k_scale, v_scale)
     if batch == 0 or q.shape[0] == 0 or max_q_len == 0:
         return o
     head_dim = q.shape[2]
@@ -150,7 +161,7 @@ def extend_attention_fwd(
     _extend_attn_kernel[grid](
         q, k_buf, v_buf, o,
         qo_indptr, q_positions, kv_indptr, kv_indices,
-        float(sm_scale), int(window or 0), float(logit_cap or 0.0),
+        float(sm_scale) * float(k_scale), int(window or 0), float(logit_cap or 0.0), float(v_scale),
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         o.stride(0), o.stride(1),
         KV_GROUP=group, ROWS_PER_BLOCK=rows_per_block, HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim),
@@ -158,6 +169,7 @@ def extend_attention_fwd(
         HAS_WINDOW=bool(window), HAS_CAP=bool(logit_cap),
         UPCAST_DOT=TRITON_INTERPRETED,  # the interpreter's tl.dot mishandles bf16 (stored as uint16)
         DOT_IEEE=q.dtype == torch.float32,  # fp32 inputs: no TF32 rounding
+        KV_FP8=k_buf.dtype != q.dtype,  # check_extend_launch: q's dtype or fp8
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return o

@@ -25,9 +25,12 @@ def attention_ref(
     window: int | None = None,
     logit_cap: float | None = None,
     compute_dtype: torch.dtype | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:  # [Tq, H, D] in compute_dtype (default: q.dtype)
     """Every step (scores, softmax, P @ V) runs in ``compute_dtype``: bf16 shows the
-    reference's own low-precision error, fp32/fp64 give the truth."""
+    reference's own low-precision error, fp32/fp64 give the truth. K/V are read as
+    ``buffer * scale`` (fp8 pools store ``value / scale``)."""
     dt = compute_dtype or q.dtype
     num_heads, num_kv_heads = q.shape[1], k_buf.shape[1]
     group = num_heads // num_kv_heads
@@ -38,8 +41,8 @@ def attention_ref(
             continue
         qs = q[qo[b] : qo[b + 1]].to(dt)  # [n, H, D]
         slots = kv_indices[kvp[b] : kvp[b + 1]].long()
-        ks = k_buf[slots].to(dt).repeat_interleave(group, dim=1)  # [L, H, D]
-        vs = v_buf[slots].to(dt).repeat_interleave(group, dim=1)
+        ks = (k_buf[slots].to(dt) * k_scale).repeat_interleave(group, dim=1)  # [L, H, D]
+        vs = (v_buf[slots].to(dt) * v_scale).repeat_interleave(group, dim=1)
         s = torch.einsum("nhd,lhd->hnl", qs, ks) * scaling  # [H, n, L]
         if logit_cap:
             s = logit_cap * torch.tanh(s / logit_cap)
@@ -55,24 +58,28 @@ def attention_ref(
 
 
 def decode_attention_ref(q, k_buf, v_buf, q_positions, kv_indptr, kv_indices, scaling, window=None, logit_cap=None,
-                         compute_dtype=None) -> torch.Tensor:
+                         compute_dtype=None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Decode: one query per request (``q: [B, H, D]``) at ``q_positions[b]``."""
     qo_indptr = torch.arange(q.shape[0] + 1, device=q.device)
     return attention_ref(q, k_buf, v_buf, qo_indptr, q_positions, kv_indptr, kv_indices, scaling, window, logit_cap,
-                         compute_dtype)
+                         compute_dtype, k_scale, v_scale)
 
 
-def rows_attention_ref(q, k_buf, v_buf, req_to_token, row_req, q_pos, window: int, scaling: float, logit_cap: float):
+def rows_attention_ref(q, k_buf, v_buf, req_to_token, row_req, q_pos, window: int, scaling: float, logit_cap: float,
+                       k_scale: float = 1.0, v_scale: float = 1.0, slot_map: torch.Tensor | None = None):
     """See ``cpu_attn.rows_attention``: row ``i`` attends to positions
-    ``max(0, p - window + 1) .. p`` (``window <= 0``: ``0 .. p``) of request row ``row_req[i]``."""
+    ``max(0, p - window + 1) .. p`` (``window <= 0``: ``0 .. p``) of request row ``row_req[i]``
+    (buffer rows ``slot_map[slot]`` when a slot map is given)."""
     n, h, _ = q.shape
     out = torch.empty_like(q)
     for i in range(n):
         p = int(q_pos[i])
         lo = max(0, p - window + 1) if window > 0 else 0
         slots = req_to_token[int(row_req[i]), lo : p + 1]
-        k = k_buf.index_select(0, slots).repeat_interleave(h // k_buf.shape[1], dim=1)  # [L, H, D]
-        v = v_buf.index_select(0, slots).repeat_interleave(h // v_buf.shape[1], dim=1)
+        if slot_map is not None:
+            slots = slot_map[slots]
+        k = (k_buf.index_select(0, slots).to(q.dtype) * k_scale).repeat_interleave(h // k_buf.shape[1], dim=1)
+        v = (v_buf.index_select(0, slots).to(q.dtype) * v_scale).repeat_interleave(h // v_buf.shape[1], dim=1)
         s = torch.einsum("hd,lhd->hl", q[i], k) * scaling
         if logit_cap > 0:
             s = torch.tanh(s / logit_cap) * logit_cap

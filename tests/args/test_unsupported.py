@@ -18,7 +18,7 @@ def _checked(*flags: str, platform: str = "cpu") -> ServerArgs:
     return check_server_args(args, platform=Platform.by_name(platform))
 
 
-@pytest.mark.parametrize("dtype", ["auto", "bf16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2"])
 def test_implemented_settings_start(dtype):
     refuse_unimplemented(_checked("--kv-cache-dtype", dtype))
     refuse_unimplemented(_checked("--attention-backend", "triton", "--kv-cache-dtype", dtype, platform="hopper"))
@@ -30,13 +30,13 @@ def test_defaults_list_nothing():
 
 def test_one_error_lists_every_feature():
     args = _checked(
-        "--enable-lmcache", "--dcp-size", "2", "--kv-cache-dtype", "fp8_e4m3", "--enable-priority-scheduling",
+        "--enable-lmcache", "--dcp-size", "2", "--enable-hierarchical-cache", "--enable-priority-scheduling",
         "--tp-size", "2", "--enable-hisparse", "--mamba-backend", "triton",
     )
     with pytest.raises(ValueError) as err:
         refuse_unimplemented(args)
     msg = str(err.value)
-    for flag in ("--enable-lmcache", "--dcp-size 2", "--kv-cache-dtype fp8_e4m3", "--enable-priority-scheduling",
+    for flag in ("--enable-lmcache", "--dcp-size 2", "--enable-hierarchical-cache", "--enable-priority-scheduling",
                  "--tp-size 2", "--enable-hisparse", "--mamba-backend triton"):
         assert flag in msg, flag
     assert msg.count("\n  - ") == len(unimplemented_settings(args)) == 7
@@ -59,7 +59,7 @@ def test_every_seed_field_with_a_missing_feature_is_covered():
         "attn_cp_size": 2, "enable_prefill_cp": True, "dcp_size": 2, "pp_size": 2, "tp_size": 2,
         "attention_backend": "fa3", "prefill_attention_backend": "flashinfer", "decode_attention_backend": "trtllm_mha",
         "linear_attn_backend": "triton", "linear_attn_prefill_backend": "triton", "linear_attn_decode_backend": "triton",
-        "mamba_backend": "triton", "kv_cache_dtype": "fp8_e5m2", "prefill_only_disable_kv_cache": True, "is_embedding": True,
+        "mamba_backend": "triton", "kv_cache_dtype": "mxfp8", "prefill_only_disable_kv_cache": True, "is_embedding": True,
         "speculative_algorithm": "EAGLE", "speculative_eagle_topk": 1, "speculative_num_steps": 3,
         "speculative_num_draft_tokens": 4, "speculative_draft_model_path": "/x", "enable_priority_scheduling": True,
         "disable_priority_preemption": True, "cuda_graph_backend_prefill": "full",

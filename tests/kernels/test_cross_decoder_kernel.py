@@ -14,7 +14,7 @@ from impl.kernels.extend_attention import extend_attention_fwd
 def extend(case, launch=None):
     return extend_attention_fwd(case.q, torch.empty_like(case.q), case.k_buf, case.v_buf, case.qo_indptr,
                                 case.q_positions, case.kv_indptr, case.kv_indices, case.max_q_len, case.scaling,
-                                case.window, case.logit_cap, launch)
+                                case.window, case.logit_cap, launch=launch)
 
 
 @st.composite

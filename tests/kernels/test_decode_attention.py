@@ -16,7 +16,7 @@ def run_decode(case, splits: list[int], launch=None):
     o = torch.empty_like(case.q)
     n = torch.tensor(splits, dtype=torch.int32, device=DEVICE)
     return decode_attention_fwd(case.q, o, case.k_buf, case.v_buf, case.q_positions, case.kv_indptr, case.kv_indices,
-                                n, max(splits), case.scaling, case.window, case.logit_cap, launch)
+                                n, max(splits), case.scaling, case.window, case.logit_cap, launch=launch)
 
 
 @st.composite

@@ -13,7 +13,7 @@ from impl.kernels.extend_attention import extend_attention_fwd
 def run_extend(case, launch=None):
     o = torch.empty_like(case.q)
     return extend_attention_fwd(case.q, o, case.k_buf, case.v_buf, case.qo_indptr, case.q_positions, case.kv_indptr,
-                                case.kv_indices, case.max_q_len, case.scaling, case.window, case.logit_cap, launch)
+                                case.kv_indices, case.max_q_len, case.scaling, case.window, case.logit_cap, launch=launch)
 
 
 @st.composite

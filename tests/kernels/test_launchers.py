@@ -24,7 +24,7 @@ def case():
 
 
 def test_dtype_mismatch(case):
-    with pytest.raises(ValueError, match="k_buf dtype"):
+    with pytest.raises(ValueError, match="k_buf is torch.bfloat16 but v_buf torch.float32"):
         call_extend(case, k_buf=case.k_buf.to(torch.bfloat16))
 
 

@@ -5,7 +5,8 @@ the same two launches as ``impl/kernels/extend_attention.py`` and ``decode_atten
 same arguments: the metadata of ``impl/attention/triton_metadata.py`` (qo_indptr, q_positions,
 kv_indptr, kv_indices, num_kv_splits), the window and logit cap per layer. So the YOCO back half's
 metadata (``init_cross_decoder_metadata``) is what they read too. Float32, bfloat16 and float16
-pools; scores, softmax and the output accumulate in float32. Tiles over the keys run register-blocked
+pools, and fp8 pools (float8_e4m3fn / float8_e5m2, dequantised in the kernel with the layer's K / V
+scale); scores, softmax and the output accumulate in float32. Tiles over the keys run register-blocked
 SIMD micro-kernels, work items on ATen's OpenMP pool (see the header of ``attention.cpp``; the build
 needs ``-fopenmp``, since ATen's ``parallel_for`` is an inline OpenMP pragma). ``rows_attention`` serves
 the torch_native backend: the same work items over its per-row metadata (``req_to_token``, each row's
@@ -24,7 +25,7 @@ from types import ModuleType
 
 import torch
 
-from impl.kernels.checks import check_decode_launch, check_extend_launch, require
+from impl.kernels.checks import check_decode_launch, check_extend_launch, check_kv_scales, require
 from impl.kernels.cpp_build import LazyExtension
 
 logger = logging.getLogger("impl.kernels")
@@ -64,15 +65,17 @@ def extend_attention_fwd(
     sm_scale: float,
     window: int | None = None,
     logit_cap: float | None = None,
+    k_scale: float = 1.0,  # pool value = K / k_scale (fp8 pools; 1.0 otherwise)
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     name = "cpu_attn.extend_attention_fwd"
     batch = check_extend_launch(name, q, o, k_buf, v_buf, qo_indptr, q_positions, kv_indptr, kv_indices, window,
-                                logit_cap)
+                                logit_cap, k_scale, v_scale)
     _check_cpu(q, k_buf, name=name)
     if batch == 0 or q.shape[0] == 0:
         return o
     _ext().extend_attention(q, o, k_buf, v_buf, qo_indptr, q_positions, kv_indptr, kv_indices, float(sm_scale),
-                            int(window or 0), float(logit_cap or 0.0))
+                            int(window or 0), float(logit_cap or 0.0), float(k_scale), float(v_scale))
     return o
 
 
@@ -89,21 +92,23 @@ def decode_attention_fwd(
     sm_scale: float,
     window: int | None = None,
     logit_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     name = "cpu_attn.decode_attention_fwd"
     batch = check_decode_launch(name, q, o, k_buf, v_buf, q_positions, kv_indptr, kv_indices, num_kv_splits,
-                                max_kv_splits, window, logit_cap)
+                                max_kv_splits, window, logit_cap, k_scale, v_scale)
     _check_cpu(q, k_buf, name=name)
     if batch == 0:
         return o
     _ext().decode_attention(q, o, k_buf, v_buf, q_positions, kv_indptr, kv_indices, num_kv_splits, int(max_kv_splits),
-                            float(sm_scale), int(window or 0), float(logit_cap or 0.0))
+                            float(sm_scale), int(window or 0), float(logit_cap or 0.0), float(k_scale), float(v_scale))
     return o
 
 
 def rows_attention(
     q: torch.Tensor,  # [n, H, D]
-    k_buf: torch.Tensor,  # [capacity, KVH, D], q's dtype
+    k_buf: torch.Tensor,  # [capacity, KVH, D], q's dtype or fp8
     v_buf: torch.Tensor,
     req_to_token: torch.Tensor,  # [R, M] int64
     row_req: torch.Tensor,  # [n] req_to_token row of each query row
@@ -111,10 +116,19 @@ def rows_attention(
     window: int | None,
     sm_scale: float,
     logit_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    slot_map: torch.Tensor | None = None,  # [N] int64: buffer row of each req_to_token slot (None: the slot itself)
 ) -> torch.Tensor:
     """Query rows over the paged pool through ``req_to_token`` (torch_native's metadata): row ``i`` sees
-    positions ``max(0, p - window + 1) .. p`` (no window: ``0 .. p``) of request row ``row_req[i]``.
-    Runs of consecutive rows of one request share work items, as extend rows do. Returns [n, H, D]."""
-    _check_cpu(q, k_buf, name="cpu_attn.rows_attention")
+    positions ``max(0, p - window + 1) .. p`` (no window: ``0 .. p``) of request row ``row_req[i]``,
+    read at rows ``slot_map[req_to_token[...]]`` of the buffers when a slot map is given (the hybrid pool's
+    sliding layers). Runs of consecutive rows of one request share work items, as extend rows do.
+    Returns [n, H, D]."""
+    name = "cpu_attn.rows_attention"
+    _check_cpu(q, k_buf, name=name)
+    check_kv_scales(name, k_scale, v_scale)
+    empty = torch.empty(0, dtype=torch.int64)
     return _ext().rows_attention(q, k_buf, v_buf, req_to_token, row_req, q_pos, int(window or 0), float(sm_scale),
-                                 float(logit_cap or 0.0))
+                                 float(logit_cap or 0.0), float(k_scale), float(v_scale),
+                                 empty if slot_map is None else slot_map)

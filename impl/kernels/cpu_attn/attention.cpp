@@ -6,6 +6,12 @@
 // key j iff j <= p and, with a window W > 0, j > p - W. Scores are sm_scale * q.k, optionally
 // cap * tanh(s / cap); softmax and the output accumulate in float32 for every pool dtype.
 //
+// Pools: q's dtype (float32 / bfloat16 / float16), or fp8 (float8_e4m3fn / float8_e5m2) with a per-layer
+// K and V scale: stored = value / scale, so keys and values are dequantised in the kernel as they are
+// read into the float32 tiles (see row_to_f32), the K scale folded into the score scale and the V scale
+// into the output. rows_attention can also read the slots through a slot map (the hybrid pool's
+// full -> sliding-window slots, impl/cache/swa_pool.py).
+//
 // Work is cut into tiles over the keys, not per-key loops: a work item holds `lanes` query vectors
 // (query rows x the G query heads of one KV head, so each K/V tile is read once for the group),
 // gathers a tile of keys through kv_indices into contiguous float32 [keys, D] buffers (or points at
@@ -23,6 +29,9 @@
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
@@ -88,24 +97,78 @@ inline T from_f32(float x) {
   return static_cast<T>(x);
 }
 
+// One K/V row of the pool as float32. float32 / bfloat16 / float16 pools convert element by element
+// (the compiler vectorises the loop). fp8 pools go through the F16C half-to-float instruction: an e5m2
+// byte is the top byte of an IEEE half, and an e4m3 byte's exponent and mantissa shifted into a half's
+// give its value times 2^-8, subnormals included, so one multiply by 256 restores it exactly. (The
+// e4m3fn NaN code would read as 480: the pool never stores it, writes saturate at +-448.) The per-layer
+// scales are not applied per element: the K scale multiplies the scores, the V scale the output.
+template <typename S>
+inline void row_to_f32(const S* src, float* dst, int64_t D) {
+#pragma omp simd
+  for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<float>(src[d]);
+}
+
+template <bool kE4M3>
+inline void fp8_row_to_f32(const uint8_t* b, float* dst, int64_t D) {
+  int64_t d = 0;
+#if defined(__AVX512F__)
+  for (; d + 16 <= D; d += 16) {
+    const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + d)));
+    if constexpr (kE4M3) {
+      const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x7F)), 7),
+                                        _mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x80)), 8));
+      _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f)));
+    } else {
+      _mm512_storeu_ps(dst + d, _mm512_cvtph_ps(_mm256_slli_epi16(x, 8)));
+    }
+  }
+#elif defined(__AVX2__) && defined(__F16C__)
+  for (; d + 8 <= D; d += 8) {
+    const __m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + d)));
+    if constexpr (kE4M3) {
+      const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x7F)), 7),
+                                     _mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x80)), 8));
+      _mm256_storeu_ps(dst + d, _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f)));
+    } else {
+      _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_slli_epi16(x, 8)));
+    }
+  }
+#endif
+  for (; d < D; ++d) {  // the tail (or every element without F16C): c10's exact conversion
+    dst[d] = kE4M3 ? static_cast<float>(c10::Float8_e4m3fn(b[d], c10::Float8_e4m3fn::from_bits()))
+                   : static_cast<float>(c10::Float8_e5m2(b[d], c10::Float8_e5m2::from_bits()));
+  }
+}
+
+template <>
+inline void row_to_f32<c10::Float8_e4m3fn>(const c10::Float8_e4m3fn* src, float* dst, int64_t D) {
+  fp8_row_to_f32<true>(reinterpret_cast<const uint8_t*>(src), dst, D);
+}
+
+template <>
+inline void row_to_f32<c10::Float8_e5m2>(const c10::Float8_e5m2* src, float* dst, int64_t D) {
+  fp8_row_to_f32<false>(reinterpret_cast<const uint8_t*>(src), dst, D);
+}
+
 // Strided view of one KV head of the pool: row of slot s at base + s * row_stride.
-template <typename T>
+template <typename S>
 struct PoolHead {
-  const T* base;
+  const S* base;
   int64_t row_stride;
   int64_t capacity;
 };
 
 // Keys [t0, t0 + n) of a request (slots `slots[t0..]`) as a float32 [n, D] matrix; returns the
 // pointer and its row stride. float32 rows at consecutive slots are used in place (no copy).
-template <typename T>
-inline const float* key_tile(const PoolHead<T>& pool, const int64_t* slots, int64_t n, int64_t D, float* buf,
+template <typename S>
+inline const float* key_tile(const PoolHead<S>& pool, const int64_t* slots, int64_t n, int64_t D, float* buf,
                              int64_t* ld) {
   for (int64_t j = 0; j < n; ++j) {
     TORCH_CHECK(slots[j] >= 0 && slots[j] < pool.capacity, "KV slot ", slots[j], " outside the pool (capacity ",
                 pool.capacity, ")");
   }
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (std::is_same_v<S, float>) {
     bool consecutive = true;
     for (int64_t j = 1; j < n && consecutive; ++j) consecutive = slots[j] == slots[0] + j;
     if (consecutive) {
@@ -113,12 +176,7 @@ inline const float* key_tile(const PoolHead<T>& pool, const int64_t* slots, int6
       return pool.base + slots[0] * pool.row_stride;
     }
   }
-  for (int64_t j = 0; j < n; ++j) {
-    const T* src = pool.base + slots[j] * pool.row_stride;
-    float* dst = buf + j * D;
-#pragma omp simd
-    for (int64_t d = 0; d < D; ++d) dst[d] = to_f32(src[d]);
-  }
+  for (int64_t j = 0; j < n; ++j) row_to_f32<S>(pool.base + slots[j] * pool.row_stride, buf + j * D, D);
   *ld = D;
   return buf;
 }
@@ -221,8 +279,11 @@ struct Softmax {
 
 struct TileArgs {
   int64_t D;
-  float scale;
+  float scale;  // sm_scale times the pool's K scale (scores of dequantised keys)
   float cap;  // 0: no logit cap
+  float v_scale;  // the pool's V scale: multiplies the normalised output
+  const int64_t* slot_map;  // full -> sliding-window slot map applied to every slot read (nullptr: none)
+  int64_t map_len;
 };
 
 // One key tile [t0, t0 + n) for `lanes` query lanes, LP = lanes rounded up to kVec (padding lanes see no
@@ -279,19 +340,29 @@ inline void attend_tile(const TileArgs& a, const float* qt, int64_t lanes, int64
 
 // Keys [key_lo, key_hi) of one request (pool slots `slots`) and KV head `h`, one tile of BN keys at a time,
 // for `lanes` query lanes (qt = Q^T [D, LP]); lane i sees keys [lo[i], hi[i]). Scratch: kbuf / vbuf [BN, D],
-// s [BN, LP].
-template <typename T>
+// s [BN, LP]. With a slot map (the hybrid pool's sliding layers) each tile's slots are translated first.
+template <typename S>
 void attend_keys(const TileArgs& a, const torch::Tensor& k_buf, const torch::Tensor& v_buf, int64_t h,
                  const int64_t* slots, int64_t key_lo, int64_t key_hi, int64_t BN, const float* qt, int64_t lanes,
                  int64_t LP, const int64_t* lo, const int64_t* hi, float* kbuf, float* vbuf, float* s, Softmax& st) {
   const int64_t cap_n = k_buf.size(0);
-  const PoolHead<T> kh{k_buf.data_ptr<T>() + h * k_buf.stride(1), k_buf.stride(0), cap_n};
-  const PoolHead<T> vh{v_buf.data_ptr<T>() + h * v_buf.stride(1), v_buf.stride(0), cap_n};
+  const PoolHead<S> kh{k_buf.data_ptr<S>() + h * k_buf.stride(1), k_buf.stride(0), cap_n};
+  const PoolHead<S> vh{v_buf.data_ptr<S>() + h * v_buf.stride(1), v_buf.stride(0), cap_n};
+  thread_local std::vector<int64_t> mapped;
   for (int64_t t0 = key_lo; t0 < key_hi; t0 += BN) {
     const int64_t n = std::min(BN, key_hi - t0);
+    const int64_t* ts = slots + t0;
+    if (a.slot_map != nullptr) {
+      mapped.resize(n);
+      for (int64_t j = 0; j < n; ++j) {
+        TORCH_CHECK(ts[j] >= 0 && ts[j] < a.map_len, "KV slot ", ts[j], " outside the slot map (", a.map_len, ")");
+        mapped[j] = a.slot_map[ts[j]];
+      }
+      ts = mapped.data();
+    }
     int64_t ldk, ldv;
-    const float* kt = key_tile(kh, slots + t0, n, a.D, kbuf, &ldk);
-    const float* vt = key_tile(vh, slots + t0, n, a.D, vbuf, &ldv);
+    const float* kt = key_tile(kh, ts, n, a.D, kbuf, &ldk);
+    const float* vt = key_tile(vh, ts, n, a.D, vbuf, &ldv);
     attend_tile(a, qt, lanes, LP, kt, ldk, vt, ldv, t0, n, lo, hi, s, st);
   }
 }
@@ -316,26 +387,62 @@ std::vector<int64_t> as_i64(const torch::Tensor& t, const char* what) {
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
+inline bool is_fp8(at::ScalarType t) { return t == torch::kFloat8_e4m3fn || t == torch::kFloat8_e5m2; }
+
 void check_args(const torch::Tensor& q, const torch::Tensor& o, const torch::Tensor& k_buf, const torch::Tensor& v_buf) {
   for (const auto* t : {&q, &o, &k_buf, &v_buf}) {
     TORCH_CHECK(t->device().is_cpu(), "CPU attention kernels take CPU tensors");
     TORCH_CHECK(t->dim() == 3 && t->stride(2) == 1, "q/o/K/V must be 3-D and contiguous in head_dim");
-    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "q, o and the K/V buffers must share one dtype");
   }
+  TORCH_CHECK(o.scalar_type() == q.scalar_type(), "q and o must share one dtype");
+  TORCH_CHECK(v_buf.scalar_type() == k_buf.scalar_type(), "the K and V buffers must share one dtype");
+  TORCH_CHECK(k_buf.scalar_type() == q.scalar_type() || is_fp8(k_buf.scalar_type()),
+              "the K/V buffers must have q's dtype or be fp8 (float8_e4m3fn / float8_e5m2)");
   TORCH_CHECK(o.sizes() == q.sizes(), "o must have q's shape");
   TORCH_CHECK(v_buf.sizes() == k_buf.sizes() && k_buf.size(2) == q.size(2), "K/V buffers must be [capacity, KVH, D]");
   TORCH_CHECK(k_buf.size(1) > 0 && q.size(1) % k_buf.size(1) == 0, "num_heads must be a multiple of num_kv_heads");
   TORCH_CHECK(v_buf.strides() == k_buf.strides(), "K and V buffers must share strides");
 }
 
+// Calls f(T{}, S{}) with T the q / o element type and S the K/V storage type (q's, or an fp8 type).
+template <typename F>
+void dispatch_types(const torch::Tensor& q, const torch::Tensor& k_buf, const F& f) {
+  auto with_kv = [&](auto t) {
+    using T = decltype(t);
+    switch (k_buf.scalar_type()) {
+      case torch::kFloat8_e4m3fn:
+        f(T{}, c10::Float8_e4m3fn{});
+        break;
+      case torch::kFloat8_e5m2:
+        f(T{}, c10::Float8_e5m2{});
+        break;
+      default:
+        f(T{}, T{});  // check_args: the pool has q's dtype
+    }
+  };
+  switch (q.scalar_type()) {
+    case torch::kFloat32:
+      with_kv(float{});
+      break;
+    case torch::kBFloat16:
+      with_kv(at::BFloat16{});
+      break;
+    case torch::kFloat16:
+      with_kv(at::Half{});
+      break;
+    default:
+      TORCH_CHECK(false, "CPU attention kernels take float32, bfloat16 or float16 queries, got ", q.scalar_type());
+  }
+}
+
 // ---------------------------------------------------------------- extend
 
 // Request b: query rows qo[b]..qo[b+1] at positions qpos, keys 0..kv_lens[b]-1 at pool slots slots[b][0..].
-template <typename T>
+template <typename T, typename S>
 void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
                  const std::vector<int64_t>& qo, const std::vector<int64_t>& qpos,
-                 const std::vector<const int64_t*>& slots, const std::vector<int64_t>& kv_lens, double sm_scale,
-                 int64_t window, double logit_cap) {
+                 const std::vector<const int64_t*>& slots, const std::vector<int64_t>& kv_lens, const TileArgs& args,
+                 int64_t window) {
   const int64_t B = static_cast<int64_t>(qo.size()) - 1, H = q.size(1), D = q.size(2), Hkv = k_buf.size(1);
   const int64_t G = H / Hkv;
   const int64_t rows_per_item = std::max<int64_t>(1, 128 / G);  // about 128 query vectors share each K/V tile
@@ -363,7 +470,6 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
   const T* qd = q.data_ptr<T>();
   T* od = o.data_ptr<T>();
   const int64_t sq0 = q.stride(0), sq1 = q.stride(1), so0 = o.stride(0), so1 = o.stride(1);
-  const TileArgs args{D, static_cast<float>(sm_scale), static_cast<float>(logit_cap)};
   run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
     const Item& it = items[idx];
     const int64_t lanes = (it.r1 - it.r0) * G, LP = round_up(lanes, kVec);
@@ -388,12 +494,12 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
         lo[lane] = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
       }
     }
-    attend_keys<T>(args, k_buf, v_buf, it.h, slots[it.b], it.lo, it.hi, BN, qt.data(), lanes, LP, lo.data(), hi.data(),
+    attend_keys<S>(args, k_buf, v_buf, it.h, slots[it.b], it.lo, it.hi, BN, qt.data(), lanes, LP, lo.data(), hi.data(),
                    kbuf.data(), vbuf.data(), sbuf.data(), st);
     for (int64_t r = it.r0; r < it.r1; ++r) {
       for (int64_t g = 0; g < G; ++g) {
         const int64_t lane = (r - it.r0) * G + g;
-        const float inv = st.l[lane] > 0.f ? 1.f / st.l[lane] : 0.f;  // a row that sees no key: zeros
+        const float inv = st.l[lane] > 0.f ? args.v_scale / st.l[lane] : 0.f;  // a row that sees no key: zeros
         const float* acc = st.acc.data() + lane * D;
         T* dst = od + r * so0 + (it.h * G + g) * so1;
         for (int64_t d = 0; d < D; ++d) dst[d] = from_f32<T>(acc[d] * inv);
@@ -404,11 +510,10 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
 
 // ---------------------------------------------------------------- decode
 
-template <typename T>
+template <typename T, typename S>
 void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
                  const std::vector<int64_t>& qpos, const std::vector<int64_t>& kvp, const std::vector<int64_t>& kvi,
-                 const std::vector<int64_t>& splits, int64_t max_splits, double sm_scale, int64_t window,
-                 double logit_cap) {
+                 const std::vector<int64_t>& splits, int64_t max_splits, const TileArgs& args, int64_t window) {
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), Hkv = k_buf.size(1), G = H / Hkv;
   const int64_t BN = tile_keys(D);
   const bool direct = max_splits == 1;
@@ -432,7 +537,6 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
   std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.hi - x.lo > y.hi - y.lo; });
   const T* qd = q.data_ptr<T>();
   T* od = o.data_ptr<T>();
-  const TileArgs args{D, static_cast<float>(sm_scale), static_cast<float>(logit_cap)};
   run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
     const Item& it = items[idx];
     thread_local std::vector<float> qt, kbuf, vbuf, sbuf;
@@ -450,12 +554,12 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
       const T* src = qd + it.b * q.stride(0) + (it.h * G + g) * q.stride(1);
       for (int64_t d = 0; d < D; ++d) qt[d * LP + g] = to_f32(src[d]);
     }
-    attend_keys<T>(args, k_buf, v_buf, it.h, kvi.data() + kvp[it.b], it.lo, it.hi, BN, qt.data(), G, LP, lo.data(),
+    attend_keys<S>(args, k_buf, v_buf, it.h, kvi.data() + kvp[it.b], it.lo, it.hi, BN, qt.data(), G, LP, lo.data(),
                    hi.data(), kbuf.data(), vbuf.data(), sbuf.data(), st);
     for (int64_t g = 0; g < G; ++g) {
       const int64_t head = it.h * G + g;
       const bool nonempty = st.l[g] > 0.f;
-      const float inv = nonempty ? 1.f / st.l[g] : 0.f;
+      const float inv = nonempty ? args.v_scale / st.l[g] : 0.f;
       const float* acc = st.acc.data() + g * D;
       if (direct) {
         T* dst = od + it.b * o.stride(0) + head * o.stride(1);
@@ -497,28 +601,35 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
 
 }  // namespace
 
+// The launch's scalars as the tile loop reads them; slot_map (an int64 tensor, empty for none) maps the
+// slots the metadata names to the buffers' rows (the hybrid pool's full -> sliding-window slots).
+TileArgs tile_args(const torch::Tensor& q, double sm_scale, double logit_cap, double k_scale, double v_scale,
+                   const torch::Tensor& slot_map) {
+  TORCH_CHECK(k_scale > 0 && v_scale > 0, "KV scales must be positive, got ", k_scale, " / ", v_scale);
+  const bool mapped = slot_map.defined() && slot_map.numel() > 0;
+  if (mapped) {
+    TORCH_CHECK(slot_map.scalar_type() == torch::kInt64 && slot_map.dim() == 1 && slot_map.is_contiguous() &&
+                    slot_map.device().is_cpu(),
+                "slot_map must be a contiguous 1-D int64 CPU tensor");
+  }
+  return TileArgs{q.size(2), static_cast<float>(sm_scale * k_scale), static_cast<float>(logit_cap),
+                  static_cast<float>(v_scale), mapped ? slot_map.data_ptr<int64_t>() : nullptr,
+                  mapped ? slot_map.numel() : 0};
+}
+
 void extend_dispatch(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
                      const std::vector<int64_t>& qo, const std::vector<int64_t>& qpos,
-                     const std::vector<const int64_t*>& slots, const std::vector<int64_t>& kv_lens, double sm_scale,
-                     int64_t window, double logit_cap) {
-  switch (q.scalar_type()) {
-    case torch::kFloat32:
-      extend_impl<float>(q, o, k_buf, v_buf, qo, qpos, slots, kv_lens, sm_scale, window, logit_cap);
-      break;
-    case torch::kBFloat16:
-      extend_impl<at::BFloat16>(q, o, k_buf, v_buf, qo, qpos, slots, kv_lens, sm_scale, window, logit_cap);
-      break;
-    case torch::kFloat16:
-      extend_impl<at::Half>(q, o, k_buf, v_buf, qo, qpos, slots, kv_lens, sm_scale, window, logit_cap);
-      break;
-    default:
-      TORCH_CHECK(false, "CPU attention kernels take float32, bfloat16 or float16, got ", q.scalar_type());
-  }
+                     const std::vector<const int64_t*>& slots, const std::vector<int64_t>& kv_lens, const TileArgs& args,
+                     int64_t window) {
+  dispatch_types(q, k_buf, [&](auto t, auto s) {
+    extend_impl<decltype(t), decltype(s)>(q, o, k_buf, v_buf, qo, qpos, slots, kv_lens, args, window);
+  });
 }
 
 void extend_attention(torch::Tensor q, torch::Tensor o, torch::Tensor k_buf, torch::Tensor v_buf,
                       torch::Tensor qo_indptr, torch::Tensor q_positions, torch::Tensor kv_indptr,
-                      torch::Tensor kv_indices, double sm_scale, int64_t window, double logit_cap) {
+                      torch::Tensor kv_indices, double sm_scale, int64_t window, double logit_cap, double k_scale,
+                      double v_scale) {
   check_args(q, o, k_buf, v_buf);
   const auto qo = as_i64(qo_indptr, "qo_indptr"), qpos = as_i64(q_positions, "q_positions");
   const auto kvp = as_i64(kv_indptr, "kv_indptr"), kvi = as_i64(kv_indices, "kv_indices");
@@ -533,16 +644,18 @@ void extend_attention(torch::Tensor q, torch::Tensor o, torch::Tensor k_buf, tor
     slots.push_back(kvi.data() + kvp[b]);
     kv_lens.push_back(kvp[b + 1] - kvp[b]);
   }
-  extend_dispatch(q, o, k_buf, v_buf, qo, qpos, slots, kv_lens, sm_scale, window, logit_cap);
+  const TileArgs args = tile_args(q, sm_scale, logit_cap, k_scale, v_scale, torch::Tensor());
+  extend_dispatch(q, o, k_buf, v_buf, qo, qpos, slots, kv_lens, args, window);
 }
 
 // Attention of query rows over the paged KV pool through req_to_token (torch_native's metadata): row i
 // is at position q_pos[i] of request row row_req[i] and sees positions max(0, p - window + 1) .. p
-// (window <= 0: 0 .. p) at slots req_to_token[row_req[i], .]. Runs of consecutive rows of one request
-// share work items as extend rows do. q [n, H, D]; returns [n, H, D] in q's dtype.
+// (window <= 0: 0 .. p) at slots req_to_token[row_req[i], .], mapped through slot_map when it is not
+// empty. Runs of consecutive rows of one request share work items as extend rows do. q [n, H, D];
+// returns [n, H, D] in q's dtype.
 torch::Tensor rows_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor v_buf, torch::Tensor req_to_token,
                              torch::Tensor row_req, torch::Tensor q_pos, int64_t window, double sm_scale,
-                             double logit_cap) {
+                             double logit_cap, double k_scale, double v_scale, torch::Tensor slot_map) {
   q = q.contiguous();
   auto o = torch::empty_like(q);
   check_args(q, o, k_buf, v_buf);
@@ -567,14 +680,15 @@ torch::Tensor rows_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor
     kv_lens.back() = std::max(kv_lens.back(), qpos[i] + 1);
   }
   qo.push_back(n);
-  if (n > 0) extend_dispatch(q, o, k_buf, v_buf, qo, qpos, slots, kv_lens, sm_scale, window, logit_cap);
+  const TileArgs args = tile_args(q, sm_scale, logit_cap, k_scale, v_scale, slot_map);
+  if (n > 0) extend_dispatch(q, o, k_buf, v_buf, qo, qpos, slots, kv_lens, args, window);
   return o;
 }
 
 void decode_attention(torch::Tensor q, torch::Tensor o, torch::Tensor k_buf, torch::Tensor v_buf,
                       torch::Tensor q_positions, torch::Tensor kv_indptr, torch::Tensor kv_indices,
                       torch::Tensor num_kv_splits, int64_t max_kv_splits, double sm_scale, int64_t window,
-                      double logit_cap) {
+                      double logit_cap, double k_scale, double v_scale) {
   check_args(q, o, k_buf, v_buf);
   const auto qpos = as_i64(q_positions, "q_positions"), kvp = as_i64(kv_indptr, "kv_indptr");
   const auto kvi = as_i64(kv_indices, "kv_indices"), splits = as_i64(num_kv_splits, "num_kv_splits");
@@ -584,20 +698,10 @@ void decode_attention(torch::Tensor q, torch::Tensor o, torch::Tensor k_buf, tor
               "decode: q_positions / num_kv_splits need one entry per request, kv_indptr batch + 1");
   TORCH_CHECK(max_kv_splits >= 1, "max_kv_splits must be >= 1");
   TORCH_CHECK(kvp.front() >= 0 && kvp.back() <= static_cast<int64_t>(kvi.size()), "kv_indptr runs past kv_indices");
-  switch (q.scalar_type()) {
-    case torch::kFloat32:
-      decode_impl<float>(q, o, k_buf, v_buf, qpos, kvp, kvi, splits, max_kv_splits, sm_scale, window, logit_cap);
-      break;
-    case torch::kBFloat16:
-      decode_impl<at::BFloat16>(q, o, k_buf, v_buf, qpos, kvp, kvi, splits, max_kv_splits, sm_scale, window,
-                                logit_cap);
-      break;
-    case torch::kFloat16:
-      decode_impl<at::Half>(q, o, k_buf, v_buf, qpos, kvp, kvi, splits, max_kv_splits, sm_scale, window, logit_cap);
-      break;
-    default:
-      TORCH_CHECK(false, "CPU attention kernels take float32, bfloat16 or float16, got ", q.scalar_type());
-  }
+  const TileArgs args = tile_args(q, sm_scale, logit_cap, k_scale, v_scale, torch::Tensor());
+  dispatch_types(q, k_buf, [&](auto t, auto s) {
+    decode_impl<decltype(t), decltype(s)>(q, o, k_buf, v_buf, qpos, kvp, kvi, splits, max_kv_splits, args, window);
+  });
 }
 
 // The kernels touch no Python object: they run with the GIL released, so a server's other Python threads
