@@ -13,10 +13,11 @@ V2 greedy agreement with bf16 KV; V3 YOCO parity in every KV dtype.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from contracts.base import contract, require, violation
@@ -46,8 +47,10 @@ class Agreement:
 AGREEMENT = {"fp8_e4m3": Agreement(20, NEW_TOKENS, 0.8), "fp8_e5m2": Agreement(10, 4, 1.2)}
 
 
-def scale_file(model_path: str, scale: float, kv_cache_dtype: str = "fp8_e4m3", num_layers: int | None = None) -> str:
-    """A ``--quantization-param-path`` file (SGLang's / vLLM's schema) giving every layer ``scale``."""
+def write_scale_file(dest: str, model_path: str, scale: float, kv_cache_dtype: str = "fp8_e4m3",
+                     num_layers: int | None = None) -> str:
+    """Write a ``--quantization-param-path`` file (SGLang's / vLLM's schema) giving every layer ``scale`` to
+    ``dest``; returns ``dest``."""
     with open(os.path.join(model_path, "config.json")) as f:
         cfg = json.load(f)
     text = cfg.get("text_config", cfg)
@@ -55,14 +58,18 @@ def scale_file(model_path: str, scale: float, kv_cache_dtype: str = "fp8_e4m3", 
     dtype = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}[kv_cache_dtype]
     body = {"model_type": text.get("model_type", cfg.get("model_type")),
             "kv_cache": {"dtype": dtype, "scaling_factor": {"0": {str(i): scale for i in range(layers)}}}}
-    data = json.dumps(body, sort_keys=True)
-    path = os.path.join(tempfile.gettempdir(), f"yoco-kv-scales-{hashlib.sha1(data.encode()).hexdigest()[:12]}.json")
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    return path
+    with open(dest, "w") as f:
+        json.dump(body, f, sort_keys=True)
+    return dest
+
+
+@contextmanager
+def scale_file(model_path: str, scale: float, kv_cache_dtype: str = "fp8_e4m3",
+               num_layers: int | None = None) -> Iterator[str]:
+    """A scale file (``write_scale_file``) in a temporary folder that is removed on exit: contracts leave
+    nothing behind."""
+    with tempfile.TemporaryDirectory(prefix="yoco-kv-scales-") as d:
+        yield write_scale_file(os.path.join(d, "kv_scales.json"), model_path, scale, kv_cache_dtype, num_layers)
 
 
 def _first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -91,9 +98,13 @@ def fp8_greedy_agreement(subject) -> None:
     base = ["--model-path", path, "--disable-radix-cache"]
     bf16_argv = base + ["--kv-cache-dtype", "bf16"]
     bf16 = subject.generate(bf16_argv, [GenRequest(p, max_new_tokens=NEW_TOKENS, return_logprob=True) for p in ps])
+    with scale_file(path, SCALES["agreement"]) as scales:
+        _agree_with_bf16(subject, ps, base, bf16_argv, bf16, scales)
+
+
+def _agree_with_bf16(subject, ps, base, bf16_argv, bf16, scales: str) -> None:
     variants = [  # the scale file first: a misapplied scale fails there
-        (f"fp8_e4m3 scales {SCALES['agreement']}", ["--kv-cache-dtype", "fp8_e4m3", "--quantization-param-path",
-                                                    scale_file(path, SCALES["agreement"])]),
+        (f"fp8_e4m3 scales {SCALES['agreement']}", ["--kv-cache-dtype", "fp8_e4m3", "--quantization-param-path", scales]),
         ("fp8_e4m3", ["--kv-cache-dtype", "fp8_e4m3"]),
         ("fp8_e5m2", ["--kv-cache-dtype", "fp8_e5m2"]),
     ]
@@ -143,14 +154,18 @@ def fp8_yoco_parity(subject) -> None:
     reqs = [GenRequest(p, max_new_tokens=4, return_logprob=True) for p in prompts(path)]
     edge = [GenRequest(p, max_new_tokens=3, return_logprob=True) for p in prompts(path, [1, 9, 40, 57, 33, 70], seed=1)]
     for dtype in ("fp8_e4m3", "fp8_e5m2"):
-        kv = ["--kv-cache-dtype", dtype, "--quantization-param-path", scale_file(path, SCALES["parity"], dtype)]
-        off = subject.generate(_yoco_argv(subject, "--disable-radix-cache", *kv), reqs)
-        on = subject.generate(_yoco_argv(subject, "--disable-radix-cache", *kv, FLAG), reqs)
-        _compare(f"{dtype}, batched", off, on)
-        if dtype != "fp8_e4m3":
-            continue
-        chunked = ("--chunked-prefill-size", "16", *kv)
-        off = subject.generate(_yoco_argv(subject, *chunked), edge + edge, batched=False)
-        on = subject.generate(_yoco_argv(subject, *chunked, FLAG), edge + edge, batched=False)
-        require(any(o.cached_tokens > 0 for o in on.outputs[len(edge):]), "repeated prompts must hit the radix cache")
-        _compare(f"{dtype}, chunked prefill and radix hits", off, on)
+        with scale_file(path, SCALES["parity"], dtype) as scales:
+            _parity_in(subject, dtype, ["--kv-cache-dtype", dtype, "--quantization-param-path", scales], reqs, edge)
+
+
+def _parity_in(subject, dtype: str, kv: list[str], reqs: list[GenRequest], edge: list[GenRequest]) -> None:
+    off = subject.generate(_yoco_argv(subject, "--disable-radix-cache", *kv), reqs)
+    on = subject.generate(_yoco_argv(subject, "--disable-radix-cache", *kv, FLAG), reqs)
+    _compare(f"{dtype}, batched", off, on)
+    if dtype != "fp8_e4m3":
+        return
+    chunked = ("--chunked-prefill-size", "16", *kv)
+    off = subject.generate(_yoco_argv(subject, *chunked), edge + edge, batched=False)
+    on = subject.generate(_yoco_argv(subject, *chunked, FLAG), edge + edge, batched=False)
+    require(any(o.cached_tokens > 0 for o in on.outputs[len(edge):]), "repeated prompts must hit the radix cache")
+    _compare(f"{dtype}, chunked prefill and radix hits", off, on)

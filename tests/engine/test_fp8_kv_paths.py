@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from engine_helpers import prompts
 
-from contracts.kv_fp8 import scale_file
+from contracts.kv_fp8 import write_scale_file
 from impl import Engine
 from impl.cache import kv_pool
 from impl.cache.kv_quant import FP8_KV_CACHE_DTYPES
@@ -42,10 +42,10 @@ def _run(path: str, name: str, backend: str, monkeypatch, **args):
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
-def test_every_attention_path_dequantises_the_fp8_pool_exactly(kv_dtype, monkeypatch):
+def test_every_attention_path_dequantises_the_fp8_pool_exactly(kv_dtype, monkeypatch, tmp_path):
     path = tiny_checkpoint("k_eq_v")  # 10 layers: sliding (2 KV heads) and full layers (1 KV head)
     fmt = FP8_KV_CACHE_DTYPES[kv_dtype]
-    fp8_args = dict(kv_cache_dtype=kv_dtype, quantization_param_path=scale_file(path, SCALE, kv_dtype))
+    fp8_args = dict(kv_cache_dtype=kv_dtype, quantization_param_path=write_scale_file(str(tmp_path / "scales.json"), path, SCALE, kv_dtype))
     orig = kv_pool.TokenToKVPool.set_kv_buffer
 
     def rounded(self, layer, loc, k, v):  # a float32 pool holding what the fp8 pool dequantises to
