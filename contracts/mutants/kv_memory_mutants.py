@@ -45,3 +45,89 @@ class Fp8DecodeKernelDropsKScale(PatchedSubject):
             return orig(*args, **kwargs)
 
         return {"impl.kernels.cpu_attn:decode_attention_fwd": decode}
+
+
+# ---- the hybrid sliding-window pool -----------------------------------------------------------
+@mutant("KV-SWA-POOL-BUDGETS", "KV-SWA-LONGER-CONTEXT")
+class SwaRatioIgnored(PatchedSubject):
+    """--swa-full-tokens-ratio validates and changes nothing: both pools get the one-pool token count."""
+
+    def patches(self):
+        orig = original("impl.engine.model_runner", "hybrid_budget")
+        return {"impl.engine.model_runner:hybrid_budget": lambda n, fb, sb, ratio, **kw: orig(n, fb, sb, 1.0, **kw)}
+
+
+@mutant("KV-SWA-POOL-BUDGETS")
+class HybridPoolNeverBuilt(PatchedSubject):
+    """The hybrid pool exists but is never the default: every model keeps one pool."""
+
+    PATCHES = {"impl.engine.model_runner:hybrid_applies": lambda model_config, disable: False}
+
+
+@mutant("KV-SWA-OUTPUTS-AND-INTEGRITY")
+class SwaFreesInsideWindow(PatchedSubject):
+    """A request gives back the sliding-window slot of a token still inside its window (one too many)."""
+
+    def patches(self):
+        orig = original("impl.engine.kv_lifecycle", "KVLifecycle.window_start")
+        return {"impl.engine.kv_lifecycle:KVLifecycle.window_start": lambda self, req: orig(self, req) + 1}
+
+
+@mutant("KV-SWA-OUTPUTS-AND-INTEGRITY")
+class SwaRadixIgnoresTombstones(PatchedSubject):
+    """The radix cache matches cached prefixes whose window was freed as if they were whole."""
+
+    PATCHES = {"impl.cache.swa_radix_cache:SWARadixCache._valid": lambda self, m, run: True}
+
+
+@mutant("KV-SWA-SPECULATIVE")
+class SwaRejectedDraftsKeepSwa(PatchedSubject):
+    """Rejected draft rows give back their full-attention slots only: their sliding-window slots leak."""
+
+    def patches(self):
+        def trim(self, req, kv_len):
+            if req.req_pool_idx is None or kv_len >= req.kv_len:
+                return
+            rows = self.req_to_token_pool.req_to_token[req.req_pool_idx, kv_len : req.kv_len].cpu()
+            (self.allocator.full if self.hybrid else self.allocator).free(rows)
+            req.kv_len = kv_len
+
+        return {"impl.engine.kv_lifecycle:KVLifecycle.trim": trim}
+
+
+@mutant("KV-SWA-OUTPUTS-AND-INTEGRITY")
+class SwaWindowFromKvLen(PatchedSubject):
+    """A request's window is taken from where its KV ends, not from where the forward being built starts
+    querying: a prefill (or chunk) frees the sliding-window KV its own first queries read."""
+
+    def patches(self):
+        def window_start(self, req):
+            last = req.kv_len - 1 if req.kv_len > req.prefix_len else req.kv_len
+            return max(0, last - self.window + 1)
+
+        return {"impl.engine.kv_lifecycle:KVLifecycle.window_start": window_start}
+
+
+@mutant("KV-SWA-OUTPUTS-AND-INTEGRITY")
+class SwaPreemptionLeaksWindow(PatchedSubject):
+    """A preempted (retracted) request gives back its full-attention slots and drops its sliding-window
+    pairings without returning those slots to the sliding-window free list."""
+
+    def patches(self):
+        orig = original("impl.engine.scheduler", "Scheduler._retract")
+
+        def retract(self, req):
+            alloc = self.kv.allocator
+            if not self.kv.hybrid:
+                return orig(self, req)
+
+            def forget(slots):
+                alloc.full_to_swa[slots.to(alloc.device).long().flatten()] = 0
+
+            alloc.free_swa = forget  # an instance attribute shadows the method for this call only
+            try:
+                return orig(self, req)
+            finally:
+                del alloc.free_swa
+
+        return {"impl.engine.scheduler:Scheduler._retract": retract}

@@ -173,7 +173,15 @@ class ServerArgs:
     enable_hierarchical_cache: bool = _f(False, "Hierarchical (host-tiered) KV cache.")
     enable_lmcache: bool = _f(False, "LMCache KV offload.")
     swa_full_tokens_ratio: float = _f(
-        0.8, "Ratio of sliding-window layer KV tokens to full-attention layer KV tokens, in (0, 1.0].", type=float
+        0.8,
+        "Ratio of sliding-window layer KV tokens to full-attention layer KV tokens, in (0, 1.0] (SGLang's): the "
+        "hybrid KV pool gives sliding-window layers this share of the full layers' token budget.",
+        type=float,
+    )
+    disable_hybrid_swa_memory: bool = _f(
+        False,
+        "Keep one KV pool for sliding-window and full-attention layers (every layer keeps every token) instead of "
+        "the hybrid pool, whose sliding-window layers free tokens that left their window.",
     )
     enable_unified_memory: bool = _f(
         False,

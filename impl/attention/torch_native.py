@@ -276,13 +276,14 @@ class TorchNativeAttnBackend(AttentionBackend):
             )
         k_buf, v_buf = self.token_to_kv_pool.get_kv_buffer(layer.kv_layer_id)
         scales = self.token_to_kv_pool.get_kv_scales(layer.kv_layer_id)
+        slot_map = self.token_to_kv_pool.slot_map(layer.kv_layer_id)  # hybrid pool: sliding layers' rows
         q3 = q.view(n, layer.num_heads, layer.head_dim)
-        if self._rows_kernel and (q.dtype == k_buf.dtype or is_fp8(k_buf.dtype)):
+        if self._rows_kernel and (q.dtype == k_buf.dtype or q.dtype == torch.float32 or is_fp8(k_buf.dtype)):
             r2t = self.req_to_token_pool.req_to_token
             out = cpu_attn.rows_attention(q3, k_buf, v_buf, r2t, plan.row_req, plan.q_pos, layer.sliding_window,
-                                          layer.scaling, layer.logit_cap, *scales)
+                                          layer.scaling, layer.logit_cap, *scales, slot_map)
             return out.reshape(n, -1)
-        kv = _PoolKV(k_buf, v_buf, *scales)
+        kv = _PoolKV(k_buf, v_buf, *scales, slot_map)
         if layer.sliding_window is not None:
             out = self._sliding(q3, kv, plan, layer)
         else:

@@ -103,18 +103,19 @@ class TritonAttnBackend(AttentionBackend):
         md = self._metadata_for(k, fb, n, layer)
         k_buf, v_buf = self.token_to_kv_pool.get_kv_buffer(layer.kv_layer_id)  # [capacity, KVH, D]
         k_scale, v_scale = self.token_to_kv_pool.get_kv_scales(layer.kv_layer_id)
+        kv_indices = md.kv_indices_for(self.token_to_kv_pool.slot_map(layer.kv_layer_id))
         q3 = q.reshape(n, layer.num_heads, d)
         if not is_fp8(k_buf.dtype):
             q3 = q3.to(k_buf.dtype)  # the kernels take q in the pool's dtype (fp8 pools: q keeps its own)
         o = torch.empty_like(q3)
         if md.use_decode_kernel:
             self.provider.decode(
-                q3, o, k_buf, v_buf, md.q_positions, md.kv_indptr, md.kv_indices, md.num_kv_splits, md.max_kv_splits,
+                q3, o, k_buf, v_buf, md.q_positions, md.kv_indptr, kv_indices, md.num_kv_splits, md.max_kv_splits,
                 layer.scaling, layer.sliding_window, layer.logit_cap, k_scale, v_scale,
             )
         else:
             self.provider.extend(
-                q3, o, k_buf, v_buf, md.qo_indptr, md.q_positions, md.kv_indptr, md.kv_indices, md.max_q_len,
+                q3, o, k_buf, v_buf, md.qo_indptr, md.q_positions, md.kv_indptr, kv_indices, md.max_q_len,
                 layer.scaling, layer.sliding_window, layer.logit_cap, k_scale, v_scale,
             )
         return o.to(q.dtype).view(n, -1)

@@ -31,6 +31,17 @@ class TritonAttnMetadata:
     use_decode_kernel: bool
     num_kv_splits: torch.Tensor | None = None  # [B] int32 (decode kernel only)
     max_kv_splits: int = 1
+    # kv_indices through the hybrid pool's full -> sliding-window slot map (made on first use in a pass)
+    swa_kv_indices: torch.Tensor | None = None
+
+    def kv_indices_for(self, slot_map: torch.Tensor | None) -> torch.Tensor:
+        """The slots a layer's buffers are read at: ``kv_indices``, or mapped for sliding layers of the
+        hybrid pool (a freed window position maps to the zero pad row, which no query's mask admits)."""
+        if slot_map is None:
+            return self.kv_indices
+        if self.swa_kv_indices is None:
+            self.swa_kv_indices = slot_map.index_select(0, self.kv_indices.long())
+        return self.swa_kv_indices
 
     def check(self) -> None:
         b = self.qo_indptr.shape[0] - 1

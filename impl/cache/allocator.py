@@ -75,3 +75,87 @@ def check_slot_ownership(capacity: int, owners: Mapping[str, Iterable[torch.Tens
     leaked = torch.nonzero(count[1:] == 0).flatten()
     if leaked.numel():
         raise AssertionError(f"{leaked.numel()} KV slot(s) leaked (owned by nobody), e.g. slot {int(leaked[0]) + 1}")
+
+
+class SWATokenSlotAllocator:
+    """The hybrid pool's allocator (SGLang's SWATokenToKVPoolAllocator): full-attention slots
+    ``1..capacity-1`` and sliding-window slots ``1..swa_capacity-1``, each with its own free list, and
+    ``full_to_swa[f]``: the sliding-window slot paired with full slot ``f`` (0: none).
+
+    ``alloc(n)`` takes ``n`` slots of each and pairs them; it returns the full slots (what
+    ``req_to_token`` holds; sliding layers read ``full_to_swa[slot]``). ``free(full)`` returns both
+    halves; ``free_swa(full)`` only the sliding-window ones, for tokens that left every sliding layer's
+    window (their full slots stay with their owner).
+    """
+
+    def __init__(self, capacity: int, swa_capacity: int, device: str | torch.device = "cpu"):
+        self.full = TokenSlotAllocator(capacity, device)
+        self.swa = TokenSlotAllocator(swa_capacity, device)
+        self.capacity = capacity
+        self.swa_capacity = swa_capacity
+        self.device = torch.device(device)
+        # full_to_swa: [capacity] int64 on the pool's device (the kernels read it); slot 0 maps to 0
+        self.full_to_swa = torch.zeros(capacity, dtype=torch.int64, device=self.device)
+        self.clear()
+
+    def clear(self) -> None:
+        self.full.clear()
+        self.swa.clear()
+        # Sliding-window slots go out from the top: the pairing is never the identity, so a reader that
+        # forgets the map reads wrong rows from the first token on, not only after frees reshuffle them.
+        self.swa.free_slots = self.swa.free_slots.flip(0)
+        self.full_to_swa.zero_()
+
+    @property
+    def free_slots(self) -> torch.Tensor:
+        """The full-attention free list (the slot-ownership check's "free list")."""
+        return self.full.free_slots
+
+    def available_size(self) -> int:
+        """Tokens allocatable now: each takes one slot of both pools."""
+        return min(self.full.available_size(), self.swa.available_size())
+
+    def full_available_size(self) -> int:
+        return self.full.available_size()
+
+    def swa_available_size(self) -> int:
+        return self.swa.available_size()
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        if n < 0:
+            raise ValueError(f"alloc({n}): n must be >= 0")
+        if n > self.full.available_size() or n > self.swa.available_size():
+            return None
+        full, swa = self.full.alloc(n), self.swa.alloc(n)
+        assert full is not None and swa is not None
+        self.full_to_swa[full.to(self.device)] = swa.to(self.device)
+        return full
+
+    def free(self, slots: torch.Tensor) -> None:
+        if slots.numel() == 0:
+            return
+        self.free_swa(slots)
+        self.full.free(slots)
+
+    def free_swa(self, slots: torch.Tensor) -> None:
+        """Return the sliding-window halves of full slots ``slots`` (those that still have one)."""
+        if slots.numel() == 0:
+            return
+        idx = slots.to(self.device, torch.int64).flatten()
+        swa = self.full_to_swa[idx]
+        self.swa.free(swa[swa > 0].cpu())
+        self.full_to_swa[idx] = 0
+
+    def check_integrity(self) -> None:
+        """Both free lists, and the pairing: every sliding-window slot is free or paired with exactly one
+        full slot, and no free full slot keeps a pairing."""
+        self.full.check_integrity()
+        self.swa.check_integrity()
+        m = self.full_to_swa.cpu()
+        if int(m[0]) != 0:
+            raise AssertionError("the pad slot 0 is paired with a sliding-window slot")
+        if self.full.free_slots.numel() and bool((m[self.full.free_slots] != 0).any()):
+            raise AssertionError("a free full-attention slot still holds a sliding-window slot")
+        paired = m[m > 0]
+        check_slot_ownership(self.swa_capacity, {"sliding-window free list": [self.swa.free_slots],
+                                                 "full-slot pairings": [paired]})

@@ -11,6 +11,12 @@ owns slots of cached prefixes; a request owns the rest of its slots.
 Invariant checked by ``check_integrity()`` on every owner: every slot in
 ``1..capacity-1`` is owned exactly once (free list, radix tree, or a live
 request); none leaked, none double-freed. ``evict(0)`` is always safe.
+
+The hybrid sliding-window pool (``swa_pool.py``) has a second slot space for its
+sliding-window layers: each full slot pairs with at most one sliding-window slot
+(``slot_map``), and every sliding-window slot is free or paired exactly once; a
+live request's window positions are always paired, a radix tombstone's never.
+fp8 pools store ``value / scale`` (``get_kv_scales``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,10 @@ class TokenToKVPoolBase(ABC):
     @abstractmethod
     def get_kv_scales(self, kv_layer_id: int) -> tuple[float, float]:
         """(k_scale, v_scale): a reader dequantises a stored element as ``element * scale``."""
+
+    @abstractmethod
+    def slot_map(self, kv_layer_id: int) -> torch.Tensor | None:
+        """[capacity] int64: the buffer row of each slot for this layer (None: the slot itself)."""
 
     @property
     @abstractmethod

@@ -30,13 +30,21 @@ class TokenToKVPool(TokenToKVPoolBase):
         self.layer_ids = tuple(model_config.kv_layer_ids)
         self.scales = scales or KVScales()
         self.quantized = is_fp8(dtype)
-        # k_buffers[layer]: [capacity, num_kv_heads(layer), head_dim(layer)]; slot 0 is the pad slot.
+        # k_buffers[layer]: [rows(layer), num_kv_heads(layer), head_dim(layer)]; row 0 is the pad slot.
         self.k_buffers: dict[int, torch.Tensor] = {}
         self.v_buffers: dict[int, torch.Tensor] = {}
         for i in self.layer_ids:
-            shape = (self.capacity, model_config.layer_num_kv_heads[i], model_config.layer_head_dims[i])
+            shape = (self.rows(i), model_config.layer_num_kv_heads[i], model_config.layer_head_dims[i])
             self.k_buffers[i] = torch.zeros(shape, dtype=dtype, device=self.device)
             self.v_buffers[i] = torch.zeros(shape, dtype=dtype, device=self.device)
+
+    def rows(self, kv_layer_id: int) -> int:
+        """Buffer rows of a KV-owning layer (every layer: ``capacity``; the hybrid pool's sliding layers fewer)."""
+        return self.capacity
+
+    def slot_map(self, kv_layer_id: int) -> torch.Tensor | None:
+        """The map from ``req_to_token`` slots to this layer's buffer rows (None: a slot is its own row)."""
+        return None
 
     def _check_layer(self, kv_layer_id: int) -> None:
         if kv_layer_id not in self.k_buffers:
@@ -57,6 +65,9 @@ class TokenToKVPool(TokenToKVPoolBase):
         self._check_layer(kv_layer_id)
         kb, vb = self.k_buffers[kv_layer_id], self.v_buffers[kv_layer_id]
         k, v = k.view(-1, *kb.shape[1:]), v.view(-1, *vb.shape[1:])
+        rows = self.slot_map(kv_layer_id)
+        if rows is not None:
+            loc = rows[loc]
         if self.quantized:
             # fp8 rows go in as bytes (index_copy_ has no fp8 kernel on CPU)
             ks, vs = self.scales.get(kv_layer_id)
@@ -66,10 +77,19 @@ class TokenToKVPool(TokenToKVPoolBase):
         kb.index_copy_(0, loc, k.to(kb.dtype))
         vb.index_copy_(0, loc, v.to(vb.dtype))
 
+    def layer_bytes_per_token(self, layer_ids) -> int:
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        return sum(2 * self.k_buffers[i].shape[1] * self.k_buffers[i].shape[2] * elem for i in layer_ids)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of every K and V buffer (the hybrid pool's sliding-window layers hold fewer rows)."""
+        return sum(b.numel() * b.element_size() for bufs in (self.k_buffers, self.v_buffers) for b in bufs.values())
+
     @property
     def bytes_per_token(self) -> int:
-        elem = torch.tensor([], dtype=self.dtype).element_size()
-        return sum(2 * self.k_buffers[i].shape[1] * self.k_buffers[i].shape[2] * elem for i in self.layer_ids)
+        """K and V bytes one token takes in every KV-owning layer."""
+        return self.layer_bytes_per_token(self.layer_ids)
 
     @property
     def num_kv_layers(self) -> int:

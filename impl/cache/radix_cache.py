@@ -31,6 +31,11 @@ class TreeNode:
     children: dict[int, "TreeNode"] = field(default_factory=dict)  # first token id -> child
     lock_ref: int = 0
     last_access: int = 0  # logical clock: LRU order is deterministic
+    # hybrid sliding-window pool only (impl/cache/swa_radix_cache.py): the slots' sliding-window KV was
+    # freed; requests locking the node's tokens for their window; the id ending such a lock's path
+    swa_tombstone: bool = False
+    swa_lock_ref: int = 0
+    swa_boundary: int | None = None
 
     def __lt__(self, other: "TreeNode") -> bool:
         return self.last_access < other.last_access
@@ -55,6 +60,10 @@ def _common_len(a: list[int], b: list[int]) -> int:
 
 
 class RadixCache:
+    # One pool: no sliding-window slots to count or evict (the hybrid pool's tree: swa_radix_cache.py).
+    swa_evictable_size = 0
+    swa_protected_size = 0
+
     def __init__(self, allocator: TokenSlotAllocator):
         self.allocator = allocator
         self.reset()
@@ -116,6 +125,14 @@ class RadixCache:
             node, done = child, done + n
         return done
 
+    def cache_request(self, key: list[int], value: torch.Tensor, owned_from: int, swa_evicted_len: int = 0) -> None:
+        """A finished (or retracted) request's ``key`` -> ``value``: the tree takes what it lacks and the
+        caller's duplicate slots (positions ``owned_from ..`` the tree already had) are freed. Positions
+        below ``owned_from`` are the tree's own (the request's locked prefix). ``swa_evicted_len`` matters
+        to the hybrid pool's tree only."""
+        done = self.insert(key, value)
+        self.allocator.free(value[owned_from:done])
+
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut ``child``'s edge after ``n`` tokens; returns the new upper node."""
         parent = child.parent
@@ -123,22 +140,27 @@ class RadixCache:
         upper = TreeNode(
             key=child.key[:n], value=child.value[:n].clone(), parent=parent,
             lock_ref=child.lock_ref, last_access=child.last_access,
+            swa_tombstone=child.swa_tombstone, swa_lock_ref=child.swa_lock_ref, swa_boundary=child.swa_boundary,
         )
+        child.swa_boundary = None  # a window lock that ended at child now ends at its upper half
         parent.children[upper.key[0]] = upper
         child.key, child.value, child.parent = child.key[n:], child.value[n:].clone(), upper
         upper.children[child.key[0]] = child
         return upper
 
     # ---- locking ----------------------------------------------------------
-    def inc_lock_ref(self, node: TreeNode) -> None:
+    def inc_lock_ref(self, node: TreeNode) -> int | None:
+        """Lock ``node``'s root path; returns a handle for ``dec_lock_ref`` (None here; the hybrid pool's
+        tree also locks a window)."""
         while node is not self.root and node is not None:
             if node.lock_ref == 0:
                 self.evictable_size -= len(node.key)
                 self.protected_size += len(node.key)
             node.lock_ref += 1
             node = node.parent
+        return None
 
-    def dec_lock_ref(self, node: TreeNode) -> None:
+    def dec_lock_ref(self, node: TreeNode, swa_lock: int | None = None) -> None:
         while node is not self.root and node is not None:
             if node.lock_ref <= 0:
                 raise AssertionError("dec_lock_ref on an unlocked node (unbalanced lock/unlock)")
@@ -167,6 +189,10 @@ class RadixCache:
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, parent)
         return freed
+
+    def evict_swa(self, num_tokens: int) -> int:
+        """Sliding-window slots freed (none: one pool)."""
+        return 0
 
     def evict_all(self) -> int:
         return self.evict(self.evictable_size)

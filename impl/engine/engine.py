@@ -35,8 +35,10 @@ from impl.args.resolution import resolutions_of
 from impl.args.server_args import ServerArgs
 from impl.args.unsupported import refuse_unimplemented
 from impl.attention.triton_providers import attention_kernels_of, kernel_startup_lines
-from impl.cache.allocator import TokenSlotAllocator
+from impl.cache.allocator import SWATokenSlotAllocator, TokenSlotAllocator
 from impl.cache.radix_cache import RadixCache
+from impl.cache.swa_pool import HybridSWAKVPool
+from impl.cache.swa_radix_cache import SWARadixCache
 from impl.config.model_config import ModelConfig
 from impl.engine.detokenizer import IncrementalDetokenizer
 from impl.engine.detokenizer_stage import DetokenizerStage, Emission
@@ -96,19 +98,18 @@ class Engine:
             chunk = DEFAULT_CHUNKED_PREFILL[self.device.type if self.device.type == "cuda" else "cpu"]
         if chunk == 0 or chunk < -1:
             raise ValueError(f"--chunked-prefill-size must be -1 (off) or a positive token count, got {chunk}")
+        kv, max_req_len = _kv_lifecycle(self.runner, args.disable_radix_cache, chunk)
         self.scheduler_config = SchedulerConfig(
             max_running_requests=self.runner.limits.max_running_requests,
             chunked_prefill_size=chunk,
             max_prefill_tokens=args.max_prefill_tokens,
-            max_req_len=self.runner.limits.max_req_len,
+            max_req_len=max_req_len,
             eos_token_ids=self._eos_ids(),
             vocab_size=self.model_config.vocab_size,
             stream_interval=max(1, args.stream_interval),
             schedule_policy=args.schedule_policy,
         )
-        allocator = TokenSlotAllocator(self.runner.token_to_kv_pool.capacity)
-        tree = None if args.disable_radix_cache else RadixCache(allocator)
-        kv = KVLifecycle(allocator, self.runner.req_to_token_pool, tree)
+        tree = kv.tree
         self.spec_worker = build_spec_worker(args, self.runner)
         self.scheduler = Scheduler(self.scheduler_config, self.runner, kv, spec=self.spec_worker)
         self.intake_policy = IntakePolicy(self.scheduler_config.max_req_len, self.model_config.vocab_size,
@@ -344,7 +345,9 @@ class Engine:
             num_running_reqs=len(sched.running) + (1 if sched.chunked_req is not None else 0),
             num_waiting_reqs=len(sched.waiting),
             kv_tokens_total=sched.kv.capacity - 1,  # slot 0 is the reserved pad slot
-            kv_tokens_available=sched.kv.available(),
+            kv_tokens_available=sched.kv.full_available(),
+            swa_tokens_total=sched.kv.allocator.swa_capacity - 1 if sched.kv.hybrid else 0,
+            swa_tokens_available=sched.kv.swa_available() if sched.kv.hybrid else 0,
             max_running_requests=cfg.max_running_requests,
             chunked_prefill_size=cfg.chunked_prefill_size,
             max_prefill_tokens=cfg.max_prefill_tokens,
@@ -364,8 +367,9 @@ class Engine:
         info.update(
             version=impl.__version__,
             resolutions=[r.describe() for r in resolutions_of(self.server_args)],
-            max_total_num_tokens=self.runner.budget.num_tokens,
+            max_total_num_tokens=self.runner.max_total_num_tokens,
             kv_bytes_per_token=self.runner.token_to_kv_pool.bytes_per_token,
+            kv_pools=self.runner.kv_pools(),
             kv_cache_storage=self.runner.kv_cache_dtype_name(),
             num_kv_layers=self.runner.token_to_kv_pool.num_kv_layers,
             chunked_prefill_size=self.scheduler_config.chunked_prefill_size,
@@ -410,6 +414,32 @@ class Engine:
         ids = set(self.model_config.eos_token_ids)
         ids.update(getattr(self.tokenizer, "eos_token_ids", ()) or ())
         return tuple(sorted(ids))
+
+
+def _kv_lifecycle(runner: ModelRunner, disable_radix_cache: bool, chunk: int) -> tuple[KVLifecycle, int]:
+    """The slot owners over the runner's pool (one pool, or the hybrid sliding-window pool's two) and the
+    longest request they serve."""
+    pool, max_req_len = runner.token_to_kv_pool, runner.limits.max_req_len
+    if not isinstance(pool, HybridSWAKVPool):
+        allocator = TokenSlotAllocator(pool.capacity)
+        tree = None if disable_radix_cache else RadixCache(allocator)
+        return KVLifecycle(allocator, runner.req_to_token_pool, tree), max_req_len
+    window = int(runner.model_config.sliding_window or 0)
+    swa_allocator = SWATokenSlotAllocator(pool.capacity, pool.swa_capacity, runner.device)
+    pool.register_mapping(swa_allocator.full_to_swa)
+    swa_tree = None if disable_radix_cache else SWARadixCache(swa_allocator, window)
+    kv = KVLifecycle(swa_allocator, runner.req_to_token_pool, swa_tree, sliding_window=window)
+    swa_tokens = pool.swa_capacity - 1
+    if swa_tokens < window + 1:
+        raise ValueError(
+            f"the hybrid KV pool's sliding-window budget ({swa_tokens} tokens = --swa-full-tokens-ratio "
+            f"{runner.server_args.swa_full_tokens_ratio} x {pool.capacity - 1} full-attention tokens) cannot hold one "
+            f"request's window and its next token ({window + 1} tokens); raise --swa-full-tokens-ratio or the KV budget "
+            "(--max-total-tokens / --mem-fraction-static), or pass --disable-hybrid-swa-memory."
+        )
+    if chunk == -1:  # an unchunked prompt takes all its sliding-window slots at once
+        max_req_len = min(max_req_len, swa_tokens)
+    return kv, max_req_len
 
 
 def _load_tokenizer(path: str):

@@ -15,12 +15,15 @@ from dataclasses import dataclass
 class LoadView:
     num_running_reqs: int  # in the running batch (the chunked-prefill request included)
     num_waiting_reqs: int  # queued, not yet admitted (retracted ones included)
-    kv_tokens_total: int  # usable KV slots (slot 0, the pad slot, excluded)
+    kv_tokens_total: int  # usable KV slots (slot 0, the pad slot, excluded); the full-attention pool's
     kv_tokens_available: int  # free plus evictable (cached prefixes no request holds)
     max_running_requests: int
     chunked_prefill_size: int  # -1: chunking off
     max_prefill_tokens: int
     max_req_len: int  # prompt + output tokens one request may reach
+    # the hybrid pool's sliding-window budget (0 / 0 with one pool)
+    swa_tokens_total: int = 0
+    swa_tokens_available: int = 0
 
     @property
     def kv_tokens_used(self) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -25,6 +26,7 @@ from impl.cache.kv_pool import ReqToTokenPool, TokenToKVPool
 from impl.args.dtype import auto_dtype
 from impl.cache.kv_quant import kv_cache_torch_dtype, load_kv_scales
 from impl.cache.memory import KVBudget, kv_budget, process_memory
+from impl.cache.swa_pool import HybridBudget, HybridSWAKVPool, hybrid_applies, hybrid_budget
 from impl.config.model_config import ModelConfig
 from impl.forward_batch import ForwardBatch, WorkCounters
 from impl.kernels.cpu_fused import transform as cpu_fused_transform
@@ -67,12 +69,26 @@ class ModelRunner:
         # prepacked copies replace their parameters; count what they add
         self.packed_bytes = 0 if self.cpu_kernels is None else self.cpu_kernels.extra_bytes
         weight_bytes = self.weight_plan.resident_bytes + self.packed_bytes
+        # The budget in one-pool tokens (impl/cache/memory.py); the hybrid sliding-window pool (the default
+        # for models with both layer types, as in SGLang) splits the same bytes into its two budgets.
         self.budget: KVBudget = kv_budget(
             probe.bytes_per_token, device, weight_bytes, server_args.max_total_tokens, server_args.mem_fraction_static
         )
-        self.token_to_kv_pool = TokenToKVPool(model_config, self.budget.capacity, kv_dtype, device, self.kv_scales)
+        self.hybrid_budget: HybridBudget | None = None
+        if hybrid_applies(model_config, bool(getattr(server_args, "disable_hybrid_swa_memory", False))):
+            shape = HybridSWAKVPool(model_config, 2, 2, kv_dtype, "meta")
+            self.hybrid_budget = hybrid_budget(self.budget.num_tokens, shape.full_bytes_per_token,
+                                               shape.swa_bytes_per_token, server_args.swa_full_tokens_ratio,
+                                               full_tokens=server_args.max_total_tokens)
+            self.token_to_kv_pool: TokenToKVPool = HybridSWAKVPool(
+                model_config, self.hybrid_budget.capacity, self.hybrid_budget.swa_capacity, kv_dtype, device,
+                self.kv_scales)
+            self.max_total_num_tokens = self.hybrid_budget.full_tokens
+        else:
+            self.token_to_kv_pool = TokenToKVPool(model_config, self.budget.capacity, kv_dtype, device, self.kv_scales)
+            self.max_total_num_tokens = self.budget.num_tokens
         context_len = server_args.context_length or model_config.max_position_embeddings
-        max_req_len = min(context_len, self.budget.num_tokens)
+        max_req_len = min(context_len, self.max_total_num_tokens)
         default_running = 256 if device.type == "cuda" else 64
         max_running = server_args.max_running_requests or default_running
         self.limits = RunnerLimits(max_running, max_req_len)
@@ -113,9 +129,7 @@ class ModelRunner:
         return [
             f"Model {mc.name} ({mc.model_type}): {mc.num_hidden_layers} layers, {mc.num_kv_shared_layers} KV-shared, "
             f"dtype {str(self.dtype).replace('torch.', '')}, device {self.device}",
-            f"KV pool: {self.token_to_kv_pool.bytes_per_token} bytes per token, "
-            f"{self.token_to_kv_pool.num_kv_layers} of {mc.num_hidden_layers} layers hold KV, "
-            f"{self.budget.num_tokens} tokens ({self.budget.reason})",
+            self._kv_pool_line(),
             f"KV cache dtype: {self.kv_cache_dtype_name()}",
             memory_line(self.weight_plan, self.packed_bytes, self.kv_pool_bytes, self.load_peak_rss),
             f"Attention backends: prefill {self.backend_names[0]}, decode {self.backend_names[1]}",
@@ -125,10 +139,37 @@ class ModelRunner:
 
     @property
     def kv_pool_bytes(self) -> int:
-        return self.token_to_kv_pool.bytes_per_token * self.budget.capacity
+        return self.token_to_kv_pool.total_bytes
 
     def memory_info(self) -> dict:
         return memory_info(self.weight_plan, self.packed_bytes, self.kv_pool_bytes, self.load_peak_rss)
+
+    def _kv_pool_line(self) -> str:
+        pool, mc, hb = self.token_to_kv_pool, self.model_config, self.hybrid_budget
+        if hb is None or not isinstance(pool, HybridSWAKVPool):
+            return (f"KV pool: {pool.bytes_per_token} bytes per token, {pool.num_kv_layers} of {mc.num_hidden_layers} "
+                    f"layers hold KV, {self.budget.num_tokens} tokens ({self.budget.reason})")
+        ratio = self.server_args.swa_full_tokens_ratio
+        return (f"KV pool: hybrid sliding-window pool (--swa-full-tokens-ratio {ratio:g}): "
+                f"{len(pool.layer_ids) - len(pool.swa_layers)} full-attention layers {pool.full_bytes_per_token} bytes "
+                f"per token, {hb.full_tokens} tokens; {len(pool.swa_layers)} sliding-window layers "
+                f"{pool.swa_bytes_per_token} bytes per token, {hb.swa_tokens} tokens; {pool.num_kv_layers} of "
+                f"{mc.num_hidden_layers} layers hold KV; the memory of {hb.one_pool_tokens} one-pool tokens "
+                f"({self.budget.reason})")
+
+    def kv_pools(self) -> dict[str, Any]:
+        """``/get_server_info``'s ``kv_pools``: bytes per token and token budget of each pool."""
+        pool, hb = self.token_to_kv_pool, self.hybrid_budget
+        if hb is None or not isinstance(pool, HybridSWAKVPool):
+            return {"kind": "one pool", "full": {"layers": pool.num_kv_layers, "bytes_per_token": pool.bytes_per_token,
+                                                 "tokens": self.budget.num_tokens}}
+        return {
+            "kind": "hybrid sliding-window", "swa_full_tokens_ratio": self.server_args.swa_full_tokens_ratio,
+            "full": {"layers": len(pool.layer_ids) - len(pool.swa_layers), "bytes_per_token": pool.full_bytes_per_token,
+                     "tokens": hb.full_tokens},
+            "swa": {"layers": len(pool.swa_layers), "bytes_per_token": pool.swa_bytes_per_token,
+                    "tokens": hb.swa_tokens, "sliding_window": self.model_config.sliding_window},
+        }
 
     def kv_cache_dtype_name(self) -> str:
         """The pool's storage dtype, with its scales when fp8 (the startup log and /get_server_info)."""

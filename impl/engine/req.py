@@ -73,6 +73,9 @@ class Req:
     kv_len: int = 0
     prefix_len: int = 0
     last_node: Any = None
+    swa_lock: int | None = None  # the window lock on the cached prefix (hybrid pool's radix cache)
+    swa_evicted_len: int = 0  # hybrid pool: own tokens below this gave their sliding-window slot back
+    swa_query_from: int = 0  # hybrid pool: first query position of the forward being built (kv_len before it)
     cached_tokens: int = 0  # prefix-cache hit at first admission (meta_info.cached_tokens)
     admitted_once: bool = False
     num_retractions: int = 0

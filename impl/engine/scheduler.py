@@ -225,6 +225,12 @@ class Scheduler(FaultIsolation):
         """KV slots kept back for the future decode tokens of ``reqs`` (SGLang's new_token_ratio)."""
         return math.ceil(sum(self._remaining_new_tokens(r) for r in reqs) * self.new_token_ratio)
 
+    def _swa_reserve(self, reqs: Sequence[Req]) -> int:
+        """Sliding-window slots kept back for ``reqs`` (hybrid pool): under pressure a decoding request holds
+        its window and one new token, so its future tokens need no more than that."""
+        cap = self.kv.window
+        return math.ceil(sum(min(self._remaining_new_tokens(r), cap) for r in reqs) * self.new_token_ratio)
+
     def _retract(self, req: Req) -> None:
         self.kv.release(req)
         req.state = ReqState.WAITING
@@ -247,6 +253,7 @@ class Scheduler(FaultIsolation):
 
     def _schedule_batch(self, decode: bool) -> ScheduleBatch | None:
         self._cached_this_step = 0
+        self.kv.new_batch()
         # Decode: one slot per running request; retract the newest while they do not fit.
         while decode and self.running and self.kv.available() < len(self.running):
             if self.chunked_req is not None:
@@ -282,11 +289,15 @@ class Scheduler(FaultIsolation):
                 break
             extend = req.seq_len - req.kv_len
             n = min(extend, budget) if chunking else extend
-            if not chunking and n > budget and not first:
+            if chunking and self.kv.hybrid:
+                n = min(n, self.kv.swa_available())  # a chunk as large as the sliding-window pool holds
+            if n <= 0 or (not chunking and n > budget and not first):
                 self.kv.release(req)
                 break
-            need = n + self._reserve(self.running + admitted + [req])
-            if self.kv.available() < need and not (first and self.kv.available() >= n):
+            others = self.running + admitted + [req]
+            if not self.kv.fits(n, self._reserve(others), self._swa_reserve(others) if self.kv.hybrid else 0) and not (
+                first and self.kv.fits(n, 0, 0)
+            ):
                 self.kv.release(req)
                 break
             self.waiting.popleft()

