@@ -30,10 +30,11 @@ def test_batch_of_mixed_lengths_matches_transformers(name):
     [
         dict(chunked_prefill_size=4),
         dict(disable_radix_cache=True),
-        dict(max_total_tokens=60, chunked_prefill_size=16),
+        dict(max_total_tokens=60, chunked_prefill_size=16, disable_hybrid_swa_memory=True),
+        dict(max_total_tokens=60, chunked_prefill_size=16, swa_full_tokens_ratio=1.0),
         dict(max_running_requests=2),
     ],
-    ids=["chunk4", "noradix", "tinykv-preempt", "running2"],
+    ids=["chunk4", "noradix", "tinykv-preempt", "tinykv-preempt-hybrid", "running2"],
 )
 def test_schedules_leave_greedy_outputs_unchanged(kw):
     eng = engine("e2b", **kw)
