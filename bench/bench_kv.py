@@ -243,14 +243,15 @@ def report(models: list[tuple[str, str]], cap: dict, speed: dict, args, cmd: str
     out = [SECTION, "", f"Command: `{cmd}`. CPU: {cpu_name()}.", ""]
     for name, path in models:
         rows = cap[name]
-        out += [f"### {name}: concurrent {CONTEXT}-token contexts in {args.kv_gib:g} GiB of KV", "",
+        out += [f"### {os.path.basename(name.rstrip('/'))}: concurrent {CONTEXT}-token contexts in {args.kv_gib:g} GiB "
+                "of KV", "",
                 "| KV dtype | pool | bytes per token (full + sliding) | full tokens | sliding tokens | 32k contexts | "
                 "vs one pool | vs bf16 |", "|---|---|---|---|---|---|---|---|"]
         for r in rows:
             out.append(f"| {r['kv']} | {r['pool']} | {r['bytes_per_token']} | {r['full_tokens']} | "
                        f"{r['swa_tokens'] if r['swa_tokens'] is not None else '-'} | {r['contexts']} | "
                        f"{r['vs_one_pool']:.2f}x | {r['vs_bf16']:.2f}x |")
-        out.append("")
+        out += ["", _capacity_summary(rows), ""]
         if speed.get(name):
             out += [f"### {name}: decode tok/s of one request ({args.decode_tokens} greedy tokens after the prompt, "
                     f"{args.threads} threads, model dtype {args.dtype})", "",
@@ -271,6 +272,21 @@ def report(models: list[tuple[str, str]], cap: dict, speed: dict, args, cmd: str
                            f"{r['decode_tok_s']:.2f} | {rounds} | {ratio} |")
             out.append("")
     return "\n".join(out) + "\n"
+
+
+def _capacity_summary(rows: list[dict]) -> str:
+    """The acceptance reading of one capacity table (hybrid >= 2.5x one pool at SGLang's default ratio; fp8 >= 2x
+    bf16)."""
+    at = {(r["kv"], r["ratio"]): r for r in rows}
+    default = at[("bf16", 0.8)]["vs_one_pool"]
+    enough = [r["ratio"] for r in rows if r["kv"] == "bf16" and r["ratio"] is not None and r["vs_one_pool"] >= 2.5]
+    fp8 = min(r["vs_bf16"] for r in rows if r["kv"] != "bf16")
+    return (f"Hybrid pool at SGLang's default ratio 0.8: {default:.2f}x the 32k contexts of one pool (target 2.5x: "
+            + ("met" if default >= 2.5 else "not met") + "; the ratio gives the sliding-window layers 0.8x the full "
+            "layers' tokens, so at a 32k context most of the sliding-window pool holds no token a window needs). "
+            + (f"2.5x or more from ratio {max(enough):g} down. " if enough else "No ratio in the table reaches 2.5x. ")
+            + f"fp8 KV on top: at least {fp8:.2f}x the bf16 contexts in every row (target 2x: "
+            + ("met" if fp8 >= 2.0 else "not met") + ").")
 
 
 def write_docs(text: str) -> None:
