@@ -313,6 +313,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16", help="model dtype of both engines")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--speed-models", default="", help="only these of --models get the decode-speed runs (default: all)")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--vllm-venv", default=os.environ.get("VLLM_VENV", os.path.join(ROOT, ".cache", "vllm-venv")))
     ap.add_argument("--vllm-kv-gib", type=int, default=4)
@@ -331,7 +332,7 @@ def main(argv=None) -> int:
         cap[name] = capacity_rows(path, args.kv_gib)
         for r in cap[name]:
             print(f"  {r['kv']:>8} {r['pool']:>18}: {r['contexts']} contexts ({r['vs_one_pool']:.2f}x one pool)", flush=True)
-        if args.skip_speed:
+        if args.skip_speed or (args.speed_models and name not in args.speed_models.split(",")):
             continue
         print(f"{name}: decode speed", flush=True)
         speed[name] = ours_speed(path, args.dtype, contexts, args.decode_tokens, args.threads, args.reps)
