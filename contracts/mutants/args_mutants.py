@@ -83,11 +83,25 @@ class WrongLogText(PatchedSubject):
     PATCHES = {"impl.args.kv_sharing:log_kv_sharing_fast_prefill": _wrong_log}
 
 
+def _platform_only_backend_default(server_args) -> None:
+    """The backend default of a platform-only rule: triton on CUDA, torch_native on CPU, whatever the model."""
+    from impl.args.resolution import declare_resolution, platform_of, resolved_view
+
+    if resolved_view(server_args).attention_backend is None:
+        choice = "triton" if platform_of(server_args).is_cuda else "torch_native"
+        declare_resolution(server_args, "handle_attention_backend_default", attention_backend=choice)
+
+
 @mutant("RES-UNSET-BACKEND-TRITON")
 class UnsetBackendNotPinned(PatchedSubject):
-    """An unset backend is left to the platform default instead of resolving to triton."""
+    """An unset backend is left to the platform default (torch_native on CPU) instead of resolving to triton:
+    no fast-prefill pin, and a backend default that ignores the model (Gemma-4's triton default would otherwise
+    hide the missing pin)."""
 
-    PATCHES = {"impl.args.kv_sharing:handle_kv_sharing_fast_prefill_backend": lambda server_args: None}
+    PATCHES = {
+        "impl.args.kv_sharing:handle_kv_sharing_fast_prefill_backend": lambda server_args: None,
+        "impl.args.attention:handle_attention_backend_default": _platform_only_backend_default,
+    }
 
 
 @mutant("SPEC-NEXTN-ACCEPTED")

@@ -9,6 +9,7 @@ import pytest
 from contracts.models import argv_for, model_dir
 from impl.args import Platform, ServerArgs, check_server_args, make_parser
 from impl.config import ModelConfig
+from impl.args.resolution import resolutions_of
 
 FLAG = "--kv-sharing-fast-prefill"
 E2B = "gemma-4-E2B-it"
@@ -66,8 +67,14 @@ def test_nextn_accepted():
 
 def test_flag_off_noop(caplog):
     caplog.set_level("INFO", logger="impl")
-    for argv in (argv_for(E2B), argv_for("Llama-3.1-8B-Instruct"), argv_for(E2B, "--speculative-algorithm", "EAGLE3")):
+    # The backend is the model's / platform's default (SGLang's Gemma-4 override: triton; other models on CPU:
+    # torch_native), declared by the default rule, never by the fast-prefill pin.
+    cases = ((argv_for(E2B), "triton"), (argv_for("Llama-3.1-8B-Instruct"), "torch_native"),
+             (argv_for(E2B, "--speculative-algorithm", "EAGLE3"), "triton"))
+    for argv, backend in cases:
         args = _check(*argv)
-        assert args.resolved().attention_backend == "torch_native"  # the CPU default, not the fast-prefill pin
+        assert args.resolved().attention_backend == backend
+        sources = {r.source for r in resolutions_of(args) if r.field == "attention_backend"}
+        assert sources == {"handle_attention_backend_default"}
         assert args.resolved().kv_sharing_fast_prefill is False
     assert not [r for r in caplog.records if "fast prefill" in r.getMessage().lower()]

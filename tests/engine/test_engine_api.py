@@ -187,7 +187,7 @@ def test_bad_server_args_and_startup_log():
     else:
         assert f"CPU kernels: torch ops (fused kernels unavailable: {cpu_fused.error()})" in log
     info = eng.get_server_info()
-    assert info["num_kv_layers"] == 15 and info["attention_backend"] == "torch_native"
+    assert info["num_kv_layers"] == 15 and info["attention_backend"] == "triton"  # the Gemma-4 default
     if cpu_fused.load() is not None:  # the tiny e2b's weights are under oneDNN's size floor
         assert info["cpu_linear"] == {"mode": "mkl", "reason": "weights too small for oneDNN", "dtype": "float32"}
         assert info["cpu_kernels"]["layers"] == {"fused": 35} and info["cpu_kernels"]["weight_dtype"] == "float32"

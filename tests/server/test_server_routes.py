@@ -30,7 +30,8 @@ def test_model_and_server_info(url):
     assert a == b and a["is_generation"] is True and a["context_length"] == 512 and a["num_kv_shared_layers"] == 20
     info = httpx.get(url + "/get_server_info").json()
     assert info["kv_sharing_fast_prefill"] is False
-    assert info["attention_backend"] == "torch_native" and info["decode_attention_backend"] == "torch_native"
+    # Gemma-4: an unset --attention-backend resolves to triton; the decode side stays as given
+    assert info["attention_backend"] == "triton" and info["decode_attention_backend"] == "torch_native"
     assert any("handle_attention_backend_default" in r for r in info["resolutions"])
     assert httpx.get(url + "/server_info").json()["max_total_num_tokens"] == 4096
     models = httpx.get(url + "/v1/models").json()
