@@ -10,6 +10,8 @@ rid contains ``fault-<stage>`` raises at that stage:
 * ``stop``: stop checking after a token (``Scheduler._check_finished``);
 * ``detok``: building its outputs on the detokenizer stage (``impl.engine.detokenizer_stage.build_output``);
 * ``forward``: the forward pass of the first batch that holds it (the whole batch fails);
+* ``verify`` / ``draft`` (speculative decoding): the first verify forward / draft round that holds it
+  (every request of that round fails);
 * ``integrity``: the next KV integrity check after it finishes (the engine must turn unhealthy).
 
 No contracts live here; ``contracts/engine_faults.py`` and ``tests/server/test_faults.py`` use it.
@@ -22,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-STAGES = ("logprobs", "sampler", "stop", "detok", "forward", "integrity")
+STAGES = ("logprobs", "sampler", "stop", "detok", "forward", "verify", "draft", "integrity")
 MARK = "fault-"
 
 
@@ -42,10 +44,11 @@ def _patches() -> list[tuple[Any, str, Any]]:
     import impl.engine.scheduler as sched_mod
     from impl.engine.kv_lifecycle import KVLifecycle
     from impl.engine.model_runner import ModelRunner
+    from impl.engine.speculative.draft import FrozenKVDrafter
 
     Scheduler = sched_mod.Scheduler
     marked: dict[int, Any] = {}  # id(req.origin_input_ids) -> req, for marked requests (keeps the list alive)
-    forward_failed: set[str] = set()
+    forward_failed: set[str] = set()  # rids whose forward / verify / draft fault has fired (once each)
     integrity_armed: list[bool] = [False]
 
     def boom(stage: str, rid: str) -> InjectedFault:
@@ -90,13 +93,25 @@ def _patches() -> list[tuple[Any, str, Any]]:
 
     orig_forward = ModelRunner.forward
 
+    def fire_once(stage: str, reqs) -> None:
+        for req in reqs:
+            if stage_of(req.rid) == stage and not req.is_finished and req.rid not in forward_failed:
+                forward_failed.add(req.rid)
+                raise boom(stage, req.rid)
+
     def forward(self, fb):
         rows = set(fb.req_pool_indices.tolist())
-        for req in list(marked.values()):
-            if stage_of(req.rid) == "forward" and req.req_pool_idx in rows and req.rid not in forward_failed:
-                forward_failed.add(req.rid)
-                raise boom("forward", req.rid)
+        held = [r for r in list(marked.values()) if r.req_pool_idx in rows]
+        fire_once("forward", held)
+        if fb.spec_verify:
+            fire_once("verify", held)
         return orig_forward(self, fb)
+
+    orig_draft = FrozenKVDrafter.draft
+
+    def draft(self, reqs, steps):
+        fire_once("draft", reqs)
+        return orig_draft(self, reqs, steps)
 
     orig_integrity = KVLifecycle.check_integrity
 
@@ -115,6 +130,7 @@ def _patches() -> list[tuple[Any, str, Any]]:
         (Scheduler, "_check_finished", check_finished),
         (stage_mod, "build_output", build_output),
         (ModelRunner, "forward", forward),
+        (FrozenKVDrafter, "draft", draft),
         (KVLifecycle, "check_integrity", check_integrity),
     ]
 

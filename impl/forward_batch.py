@@ -14,13 +14,18 @@ Invariants (checked in ``__post_init__``):
 * ``logits_indices`` is sorted and every entry is a row of its request; the last
   row of every request is in it (the row that is sampled, or, for a partial
   chunked-prefill chunk, the row whose output is discarded).
+
+Every batch is packed by ``pack_forward_batch`` from one ``RowSpan`` per request:
+the scheduler's prefill / decode / mixed batches (``ScheduleBatch.to_forward_batch``),
+speculative verify batches (``engine/speculative/frozen_kv_mtp_worker.py``) and the
+assistant's draft steps (``model/assistant.py:draft_span``).
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -147,3 +152,83 @@ def last_rows(extend_seq_lens: list[int]) -> list[int]:
         acc += n
         out.append(acc - 1)
     return out
+
+
+@dataclass(frozen=True)
+class RowSpan:
+    """One request's rows in a packed batch: its tokens at positions ``start .. start + n - 1``."""
+
+    req_pool_idx: int  # the request's row of req_to_token
+    start: int  # tokens it has K/V for before this forward (the position of its first row)
+    input_ids: Sequence[int]  # [n] the tokens of its rows
+    out_cache_loc: torch.Tensor | None  # [n] KV slots the rows write; None: the rows write no K/V (a draft step)
+    logits_rows: Sequence[int] | None = None  # offsets 0..n-1 that feed the LM head, ending with n - 1; None: all
+
+    @property
+    def n(self) -> int:
+        return len(self.input_ids)
+
+
+def pack_forward_batch(
+    spans: Sequence[RowSpan],
+    device: torch.device | str,
+    *,
+    mode: ForwardMode | None = None,
+    spec_verify: bool = False,
+    work: WorkCounters | None = None,
+    req_to_token_pool: Any = None,
+    token_to_kv_pool: Any = None,
+    attn_backend: Any = None,
+) -> ForwardBatch:
+    """The one ForwardBatch packer: the spans' rows in order, request ``i`` extending ``spans[i].n``
+    tokens after ``spans[i].start``. ``mode`` None: DECODE when every span has one row, else EXTEND (a
+    verify batch is EXTEND whatever its lengths). The resources are usually set by the model runner."""
+    ids: list[int] = []
+    pos: list[int] = []
+    logits_idx: list[int] = []
+    logits_lens: list[int] = []
+    row0 = 0
+    for sp in spans:
+        n = sp.n
+        ids.extend(sp.input_ids)
+        pos.extend(range(sp.start, sp.start + n))
+        rows = range(n) if sp.logits_rows is None else sp.logits_rows
+        logits_idx.extend(row0 + o for o in rows)
+        logits_lens.append(len(rows))
+        row0 += n
+    written = [sp.out_cache_loc for sp in spans if sp.out_cache_loc is not None]
+    if len(written) == len(spans):
+        out_cache_loc = torch.cat(written).to(device)
+    elif not written:  # never written: the rows only read K/V (pad slot 0 as a placeholder)
+        out_cache_loc = torch.zeros(row0, dtype=torch.int64, device=device)
+    else:
+        raise ValueError("a packed batch writes K/V for the rows of every span or of none")
+    prefix = [sp.start for sp in spans]
+    ext = [sp.n for sp in spans]
+    seq = [p + e for p, e in zip(prefix, ext)]
+    if mode is None:
+        mode = ForwardMode.DECODE if all(e == 1 for e in ext) else ForwardMode.EXTEND
+
+    def t(x: list[int]) -> torch.Tensor:
+        return torch.tensor(x, dtype=torch.int64, device=device)
+
+    return ForwardBatch(
+        forward_mode=mode,
+        input_ids=t(ids),
+        positions=t(pos),
+        req_pool_indices=t([sp.req_pool_idx for sp in spans]),
+        seq_lens=t(seq),
+        extend_prefix_lens=t(prefix),
+        extend_seq_lens=t(ext),
+        out_cache_loc=out_cache_loc,
+        logits_indices=t(logits_idx),
+        seq_lens_cpu=seq,
+        extend_prefix_lens_cpu=prefix,
+        extend_seq_lens_cpu=ext,
+        logits_lens_cpu=logits_lens,
+        req_to_token_pool=req_to_token_pool,
+        token_to_kv_pool=token_to_kv_pool,
+        attn_backend=attn_backend,
+        spec_verify=spec_verify,
+        work=work,
+    )

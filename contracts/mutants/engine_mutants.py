@@ -140,8 +140,8 @@ class TritonIgnoresSlidingWindow(PatchedSubject):
     def patches(self):
         orig = _orig("impl.attention.triton_backend", "TritonAttnBackend.forward")
 
-        def forward(self, q, k, v, layer, fb, save_kv_cache=True):
-            return orig(self, q, k, v, dataclasses.replace(layer, sliding_window=None), fb, save_kv_cache)
+        def forward(self, q, k, v, layer, fb):
+            return orig(self, q, k, v, dataclasses.replace(layer, sliding_window=None), fb)
 
         return {"impl.attention.triton_backend:TritonAttnBackend.forward": forward}
 

@@ -114,7 +114,7 @@ class SwaPreemptionLeaksWindow(PatchedSubject):
     pairings without returning those slots to the sliding-window free list."""
 
     def patches(self):
-        orig = original("impl.engine.scheduler", "Scheduler._retract")
+        orig = original("impl.engine.scheduler", "Scheduler.retract")
 
         def retract(self, req):
             alloc = self.kv.allocator
@@ -130,4 +130,4 @@ class SwaPreemptionLeaksWindow(PatchedSubject):
             finally:
                 del alloc.free_swa
 
-        return {"impl.engine.scheduler:Scheduler._retract": retract}
+        return {"impl.engine.scheduler:Scheduler.retract": retract}

@@ -71,6 +71,5 @@ class AttentionBackend(ABC):
         v: torch.Tensor | None,
         layer: AttentionLayer,
         fb,
-        save_kv_cache: bool = True,
     ) -> torch.Tensor:  # [n, num_heads * head_dim]
         ...

@@ -258,11 +258,11 @@ class TorchNativeAttnBackend(AttentionBackend):
         return _gather(kv, slots, (out[0], out[1]))
 
     # ---- compute ------------------------------------------------------------
-    def forward(self, q, k, v, layer: AttentionLayer, fb: ForwardBatch, save_kv_cache: bool = True) -> torch.Tensor:
+    def forward(self, q, k, v, layer: AttentionLayer, fb: ForwardBatch) -> torch.Tensor:
         n = q.shape[0]
         use_cross = k is None and fb.fast_prefill and self.cross_plan is not None
         plan = self.cross_plan if use_cross else self.forward_plan
-        if k is not None and save_kv_cache:
+        if k is not None:
             d = layer.head_dim
             self.token_to_kv_pool.set_kv_buffer(layer.kv_layer_id, fb.out_cache_loc, k.view(n, -1, d), v.view(n, -1, d))
             for p in (self.forward_plan, self.cross_plan):  # the buffers changed: drop what was gathered from them

@@ -95,9 +95,9 @@ class TritonAttnBackend(AttentionBackend):
         return md
 
     # ---- compute ------------------------------------------------------------
-    def forward(self, q, k, v, layer: AttentionLayer, fb: ForwardBatch, save_kv_cache: bool = True) -> torch.Tensor:
+    def forward(self, q, k, v, layer: AttentionLayer, fb: ForwardBatch) -> torch.Tensor:
         n, d = q.shape[0], layer.head_dim
-        if k is not None and save_kv_cache:
+        if k is not None:
             # New rows' K/V go to the pool first: the kernels read prefix and new keys alike through kv_indices.
             self.token_to_kv_pool.set_kv_buffer(layer.kv_layer_id, fb.out_cache_loc, k.view(n, -1, d), v.view(n, -1, d))
         md = self._metadata_for(k, fb, n, layer)

@@ -9,8 +9,9 @@ The promises (README, "What the server promises under faults"):
   "message": ...}``; every other request keeps running.
 * Sampling runs batched; if the batch call raises, each row is sampled alone,
   so only the rows that fail on their own are failed.
-* A failure of a **whole batch** (the forward pass) fails that batch's
-  requests (500) and re-checks KV integrity once.
+* A failure of a **whole batch** (a forward pass: the scheduler's, a speculative
+  draft or verify; ``run_isolated``) fails that batch's requests (500) and
+  re-checks KV integrity once.
 * A failed integrity check (after a batch failure, or when the engine goes
   idle) is logged once and makes the engine **unhealthy**: every request in
   flight and every later one finishes with ``status_code`` 503 and the reason,
@@ -23,7 +24,7 @@ The promises (README, "What the server promises under faults"):
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from impl.engine.req import FinishReason, Req
 
@@ -33,6 +34,8 @@ logger = logging.getLogger("impl.engine")
 # the 2nd in a row also the waiting ones, the 3rd marks the engine unhealthy.
 FAIL_WAITING_AFTER = 2
 UNHEALTHY_AFTER = 3
+
+T = TypeVar("T")
 
 
 def describe(exc: BaseException) -> str:
@@ -99,6 +102,14 @@ class FaultIsolation:
         return results
 
     # ---- a batch, the loop, the engine ---------------------------------------------------
+    def run_isolated(self, reqs: Sequence[Req], fn: Callable[[], T]) -> T | None:
+        """``fn()``, a forward pass over the rows of ``reqs``; if it raises, ``fail_batch(reqs, exc)`` and None."""
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - fail this batch only
+            self.fail_batch(reqs, e)
+            return None
+
     def fail_batch(self, reqs: Sequence[Req], exc: BaseException) -> None:
         """The forward of a batch failed: fail its requests, then check KV integrity once."""
         logger.error("the forward pass of a batch of %d request(s) failed (%s); failing those requests", len(reqs),

@@ -5,8 +5,8 @@ Built from RESOLVED server args (``server_args.resolved()`` after
 included), the decode backend DECODE batches. ``fb.fast_prefill`` is set when
 ``--kv-sharing-fast-prefill`` is on and the batch extends some request by more
 than one token (pure decode batches take the normal path). Work counters are
-counted here from what each forward reports (``LogitsOutput``), per forward
-(``last_work``) and summed (``work``). On CPU the model's layers get the
+counted here from what each forward reports (``LogitsOutput``): into the batch's
+own ``fb.work`` and summed over forwards (``work``). On CPU the model's layers get the
 compiled fast paths (``impl/kernels/cpu_fused/transform.py``); ``cpu_kernels``
 is the record of what they installed (None on other devices: a CUDA model keeps
 the model files' own forwards).
@@ -105,7 +105,6 @@ class ModelRunner:
         self.backend_names = (prefill_name, decode_name)
         self.fast_prefill_enabled = bool(server_args.kv_sharing_fast_prefill)
         self.work = WorkCounters()
-        self.last_work = WorkCounters()
 
     def forward(self, fb: ForwardBatch) -> LogitsOutput:
         """Run ``fb``; returns the model's LogitsOutput: logits [R, vocab] float32 and the final-normed
@@ -119,7 +118,6 @@ class ModelRunner:
         out = self.model.forward(fb)
         fb.work.count_forward(fb.forward_mode.is_extend, fb.num_tokens, int(out.logits.shape[0]), out.cross_decoder_rows,
                               out.fast_prefill)
-        self.last_work = fb.work
         for k, v in fb.work.as_dict().items():
             setattr(self.work, k, getattr(self.work, k) + v)
         return out

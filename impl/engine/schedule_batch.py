@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from impl.forward_batch import ForwardBatch, ForwardMode
+from impl.forward_batch import ForwardBatch, ForwardMode, RowSpan, pack_forward_batch
 from impl.engine.req import Req
 
 
@@ -33,7 +33,6 @@ class BatchItem:
         self.is_decode_step = self.n == 1 and bool(self.req.output_ids) and self.samples
 
 
-
 @dataclass
 class ScheduleBatch:
     items: list[BatchItem]
@@ -46,37 +45,8 @@ class ScheduleBatch:
     def forward_mode(self) -> ForwardMode:
         return ForwardMode.DECODE if all(it.n == 1 for it in self.items) else ForwardMode.EXTEND
 
-    def to_forward_batch(self, req_to_token_pool, token_to_kv_pool, device: torch.device) -> ForwardBatch:
-        ids: list[int] = []
-        pos: list[int] = []
-        logits_idx: list[int] = []
-        row0 = 0
-        for it in self.items:
-            ids.extend(it.req.fill_ids[it.start : it.start + it.n])
-            pos.extend(range(it.start, it.start + it.n))
-            logits_idx.extend(row0 + o for o in it.logits_rows)
-            row0 += it.n
-        prefix = [it.start for it in self.items]
-        ext = [it.n for it in self.items]
-        seq = [p + e for p, e in zip(prefix, ext)]
-
-        def t(x: list[int]) -> torch.Tensor:
-            return torch.tensor(x, dtype=torch.int64, device=device)
-
-        return ForwardBatch(
-            forward_mode=self.forward_mode,
-            input_ids=t(ids),
-            positions=t(pos),
-            req_pool_indices=t([it.req.req_pool_idx for it in self.items]),
-            seq_lens=t(seq),
-            extend_prefix_lens=t(prefix),
-            extend_seq_lens=t(ext),
-            out_cache_loc=torch.cat([it.out_cache_loc for it in self.items]).to(device),
-            logits_indices=t(logits_idx),
-            seq_lens_cpu=seq,
-            extend_prefix_lens_cpu=prefix,
-            extend_seq_lens_cpu=ext,
-            logits_lens_cpu=[len(it.logits_rows) for it in self.items],
-            req_to_token_pool=req_to_token_pool,
-            token_to_kv_pool=token_to_kv_pool,
-        )
+    def to_forward_batch(self, device: torch.device) -> ForwardBatch:
+        """Each item's rows ``fill_ids[start : start + n]``, packed by the one packer."""
+        spans = [RowSpan(it.req.req_pool_idx, it.start, it.req.fill_ids[it.start : it.start + it.n], it.out_cache_loc,
+                         it.logits_rows) for it in self.items]
+        return pack_forward_batch(spans, device, mode=self.forward_mode)

@@ -18,6 +18,11 @@ Preemption (retraction): the request's computed KV goes to the radix cache
 (or back to the allocator), it keeps its output tokens, prompt logprobs and
 random generator, and re-enters the front of the waiting queue; its re-prefill
 covers prompt plus output, so its tokens stay the same.
+
+Speculative decoding plugs in as a decode worker (``impl/engine/speculative/base.py``):
+it advances the running requests in rounds through this class's public seam
+(``make_room_for_decode``, ``run_forward`` / ``run_isolated``, ``commit``,
+``decode_step_done``), the same methods the one-token decode path uses.
 """
 
 from __future__ import annotations
@@ -28,16 +33,20 @@ import queue
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from impl.engine.fault_isolation import FaultIsolation
-from impl.forward_batch import WorkCounters
+from impl.forward_batch import ForwardBatch, WorkCounters
 from impl.engine.kv_lifecycle import KVLifecycle
 from impl.engine.req import FinishReason, Req, ReqState
 from impl.engine.schedule_batch import BatchItem, ScheduleBatch
+from impl.model.outputs import LogitsOutput
 from impl.sampling.sampler import SampleRow, sample
+
+if TYPE_CHECKING:
+    from impl.engine.speculative.base import DecodeWorker
 
 logger = logging.getLogger("impl.engine")
 
@@ -95,7 +104,7 @@ class Scheduler(FaultIsolation):
         config: SchedulerConfig,
         runner,  # .forward(fb) -> LogitsOutput (logits [R, V]); .req_to_token_pool, .token_to_kv_pool, .device
         kv: KVLifecycle,
-        spec=None,  # FrozenKVMTPWorker when speculative decoding is on (impl/engine/speculative)
+        spec: "DecodeWorker | None" = None,  # FrozenKVMTPWorker when speculative decoding is on
     ):
         self.config = config
         self.spec = spec
@@ -134,7 +143,7 @@ class Scheduler(FaultIsolation):
     def step(self) -> bool:
         """Run at most one forward. Returns False when there was nothing to do."""
         t_start = time.perf_counter()
-        self._drain_inbox()
+        self.process_inbox()
         if self.unhealthy is not None:
             return False
         batch = self._schedule()
@@ -146,22 +155,20 @@ class Scheduler(FaultIsolation):
             return False
         self._idle_checked = False
         if batch is _SPEC_ROUND:
+            assert self.spec is not None
             self.spec.run_round(self)
             return True
-        fb = batch.to_forward_batch(self.runner.req_to_token_pool, self.runner.token_to_kv_pool, self.runner.device)
+        fb = batch.to_forward_batch(self.device)
         fb.work = WorkCounters(
             prefill_tokens=sum(it.n for it in batch.items if not it.is_decode_step),
             decode_tokens=sum(1 for it in batch.items if it.is_decode_step),
             cached_tokens=self._cached_this_step,
         )
-        try:
-            t_fwd = time.perf_counter()
-            out = self.runner.forward(fb)
-            t_fwd = time.perf_counter() - t_fwd
-        except Exception as e:  # noqa: BLE001 - fail this batch only (fault_isolation.py)
-            self.fail_batch([it.req for it in batch.items], e)
+        t_fwd = time.perf_counter()
+        out = self.run_forward(fb, [it.req for it in batch.items])
+        t_fwd = time.perf_counter() - t_fwd
+        if out is None:
             return True
-        self.num_forwards += 1
         if self.spec is not None:
             self.spec.after_forward(batch, out.hidden_states)
         self._process(batch, out.logits)
@@ -169,6 +176,75 @@ class Scheduler(FaultIsolation):
             self.decode_times.add(len(batch.items), time.perf_counter() - t_start, t_fwd)
         return True
 
+    # ---- the seam: what the decode path and a decode worker use (speculative/base.py) ----------
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    def run_forward(self, fb: ForwardBatch, reqs: Sequence[Req]) -> LogitsOutput | None:
+        """The model's forward of ``fb``, whose rows are ``reqs``', fault-isolated (``fault_isolation.py``):
+        None when it raised, and then ``reqs`` have been failed (one error final output each, their KV
+        freed) and the KV integrity checked; the other requests are untouched."""
+        out = self.run_isolated(reqs, lambda: self.runner.forward(fb))
+        if out is not None:
+            self.num_forwards += 1
+        return out
+
+    def make_room_for_decode(self) -> list[Req]:
+        """Every running request is about to add at least one token: retract the newest (the chunked
+        request first) while the KV pool cannot give each one more slot. The running requests left."""
+        while self.running and self.kv.available() < len(self.running):
+            if self.chunked_req is not None:
+                victim, self.chunked_req = self.chunked_req, None
+            else:
+                victim = self.running.pop()
+            self.retract(victim)
+        return list(self.running)
+
+    def retract(self, req: Req) -> None:
+        """Preempt ``req``: its KV goes to the cache (or the allocator) and it re-enters the front of the
+        waiting queue, keeping its output (its re-prefill covers prompt plus output)."""
+        self.kv.release(req)
+        req.state = ReqState.WAITING
+        req.num_retractions += 1
+        self.num_retractions += 1
+        self.waiting.appendleft(req)
+        self.new_token_ratio = self.config.init_new_token_ratio
+        logger.info("retracted request %s (KV pool short); it will be prefilled again", req.rid)
+
+    def commit(self, req: Req, tokens: Sequence[int], logprobs: Sequence[float | None] | None = None,
+               top_logprobs: Sequence[Any] | None = None, *, verified: bool = False) -> int:
+        """Append ``tokens``, the model's next tokens for ``req`` in order, one at a time through the
+        per-token path: output and logprobs grow, then ``max_new_tokens``, EOS and stop tokens, the
+        context length and stop strings are checked; the first token that finishes ``req`` ends the
+        commit (the rest are dropped, its KV released). Then ``req`` streams its progress (every
+        ``stream_interval`` tokens). A failure here fails ``req`` only. ``logprobs`` / ``top_logprobs``:
+        one entry per token (None: not wanted). ``verified``: the tokens come from a speculative verify;
+        each counts in ``req.spec_committed_tokens`` before it is appended, so the final output of a
+        finishing token carries the count. Returns the number of tokens appended."""
+        before = len(req.output_ids)
+        now = time.perf_counter()
+        try:
+            for i, tok in enumerate(tokens):
+                if req.is_finished:
+                    break
+                if verified:
+                    req.spec_committed_tokens += 1
+                self._append_token(req, tok, None if logprobs is None else logprobs[i],
+                                   None if top_logprobs is None else top_logprobs[i], now)
+        except Exception as e:  # noqa: BLE001 - fail this request only
+            self.fail_request(req, e, "token bookkeeping and stop checking")
+        self._emit_progress(req)
+        return len(req.output_ids) - before
+
+    def decode_step_done(self) -> None:
+        """The running requests advanced (a decode step, a speculative round): the reserve kept for their
+        future tokens decays toward ``min_new_token_ratio`` (SGLang's new_token_ratio_decay)."""
+        self.new_token_ratio = max(
+            self.config.min_new_token_ratio, self.new_token_ratio - self.config.new_token_ratio_decay
+        )
+
+    # ---- integrity and cache --------------------------------------------------------------------
     def check_integrity(self) -> None:
         idle = not (self.running or self.chunked_req)
         self.kv.check_integrity(self.live_reqs, idle=idle)
@@ -185,10 +261,8 @@ class Scheduler(FaultIsolation):
 
     # ---- inbox ------------------------------------------------------------------
     def process_inbox(self) -> None:
-        """Apply queued submissions and aborts without running a forward (same thread as step)."""
-        self._drain_inbox()
-
-    def _drain_inbox(self) -> None:
+        """Apply queued submissions and aborts (``step`` does first; the engine calls it directly to apply
+        an abort without running a forward). Same thread as ``step``."""
         while True:
             try:
                 kind, arg = self.inbox.get_nowait()
@@ -231,15 +305,6 @@ class Scheduler(FaultIsolation):
         cap = self.kv.window
         return math.ceil(sum(min(self._remaining_new_tokens(r), cap) for r in reqs) * self.new_token_ratio)
 
-    def _retract(self, req: Req) -> None:
-        self.kv.release(req)
-        req.state = ReqState.WAITING
-        req.num_retractions += 1
-        self.num_retractions += 1
-        self.waiting.appendleft(req)
-        self.new_token_ratio = self.config.init_new_token_ratio
-        logger.info("retracted request %s (KV pool short); it will be prefilled again", req.rid)
-
     def _schedule(self) -> ScheduleBatch | None:
         """The next batch. With speculation, prefill batches carry no decode rows (mixed chunked
         prefill is off) and running requests advance by a draft + verify round (``_SPEC_ROUND``)
@@ -254,15 +319,9 @@ class Scheduler(FaultIsolation):
     def _schedule_batch(self, decode: bool) -> ScheduleBatch | None:
         self._cached_this_step = 0
         self.kv.new_batch()
-        # Decode: one slot per running request; retract the newest while they do not fit.
-        while decode and self.running and self.kv.available() < len(self.running):
-            if self.chunked_req is not None:
-                victim, self.chunked_req = self.chunked_req, None
-            else:
-                victim = self.running.pop()
-            self._retract(victim)
         items: list[BatchItem] = []
-        for req in self.running if decode else ():
+        # Decode: one slot per running request (retracting the newest while they do not fit).
+        for req in self.make_room_for_decode() if decode else ():
             start = req.kv_len
             rows = req.logits_rows(start, 1)
             items.append(BatchItem(req, start, 1, self.kv.extend(req, 1), rows))
@@ -341,9 +400,7 @@ class Scheduler(FaultIsolation):
                 last_rows.append(offset + k - 1)
             offset += k
         if any(it.is_decode_step for it in batch.items):
-            self.new_token_ratio = max(
-                self.config.min_new_token_ratio, self.new_token_ratio - self.config.new_token_ratio_decay
-            )
+            self.decode_step_done()
         if to_sample:
             rows = [
                 SampleRow(
@@ -355,29 +412,20 @@ class Scheduler(FaultIsolation):
             ]
             picked = self.sample_isolated(sample, logits[last_rows], rows, [it.req for it in to_sample],
                                           self.config.eos_token_ids)
-            now = time.perf_counter()
             for it, res in zip(to_sample, picked):
-                if res is None or it.req.is_finished:
-                    continue
-                try:
-                    self._append_token(it.req, res[0], res[1], res[2], now)
-                except Exception as e:  # noqa: BLE001 - fail this request only
-                    self.fail_request(it.req, e, "token bookkeeping and stop checking")
-        still = [r for r in self.running if not r.is_finished]
-        for it in batch.items:
+                if res is not None and not it.req.is_finished:
+                    self.commit(it.req, [res[0]], [res[1]], [res[2]])
+        for it in batch.items:  # requests that finished their prefill join the running ones
             r = it.req
-            if it.samples and not r.is_finished and r not in still:
-                still.append(r)
-        self.running = still
-        self._emit([it.req for it in batch.items if it.samples])
+            if it.samples and not r.is_finished and r not in self.running:
+                self.running.append(r)
 
-    def _emit(self, reqs: Sequence[Req]) -> None:
-        """Stream progress: unfinished requests with ``stream_interval`` new tokens since the last emit."""
-        for req in reqs:
-            if not req.is_finished and req.on_output is not None:
-                if len(req.output_ids) - req.last_emitted_len >= self.config.stream_interval:
-                    req.last_emitted_len = len(req.output_ids)
-                    self.emit(req)
+    def _emit_progress(self, req: Req) -> None:
+        """Stream progress: an unfinished request with ``stream_interval`` new tokens since its last emit."""
+        if not req.is_finished and req.on_output is not None:
+            if len(req.output_ids) - req.last_emitted_len >= self.config.stream_interval:
+                req.last_emitted_len = len(req.output_ids)
+                self.emit(req)
 
     def _prompt_logprobs(self, it: BatchItem, rows: torch.Tensor) -> None:
         req = it.req

@@ -28,7 +28,7 @@ from torch.nn import functional as F
 
 from impl.attention.base import AttentionLayer
 from impl.config.model_config import ModelConfig
-from impl.forward_batch import ForwardBatch, ForwardMode
+from impl.forward_batch import ForwardBatch, RowSpan
 from impl.model.decoder_layer import Gemma4DecoderLayer
 from impl.model.norm import RMSNorm
 from impl.model.outputs import LogitsOutput
@@ -133,7 +133,7 @@ class Gemma4AssistantForCausalLM(nn.Module):
 
     @torch.no_grad()
     def forward(self, fb: ForwardBatch, target_hidden: torch.Tensor) -> LogitsOutput:
-        """One draft step. fb: one row per request (see build_draft_batch); target_hidden [n, backbone]."""
+        """One draft step. fb: one row per request (``draft_span``); target_hidden [n, backbone]."""
         return self.step(fb, target_hidden, self.prepare(fb))
 
     def prepare(self, fb: ForwardBatch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -165,28 +165,8 @@ class Gemma4AssistantForCausalLM(nn.Module):
         return LogitsOutput(logits=logits.float(), hidden_states=self.post_projection(h))
 
 
-def build_draft_batch(
-    input_ids: torch.Tensor,  # [n] token each request drafts from
-    req_pool_indices: torch.Tensor,  # [n] the requests' rows in req_to_token
-    seq_lens: torch.Tensor,  # [n] tokens of each request with K/V in the target's pool
-    req_to_token_pool,
-    token_to_kv_pool,
-    attn_backend,
-) -> ForwardBatch:
-    """A decode-shaped batch for one draft step: query at ``seq_len - 1`` over the target's K/V, no KV writes."""
-    n = int(input_ids.shape[0])
-    seq = seq_lens.to(torch.int64)
-    return ForwardBatch(
-        forward_mode=ForwardMode.DECODE,
-        input_ids=input_ids,
-        positions=seq - 1,
-        req_pool_indices=req_pool_indices,
-        seq_lens=seq,
-        extend_prefix_lens=seq - 1,
-        extend_seq_lens=torch.ones(n, dtype=torch.int64),
-        out_cache_loc=torch.zeros(n, dtype=torch.int64),  # never written: every assistant layer is KV-shared
-        logits_indices=torch.arange(n, dtype=torch.int64),
-        req_to_token_pool=req_to_token_pool,
-        token_to_kv_pool=token_to_kv_pool,
-        attn_backend=attn_backend,
-    )
+def draft_span(req_pool_idx: int, seq_len: int, token: int) -> RowSpan:
+    """One request's row of a draft step (``pack_forward_batch``; a batch of these is DECODE-shaped): ``token``
+    queried at ``seq_len - 1``, the last position with K/V in the target's pool, over keys ``0 .. seq_len - 1``;
+    it writes no K/V (every assistant layer is KV-shared)."""
+    return RowSpan(req_pool_idx, seq_len - 1, [token], None)

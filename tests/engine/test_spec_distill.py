@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from impl.model.assistant import build_draft_batch
+from impl.forward_batch import pack_forward_batch
+from impl.model.assistant import draft_span
 from impl.model.loader import load_model
 from impl.testing import distill
 from impl.testing.checkpoints import tiny_checkpoint
@@ -40,7 +41,8 @@ def test_dense_draft_step_equals_the_assistant_over_the_target_pool():
         for lt, (k, v) in tr.kv.items():
             layer = distill.producer_of(draft.config, target.config, lt)
             kv_pool.set_kv_buffer(layer, slots, k[: p + 1].reshape(p + 1, -1), v[: p + 1].reshape(p + 1, -1))
-        fb = build_draft_batch(torch.tensor([seq[p + 1]]), torch.tensor([row]), torch.tensor([p + 1]), req_pool, kv_pool, backend)
+        fb = pack_forward_batch([draft_span(row, p + 1, int(seq[p + 1]))], "cpu", req_to_token_pool=req_pool,
+                                token_to_kv_pool=kv_pool, attn_backend=backend)
         out = draft(fb, tr.hidden[p][None])
         assert (out.logits - dense_logits[0]).abs().max() < 1e-4, p
         assert (out.hidden_states - dense_hidden[0]).abs().max() < 1e-4, p

@@ -120,3 +120,31 @@ def test_streaming_with_speculation_ends_with_the_final_output():
     assert chunks[-1]["output_ids"] == _base().generate(input_ids=prompts(1)[0], sampling_params=GREEDY)["output_ids"]
     lens = [len(c["output_ids"]) for c in chunks]
     assert lens == sorted(lens) and len(chunks) >= 2
+
+
+@pytest.mark.parametrize("stage", ["verify", "draft"])
+def test_a_failing_verify_or_draft_fails_that_round_only(stage):
+    """Faults injected by rid (contracts/fault_injection.py). At most two requests run: the first two share
+    every round, so both fail (one error final output each, KV freed); the third waits, then runs to the
+    tokens of a fault-free run, and the engine stays healthy."""
+    from contracts.fault_injection import injected
+
+    e = _spec(max_running_requests=2)
+    ps = prompts(3)
+    ref = e.generate(input_ids=ps, sampling_params=GREEDY)
+    rids = [f"fault-{stage}-a", f"same-round-{stage}-b", f"after-{stage}-c"]
+    with injected():
+        chunks = list(e.generate(input_ids=ps, sampling_params=GREEDY, stream=True, rid=rids))
+    finals: dict[str, list[dict]] = {rid: [] for rid in rids}
+    for c in chunks:
+        if c["meta_info"]["finish_reason"] is not None:
+            finals[c["meta_info"]["id"]].append(c)
+    assert all(len(f) == 1 for f in finals.values()), finals
+    for rid in rids[:2]:
+        fr = finals[rid][0]["meta_info"]["finish_reason"]
+        assert fr["type"] == "abort" and fr["status_code"] == 500 and "forward pass" in fr["message"], fr
+    assert finals[rids[2]][0]["output_ids"] == ref[2]["output_ids"]
+    assert e.health() is None
+    e.check_integrity()
+    kv = e.scheduler.kv  # every slot free or evictable, in both pools of the hybrid pool
+    assert kv.full_available() == kv.capacity - 1 and kv.swa_available() == kv.allocator.swa_capacity - 1

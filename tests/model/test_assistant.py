@@ -11,7 +11,8 @@ import torch
 from model_helpers import ours, prompt, tolerance
 from harness import Session
 
-from impl.model.assistant import build_draft_batch
+from impl.forward_batch import pack_forward_batch
+from impl.model.assistant import draft_span
 from impl.model.loader import load_model
 from impl.testing.checkpoints import tiny_checkpoint
 from impl.testing.hf_quirks import assistant_kv_sharing_patch
@@ -55,7 +56,8 @@ def test_draft_steps_match_transformers(name, n):
     s = Session(target)
     out = s.step([("a", toks)])
     r = s.reqs["a"]
-    fb = build_draft_batch(torch.tensor([toks[-1]]), torch.tensor([r.row]), torch.tensor([r.length]), s.req_pool, s.kv_pool, s.backend)
+    fb = pack_forward_batch([draft_span(r.row, r.length, toks[-1])], "cpu", req_to_token_pool=s.req_pool,
+                            token_to_kv_pool=s.kv_pool, attn_backend=s.backend)
     refs = _hf_draft(name, toks, steps=2)
     hidden = out.hidden_states
     tol = tolerance("e2b", [toks])

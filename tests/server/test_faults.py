@@ -3,8 +3,9 @@
 The server runs ``contracts.fault_injection`` (a request whose rid contains ``fault-<stage>`` raises at that
 stage). For every fault class, several cases (routes, streaming or not, n > 1): the offending request gets its
 own error (a 500 JSON body, or an error event then ``[DONE]``), a request running concurrently completes with
-exactly the text of a fault-free run, KV is fully free afterwards and /health stays 200. The integrity fault runs
-last: it must turn the server unhealthy (/health 503 with the reason) instead of looping.
+exactly the text of a fault-free run, KV is fully free afterwards and /health stays 200. A server that speculates
+(FROZEN_KV_MTP) fails the requests of a round whose verify forward or draft fails, and only those. The integrity
+fault runs last: it must turn the server unhealthy (/health 503 with the reason) instead of looping.
 """
 
 from __future__ import annotations
@@ -73,14 +74,14 @@ def _texts(route: str, status: int, out) -> list[str]:
     return [acc[k] for k in sorted(acc)]
 
 
-def _assert_failed(status: int, out, stream: bool) -> None:
+def _assert_failed(status: int, out, stream: bool, says: str = "internal error") -> None:
     if not stream:
         assert status == 500, out
-        assert "internal error" in out["error"]["message"] and out["error"]["code"] == 500
+        assert says in out["error"]["message"] and out["error"]["code"] == 500, out
         return
     assert status == 200 and out.done and out.after_done == 0, out
     errors = [e for e in out.events if "error" in e]
-    assert errors and errors[-1]["error"]["code"] == 500 and "internal error" in errors[-1]["error"]["message"]
+    assert errors and errors[-1]["error"]["code"] == 500 and says in errors[-1]["error"]["message"], errors
 
 
 def _idle_and_healthy(url: str) -> None:
@@ -129,6 +130,42 @@ def test_failed_batch_fails_only_that_batch(fault_url, route, stream):
     ref = _texts(route, *_call(fault_url, route, _body(route, 78, f"after-forward-{route}-{stream}"), False))
     assert ref and all(ref)
     assert httpx.get(fault_url + "/health_generate", timeout=60).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def mtp_fault_url():
+    """A speculating fault-suite server running one request at a time, so a round holds only that request."""
+    from contracts.adapters.impl_http import start
+    from impl.testing.checkpoints import tiny_checkpoint
+
+    mtp = ["--prefill-attention-backend", "torch_native", "--speculative-algorithm", "NEXTN",
+           "--speculative-draft-model-path", tiny_checkpoint("assistant"), "--max-running-requests", "1"]
+    server = start([*ARGV_OFF, *mtp], mutant="InjectedFaults")
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("stage,route,stream", [("verify", "/generate", False), ("verify", "/v1/chat/completions", True),
+                                                ("draft", "/v1/completions", True)])
+def test_failed_speculative_round_fails_only_its_requests(mtp_fault_url, stage, route, stream):
+    url = mtp_fault_url
+    ref = _texts(route, *_call(url, route, _body(route, 40, f"ref-{stage}-{route}-{stream}"), stream))
+    results: dict[str, tuple[int, object]] = {}
+
+    def run(name: str, body: dict) -> None:
+        results[name] = _call(url, route, body, stream)
+
+    threads = [threading.Thread(target=run, args=("bad", _body(route, 41, f"x-fault-{stage}-{route}-{stream}"))),
+               threading.Thread(target=run, args=("good", _body(route, 40, f"good-{stage}-{route}-{stream}")))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _assert_failed(*results["bad"], stream, says="the forward pass of this request's batch failed")
+    assert _texts(route, *results["good"]) == ref
+    _idle_and_healthy(url)
 
 
 @pytest.mark.soak

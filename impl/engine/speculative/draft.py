@@ -17,7 +17,8 @@ from typing import Protocol, Sequence
 import torch
 
 from impl.engine.req import Req
-from impl.model.assistant import build_draft_batch
+from impl.forward_batch import pack_forward_batch
+from impl.model.assistant import draft_span
 
 logger = logging.getLogger("impl.engine")
 
@@ -36,16 +37,10 @@ class FrozenKVDrafter:
     @torch.no_grad()
     def draft(self, reqs: Sequence[Req], steps: int) -> list[list[int]]:
         dev = self.runner.device
-        ids = torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64, device=dev)
         hidden = torch.stack([r.spec_hidden for r in reqs]).to(dev)  # [B, backbone]
-        fb = build_draft_batch(
-            ids,
-            torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64, device=dev),
-            torch.tensor([r.kv_len for r in reqs], dtype=torch.int64, device=dev),
-            self.runner.req_to_token_pool,
-            self.runner.token_to_kv_pool,
-            self.runner.decode_backend,
-        )
+        fb = pack_forward_batch([draft_span(r.req_pool_idx, r.kv_len, r.output_ids[-1]) for r in reqs], dev,
+                                req_to_token_pool=self.runner.req_to_token_pool,
+                                token_to_kv_pool=self.runner.token_to_kv_pool, attn_backend=self.runner.decode_backend)
         out: list[torch.Tensor] = []
         rope = self.assistant.prepare(fb) if steps else None  # metadata and rope once per round
         for _ in range(steps):

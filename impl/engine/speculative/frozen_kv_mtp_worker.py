@@ -15,26 +15,29 @@ produced it). A round:
 3. accept (``acceptance.py``): ``j`` drafts, ``j + 1`` committed tokens;
 4. free the K/V of the rejected rows ``j + 1 .. s`` at once (``KVLifecycle.trim``);
    the new seed is the hidden state of row ``j`` (the last accepted row);
-5. commit the tokens one by one through the scheduler's per-token path (EOS, stop
-   strings, ``max_new_tokens``, logprobs, streaming); a request that finishes midway
-   drops the rest, and its release frees K/V past its last token.
+5. commit the tokens through the scheduler's per-token path (``Scheduler.commit``: EOS,
+   stop strings, ``max_new_tokens``, logprobs, streaming); a request that finishes
+   midway drops the rest, and its release frees K/V past its last token.
 
-Prefill batches run the normal scheduler path (without decode rows: mixed chunked
-prefill is off under speculation); ``after_forward`` records each sampled
-request's seed hidden state.
+The worker drives the scheduler through its public seam only (``base.py``): the draft
+and the verify forward are fault-isolated there (a failing one fails the round's
+requests, nothing else). Prefill batches run the normal scheduler path (without
+decode rows: mixed chunked prefill is off under speculation); ``after_forward``
+records each sampled request's seed hidden state.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
+
 import torch
 
-from impl.forward_batch import ForwardBatch, ForwardMode, WorkCounters
+from impl.forward_batch import ForwardBatch, ForwardMode, RowSpan, WorkCounters, pack_forward_batch
 from impl.engine.req import Req
 from impl.engine.schedule_batch import ScheduleBatch
-from impl.engine.speculative.acceptance import accept_greedy_batch as accept_greedy, accept_sampled
+from impl.engine.speculative.acceptance import Accepted, accept_greedy_batch as accept_greedy, accept_sampled
+from impl.engine.speculative.base import SchedulerSeam
 from impl.engine.speculative.draft import Drafter
 from impl.sampling.sampler import SampleRow
 
@@ -97,19 +100,17 @@ class FrozenKVMTPWorker:
                 it.req.spec_hidden = hidden[offset - 1].detach().clone()
 
     # ---- one round -----------------------------------------------------------------
-    def _steps_for(self, req: Req, sched) -> int:
+    def _steps_for(self, req: Req, sched: SchedulerSeam) -> int:
         """Drafts for ``req`` this round: never more than its remaining tokens allow."""
         left = req.sampling_params.max_new_tokens - len(req.output_ids)
         room = sched.config.max_req_len - req.seq_len
         return max(0, min(self.config.num_steps, left - 1, room))
 
-    def run_round(self, sched) -> None:
+    def run_round(self, sched: SchedulerSeam) -> None:
         """Draft, verify, accept and commit for every running request of scheduler ``sched``."""
-        # Every request needs a slot for its bonus row (retract the newest while they do not fit);
-        # drafts take what is left, oldest requests first.
-        while sched.running and sched.kv.available() < len(sched.running):
-            sched._retract(sched.running.pop())
-        reqs = list(sched.running)
+        # Every request needs a slot for its bonus row (the scheduler retracts the newest while they do
+        # not fit); drafts take what is left, oldest requests first.
+        reqs = sched.make_room_for_decode()
         if not reqs:
             return
         spare = sched.kv.available() - len(reqs)
@@ -117,15 +118,21 @@ class FrozenKVMTPWorker:
         for r in reqs:
             steps.append(min(self._steps_for(r, sched), spare))
             spare -= steps[-1]
-        drafts = self.drafter.draft(reqs, max(steps)) if max(steps) > 0 else [[] for _ in reqs]
-        drafts = [list(d[:s]) for d, s in zip(drafts, steps)]
+        if max(steps) > 0:
+            proposed = sched.run_isolated(reqs, lambda: self.drafter.draft(reqs, max(steps)))
+            if proposed is None:  # the draft failed: the scheduler failed the round's requests
+                return
+        else:
+            proposed = [[] for _ in reqs]
+        drafts = [list(d[:s]) for d, s in zip(proposed, steps)]
         fb = self._verify_batch(sched, reqs, drafts)
-        out = sched.runner.forward(fb)
-        sched.num_forwards += 1
+        out = sched.run_forward(fb, reqs)
+        if out is None:  # the verify failed: the scheduler failed the round's requests and freed their KV
+            return
         self._commit(sched, reqs, drafts, out.logits, out.hidden_states)
 
     @staticmethod
-    def _free_rejected(sched, req: Req, keep: int) -> None:
+    def _free_rejected(sched: SchedulerSeam, req: Req, keep: int) -> None:
         """Rows 0..j hold K/V of the bonus and the accepted drafts; rows j+1..s are rejected: free them now."""
         sched.kv.trim(req, keep)
 
@@ -135,48 +142,21 @@ class FrozenKVMTPWorker:
         return offset + j
 
     @staticmethod
-    def _verify_batch(sched, reqs: list[Req], drafts: list[list[int]]) -> ForwardBatch:
+    def _verify_batch(sched: SchedulerSeam, reqs: list[Req], drafts: list[list[int]]) -> ForwardBatch:
         """EXTEND batch of ``1 + s`` rows per request (bonus + drafts), all of them LM-head rows."""
-        ids: list[int] = []
-        pos: list[int] = []
-        slots: list[torch.Tensor] = []
-        prefix, ext = [], []
+        spans = []
         for r, d in zip(reqs, drafts):
-            start, n = r.kv_len, 1 + len(d)
-            got = sched.kv.extend(r, n)
-            assert got is not None, "the round checked that the KV pool holds every verify row"
-            ids += [r.output_ids[-1], *d]
-            pos += range(start, start + n)
-            slots.append(got)
-            prefix.append(start)
-            ext.append(n)
-        dev = sched.runner.device
+            start = r.kv_len
+            slots = sched.kv.extend(r, 1 + len(d))
+            assert slots is not None, "the round checked that the KV pool holds every verify row"
+            spans.append(RowSpan(r.req_pool_idx, start, [r.output_ids[-1], *d], slots))
+        rows = sum(sp.n for sp in spans)
+        return pack_forward_batch(spans, sched.device, mode=ForwardMode.EXTEND, spec_verify=True,
+                                  work=WorkCounters(decode_tokens=rows))
 
-        def t(x: list[int]) -> torch.Tensor:
-            return torch.tensor(x, dtype=torch.int64, device=dev)
-
-        seq = [p + e for p, e in zip(prefix, ext)]
-        return ForwardBatch(
-            forward_mode=ForwardMode.EXTEND,
-            input_ids=t(ids),
-            positions=t(pos),
-            req_pool_indices=t([r.req_pool_idx for r in reqs]),
-            seq_lens=t(seq),
-            extend_prefix_lens=t(prefix),
-            extend_seq_lens=t(ext),
-            out_cache_loc=torch.cat(slots).to(dev),
-            logits_indices=t(list(range(len(ids)))),
-            seq_lens_cpu=seq,
-            extend_prefix_lens_cpu=prefix,
-            extend_seq_lens_cpu=ext,
-            logits_lens_cpu=ext,
-            spec_verify=True,
-            work=WorkCounters(decode_tokens=len(ids)),
-        )
-
-    def _commit(self, sched, reqs: list[Req], drafts: list[list[int]], logits: torch.Tensor, hidden: torch.Tensor) -> None:
+    def _commit(self, sched: SchedulerSeam, reqs: list[Req], drafts: list[list[int]], logits: torch.Tensor,
+                hidden: torch.Tensor) -> None:
         eos = sched.config.eos_token_ids
-        now = time.perf_counter()
         st = self.stats
         st.verify_rounds += 1
         starts = [0]
@@ -185,7 +165,7 @@ class FrozenKVMTPWorker:
         bases = [SampleRow(r.sampling_params, r.origin_input_ids, r.output_ids, r.generator, r.return_logprob,
                            r.top_logprobs_num) for r in reqs]
         greedy = [i for i, r in enumerate(reqs) if r.sampling_params.is_greedy]
-        accepted = {}
+        accepted: dict[int, Accepted] = {}
         if greedy:
             rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in greedy]).to(logits.device)
             for i, acc in zip(greedy, accept_greedy(logits.index_select(0, rows), [(bases[i], drafts[i]) for i in greedy], eos)):
@@ -196,19 +176,11 @@ class FrozenKVMTPWorker:
             j = acc.num_accepted_drafts
             self._free_rejected(sched, r, r.kv_len - n + 1 + j)
             r.spec_hidden = hidden[self._seed_row(offset, j)].detach().clone()
+            assert r.spec_verify_ct is not None, "the scheduler sets spec_verify_ct when it takes the request"
             r.spec_verify_ct += 1
             st.verify_ct += 1
             st.verify_tokens += n
             st.draft_tokens += len(d)
             st.accepted_drafts += j
-            for tok, lp, top in zip(acc.tokens, acc.logprobs, acc.top_logprobs):
-                r.spec_committed_tokens += 1  # before the append: a finishing append emits the final output
-                st.committed_tokens += 1
-                sched._append_token(r, tok, lp, top, now)
-                if r.is_finished:
-                    break
-        sched.new_token_ratio = max(
-            sched.config.min_new_token_ratio, sched.new_token_ratio - sched.config.new_token_ratio_decay
-        )
-        sched.running = [r for r in sched.running if not r.is_finished]
-        sched._emit(reqs)
+            st.committed_tokens += sched.commit(r, acc.tokens, acc.logprobs, acc.top_logprobs, verified=True)
+        sched.decode_step_done()
