@@ -32,11 +32,13 @@ from typing import IO, Sequence
 
 import httpx
 
+from impl.envs import envs
+
 logger = logging.getLogger("impl.cluster")
 
 READY_RE = re.compile(r"ready to roll!.*?(http://[\d.]+:\d+)")
 POLICIES = ("cache_aware", "power_of_two", "round_robin", "random")
-START_TIMEOUT_S = float(os.environ.get("YOCO_SERVER_START_TIMEOUT", "300"))
+START_TIMEOUT_S = envs.YOCO_SERVER_START_TIMEOUT.get()
 STOP_TIMEOUT_S = 20.0
 CLUSTER_READY = "The cluster is up: router URL"
 

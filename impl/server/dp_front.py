@@ -41,6 +41,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 import impl
+from impl.envs import envs
 from impl.server.dp_replica import ReplicaSpec, run_replica
 from impl.server.errors import APIError, error_response, install_error_handlers
 from impl.server.streaming import DONE, sse, until_disconnect
@@ -48,7 +49,7 @@ from impl.server.streaming import DONE, sse, until_disconnect
 logger = logging.getLogger("impl.server.dp")
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per relayed request otherwise
 
-READY_TIMEOUT_S = float(os.environ.get("YOCO_DP_READY_TIMEOUT", "600"))
+READY_TIMEOUT_S = envs.YOCO_DP_READY_TIMEOUT.get()
 STOP_TIMEOUT_S = 15.0
 GENERATE_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
 # hop-by-hop or recomputed headers that must not be copied from a replica's response
