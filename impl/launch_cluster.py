@@ -202,7 +202,7 @@ def start_cluster(num_workers: int, server_flags: Sequence[str], policy: str = "
         raise RuntimeError(why)
     if policy == "power_of_two" and num_workers < 2:
         raise ValueError("--policy power_of_two needs at least 2 workers (the router refuses it otherwise)")
-    from impl.server.dp_front import core_shares
+    from impl.server.dp_control import core_shares
 
     shares = core_shares(num_workers) if pin else [None] * num_workers
     cluster = Cluster([spawn(f"worker {i}", worker_argv(server_flags), out, shares[i]) for i in range(num_workers)])
