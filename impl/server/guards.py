@@ -1,7 +1,8 @@
 """The middleware every HTTP app of the server wears: the single server's (``app.py``), each data-parallel
 replica's (the same app) and the data-parallel front's (``dp_relay.py``).
 
-From the outside in: the browser guard (``browser_guard.py``: foreign ``Host`` and ``Origin`` headers
+From the outside in: ``BodyDrainMiddleware`` (``body_drain.py``: an early answer still reaches a client
+that keeps sending), the browser guard (``browser_guard.py``: foreign ``Host`` and ``Origin`` headers
 refused) with CORS for the ``--allowed-origins``, and the API key (``auth.py``) when ``--api-key`` is set.
 """
 
@@ -13,6 +14,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from impl.server.auth import APIKeyMiddleware
+from impl.server.body_drain import BodyDrainMiddleware
 from impl.server.browser_guard import BrowserGuardMiddleware, parse_list
 
 
@@ -27,3 +29,4 @@ def install_guards(app: FastAPI, args: Any) -> None:
                            allow_methods=["*"], allow_headers=["*"])
     app.add_middleware(BrowserGuardMiddleware, bound_host=args.host, allowed_hosts=args.allowed_hosts,
                        allowed_origins=args.allowed_origins)
+    app.add_middleware(BodyDrainMiddleware)
