@@ -102,6 +102,16 @@ def env_bool(name: str, default: bool) -> EnvVar[bool]:
     return EnvVar(name, default, _bool, f"a boolean ({' '.join(_TRUE)} or {' '.join(_FALSE)})")
 
 
+def _triton_bool(text: str) -> bool:
+    # Triton's own reading (getBoolEnv: on, true, 1); the values it reads as false, and only those, are false here
+    value = text.lower()
+    if value in ("1", "true", "on"):
+        return True
+    if value in ("0", "false", "off"):
+        return False
+    raise ValueError(text)
+
+
 def env_choice(name: str, choices: tuple[str, ...], default: str) -> EnvVar[str]:
     def parse(text: str) -> str:
         if text.lower() not in choices:
@@ -153,7 +163,7 @@ class envs:
                              "a gcc -march name (e.g. native, haswell)")
     IMPL_MMAP_EMBEDDINGS = env_bool("IMPL_MMAP_EMBEDDINGS", True)
     # ---- other programs' variables, read with their owners' meaning
-    TRITON_INTERPRET = env_bool("TRITON_INTERPRET", False)
+    TRITON_INTERPRET = EnvVar("TRITON_INTERPRET", False, _triton_bool, "a boolean as Triton reads it (1 true on or 0 false off)")
     ONEDNN_MAX_CPU_ISA = env_str("ONEDNN_MAX_CPU_ISA", "", accepted="a oneDNN ISA name (e.g. AVX2)")
     TORCH_EXTENSIONS_DIR = env_str("TORCH_EXTENSIONS_DIR", None, accepted="a folder path")
 

@@ -37,6 +37,7 @@ def test_unset_or_empty_is_the_default(monkeypatch):
     (envs.YOCO_DP_READY_TIMEOUT, "soon", "a finite number of seconds above 0"),
     (envs.YOCO_SERVER_START_TIMEOUT, "-5", "a finite number of seconds above 0"),
     (envs.IMPL_CPU_MARCH, "native -O0", "a gcc -march name"),
+    (envs.TRITON_INTERPRET, "yes", "a boolean as Triton reads it (1 true on or 0 false off)"),
 ])
 def test_junk_names_the_variable_the_value_and_the_choices(monkeypatch, var, raw, accepted):
     monkeypatch.setenv(var.name, raw)
