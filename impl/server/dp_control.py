@@ -22,7 +22,8 @@ import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from typing import Any
+from unittest import mock
 
 import httpx
 
@@ -78,7 +79,7 @@ class DataParallelController:
             spec = ReplicaSpec(rank, os.path.join(self._dir, f"dp{rank}.sock"), shares[rank], base, os.getpid(),
                                cuda[rank] if cuda else None)
             proc = ctx.Process(target=run_replica, args=(spec,), name=f"yoco-dp{rank}", daemon=False)
-            with _environment(spec.environment()):
+            with mock.patch.dict(os.environ, spec.environment()):  # the child inherits them, we keep ours
                 proc.start()
             self.replicas.append(Replica(rank, spec, proc))
             logger.info("Data-parallel rank %d: pid %d, CPU cores %s (%d thread%s)%s", rank, proc.pid,
@@ -166,21 +167,6 @@ def _cuda_devices(args: Any, n: int) -> list[int] | None:
 def validate_dp_args(args: Any) -> None:
     if not isinstance(args.dp_size, int) or args.dp_size < 1:
         raise ValueError(f"--dp-size must be a positive number of replicas, got {args.dp_size}")
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in os.environ while a child is spawned (it inherits them), then the previous values back."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _wait_ready(r: Replica, timeout: float) -> None:
