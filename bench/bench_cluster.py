@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import httpx  # noqa: E402
 
 from impl.launch_cluster import START_TIMEOUT_S, spawn, start_router, worker_argv  # noqa: E402
-from impl.server.dp_front import core_shares  # noqa: E402
+from impl.server.dp_control import core_shares  # noqa: E402
 
 SERVER_FLAGS = ["--decode-attention-backend", "torch_native", "--context-length", "1024", "--max-total-tokens", "16384",
                 "--random-seed", "0"]

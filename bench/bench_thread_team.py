@@ -4,7 +4,7 @@ and then on a second thread, in one process (not a test).
 Once a thread has run a multi-threaded op it keeps an OpenMP team; with a second team in the process
 libgomp manages more threads than cores and stops spinning between parallel regions, so each region of
 the second thread pays a sleep / wake-up. ``--main-threads 1`` keeps the main thread single-threaded, as
-``impl.launch_server.build_engine`` does.
+``impl.server.runtime.build_engine`` does.
 
 Usage: ``OMP_NUM_THREADS=2 python bench/bench_thread_team.py [--main-threads 2|1]``.
 """

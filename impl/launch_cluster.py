@@ -32,11 +32,13 @@ from typing import IO, Sequence
 
 import httpx
 
+from impl.envs import envs
+
 logger = logging.getLogger("impl.cluster")
 
 READY_RE = re.compile(r"ready to roll!.*?(http://[\d.]+:\d+)")
 POLICIES = ("cache_aware", "power_of_two", "round_robin", "random")
-START_TIMEOUT_S = float(os.environ.get("YOCO_SERVER_START_TIMEOUT", "300"))
+START_TIMEOUT_S = envs.YOCO_SERVER_START_TIMEOUT.get()
 STOP_TIMEOUT_S = 20.0
 CLUSTER_READY = "The cluster is up: router URL"
 
@@ -200,7 +202,7 @@ def start_cluster(num_workers: int, server_flags: Sequence[str], policy: str = "
         raise RuntimeError(why)
     if policy == "power_of_two" and num_workers < 2:
         raise ValueError("--policy power_of_two needs at least 2 workers (the router refuses it otherwise)")
-    from impl.server.dp_front import core_shares
+    from impl.server.dp_control import core_shares
 
     shares = core_shares(num_workers) if pin else [None] * num_workers
     cluster = Cluster([spawn(f"worker {i}", worker_argv(server_flags), out, shares[i]) for i in range(num_workers)])

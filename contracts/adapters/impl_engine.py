@@ -60,7 +60,7 @@ def engine_for(argv: Sequence[str]) -> tuple[Any, list[tuple[str, str]]]:
         if oracle:
             args.speculative_draft_model_path = args.speculative_draft_model_path[len(ORACLE_PREFIX):]
         given = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
-        if given["model_path"] is None:  # as the launcher does (impl.launch_server.build_engine), without its log line
+        if given["model_path"] is None:  # as the launcher does (impl.server.runtime.build_engine), without its log line
             from impl.testing.checkpoints import default_model_path
 
             given["model_path"] = default_model_path()

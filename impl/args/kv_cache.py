@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterable
 
-from impl.args.env import envs
 from impl.args.resolution import (
     attention_backends_of,
     declare_resolution,
@@ -31,6 +30,7 @@ from impl.args.resolution import (
     resolving_view,
     use_mla_backend,
 )
+from impl.envs import envs
 
 logger = logging.getLogger("impl.args")
 

@@ -16,17 +16,17 @@ is refused at startup with a ValueError naming the variable and the choices.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from impl.envs import TRITON_KERNEL_PROVIDERS, envs
 from impl.kernels.launch_config import KVSplitPolicy, kv_split_policy
 from impl.kernels.triton_env import TRITON_INTERPRETED
 
-ENV_PROVIDER = "IMPL_TRITON_KERNELS"
-PROVIDERS = ("auto", "triton", "cpu", "interpreter", "reference")
+ENV_PROVIDER = envs.IMPL_TRITON_KERNELS.name
+PROVIDERS = TRITON_KERNEL_PROVIDERS
 
 # CPU decode: split a request's keys into pieces of at least 256 keys, up to 16, until there are
 # about twice as many (request, KV head, split) items as threads.
@@ -48,11 +48,7 @@ class KernelProvider:
 
 
 def requested_provider() -> str:
-    value = os.environ.get(ENV_PROVIDER, "auto").strip().lower() or "auto"
-    if value not in PROVIDERS:
-        raise ValueError(f"{ENV_PROVIDER}={value!r} is not a kernel provider of the triton backend; "
-                         f"choose one of {', '.join(PROVIDERS)} (or unset it for auto).")
-    return value
+    return envs.IMPL_TRITON_KERNELS.get()
 
 
 def select_provider(device: torch.device) -> KernelProvider:

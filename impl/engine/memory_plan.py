@@ -4,12 +4,11 @@ weights' placement)."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from impl.cache.memory import MIN_KV_TOKENS, MemoryNeed, check_fits, gib, process_memory, working_bytes
 from impl.config.model_config import ModelConfig
+from impl.envs import envs
 from impl.model.loader import MMAP_ENV, WeightPlan, plan_weights
 
 DEFAULT_CHUNK_TOKENS = 2048  # the CPU chunked-prefill default (engine.DEFAULT_CHUNKED_PREFILL)
@@ -44,7 +43,7 @@ def _hints(plan: WeightPlan, mc: ModelConfig, kv_tokens: int, chunk: int) -> lis
         hints.append(f"--dtype auto or --dtype {ck} (the checkpoint's dtype: weights at half the size)")
     elif plan.dtype == torch.float32:
         hints.append("--dtype bfloat16 (weights at half the size)")
-    if os.environ.get(MMAP_ENV) == "0":
+    if not envs.IMPL_MMAP_EMBEDDINGS.get():
         hints.append(f"unset {MMAP_ENV} (the per-layer-embedding table is then memory-mapped, not loaded)")
     hints.append(f"--max-total-tokens N below {kv_tokens} (a smaller KV pool)")
     if chunk > 512:

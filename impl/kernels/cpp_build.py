@@ -21,22 +21,21 @@ from types import ModuleType
 
 import torch
 
+from impl.envs import EnvVar, envs
+
 logger = logging.getLogger("impl.kernels")
 
 # A build takes ~20-60 s; a lock older than this was left by a process killed mid-build.
 STALE_LOCK_S = 600.0
 # The target CPU of the builds (gcc's -march): native by default; e.g. IMPL_CPU_MARCH=haswell builds (and
 # runs) the AVX2 code on an AVX-512 machine, to check that path against the references.
-ENV_MARCH = "IMPL_CPU_MARCH"
+ENV_MARCH = envs.IMPL_CPU_MARCH.name
 
 
 def march() -> str:
     """The ``-march`` the C++ extensions are built for (``IMPL_CPU_MARCH``, default ``native``): it replaces
     the ``-march=native`` of their flags."""
-    raw = os.environ.get(ENV_MARCH, "").strip() or "native"
-    if not raw.replace("-", "").replace("_", "").isalnum():
-        raise ValueError(f"environment variable {ENV_MARCH}={raw!r} is not a gcc -march name (e.g. native, haswell)")
-    return raw
+    return envs.IMPL_CPU_MARCH.get()
 
 
 def build_extension(prefix: str, source: str | list[str], cflags: list[str]) -> ModuleType:
@@ -64,7 +63,7 @@ def build_extension(prefix: str, source: str | list[str], cflags: list[str]) -> 
     key = hashlib.sha256(text + " ".join(cflags).encode() + cpu_id().encode() + torch.__version__.encode()
                          + sys.prefix.encode()).hexdigest()
     name = f"{prefix}_{key[:16]}"
-    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
+    root = envs.TORCH_EXTENSIONS_DIR.get() or os.path.join(
         os.path.expanduser("~"), ".cache", "torch_extensions", f"py{sys.version_info.major}{sys.version_info.minor}_cpu"
     )
     build_dir = os.path.join(root, name)
@@ -105,12 +104,13 @@ def cpu_id() -> str:
 class LazyExtension:
     """One C++ extension, built at most once per process on first ``load()``.
 
-    ``load()`` returns the module, or None when ``env_switch`` turns it off or the build failed; a
+    ``load()`` returns the module, or None when ``env_switch`` (a boolean variable) turns it off or the build failed; a
     failure is logged once (``fallback`` says what runs instead) and kept in ``error()``. ``build``
     is an attribute so tests can replace it with one that fails.
     """
 
-    def __init__(self, prefix: str, source: str | list[str], cflags: list[str], env_switch: str, what: str, fallback: str):
+    def __init__(self, prefix: str, source: str | list[str], cflags: list[str], env_switch: EnvVar[bool], what: str,
+                 fallback: str):
         self.prefix, self.source, self.cflags = prefix, source, cflags
         self.env_switch, self.what, self.fallback = env_switch, what, fallback
         self._lock = threading.Lock()
@@ -122,7 +122,7 @@ class LazyExtension:
         return build_extension(self.prefix, self.source, self.cflags)
 
     def enabled_by_env(self) -> bool:
-        return os.environ.get(self.env_switch, "1").strip().lower() not in ("0", "false", "off", "no")
+        return self.env_switch.get()
 
     def load(self) -> ModuleType | None:
         """The compiled extension, or None (disabled, no toolchain, or the build failed: see ``error()``)."""

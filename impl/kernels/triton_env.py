@@ -12,11 +12,15 @@ import os
 
 import torch
 
+from impl.envs import envs
+
 HAS_CUDA: bool = torch.cuda.is_available()
 
 # The interpreter is also what IMPL_TRITON_KERNELS=interpreter asks for (impl/attention/triton_providers.py).
-if not HAS_CUDA or os.environ.get("IMPL_TRITON_KERNELS", "").strip().lower() == "interpreter":
-    os.environ["TRITON_INTERPRET"] = "1"
+# A value it does not accept is refused at startup, with the choices (triton_providers.select_provider).
+_raw_provider = os.environ.get(envs.IMPL_TRITON_KERNELS.name, "").strip().lower()
+if not HAS_CUDA or _raw_provider == "interpreter":
+    os.environ[envs.TRITON_INTERPRET.name] = "1"
 
 # True when Triton kernels run under the interpreter (CPU): correct but slow.
-TRITON_INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+TRITON_INTERPRETED: bool = envs.TRITON_INTERPRET.get()

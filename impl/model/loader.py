@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from impl.config.model_config import ModelConfig
+from impl.envs import envs
 from impl.model.safetensors_io import TensorEntry, map_tensor, mappable, read_ahead, read_index, read_into
 
 logger = logging.getLogger("impl.model")
@@ -75,7 +76,7 @@ def text_name(name: str, is_multimodal: bool) -> str | None:
 # MAPPED_TABLES are served zero-copy from the checkpoint file on CPU (see WeightPlan).
 EMBEDDING_TABLES = ("embed_tokens.weight", "embed_tokens_per_layer.weight")
 MAPPED_TABLES = ("embed_tokens_per_layer.weight",)
-MMAP_ENV = "IMPL_MMAP_EMBEDDINGS"  # "0": load the mapped tables into memory instead
+MMAP_ENV = envs.IMPL_MMAP_EMBEDDINGS.name  # "0": load the mapped tables into memory instead
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def plan_weights(model_path: str, config: ModelConfig, dtype: torch.dtype, devic
         model = model_class(config)(config, dtype=dtype, device="meta")
     tables = EMBEDDING_TABLES if config.is_gemma4 else ()
     by_param = {text_name(e.name, config.model_type == "gemma4"): e for e in entries}
-    mmap_on = torch.device(device).type == "cpu" and os.environ.get(MMAP_ENV, "1") != "0"
+    mmap_on = torch.device(device).type == "cpu" and envs.IMPL_MMAP_EMBEDDINGS.get()
     dtypes: dict[str, torch.dtype] = {}
     mapped: dict[str, TensorEntry] = {}
     resident = mapped_bytes = 0

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Query, Request
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 import impl
@@ -27,10 +26,9 @@ from impl.engine.output import ReqOutput
 from impl.engine.req import Req
 from impl.server import generate_api, openai_api, req_builder
 from impl.server.async_engine import AsyncEngine, EngineDeadError
-from impl.server.auth import APIKeyMiddleware
 from impl.server.cluster_api import add_cluster_routes, flush_when_idle
-from impl.server.browser_guard import BrowserGuardMiddleware, parse_list
 from impl.server.errors import APIError, error_response, install_error_handlers, parse_json
+from impl.server.guards import install_guards
 from impl.server.intake import off_loop, read_body
 from impl.server.limits import RequestLimits
 from impl.server.metrics import Gauges, ServerMetrics
@@ -118,15 +116,7 @@ def create_app(engine: Engine) -> FastAPI:
     async def _engine_dead(request: Request, exc: Exception):
         return error_response(503, str(exc))
 
-    args = state.args
-    if args.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=args.api_key)
-    origins = parse_list(args.allowed_origins)
-    if origins:  # listed origins may read the answers (CORS); the guard refuses every other origin
-        app.add_middleware(CORSMiddleware, allow_origins=["*"] if "*" in origins else list(origins),
-                           allow_methods=["*"], allow_headers=["*"])
-    app.add_middleware(BrowserGuardMiddleware, bound_host=args.host, allowed_hosts=args.allowed_hosts,
-                       allowed_origins=args.allowed_origins)
+    install_guards(app, state.args)
     _add_routes(app, state)
     m = state.models
     install_openapi(app, {"/generate": m.generate, "/v1/completions": m.completion,

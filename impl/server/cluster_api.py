@@ -5,7 +5,7 @@
 rank (``dp_rank``, ``num_reqs`` = running + waiting requests, ``num_waiting_reqs``,
 ``num_tokens`` = KV-cache tokens in use). ``sglang-router`` polls it for its load-aware policies
 (``power_of_two``, ``cache_aware``'s balance check) and its ``/get_loads``.
-A single server is rank 0; the ``--dp-size`` front (``impl.server.dp_front``)
+A single server is rank 0; the ``--dp-size`` front (``impl.server.dp_relay``)
 asks every replica and renumbers the entries.
 """
 

@@ -6,7 +6,8 @@
   preflight, never reaches a route); no ``Content-Type`` at all is read as
   JSON. Bodies over ``--max-request-body-bytes`` are a 413, refused from the
   ``Content-Length`` header or while reading, so at most that many bytes are
-  ever held.
+  ever held (the rest is read and dropped before the answer goes out, so a
+  client still sending gets the 413: ``body_drain.py``).
 * ``off_loop``: JSON validation, tokenization, chat templating and the
   expansion of a batch into requests run on a small thread pool, so the event
   loop (``/health``, other streams) never waits for input-sized work.

@@ -31,6 +31,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
+from impl.envs import envs
 from impl.testing.corpus import CORPUS
 from impl.testing.tokenizer_factory import (
     BOS_ID,
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 
 FACTORY_VERSION = 1
 DEFAULT_MODEL = "e2b"
-CACHE_ENV = "YOCO_CACHE_DIR"
+CACHE_ENV = envs.YOCO_CACHE_DIR.name
 
 S, F = "sliding_attention", "full_attention"
 
@@ -455,7 +456,7 @@ def repo_root() -> str | None:
 
 def cache_root() -> str:
     """``$YOCO_CACHE_DIR`` or ``<repo>/.cache`` (``~/.cache/yoco`` outside a checkout)."""
-    env = os.environ.get(CACHE_ENV)
+    env = envs.YOCO_CACHE_DIR.get()
     if env:
         return os.path.abspath(env)
     root = repo_root()

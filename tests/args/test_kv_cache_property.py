@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from contracts.models import model_dir
 from impl.args import unsupported
 from impl.args.check import check_server_args
-from impl.args.env import envs
+from impl.envs import envs
 from impl.args.platform import Platform
 from impl.args.server_args import (
     ATTENTION_BACKEND_CHOICES,

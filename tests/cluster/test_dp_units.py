@@ -7,7 +7,8 @@ import os
 import pytest
 
 from impl.args.server_args import ServerArgs
-from impl.server.dp_front import _requested_rank, core_shares, merge_metrics, validate_dp_args
+from impl.server.dp_control import core_shares, validate_dp_args
+from impl.server.dp_relay import _requested_rank, merge_metrics
 from impl.server.errors import APIError
 
 

@@ -14,6 +14,7 @@ its port), a killed replica of B, SIGTERM of A through the router, SIGTERM of B.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -109,6 +110,21 @@ def test_dp_startup_log_and_server_info_name_each_rank(cluster):
     info = _info(cluster.url_b)
     assert info["dp_size"] == 2 and [r["dp_rank"] for r in info["dp_ranks"]] == [0, 1]
     assert len({tuple(r["cores"]) for r in info["dp_ranks"]}) == min(2, len(os.sched_getaffinity(0)))
+    for r in info["dp_ranks"]:  # started with its OpenMP team size (the spawned interpreter loads torch first)
+        with open(f"/proc/{r['pid']}/environ", "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        assert env.get(b"OMP_NUM_THREADS") == str(len(r["cores"])).encode(), r
+
+
+def test_dp_front_reads_bodies_within_the_limit(cluster):
+    """The front holds a body only up to --max-request-body-bytes: 20 MB sent whole with 'Connection: close'
+    gets the single server's 413 JSON (not a reset), and the front keeps serving."""
+    huge = json.dumps({"text": "hi", "sampling_params": {"stop": ["x" * 2000] * 10_000}}).encode()
+    r = httpx.post(cluster.url_b + "/generate", content=huge, timeout=60,
+                   headers={"content-type": "application/json", "connection": "close"})
+    assert r.status_code == 413 and "--max-request-body-bytes" in r.json()["error"]["message"], r.text[:300]
+    code, again = asyncio.run(_once(cluster.url_b))
+    assert code == 200 and again["meta_info"]["completion_tokens"] == 2
 
 
 def test_dp_aware_registration_and_chat_without_model(cluster):

@@ -7,6 +7,7 @@ after the hostile requests a normal one still completes and /health stays 200.
 from __future__ import annotations
 
 import json
+import socket
 import statistics
 import threading
 import time
@@ -61,6 +62,67 @@ def test_body_size_content_type_and_malformed_json(url):
     _refused(_raw(url, "/generate", "[1, 2]"), 400, "object")
     _still_serves(url)
 
+
+# 10,000 stop strings of 2,000 characters: a 20 MB JSON body, over the 8 MiB default limit
+HUGE_BODY = json.dumps({"text": "hi", "sampling_params": {"stop": ["x" * 2000] * 10_000}}).encode()
+
+
+def _socket_post(url: str, body: bytes, *headers: str) -> tuple[str, dict[str, str], dict]:
+    """POST ``body`` whole on a raw socket (sendall, as a client that keeps sending), then read the answer to EOF
+    or its end: (status line, headers, JSON body). A server that answers and closes with body bytes unread makes
+    the kernel reset the connection, and this raises ConnectionResetError."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    head = "\r\n".join(["POST /generate HTTP/1.1", f"Host: {host}", "Content-Type: application/json",
+                         f"Content-Length: {len(body)}", *headers, "", ""]).encode()
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        s.sendall(head + body)
+        data = b""
+        while b"\r\n\r\n" not in data or len(data.partition(b"\r\n\r\n")[2]) < _length(data):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    raw_head, _, payload = data.partition(b"\r\n\r\n")
+    lines = raw_head.decode("latin-1").split("\r\n")
+    fields = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return lines[0], fields, json.loads(payload)
+
+
+def _length(data: bytes) -> int:
+    for line in data.partition(b"\r\n\r\n")[0].split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":")[1])
+    return 1 << 30
+
+
+def test_oversized_body_from_a_client_that_keeps_sending_gets_its_413(url):
+    """The 413 is decided from Content-Length before the body is read; the rest is read and dropped first, so a
+    client that sends all 20 MB and says ``Connection: close`` (as urllib does) reads the 413, not a reset."""
+    for extra in (["Connection: close"], []):
+        status, _, body = _socket_post(url, HUGE_BODY, *extra)
+        assert status.startswith("HTTP/1.1 413"), status
+        assert "--max-request-body-bytes" in body["error"]["message"] and body["error"]["code"] == 413
+    # a chunked upload without Content-Length: refused part-way through reading, the rest dropped
+    chunks = (HUGE_BODY[i:i + 2**16] for i in range(0, len(HUGE_BODY), 2**16))
+    r = httpx.post(url + "/generate", content=chunks, headers={"content-type": "application/json",
+                                                               "connection": "close"}, timeout=TIMEOUT)
+    _refused(r, 413, "--max-request-body-bytes")
+    _still_serves(url)
+
+
+def test_oversized_body_awaiting_100_continue_is_refused_without_it(url):
+    """A client that waits for ``100 Continue`` never sent the body: it gets the 413 at once, and the answer
+    closes the connection (the body it did not send cannot be told from a next request)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    head = (f"POST /generate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(HUGE_BODY)}\r\nExpect: 100-continue\r\n\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=15) as s:
+        s.sendall(head)
+        data = b""
+        while chunk := s.recv(65536):  # the server closes after the answer
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 413") and b"\r\nconnection: close\r\n" in data.lower(), data[:300]
+    assert b"--max-request-body-bytes" in data
 
 def test_405_keeps_allow_and_health_declares_content_type(url):
     r = httpx.get(url + "/generate", timeout=TIMEOUT)

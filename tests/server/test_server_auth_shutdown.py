@@ -41,7 +41,7 @@ def test_health_is_open_and_openai_client_sends_the_key(key_url, api_key):
 def test_sigterm_finishes_cleanly():
     """SIGTERM with a stream in flight: the stream ends with a final event and [DONE]; the process exits 0."""
     from contracts.adapters.impl_http import start
-    from impl.launch_server import SHUTDOWN_GRACE_S
+    from impl.server.runtime import SHUTDOWN_GRACE_S
 
     server = start(ARGV_OFF)
     try:

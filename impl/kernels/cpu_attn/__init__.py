@@ -26,15 +26,16 @@ from types import ModuleType
 import torch
 
 from impl.kernels.checks import check_decode_launch, check_extend_launch, check_kv_scales, require
+from impl.envs import envs
 from impl.kernels.cpp_build import LazyExtension
 
 logger = logging.getLogger("impl.kernels")
 
-ENV_SWITCH = "IMPL_CPU_ATTN"
+ENV_SWITCH = envs.IMPL_CPU_ATTN.name
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention.cpp")
 _CFLAGS = ["-O3", "-march=native", "-std=c++17", "-fopenmp"]
 
-EXTENSION = LazyExtension("impl_cpu_attn", _SOURCE, _CFLAGS, ENV_SWITCH, "compiled CPU attention kernels", "the triton backend runs the torch reference attention on CPU")
+EXTENSION = LazyExtension("impl_cpu_attn", _SOURCE, _CFLAGS, envs.IMPL_CPU_ATTN, "compiled CPU attention kernels", "the triton backend runs the torch reference attention on CPU")
 enabled_by_env = EXTENSION.enabled_by_env
 load = EXTENSION.load
 error = EXTENSION.error

@@ -26,11 +26,12 @@ import os
 
 import torch
 
+from impl.envs import envs
 from impl.kernels.cpp_build import LazyExtension
 
 logger = logging.getLogger("impl.kernels")
 
-ENV_SWITCH = "IMPL_CPU_FUSED"
+ENV_SWITCH = envs.IMPL_CPU_FUSED.name
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCES = [os.path.join(_HERE, "fused_layer.cpp"), os.path.join(_HERE, "linear.cpp")]
 
@@ -39,7 +40,7 @@ _SOURCES = [os.path.join(_HERE, "fused_layer.cpp"), os.path.join(_HERE, "linear.
 # -march=native: or IMPL_CPU_MARCH (e.g. haswell: the AVX2 code on an AVX-512 machine; cpp_build.march).
 _CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 
-EXTENSION = LazyExtension("impl_cpu_fused", _SOURCES, _CFLAGS, ENV_SWITCH, "fused CPU kernels", "decoder layers use the torch path")
+EXTENSION = LazyExtension("impl_cpu_fused", _SOURCES, _CFLAGS, envs.IMPL_CPU_FUSED, "fused CPU kernels", "decoder layers use the torch path")
 enabled_by_env = EXTENSION.enabled_by_env
 load = EXTENSION.load
 error = EXTENSION.error

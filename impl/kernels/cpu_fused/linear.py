@@ -33,13 +33,14 @@ matmul rounds its input rows to bf16 (as a bf16 model does), the float32 paths d
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
-ENV = "IMPL_CPU_LINEAR"
-MODES = ("auto", "packed", "onednn", "mkl")
+from impl.envs import CPU_LINEAR_MODES, envs
+
+ENV = envs.IMPL_CPU_LINEAR.name
+MODES = CPU_LINEAR_MODES
 MIN_WEIGHT_ELEMS = 1 << 16  # 256 x 256: below this a call's fixed cost outweighs the arithmetic (linear.cpp: kSmallWeightElems)
 PACK_BATCH_HINT = 64  # rows oneDNN tunes the packed layout for (any row count still runs)
 BF16_ROW_KERNEL_MAX_ROWS = 16  # linear.h: kBf16RowKernelMaxRows
@@ -73,10 +74,7 @@ class LinearPlan:
 
 
 def requested_mode() -> str:
-    raw = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if raw not in MODES:
-        raise ValueError(f"environment variable {ENV}={raw!r} is not one of {', '.join(MODES)}; unset it for 'auto'.")
-    return raw
+    return envs.IMPL_CPU_LINEAR.get()
 
 
 def onednn_available() -> bool:
@@ -86,7 +84,7 @@ def onednn_available() -> bool:
 def bf16_isa() -> str:
     """The CPU's native bf16 instructions as oneDNN may use them ("" when none): ``avx512_bf16`` or ``amx_bf16``
     from the CPU, unless ``ONEDNN_MAX_CPU_ISA`` caps oneDNN below them (e.g. ``AVX2``)."""
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    cap = envs.ONEDNN_MAX_CPU_ISA.get().upper()
     if cap and cap not in _BF16_ISAS:
         return ""
     cpu = getattr(torch, "cpu", None)
@@ -131,7 +129,7 @@ def plan(dtype: torch.dtype = torch.float32) -> LinearPlan:
             return LinearPlan(mode, f"{ENV}={mode}; {note}", name)
         if isa:
             return LinearPlan(BF16_NATIVE_AUTO, f"auto: native bf16 ({isa})", name)
-        cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip()
+        cap = envs.ONEDNN_MAX_CPU_ISA.get()
         why = f"ONEDNN_MAX_CPU_ISA={cap}" if cap else "the CPU has no avx512_bf16 / AMX"
         return LinearPlan("mkl", f"auto: no native bf16 ({why})", name)
     if mode != "auto":
