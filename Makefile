@@ -65,7 +65,7 @@ bench-cluster: $(STAMP)
 
 # The tiny checkpoint, then E2B's layer dimensions (e2b-dims-7l: built on first use, 1.5 GB; ~15 min):
 # flag on vs off on the triton backend, then flag on (triton) vs off on torch_native (the CPU default).
-E2B_DIMS_SECTION := \#\# YOCO fast prefill at E2B dimensions (issue 13)
+E2B_DIMS_SECTION := \#\# YOCO fast prefill at E2B dimensions, 7 layers
 bench-yoco: $(STAMP)
 	$(PY) bench/bench_yoco.py
 	$(PY) bench/bench_yoco.py --model e2b-dims-7l --lengths 512,1024,2048 --reps 2 --short-reps 2 \
@@ -73,11 +73,11 @@ bench-yoco: $(STAMP)
 		--section "$(E2B_DIMS_SECTION)" --plot docs/yoco_speedup_e2b_dims.png
 	$(PY) bench/bench_yoco.py --model e2b-dims-7l --off-backend torch_native --lengths 2048 --reps 2 \
 		--gen-requests 1 --gen-tokens 2 --gen-lengths 512 \
-		--section "## YOCO fast prefill at E2B dimensions, flag off on torch_native (issue 13)" \
+		--section "## YOCO fast prefill at E2B dimensions, 7 layers, flag off on torch_native" \
 		--plot docs/yoco_speedup_e2b_dims_torch_native.png
 	$(PY) bench/bench_yoco.py --model e2b-dims --off-backend torch_native --threads 2 --lengths 512,1024,2048,4096 \
 		--reps 2 --short-reps 2 --gen-requests 1 --gen-tokens 2 --gen-lengths 1024 --chat 1024 --summ 1024 \
-		--section "## YOCO fast prefill at full E2B dimensions, 35 layers (issue 13)" \
+		--section "## YOCO fast prefill at full E2B dimensions, 35 layers" \
 		--plot docs/yoco_speedup_e2b_dims_35l.png
 
 bench-spec: $(STAMP)
@@ -123,7 +123,7 @@ bench-full: $(STAMP)
 	$(LOCK_X) $(PY) bench/bench_full.py --phase vllm --flags on
 	$(PY) bench/bench_full.py --phase report --write-docs
 
-# KV memory (issue 25): one pool vs the hybrid sliding-window pool, bf16 vs fp8 KV; capacity in a fixed budget,
+# KV memory: one pool vs the hybrid sliding-window pool, bf16 vs fp8 KV; capacity in a fixed budget,
 # decode tok/s at 8k / 32k context, vLLM-CPU's fp8 KV beside it (builds e2b-dims on first use; a big run:
 # take the exclusive lock). MODELS=folder,... adds checkpoints (e.g. the full-size E2B).
 MODELS ?= e2b-dims

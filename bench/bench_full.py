@@ -46,9 +46,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.bench_peer import Server, ensure_vllm, free_port  # noqa: E402
+from bench.docs_section import replace_section  # noqa: E402
 from contracts.sse_client import sse_lines  # noqa: E402
 
-SECTION = "## Gemma-4 E2B at full size vs vLLM-CPU (issue 22)"
+SECTION = "## Gemma-4 E2B at full size vs vLLM-CPU"
 PLOT = os.path.join(ROOT, "docs", "bench_full_e2b.png")
 THREADS = 2
 
@@ -505,19 +506,6 @@ def plot(runs: dict, pp_bound, tg_bound: float) -> None:
     fig.savefig(PLOT, dpi=110)
 
 
-def write_docs(section: str) -> None:
-    path = os.path.join(ROOT, "docs", "benchmarks.md")
-    text = open(path).read()
-    if SECTION in text:
-        start = text.index(SECTION)
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section.rstrip() + "\n" + (text[nxt:] if nxt != -1 else "")
-    else:
-        text = text.rstrip() + "\n\n" + section
-    with open(path, "w") as f:
-        f.write(text)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--phase", choices=("limits", "ours", "vllm", "report"), required=True)
@@ -544,7 +532,7 @@ def main(argv=None) -> int:
         section = report(args)
         print(section)
         if args.write_docs:
-            write_docs(section)
+            replace_section(section)
     return 0
 
 

@@ -30,10 +30,12 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.docs_section import replace_section  # noqa: E402
+
 CONTEXT = 32768
 CHUNK = 2048
 RATIOS = (0.8, 0.5, 0.25, 0.1, 0.05)
-SECTION = "## KV memory: the hybrid sliding-window pool and fp8 KV caches (issue 25)"
+SECTION = "## KV memory: the hybrid sliding-window pool and fp8 KV caches"
 
 
 def model_path(name: str) -> str:
@@ -302,20 +304,6 @@ def _capacity_summary(rows: list[dict]) -> str:
             + ("met" if fp8 >= 2.0 else "not met") + ").")
 
 
-def write_docs(text: str) -> None:
-    path = os.path.join(ROOT, "docs", "benchmarks.md")
-    with open(path) as f:
-        doc = f.read()
-    if SECTION in doc:
-        start = doc.index(SECTION)
-        nxt = doc.find("\n## ", start + len(SECTION))
-        doc = doc[:start] + text + (doc[nxt + 1:] if nxt >= 0 else "")
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + text
-    with open(path, "w") as f:
-        f.write(doc)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="e2b-dims", help="checkpoint names (impl.testing.checkpoints) or folders")
@@ -356,7 +344,7 @@ def main(argv=None) -> int:
     text = report(models, cap, speed, args, cmd.strip())
     print(text)
     if args.write_docs:
-        write_docs(text)
+        replace_section(text)
     return 0
 
 
