@@ -15,7 +15,7 @@ The limits: float32 GEMM rate at the E2B layer shapes over 1024 rows (the better
 oneDNN, FLOP-weighted over q/k/v, o, gate+up and down), and the read bandwidth of a float32 sum over
 512 MB (the copy bandwidth, bytes read + written, is printed too).
 
-Usage: ``python bench/bench_cpu_bf16.py [--model e2b-dims] [--modes auto,onednn,mkl] [--pp 512,1024] [--tg 64]``
+Usage: ``python -m bench.bench_cpu_bf16 [--model e2b-dims] [--modes auto,onednn,mkl] [--pp 512,1024] [--tg 64]``
 (``make bench-cpu-bf16``). Needs the checkpoint's bf16 size in free memory (``e2b-dims``: 3.7 GB).
 For the AVX2 paths on an AVX-512 machine: ``ONEDNN_MAX_CPU_ISA=AVX2 IMPL_CPU_MARCH=haswell``.
 """
@@ -28,15 +28,11 @@ import platform
 import re
 import statistics
 import subprocess
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import torch
 
-import torch  # noqa: E402
-
-from bench.bench_yoco import prefill_flops  # noqa: E402
+from bench.bench_yoco import prefill_flops
 
 
 def cpu_line() -> str:

