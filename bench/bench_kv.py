@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 
 from bench.docs_section import replace_section
+from bench.machine import cpu_description
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -229,19 +229,8 @@ def vllm_speed(path: str, dtype: str, contexts: list[int], decode: int, threads:
 # ------------------------------------------------------------------ report
 
 
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
-        return platform.processor()
-    name = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "?")
-    flags = next((ln for ln in out.splitlines() if ln.startswith("Flags")), "")
-    isa = "AVX-512" if "avx512f" in flags else "AVX2"
-    return f"{name}, {isa}{' + avx512_bf16' if 'avx512_bf16' in flags else ''}, {os.cpu_count()} cores"
-
-
 def report(models: list[tuple[str, str]], cap: dict, speed: dict, args, cmd: str) -> str:
-    out = [SECTION, "", f"Command: `{cmd}`. CPU: {cpu_name()}.", ""]
+    out = [SECTION, "", f"Command: `{cmd}`. CPU: {cpu_description()}.", ""]
     for name, path in models:
         rows = cap[name]
         out += [f"### {os.path.basename(name.rstrip('/'))}: concurrent {CONTEXT}-token contexts in {args.kv_gib:g} GiB "
