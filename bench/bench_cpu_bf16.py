@@ -15,7 +15,7 @@ The limits: float32 GEMM rate at the E2B layer shapes over 1024 rows (the better
 oneDNN, FLOP-weighted over q/k/v, o, gate+up and down), and the read bandwidth of a float32 sum over
 512 MB (the copy bandwidth, bytes read + written, is printed too).
 
-Usage: ``python bench/bench_cpu_bf16.py [--model e2b-dims] [--modes auto,onednn,mkl] [--pp 512,1024] [--tg 64]``
+Usage: ``python -m bench.bench_cpu_bf16 [--model e2b-dims] [--modes auto,onednn,mkl] [--pp 512,1024] [--tg 64]``
 (``make bench-cpu-bf16``). Needs the checkpoint's bf16 size in free memory (``e2b-dims``: 3.7 GB).
 For the AVX2 paths on an AVX-512 machine: ``ONEDNN_MAX_CPU_ISA=AVX2 IMPL_CPU_MARCH=haswell``.
 """
@@ -24,30 +24,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import re
 import statistics
-import subprocess
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import torch
 
-import torch  # noqa: E402
-
-from bench.bench_yoco import prefill_flops  # noqa: E402
-
-
-def cpu_line() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or "unknown CPU"
-    name = re.search(r"Model name:\s*(.+)", out)
-    flags = set((re.search(r"Flags:\s*(.+)", out) or [None, ""])[1].split())
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16") if f in flags]
-    return f"{name[1].strip() if name else 'unknown CPU'} ({', '.join(isa)}), {os.cpu_count()} cores"
+from bench.bench_yoco import prefill_flops
+from bench.machine import cpu_description
 
 
 def gemm_rate(cfg, rows: int = 1024, reps: int = 3) -> dict[str, float]:
@@ -172,7 +155,7 @@ def main(argv=None) -> int:
     rates = gemm_rate(cfg)
     read, copy = bandwidth()
     limits = {"gemm": max(rates.values()), "read": read}
-    print(f"{cpu_line()}; torch {torch.__version__}, {args.threads} threads; ONEDNN_MAX_CPU_ISA="
+    print(f"{cpu_description()}; torch {torch.__version__}, {args.threads} threads; ONEDNN_MAX_CPU_ISA="
           f"{os.environ.get('ONEDNN_MAX_CPU_ISA', '(unset)')}, IMPL_CPU_MARCH={os.environ.get('IMPL_CPU_MARCH', '(native)')}; "
           f"native bf16: {cpu_linear.bf16_isa() or 'no'}")
     print(f"limits: float32 GEMM at the layer shapes {', '.join(f'{k} {v:.0f}' for k, v in rates.items())} GFLOP/s "

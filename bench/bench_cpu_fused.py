@@ -6,7 +6,7 @@ functions for attention), and their ratio. Shapes are the tiny e2b checkpoint's:
 4 heads / 1 KV head, head_dim 16 (sliding) / 32 (full), MLP 128 (256 double-wide), PLE 8;
 32 rows is a decode step of the engine benchmark's batch, 2048 rows a prefill chunk.
 
-Usage: ``python bench/bench_cpu_fused.py [--threads 1]`` (``make bench-cpu-fused``).
+Usage: ``python -m bench.bench_cpu_fused [--threads 1]`` (``make bench-cpu-fused``).
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
 
 def timed(fn, args, reps: int) -> float:

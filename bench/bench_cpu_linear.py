@@ -18,7 +18,7 @@ alternating runs.
 Run it once more with ``ONEDNN_MAX_CPU_ISA=AVX2`` (and ``IMPL_CPU_MARCH=haswell`` for an AVX2 build of the
 extension) to see the AVX2 paths on an AVX-512 machine.
 
-Usage: ``python bench/bench_cpu_linear.py [--threads 2] [--reps 5] [--bf16]`` (``make bench-cpu-linear``).
+Usage: ``python -m bench.bench_cpu_linear [--threads 2] [--reps 5] [--bf16]`` (``make bench-cpu-linear``).
 """
 
 from __future__ import annotations
@@ -26,12 +26,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
 SHAPES = [  # (label, N, K)
     ("e2b_bench q/o", 256, 256),

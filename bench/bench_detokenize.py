@@ -17,7 +17,7 @@ tree in fresh subprocesses, alternating, ``--rounds`` times; the table gives
 medians. The final texts of every request must be equal between the two
 trees (a sha256 over all of them), else the script fails.
 
-Usage: ``python bench/bench_detokenize.py [--before REV] [--rounds 2]`` (``make bench-detokenize``).
+Usage: ``python -m bench.bench_detokenize [--before REV] [--rounds 2]`` (``make bench-detokenize``).
 """
 
 from __future__ import annotations

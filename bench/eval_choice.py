@@ -18,8 +18,8 @@ launches ours per configuration (``off``, ``on``, ``MTP``, ``MTP + on``) on ``--
 the embedded tiny e2b), prefill on triton; a configuration the server refuses is
 reported as refused.
 
-    python bench/eval_choice.py                      # N=500 synthetic, launches off / on / MTP / MTP + on
-    python bench/eval_choice.py --data-dir ~/mmlu --url off=http://127.0.0.1:30000 --url on=http://127.0.0.1:30001
+    python -m bench.eval_choice                      # N=500 synthetic, launches off / on / MTP / MTP + on
+    python -m bench.eval_choice --data-dir ~/mmlu --url off=http://127.0.0.1:30000 --url on=http://127.0.0.1:30001
 """
 
 from __future__ import annotations
@@ -35,10 +35,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import httpx  # noqa: E402
+import httpx
 
 LETTERS = "ABCD"
 
@@ -137,7 +134,7 @@ def launch_lines(model: str | None, draft: str) -> dict[str, list[str]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="bench/eval_choice.py", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.eval_choice", description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", default=None, help="MMLU folder (test/<subject>_test.csv); default: a seeded synthetic set")
     ap.add_argument("--num-questions", type=int, default=500)
     ap.add_argument("--seed", type=int, default=1)

@@ -24,4 +24,4 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TRITON_DEFAULT_FP_FUSION=1
 unset TRITON_INTERPRET
 # --confcutdir: only tests/kernels' own conftest (the root one wants the full test environment).
 timeout 330 "$PY" -m pytest tests/kernels -q -x -p no:cacheprovider --confcutdir=tests/kernels --durations=5
-timeout 120 "$PY" bench/kernels/report.py
+timeout 120 "$PY" -m bench.kernels.report

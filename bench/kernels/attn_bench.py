@@ -8,22 +8,17 @@ each request), plus q, o and the kv_indices.
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from dataclasses import dataclass
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+import impl.kernels.triton_env  # noqa: F401  (TRITON_INTERPRET before any kernel is defined)
 
-import impl.kernels.triton_env  # noqa: E402,F401
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from impl.kernels.decode_attention import decode_attention_fwd, num_kv_splits_for  # noqa: E402
-from impl.kernels.extend_attention import extend_attention_fwd  # noqa: E402
-from impl.kernels.launch_config import kv_split_policy  # noqa: E402
+from impl.kernels.decode_attention import decode_attention_fwd, num_kv_splits_for
+from impl.kernels.extend_attention import extend_attention_fwd
+from impl.kernels.launch_config import kv_split_policy
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")

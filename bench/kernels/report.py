@@ -5,8 +5,9 @@ Also checks each result against SDPA (where SDPA applies) so a fast wrong kernel
 
 from __future__ import annotations
 
-import attn_bench as ab
 import torch
+
+from bench.kernels import attn_bench as ab
 
 
 def main() -> None:

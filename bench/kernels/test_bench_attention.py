@@ -5,8 +5,9 @@ Each benchmark records achieved TFLOP/s and GB/s in ``extra_info`` (work model i
 
 from __future__ import annotations
 
-import attn_bench as ab
 import pytest
+
+from bench.kernels import attn_bench as ab
 
 pytestmark = pytest.mark.bench
 

@@ -8,5 +8,5 @@
 * ``runner``: the async benchmark (request rate, max concurrency, warmup excluded).
 * ``presets``: seed 000's ``chat`` and ``summ`` scenarios, with ``--scale``.
 
-``python -m bench.serving --help`` (or ``python bench/bench_serving.py``) is the CLI.
+``python -m bench.serving --help`` is the CLI.
 """

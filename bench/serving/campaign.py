@@ -9,7 +9,7 @@ warmup 2, seed 1, all requests at once) through the load generator's native ``/g
 backend, then is stopped.
 
 Writes one JSON line per run (``--output-file``) and, with ``--write-docs``, the
-"## Serving benchmark (issue 16)" section of docs/benchmarks.md and docs/bench_serving.png.
+"## Serving benchmark" section of docs/benchmarks.md and docs/bench_serving.png.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.docs_section import BENCHMARKS_MD, replace_section
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
 PLOT = os.path.join(ROOT, "docs", "bench_serving.png")
-SECTION = "## Serving benchmark (issue 16)"
+SECTION = "## Serving benchmark"
 FLAG = "--kv-sharing-fast-prefill"
 
 
@@ -244,19 +245,6 @@ def git_commit() -> str:
     return rev + ("+" if dirty else "")
 
 
-def write_section(text: str, path: str = DOCS) -> None:
-    with open(path, encoding="utf-8") as f:
-        doc = f.read()
-    start = doc.find(SECTION)
-    if start < 0:
-        doc = doc.rstrip("\n") + "\n\n" + text
-    else:
-        nxt = doc.find("\n## ", start + len(SECTION))
-        doc = doc[:start] + text.rstrip("\n") + "\n" + ("" if nxt < 0 else "\n" + doc[nxt + 1:])
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(doc)
-
-
 def main(argv=None) -> int:
     from bench.serving.presets import PRESETS
     from impl.testing.checkpoints import tiny_checkpoint
@@ -296,9 +284,9 @@ def main(argv=None) -> int:
     for sc in scenarios:
         print(f"SGLang's client, same scenario: {sglang_command(sc)}")
     if args.write_docs:
-        write_section(text)
+        replace_section(text)
         plot(cfgs, scenarios, PLOT)
-        print(f"wrote {DOCS} and {PLOT}")
+        print(f"wrote {BENCHMARKS_MD} and {PLOT}")
     return 0
 
 

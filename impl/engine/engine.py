@@ -291,7 +291,7 @@ class Engine:
         On CPU the process should run multi-threaded torch work on this thread only: once another
         thread (the main one, loading the model) has had its own OpenMP team, libgomp manages more
         threads than there are cores and stops spinning between parallel regions, and every region of
-        the scheduler thread pays a sleep / wake-up (``bench/bench_thread_team.py``: a 32-row oneDNN
+        the scheduler thread pays a sleep / wake-up (``bench/investigations/bench_thread_team.py``: a 32-row oneDNN
         linear 87 -> 132 us; the serving benchmark ~35% slower). ``impl.server.runtime.build_engine`` therefore leaves the main
         thread with one torch thread and sets ``scheduler_torch_threads``."""
         if self._thread is not None:

@@ -4,8 +4,6 @@ loading; the CPU default KV budget is sized from what the weights leave (impl/ca
 from __future__ import annotations
 
 import logging
-import os
-import sys
 
 import pytest
 import torch
@@ -18,9 +16,7 @@ from impl.args.server_args import ServerArgs
 from impl.cache import memory
 from impl.config.model_config import ModelConfig
 from impl.testing.checkpoints import tiny_checkpoint
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "model"))
-from test_weight_plan import bf16_copy  # noqa: E402
+from tests.helpers.model import bf16_copy
 
 
 def test_auto_dtype_rule():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_helpers import ours
 
 from impl.cache.kv_pool import ReqToTokenPool, TokenToKVPool
+from tests.helpers.model import ours
 
 
 def test_only_producer_layers_hold_kv_with_their_own_shapes():

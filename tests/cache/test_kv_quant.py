@@ -7,10 +7,10 @@ import json
 
 import pytest
 import torch
-from model_helpers import ours
 
 from impl.cache.kv_pool import TokenToKVPool
 from impl.cache.kv_quant import KVScales, kv_cache_torch_dtype, load_kv_scales
+from tests.helpers.model import ours
 
 
 @pytest.mark.parametrize("name,fmt", [("fp8_e4m3", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2)])

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_helpers import ours
 
 from impl.cache.allocator import SWATokenSlotAllocator
 from impl.cache.swa_pool import HybridSWAKVPool, full_layer_ids, hybrid_applies, hybrid_budget, swa_layer_ids
 from impl.cache.swa_radix_cache import SWARadixCache
+from tests.helpers.model import ours
 
 
 def test_budget_splits_the_same_bytes_by_the_ratio():

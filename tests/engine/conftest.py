@@ -1,15 +1,10 @@
-"""Engine tests: helpers live in engine_helpers.py (a unique module name; conftest names clash across folders)."""
+"""Engine tests: every engine the helpers built (tests/helpers/engines.py) passes its integrity check at the end."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from engine_helpers import all_engines  # noqa: E402
+from tests.helpers.engines import all_engines
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from engine_helpers import engine, prompts
 from impl.engine.detokenizer_stage import Emission, build_output
 from impl.engine.req import FinishReason
 from impl.engine.request_handle import RequestHandle
 from impl.engine.detokenizer import IncrementalDetokenizer
+from tests.helpers.engines import engine, prompts
 
 TEXT = "Emoji 😀🎉 and 你好, café naïve"
 

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 import torch
 
-from engine_helpers import engine, hf_model, prompts
+from tests.helpers.engines import engine, hf_model, prompts
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True}
 

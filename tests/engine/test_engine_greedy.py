@@ -3,7 +3,7 @@ chunked prefill, preemption under a tiny KV budget); all KV slots are free after
 
 import pytest
 
-from engine_helpers import assert_greedy_matches, engine, prompts
+from tests.helpers.engines import assert_greedy_matches, engine, prompts
 
 MAX_NEW = 8
 GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_NEW, "ignore_eos": True}

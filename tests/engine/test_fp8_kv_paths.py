@@ -11,7 +11,6 @@ paths are compared with each other on tokens only. The startup log names the poo
 from __future__ import annotations
 
 import pytest
-from engine_helpers import prompts
 
 from contracts.kv_fp8 import write_scale_file
 from impl import Engine
@@ -19,6 +18,7 @@ from impl.cache import kv_pool
 from impl.cache.kv_quant import FP8_KV_CACHE_DTYPES
 from impl.kernels import cpu_attn
 from impl.testing.checkpoints import tiny_checkpoint
+from tests.helpers.engines import prompts
 
 pytestmark = pytest.mark.skipif(cpu_attn.load() is None, reason="the compiled CPU attention kernels are unavailable")
 SCALE = 0.5

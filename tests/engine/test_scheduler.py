@@ -4,7 +4,7 @@ import pytest
 
 from impl.engine.intake import IntakePolicy, InvalidRequest, validate_req
 from impl.engine.scheduler import Scheduler
-from fake_runner import VOCAB, context_logits, make_req, make_scheduler, run
+from tests.helpers.fake_runner import VOCAB, context_logits, make_req, make_scheduler, run
 
 PROMPTS = [[2, 5, 7, 3, 9, 11, 4, 6, 8, 10, 12, 13], [2, 5, 7], [2, 5, 7, 3, 9, 14], [3], [2, 4, 6, 8, 10, 12, 14, 3, 5, 7]]
 

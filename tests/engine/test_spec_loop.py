@@ -6,13 +6,13 @@ import math
 
 import pytest
 import torch
-from engine_helpers import engine, prompts
 
 from impl.engine.speculative.acceptance import accept_greedy, accept_sampled
 from impl.sampling.sampler import SampleRow
 from impl.sampling.sampling_params import SamplingParams
 from impl.testing.checkpoints import tiny_checkpoint
 from impl.testing.oracle_draft import OracleDrafter
+from tests.helpers.engines import engine, prompts
 
 GREEDY = {"max_new_tokens": 9, "temperature": 0.0, "ignore_eos": True}
 

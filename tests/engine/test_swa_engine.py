@@ -4,10 +4,10 @@ startup refusals of budgets it cannot serve (behaviour under pressure: contracts
 from __future__ import annotations
 
 import pytest
-from engine_helpers import engine, prompts
 
 from impl import Engine
 from impl.testing.checkpoints import tiny_checkpoint
+from tests.helpers.engines import engine, prompts
 
 GREEDY = {"max_new_tokens": 20, "temperature": 0.0, "ignore_eos": True}
 

@@ -2,9 +2,4 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
 import impl.kernels.triton_env  # noqa: F401  (TRITON_INTERPRET before any kernel is defined)
-
-sys.path.insert(0, os.path.dirname(__file__))

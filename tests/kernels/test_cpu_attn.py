@@ -8,11 +8,11 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kernel_cases import assert_close_to_truth, draw_extend_shape, make_case, tolerance
 from impl.kernels import cpu_attn
 from impl.kernels.decode_attention import decode_attention_fwd as triton_decode
 from impl.kernels.extend_attention import extend_attention_fwd as triton_extend
 from impl.kernels.triton_env import TRITON_INTERPRETED
+from tests.helpers.kernel_cases import assert_close_to_truth, draw_extend_shape, make_case, tolerance
 
 pytestmark = [
     pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel tests here run on CPU tensors"),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 
 import pytest
 import torch
@@ -13,8 +12,6 @@ from impl.kernels import cpu_fused
 from impl.kernels.cpu_fused import linear as cpu_linear
 from impl.kernels.cpu_fused import reference as ref
 from impl.kernels.cpu_fused import transform as cpu_fused_transform
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model"))
 
 EXT = cpu_fused.load()
 needs_ext = pytest.mark.skipif(EXT is None, reason=f"fused CPU kernels not built here: {cpu_fused.error()}")
@@ -66,7 +63,7 @@ B_PROMPT = [2, 8, 8, 9]
 def _run_session(model) -> dict[str, torch.Tensor]:
     """Two requests through prefill (every row's logits), a decode step and a mixed step; logits per
     request in position order."""
-    from harness import Session  # tests/model/harness.py
+    from tests.helpers.session import Session
 
     s = Session(model)
     a = s.step([("a", A_PROMPT), ("b", B_PROMPT)], all_logits=True).logits
@@ -89,7 +86,7 @@ def test_model_with_fused_kernels_meets_the_parity_bar(name, linear, monkeypatch
     rounding (transformers' float32 run is off by up to ~3e-3 at 30 positions), so bit equality
     with the torch path is not expected. ``packed`` / ``onednn``: the linear layers through oneDNN
     (forced on these tiny weights, which ``auto`` leaves to ATen's mm)."""
-    from model_helpers import hf_pair  # tests/model/model_helpers.py
+    from tests.helpers.model import hf_pair
 
     from impl.model.loader import load_model
     from impl.testing.checkpoints import tiny_checkpoint

@@ -147,11 +147,7 @@ def test_transform_serves_a_bf16_model(linear, monkeypatch):
     """A bf16 model on the fused kernels: the record says so; the LM head and the per-layer-input projection
     run the extension's linear; with prepacked weights the plain parameters are released (meta tensors),
     not held beside the copies."""
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model"))
-    from harness import Session  # tests/model/harness.py
+    from tests.helpers.session import Session
 
     from impl.model.loader import load_model
     from impl.testing.checkpoints import tiny_checkpoint

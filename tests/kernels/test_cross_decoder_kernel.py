@@ -6,9 +6,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel_cases import DEVICE, EXTEND_LAUNCHES, assert_close_to_truth, make_case
 from impl.kernels.decode_attention import decode_attention_fwd
 from impl.kernels.extend_attention import extend_attention_fwd
+from tests.helpers.kernel_cases import DEVICE, EXTEND_LAUNCHES, assert_close_to_truth, make_case
 
 
 def extend(case, launch=None):

@@ -6,10 +6,10 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kernel_cases import DECODE_LAUNCHES, DEVICE, assert_close_to_truth, make_case
 from impl.kernels.decode_attention import decode_attention_fwd, num_kv_splits_for
 from impl.kernels.extend_attention import extend_attention_fwd
 from impl.kernels.launch_config import KVSplitPolicy
+from tests.helpers.kernel_cases import DECODE_LAUNCHES, DEVICE, assert_close_to_truth, make_case
 
 
 def run_decode(case, splits: list[int], launch=None):

@@ -6,8 +6,8 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kernel_cases import EXTEND_LAUNCHES, assert_close_to_truth, draw_extend_shape, make_case
 from impl.kernels.extend_attention import extend_attention_fwd
+from tests.helpers.kernel_cases import EXTEND_LAUNCHES, assert_close_to_truth, draw_extend_shape, make_case
 
 
 def run_extend(case, launch=None):

@@ -13,11 +13,11 @@ import dataclasses
 import pytest
 import torch
 
-from kernel_cases import assert_close_to_truth, make_case
 from impl.kernels import cpu_attn
 from impl.kernels.decode_attention import decode_attention_fwd as triton_decode
 from impl.kernels.extend_attention import extend_attention_fwd as triton_extend
 from impl.kernels.reference import rows_attention_ref
+from tests.helpers.kernel_cases import assert_close_to_truth, make_case
 
 FORMATS = [torch.float8_e4m3fn, torch.float8_e5m2]
 K_SCALE, V_SCALE = 0.5, 2.0  # powers of two: dequantised values are exact in bf16 and float32

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_cases import DEVICE, make_case
 from impl.kernels import triton_env
 from impl.kernels.decode_attention import decode_attention_fwd
 from impl.kernels.extend_attention import extend_attention_fwd
+from tests.helpers.kernel_cases import DEVICE, make_case
 
 
 def call_extend(case, q=None, o=None, k_buf=None, window=None, q_positions=None):
@@ -90,10 +90,9 @@ def test_kernels_work_when_torch_imported_triton_first():
     code = (
         "import os; os.environ.pop('TRITON_INTERPRET', None)\n"
         "import triton, triton.language\n"  # what torch._dynamo does, before impl is imported
-        "import sys; sys.path.insert(0, 'tests/kernels')\n"
-        "import torch; from kernel_cases import make_case, assert_close_to_truth\n"
-        "from test_extend_attention import run_extend\n"
-        "from test_decode_attention import run_decode\n"
+        "import torch; from tests.helpers.kernel_cases import make_case, assert_close_to_truth\n"
+        "from tests.kernels.test_extend_attention import run_extend\n"
+        "from tests.kernels.test_decode_attention import run_decode\n"
         "c = make_case([5], [4], 2, 1, 32, torch.float32, seed=0, window=3, logit_cap=2.0)\n"
         "assert_close_to_truth(run_extend(c), c, torch.float32)\n"
         "d = make_case([9], [1], 2, 1, 32, torch.float32, seed=1, window=4)\n"

@@ -8,13 +8,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel_cases import DEVICE
 from impl.attention.base import AttentionLayer
 from impl.attention.torch_native import TorchNativeAttnBackend
 from impl.attention.triton_backend import TritonAttnBackend
 from impl.cache.kv_pool import ReqToTokenPool, TokenToKVPool
 from impl.config.model_config import ModelConfig
 from impl.forward_batch import ForwardBatch, ForwardMode
+from tests.helpers.kernel_cases import DEVICE
 
 WINDOW = 5
 # 4 layers: sliding, full (KV owners), then their KV-shared copies; full layers have a larger head_dim.

@@ -1,10 +1,5 @@
-"""Model tests: make this folder's helper modules importable (model_helpers, harness)."""
+"""Model tests: the fixtures of tests/helpers/model.py (the configs, one intra-op thread) register here."""
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(__file__))
-
-from model_helpers import *  # noqa: E402,F401,F403  (fixtures defined there register here)
+from tests.helpers.model import _one_intra_op_thread, config_name, shared_config_name  # noqa: F401  (fixtures)

@@ -8,14 +8,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from model_helpers import ours, prompt, tolerance
-from harness import Session
 
 from impl.forward_batch import pack_forward_batch
 from impl.model.assistant import draft_span
 from impl.model.loader import load_model
 from impl.testing.checkpoints import tiny_checkpoint
 from impl.testing.hf_quirks import assistant_kv_sharing_patch
+from tests.helpers.model import ours, prompt, tolerance
+from tests.helpers.session import Session
 
 # The draft step itself differs from transformers only in float32 rounding (~3e-6), but it
 # reads the target's K/V and hidden state, whose rounding differs too (windowed vs dense

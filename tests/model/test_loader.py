@@ -9,12 +9,12 @@ import shutil
 
 import pytest
 import torch
-from model_helpers import ours, prompt
-from harness import Session
 from safetensors.torch import load_file, save_file
 
 from impl.model.loader import load_model
 from impl.testing.checkpoints import tiny_checkpoint
+from tests.helpers.model import ours, prompt
+from tests.helpers.session import Session
 
 
 def _copy_with(tmp_path, name: str, edit) -> str:

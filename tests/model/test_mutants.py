@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from model_helpers import hf_logits, prompt, tolerance
-from harness import Session
 
 from impl.config.model_config import ModelConfig, RopeSpec
 from impl.model import ple, rope
 from impl.model.loader import load_model
 from impl.testing.checkpoints import tiny_checkpoint
+from tests.helpers.model import hf_logits, prompt, tolerance
+from tests.helpers.session import Session
 
 
 def _first_producer(self):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-from model_helpers import hf_logits, ours, prompt, tolerance
-from harness import Session
+
+from tests.helpers.model import hf_logits, ours, prompt, tolerance
+from tests.helpers.session import Session
 
 # Sliding window of every tiny config is 16: 10 is shorter, 40 longer.
 SHORT, LONG = 10, 40

@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
-from model_helpers import ours
-from harness import Session
 
 from impl.attention.base import AttentionLayer
+from tests.helpers.model import ours
+from tests.helpers.session import Session
 
 
 def _brute(q, k_buf, v_buf, r2t, fb, rows, layer):

@@ -3,33 +3,18 @@ tensors read straight into their parameters, and the safetensors reader's integr
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import time
 
 import pytest
 import torch
-from harness import Session
-from model_helpers import prompt
 from safetensors.torch import load_file, save_file
 
 from impl.model import safetensors_io
 from impl.model.loader import MMAP_ENV, load_model
 from impl.testing.checkpoints import tiny_checkpoint
-
-
-def bf16_copy(tmp_path_factory, name: str = "e2b") -> str:
-    """Checkpoint ``name`` stored in bfloat16 (config.json says so), as published checkpoints are."""
-    src = tiny_checkpoint(name)
-    dst = str(tmp_path_factory.mktemp("bf16") / name)
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors", "config.json"))
-    tensors = {k: v.to(torch.bfloat16) for k, v in load_file(os.path.join(src, "model.safetensors")).items()}
-    save_file(tensors, os.path.join(dst, "model.safetensors"))
-    cfg = json.load(open(os.path.join(src, "config.json")))
-    cfg["dtype"] = "bfloat16"
-    json.dump(cfg, open(os.path.join(dst, "config.json"), "w"))
-    return dst
+from tests.helpers.model import bf16_copy, prompt
+from tests.helpers.session import Session
 
 
 @pytest.fixture(scope="module")

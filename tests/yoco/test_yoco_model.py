@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
-from model_helpers import ours, prompt
-from harness import Session
 
 from impl.model import yoco
+from tests.helpers.model import ours, prompt
+from tests.helpers.session import Session
 
 # Same model, same float32 ops on the selected rows; only attention batching differs.
 TOL = 1e-5

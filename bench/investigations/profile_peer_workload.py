@@ -1,6 +1,6 @@
 """Where our engine's time goes on bench_peer's workload: torch profiler, ops grouped by input shape.
 
-    .venv/bin/python bench/profile_peer_workload.py [--fast-prefill] [--threads 2] [--by-shape]
+    .venv/bin/python -m bench.investigations.profile_peer_workload [--fast-prefill] [--threads 2] [--by-shape]
 
 The workload is bench_peer's (``bench_engine.workload``: 32 requests, prompts 128-1024, 64-128 new
 tokens, greedy) on ``e2b_bench``, in process, with the server's CPU defaults (chunked prefill 2048). Prints
@@ -16,7 +16,6 @@ import time
 import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 
 def main(argv=None) -> int:

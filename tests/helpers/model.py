@@ -1,21 +1,20 @@
-"""Helpers shared by the model tests: our model, the transformers reference, tolerances.
-
-(Named uniquely: several test folders have a conftest.py, so tests import helpers from here.)
-"""
+"""Helpers shared by the model tests (and the cache, kernel, YOCO and args tests that build tiny models): our
+model, the transformers reference, tolerances, a bfloat16 copy of a checkpoint, and the model-test fixtures
+(a folder's conftest.py imports the fixtures it uses by name)."""
 
 from __future__ import annotations
 
 import functools
+import json
 import os
-import sys
+import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from impl.model.loader import load_model  # noqa: E402
-from impl.testing.checkpoints import tiny_checkpoint  # noqa: E402
+from impl.model.loader import load_model
+from impl.testing.checkpoints import tiny_checkpoint
 
 TEXT_CONFIGS = ["e2b", "k_eq_v", "moe", "noshare"]
 SHARED_CONFIGS = ["e2b", "k_eq_v"]  # configs with KV-shared layers (YOCO applies)
@@ -65,6 +64,19 @@ def tolerance(name: str, sequences: list[list[int]]) -> float:
 def prompt(n: int, seed: int, vocab: int = 512) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (n,), generator=g).tolist()
+
+
+def bf16_copy(tmp_path_factory, name: str = "e2b") -> str:
+    """Checkpoint ``name`` stored in bfloat16 (config.json says so), as published checkpoints are."""
+    src = tiny_checkpoint(name)
+    dst = str(tmp_path_factory.mktemp("bf16") / name)
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors", "config.json"))
+    tensors = {k: v.to(torch.bfloat16) for k, v in load_file(os.path.join(src, "model.safetensors")).items()}
+    save_file(tensors, os.path.join(dst, "model.safetensors"))
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    cfg["dtype"] = "bfloat16"
+    json.dump(cfg, open(os.path.join(dst, "config.json"), "w"))
+    return dst
 
 
 @pytest.fixture(params=TEXT_CONFIGS)

@@ -6,19 +6,17 @@ policy) or sleeps (``OMP_WAIT_POLICY=PASSIVE``). This prints, alternating 1 and 
 CPU seconds of a 1024-token prefill (4 x 256) and of 32 such prompts plus 8 decode steps each, on one
 engine (flag off, the default CPU backend). Run it with and without ``OMP_WAIT_POLICY=PASSIVE``.
 
-Usage: ``OMP_NUM_THREADS=2 python bench/bench_omp_threads.py [--model e2b_bench] [--rounds 2]``
+Usage: ``OMP_NUM_THREADS=2 python -m bench.investigations.bench_omp_threads [--model e2b_bench] [--rounds 2]``
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
 
 def main(argv=None) -> int:

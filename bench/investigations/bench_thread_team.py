@@ -6,7 +6,7 @@ libgomp manages more threads than cores and stops spinning between parallel regi
 the second thread pays a sleep / wake-up. ``--main-threads 1`` keeps the main thread single-threaded, as
 ``impl.server.runtime.build_engine`` does.
 
-Usage: ``OMP_NUM_THREADS=2 python bench/bench_thread_team.py [--main-threads 2|1]``.
+Usage: ``OMP_NUM_THREADS=2 python -m bench.investigations.bench_thread_team [--main-threads 2|1]``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,24 @@
+"""The machine a benchmark ran on, as its report states it."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import subprocess
+
+# the instruction-set extensions the CPU kernels choose between (impl/kernels/cpu_fused, cpu_attn)
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
+
+
+def cpu_description() -> str:
+    """``lscpu``'s model name, the ISA extensions the kernels use and the core count, e.g.
+    ``AMD EPYC 9R14 (avx2, avx512f, avx512_bf16, avx512_vnni), 2 cores``."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return platform.processor() or "unknown CPU"
+    name = re.search(r"Model name:\s*(.+)", out)
+    flags = set((re.search(r"Flags:\s*(.+)", out) or [None, ""])[1].split())
+    isa = [f for f in ISA_FLAGS if f in flags]
+    return f"{name[1].strip() if name else 'unknown CPU'} ({', '.join(isa) or 'no AVX2'}), {os.cpu_count()} cores"
