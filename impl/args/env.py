@@ -1,4 +1,4 @@
-"""Environment switches the argument rules read (our own ``YOCO_`` prefix, SGLang's ``envs`` shape).
+"""Environment switches the argument rules and the KV pool read (our own ``YOCO_`` prefix, SGLang's ``envs`` shape).
 
 ``envs.YOCO_DISABLE_LAZY_COMPACTION.get()`` reads the variable at call time, so a
 test (or ``Subject.check(env=...)``) can set it per check. A value that is not a
@@ -38,6 +38,26 @@ class EnvBool:
         return self.name in os.environ
 
 
+@dataclass(frozen=True)
+class EnvInt:
+    name: str
+    default: int
+    minimum: int = 0
+
+    def get(self) -> int:
+        raw = os.environ.get(self.name)
+        if raw is None or not raw.strip():
+            return self.default
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            value = None
+        if value is None or value < self.minimum:
+            raise ValueError(f"environment variable {self.name}={raw!r} is not an integer >= {self.minimum}; "
+                             f"set one (default {self.default}) or unset it.")
+        return value
+
+
 class envs:
     """Every environment switch of the argument rules, by name."""
 
@@ -45,3 +65,8 @@ class envs:
     # transfer depends on it (seed 004, handle_unified_memory_pool, K21).
     # SGLang's name: SGLANG_DISABLE_LAZY_COMPACTION.
     YOCO_DISABLE_LAZY_COMPACTION = EnvBool(ENV_PREFIX + "DISABLE_LAZY_COMPACTION", False)
+    # Tokens that leave a request's sliding window between two frees of their sliding-window slots, when
+    # out-of-window tokens are freed as decoding proceeds (the hybrid pool without the radix cache;
+    # impl/engine/kv_lifecycle.py); the request-cap sizing reserves them (impl/cache/swa_request_cap.py).
+    # SGLang's name: SGLANG_SWA_EVICTION_INTERVAL (default 128).
+    YOCO_SWA_EVICTION_INTERVAL = EnvInt(ENV_PREFIX + "SWA_EVICTION_INTERVAL", 128, minimum=1)
