@@ -17,7 +17,10 @@ flight (no overlap scheduler). The sliding-window pool gets exactly
 
 and the rest of the KV budget goes to the full-attention pool (``request_cap_budget``); the ratio is not
 used. Admission (``KVLifecycle.swa_cap_admits``) keeps the worst cases of the admitted requests within the
-sliding-window pool, so it is never over-committed. Otherwise the ratio sizes it (``swa_pool.hybrid_budget``).
+sliding-window pool, so it is never over-committed: a decode step always finds its slots. (A prefill chunk takes
+what is free, and its tokens below the window are freed before the next step; the cap's chunk term lets it take
+a whole chunk while every admitted request is at its worst case.) Otherwise the ratio sizes it
+(``swa_pool.hybrid_budget``).
 """
 
 from __future__ import annotations
@@ -149,12 +152,11 @@ def request_cap_budget(one_pool_tokens: int, full_bytes: int, swa_bytes: int, ca
     if full_tokens is not None:
         full = max(int(full_tokens), 1)
         swa = min(swa, full)
-        if swa < cap.per_request + cap.chunk_tokens:
+        if swa < cap.per_request:
             raise ValueError(
                 f"--max-total-tokens {full} leaves the sliding-window pool of the request cap {swa} tokens (at most "
-                f"--max-total-tokens), fewer than one request's worst case ({cap.per_request}) and a prefill chunk "
-                f"({cap.chunk_tokens}): no request could be admitted. Raise --max-total-tokens to at least "
-                f"{cap.per_request + cap.chunk_tokens}, or lower --chunked-prefill-size.")
+                f"--max-total-tokens), fewer than one request's worst case ({cap.per_request}): a long request could "
+                f"never be admitted. Raise --max-total-tokens to at least {cap.per_request}.")
         return HybridBudget(full, swa, (full * full_bytes + swa * swa_bytes) // (full_bytes + swa_bytes))
     available = one_pool_tokens * (full_bytes + swa_bytes)
     full = (available - swa * swa_bytes) // full_bytes

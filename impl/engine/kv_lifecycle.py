@@ -20,8 +20,8 @@ half back. When they do depends on the radix cache, as in SGLang (``maybe_evict_
   (``YOCO_SWA_EVICTION_INTERVAL``, SGLang's ``SGLANG_SWA_EVICTION_INTERVAL``) have left it. A request
   then holds at most ``window + eviction_interval - 1`` sliding-window slots before a forward allocates.
   The request cap (``impl/cache/swa_request_cap.py``) sizes the sliding-window pool for exactly that, and
-  admits a request only when the worst cases of all admitted requests and a prefill chunk fit
-  (``swa_cap_admits``); nothing is reclaimed under pressure there (it would hide a request over its cap).
+  admits a request only when the worst cases of all admitted requests fit (``swa_cap_admits``; a prefill
+  chunk takes what is free); nothing is reclaimed under pressure there (it would hide a request over its cap).
 
 ``swa_evicted_len``: the request's tokens at positions ``prefix_len .. swa_evicted_len - 1`` gave theirs
 back; the integrity check verifies every live request's window still has its sliding-window slots.
@@ -122,10 +122,11 @@ class KVLifecycle:
         return self.swa_cap.worst_case(len(req.origin_input_ids) + req.sampling_params.max_new_tokens)
 
     def swa_committed(self) -> int:
-        """Sliding-window slots the admitted requests may hold at once: their worst cases and the prefill chunk
-        in flight (request cap only)."""
+        """Sliding-window slots the admitted requests may hold at once after the frees of a step and its decode
+        allocation: their worst cases (request cap only). A prefill chunk takes what is free beyond them (the
+        scheduler bounds it by ``swa_available``), and the next step frees its tokens below the window."""
         assert self.swa_cap is not None
-        return sum(self._swa_worst_case(r) for r in self.live.values()) + self.swa_cap.chunk_tokens
+        return sum(self._swa_worst_case(r) for r in self.live.values())
 
     def swa_cap_admits(self, req: Req) -> bool:
         """Request cap: ``req`` is admitted only when its worst case fits beside the admitted requests' (the
@@ -265,8 +266,8 @@ class KVLifecycle:
             for r in live:
                 self._check_window(r)
         if self.swa_cap is not None and self.swa_committed() > self.allocator.swa_capacity - 1:
-            raise AssertionError(f"the request cap admitted {len(self.live)} requests whose worst cases and prefill "
-                                 f"chunk ({self.swa_committed()} sliding-window slots) exceed the sliding-window pool "
+            raise AssertionError(f"the request cap admitted {len(self.live)} requests whose worst cases "
+                                 f"({self.swa_committed()} sliding-window slots) exceed the sliding-window pool "
                                  f"({self.allocator.swa_capacity - 1})")
         if idle:
             if self.req_to_token_pool.available_size() != self.req_to_token_pool.size:

@@ -63,7 +63,7 @@ def test_budgets_the_cap_gives_and_refuses():
     with pytest.raises(ValueError, match="leaves no room for the full-attention KV pool.*--max-running-requests"):
         request_cap_budget(300, FULL_B, SWA_B, cap)
     with pytest.raises(ValueError, match="fewer than one request's worst case"):
-        request_cap_budget(0, FULL_B, SWA_B, cap, full_tokens=150)
+        request_cap_budget(0, FULL_B, SWA_B, cap, full_tokens=120)
 
 
 def _req(i, prompt, new):
@@ -73,7 +73,7 @@ def _req(i, prompt, new):
 def test_admission_never_over_commits_the_sliding_window_pool():
     cap = SWARequestCap(window=4, eviction_interval=8, draft_tokens=1, decode_alloc=1, max_running_requests=3,
                         chunked_prefill_size=8)
-    swa = 2 * cap.per_request + cap.chunk_tokens + 5  # room for two long requests' worst cases, not three
+    swa = 2 * cap.per_request + 5  # room for two long requests' worst cases, not three
     kv = KVLifecycle(SWATokenSlotAllocator(200, swa + 1), ReqToTokenPool(4, 100), None, sliding_window=4,
                      swa_cap=cap, eviction_interval=8)
     long = [_req(i, 30, 40) for i in range(3)]
