@@ -158,7 +158,7 @@ def capacity_rows(mc, kv_gib: float, context: int = CONTEXT, chunk: int = CHUNK)
         n_one = budget // one.bytes_per_token
         fb, sb = shape.full_bytes_per_token, shape.swa_bytes_per_token
         for ratio in (None, *RATIOS, CAP_ROW):
-            cap = None
+            cap, rows_limit = None, None
             if ratio is None:
                 full, swa = n_one, None
                 alloc = TokenSlotAllocator(n_one + 1)
@@ -170,12 +170,13 @@ def capacity_rows(mc, kv_gib: float, context: int = CONTEXT, chunk: int = CHUNK)
                     cap = SWARequestCap(int(mc.sliding_window), INTERVAL, 1, 1, max(m, 1), chunk)
                     hb = request_cap_budget(n_one, fb, sb, cap)
                     label = f"hybrid, request cap (--max-running-requests {m})"
+                    rows_limit = cap.max_running_requests  # the engine's req_to_token rows: no more run at once
                 else:
                     hb = hybrid_budget(n_one, fb, sb, ratio)
                     label = f"hybrid, ratio {ratio:g}"
                 full, swa = hb.full_tokens, hb.swa_tokens
                 alloc = SWATokenSlotAllocator(hb.capacity, hb.swa_capacity)
-                kv = KVLifecycle(alloc, ReqToTokenPool(full // context + 2, context + 8), None,
+                kv = KVLifecycle(alloc, ReqToTokenPool(rows_limit or full // context + 2, context + 8), None,
                                  sliding_window=mc.sliding_window, swa_cap=cap, eviction_interval=INTERVAL)
                 bpt = f"{fb} + {sb}"
             n = _fits(kv, full // context + 2, context, chunk)
@@ -359,11 +360,13 @@ def report(models: list[str], sources: dict, cap: dict, speed_models: list[str],
         "until the next one does not fit (without the radix cache: tokens that left the window are freed chunk by "
         "chunk, as SGLang does). Request-cap rows: SGLang's second sizing mode (SWARequestCapPoolConfigurator: "
         "--max-running-requests M given, radix cache off, chunked prefill 2048, eviction interval 128), the "
-        "sliding-window pool M x (window 512 + 128 + 1 + 1) + 2048 + 1 tokens and the full-attention pool the rest "
+        "sliding-window pool M x (window + 128 + 1 + 1) + 2048 + 1 tokens and the full-attention pool the rest "
         "of the budget; M is the largest count whose cap leaves a full-attention pool holding M contexts of "
-        "32768 + 1 tokens, and the count checks it (the next request is refused by the cap's admission). "
+        "32768 + 1 tokens, and the count confirms that M of them run at once in both pools (no more may run: "
+        "--max-running-requests). "
         "Decode speed: one process per configuration (the four alternate when "
-        "--reps > 1; the best round is shown, load only slows a run down), prefill with fast prefill on the "
+        "--reps > 1; the best round is shown, load only slows a run down), one request (--max-running-requests 1, "
+        "radix cache off: the hybrid pool is sized by the request cap), prefill with fast prefill on the "
         "triton backend, decode on torch_native's compiled rows kernel, which dequantises fp8 rows in the kernel. "
         "Greedy agreement of fp8 with bf16 KV is stated by the contracts, not here: KV-FP8-GREEDY-AGREEMENT "
         "(e2b_calm, 24 prompts x 8 tokens: e4m3 >= 20 of 24 identical, divergences near ties; e5m2 >= 10 of 24) "
