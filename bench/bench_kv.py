@@ -218,10 +218,11 @@ def _one_config(cfg: dict) -> dict:
         stamps += [time.perf_counter()] * (len(out["output_ids"]) - len(stamps))
     engine.check_integrity()
     pools = engine.runner.kv_pools()
+    steps = engine.scheduler.decode_times  # the pure decode steps on the scheduler thread (one request: one row each)
     engine.shutdown()
     n = len(stamps)
-    return dict(load_s=load, prefill_s=stamps[0] - t0, decode_tok_s=(n - 1) / (stamps[-1] - stamps[0]), tokens=n,
-                pools=pools)
+    return dict(load_s=load, prefill_s=stamps[0] - t0, decode_tok_s=steps.rows / steps.total_s, tokens=n,
+                stream_tok_s=(n - 1) / (stamps[-1] - stamps[0]), pools=pools)
 
 
 def _pool_label(pools: dict) -> str:
@@ -352,7 +353,7 @@ def report(models: list[str], sources: dict, cap: dict, speed_models: list[str],
                 rounds = ", ".join(f"{v:.2f}" for v in r.get("rounds", [])) or "1"
                 out.append(f"| {r['engine']} | {r['pool']} | {r['kv']} | {r['context']} | {r['prefill_s']:.0f} | "
                            f"{r['decode_tok_s']:.2f} | {rounds} | {ratio} |")
-            out.append("")
+            out += ["", _speed_summary(rows), ""]
     ran_vllm = any(r.get("engine", "").startswith("vLLM") for rows in speed.values() for r in rows)
     out += [
         "Notes. Capacity is counted by the engine's own allocators and request lifecycle (no weights loaded): "
@@ -366,7 +367,10 @@ def report(models: list[str], sources: dict, cap: dict, speed_models: list[str],
         "--max-running-requests). "
         "Decode speed: one process per configuration (the four alternate when "
         "--reps > 1; the best round is shown, load only slows a run down), one request (--max-running-requests 1, "
-        "radix cache off: the hybrid pool is sized by the request cap), prefill with fast prefill on the "
+        "radix cache off: the hybrid pool is sized by the request cap); ours: the pure decode steps over their wall "
+        "time on the scheduler thread (/get_server_info decode_step_times: scheduling, forward and sampling; the "
+        "streamed outputs' arrival adds a step's jitter), vLLM: streamed tokens after the first over their arrival "
+        "times; prefill with fast prefill on the "
         "triton backend, decode on torch_native's compiled rows kernel, which dequantises fp8 rows in the kernel. "
         "Greedy agreement of fp8 with bf16 KV is stated by the contracts, not here: KV-FP8-GREEDY-AGREEMENT "
         "(e2b_calm, 24 prompts x 8 tokens: e4m3 >= 20 of 24 identical, divergences near ties; e5m2 >= 10 of 24) "
@@ -396,6 +400,24 @@ def _capacity_summary(rows: list[dict]) -> str:
             f"{capped['vs_one_pool']:.2f}x (target 2.5x: " + ("met" if capped["vs_one_pool"] >= 2.5 else "not met")
             + f"). fp8 KV on top: at least {fp8:.2f}x the bf16 contexts in every row (target 2x: "
             + ("met" if fp8 >= 2.0 else "not met") + ").")
+
+
+def _speed_summary(rows: list[dict]) -> str:
+    """The acceptance reading of one speed table: ours with fp8 KV at least as fast as with bf16 KV at the longest
+    context, in each pool."""
+    ok = [r for r in rows if r["engine"] == "ours" and "error" not in r]
+    if not ok:
+        return "No decode-speed row of ours ran."
+    ctx = max(r["context"] for r in ok)
+    parts = []
+    for pool in dict.fromkeys(r["pool"] for r in ok):
+        at = {r["kv"]: r for r in ok if r["pool"] == pool and r["context"] == ctx}
+        if "bf16" in at and "fp8_e4m3" in at:
+            parts.append(f"{pool} {at['fp8_e4m3']['decode_tok_s'] / at['bf16']['decode_tok_s']:.2f}x")
+    ratios = [float(p.rsplit(" ", 1)[1][:-1]) for p in parts]
+    met = bool(ratios) and min(ratios) >= 1.0
+    return (f"Decode at a {ctx}-token context with fp8 KV vs bf16 KV (best rounds): {', '.join(parts)} (target: at least "
+            f"as fast: {'met' if met else 'not met'}).")
 
 
 def write_docs(text: str) -> None:
@@ -428,10 +450,23 @@ def main(argv=None) -> int:
     ap.add_argument("--vllm-kv-gib", type=int, default=4)
     ap.add_argument("--startup-timeout", type=float, default=1800)
     ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--json-out", default=os.path.join(ROOT, ".cache", "bench_kv.json"),
+                    help="where the run's rows are kept (the report can be rebuilt from them: --from-json)")
+    ap.add_argument("--from-json", help="rebuild the report of a kept run instead of measuring")
     ap.add_argument("--one-config", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one_config:
         print(json.dumps(_one_config(json.loads(args.one_config))))
+        return 0
+    if args.from_json:
+        with open(args.from_json) as f:
+            kept = json.load(f)
+        vars(args).update(kept["args"])
+        text = report(kept["models"], kept["sources"], kept["cap"], kept["speed_models"], kept["speed"], args,
+                      kept["cmd"])
+        print(text)
+        if args.write_docs:
+            write_docs(text)
         return 0
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     contexts = [int(c) for c in args.contexts.split(",") if c.strip()]
@@ -452,6 +487,11 @@ def main(argv=None) -> int:
                                       args.vllm_kv_gib, args.startup_timeout)
     cmd = "python bench/bench_kv.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
     text = report(models, sources, cap, speed_models, speed, args, cmd.strip())
+    os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
+    with open(args.json_out, "w") as f:
+        json.dump({"models": models, "sources": sources, "cap": cap, "speed_models": speed_models, "speed": speed,
+                   "cmd": cmd.strip(), "args": {k: getattr(args, k) for k in ("kv_gib", "decode_tokens", "threads",
+                                                                             "dtype")}}, f, indent=1)
     print(text)
     if args.write_docs:
         write_docs(text)

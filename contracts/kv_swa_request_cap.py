@@ -104,8 +104,9 @@ def swa_request_cap_sizing(subject) -> None:
 @contract(
     "KV-SWA-REQUEST-CAP-HOLDS",
     "Under the request cap (3 running, chunks of 16, a full-attention pool to spare) prompts of 120-200 tokens (40 new "
-    "tokens each) free their out-of-window sliding-window KV chunk by chunk, so the pool the cap sized is never short: no request is "
-    "preempted, and greedy tokens and logprobs equal one pool's; also with speculative decoding, and with a "
+    "tokens each) free their out-of-window sliding-window KV chunk by chunk, and a short prompt decoding 170 tokens "
+    "every 128 tokens, so the pool the cap sized is never short: no request is preempted, and greedy tokens and "
+    "logprobs equal one pool's; also with speculative decoding, and with a "
     "full-attention pool that preempts (the cap's pool then min(cap, --max-total-tokens), admissions within it). The "
     "engine stays healthy (both pools' integrity).",
     f"{ISSUE}: the cap relies on eviction; integrity under eviction, preemption, chunked prefill and speculation",
@@ -116,7 +117,8 @@ def swa_request_cap_holds(subject) -> None:
     from contracts.spec_decoding import _spec
 
     ps = random_prompts(subject.tiny_model(MODEL), [200, 120, 170, 150, 9], seed=5)
-    reqs = [GenRequest(p, max_new_tokens=40, return_logprob=True) for p in ps]
+    # the last one decodes past its window + the eviction interval (16 + 128): its decode tokens are freed too
+    reqs = [GenRequest(p, max_new_tokens=170 if len(p) < 16 else 40, return_logprob=True) for p in ps]
     ref = _run(subject, _argv(subject, ONE_POOL, "--disable-radix-cache", "--chunked-prefill-size", "16"), reqs,
                "one pool")
     roomy = ("--max-total-tokens", "2000")
@@ -128,7 +130,8 @@ def swa_request_cap_holds(subject) -> None:
             f"sliding-window pool the cap sized ran short (a request held more than its cap): {retracted[:2]}")
     _healthy(subject, argv, "request cap")
     spec = _argv(subject, *CAP, *roomy, *_spec(subject, "assistant"))
-    got = _run(subject, spec, [GenRequest(r.input_ids, max_new_tokens=40) for r in reqs], "request cap, speculative")
+    got = _run(subject, spec, [GenRequest(r.input_ids, max_new_tokens=r.max_new_tokens) for r in reqs],
+               "request cap, speculative")
     _same_outputs("request cap, speculative decoding", ref, got, logprobs=False)
     retracted = [m for _, m in got.log if RETRACTED in m]
     require(not retracted, f"request cap, speculative decoding: {len(retracted)} preemption(s) with a full-attention "
