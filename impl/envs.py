@@ -20,6 +20,8 @@ variable                       type    default     what it does
 YOCO_DISABLE_LAZY_COMPACTION   bool    false       the unified KV pool compacts eagerly (SGLang:
                                                    SGLANG_DISABLE_LAZY_COMPACTION); PD disaggregation with
                                                    --enable-unified-memory then refuses to start (rule K21)
+YOCO_SWA_EVICTION_INTERVAL     int     128         tokens leaving a sliding window between two frees of their slots (SGLang:
+                                                   SGLANG_SWA_EVICTION_INTERVAL; the hybrid pool without the radix cache)
 YOCO_CACHE_DIR                 path    <repo>/.cache  where the embedded tiny checkpoints are built and cached
                                                    (``~/.cache/yoco`` outside a checkout)
 YOCO_SERVER_START_TIMEOUT      float   300         seconds ``impl.launch_cluster`` waits for each worker's ready line
@@ -131,6 +133,16 @@ def env_float(name: str, default: float, low: float = 0.0) -> EnvVar[float]:
     return EnvVar(name, default, parse, f"a finite number of seconds above {low:g}")
 
 
+def env_int(name: str, default: int, minimum: int = 0) -> EnvVar[int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise ValueError(text)
+        return value
+
+    return EnvVar(name, default, parse, f"an integer >= {minimum}")
+
+
 def env_str(name: str, default: str | None = None, pattern: str | None = None, accepted: str = "a string"):
     def parse(text: str) -> str:
         if pattern is not None and re.fullmatch(pattern, text) is None:
@@ -154,6 +166,10 @@ class envs:
     YOCO_CACHE_DIR = env_str("YOCO_CACHE_DIR", None, accepted="a folder path")
     YOCO_SERVER_START_TIMEOUT = env_float("YOCO_SERVER_START_TIMEOUT", 300.0)
     YOCO_DP_READY_TIMEOUT = env_float("YOCO_DP_READY_TIMEOUT", 600.0)
+    # Tokens that leave a request's sliding window between two frees of their sliding-window slots (the hybrid
+    # pool without the radix cache, impl/engine/kv_lifecycle.py); the request-cap sizing reserves them
+    # (impl/cache/swa_request_cap.py). SGLang's name: SGLANG_SWA_EVICTION_INTERVAL (default 128).
+    YOCO_SWA_EVICTION_INTERVAL = env_int("YOCO_SWA_EVICTION_INTERVAL", 128, minimum=1)
     # ---- IMPL_: this implementation's kernels and weight loading
     IMPL_TRITON_KERNELS = env_choice("IMPL_TRITON_KERNELS", TRITON_KERNEL_PROVIDERS, "auto")
     IMPL_CPU_ATTN = env_bool("IMPL_CPU_ATTN", True)

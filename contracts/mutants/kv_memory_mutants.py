@@ -131,3 +131,29 @@ class SwaPreemptionLeaksWindow(PatchedSubject):
                 del alloc.free_swa
 
         return {"impl.engine.scheduler:Scheduler.retract": retract}
+
+
+# ---- the request cap (SGLang's SWARequestCapPoolConfigurator) --------------------------------------------
+@mutant("KV-SWA-REQUEST-CAP-SIZING")
+class SwaCapForgetsChunk(PatchedSubject):
+    """The request cap leaves out the prefill chunk in flight: the sliding-window pool is a chunk short of what
+    the admitted requests may hold at once."""
+
+    PATCHES = {"impl.cache.swa_request_cap:SWARequestCap.chunk_tokens": property(lambda self: self.page_size)}
+
+
+@mutant("KV-SWA-REQUEST-CAP-SIZING")
+class SwaCapNeverChosen(PatchedSubject):
+    """--max-running-requests with the radix cache off and chunked prefill still sizes the pool by the ratio."""
+
+    def patches(self):
+        orig = original("impl.engine.model_runner", "choose_swa_sizing")
+        return {"impl.engine.model_runner:choose_swa_sizing": lambda args, window, chunk: orig(args, window, -1)}
+
+
+@mutant("KV-SWA-REQUEST-CAP-HOLDS")
+class SwaNoEagerEviction(PatchedSubject):
+    """Without the radix cache a request keeps the sliding-window KV of tokens that left its window (no
+    per-chunk or per-interval free): under the request cap it outgrows its cap and the pool runs short."""
+
+    PATCHES = {"impl.engine.kv_lifecycle:KVLifecycle.maybe_evict_swa": lambda self, req: None}

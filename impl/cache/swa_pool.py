@@ -17,7 +17,9 @@ Sizing (``hybrid_budget``), as SGLang's ``HybridSWAPoolConfigurator``: a memory 
 (``--mem-fraction-static``, ``impl/cache/memory.py``: the bytes one pool of ``N`` tokens would take) is
 split so that ``full * full_bytes + ratio * full * swa_bytes == N * (full_bytes + swa_bytes)`` (bytes, not
 layer counts: Gemma-4's full layers have twice the head dim of its sliding ones); ``--max-total-tokens N``
-names the full-attention budget itself (``full = N``, ``swa = ratio * N``), as in SGLang.
+names the full-attention budget itself (``full = N``, ``swa = ratio * N``), as in SGLang. With
+``--max-running-requests``, the radix cache off and chunked prefill, the sliding-window budget comes from the
+requests instead (SGLang's request cap: ``impl/cache/swa_request_cap.py``).
 """
 
 from __future__ import annotations

@@ -91,13 +91,13 @@ class Engine:
         self.resolved_args = args
         self.device = torch.device(device_of(self.server_args))
         self.model_config = model_config.with_fast_prefill(bool(args.kv_sharing_fast_prefill))
-        self.runner = ModelRunner(args, self.model_config, self.device)
-        self.tokenizer = _load_tokenizer(args.tokenizer_path or model_path)
         chunk = args.chunked_prefill_size
         if chunk is None:
             chunk = DEFAULT_CHUNKED_PREFILL[self.device.type if self.device.type == "cuda" else "cpu"]
         if chunk == 0 or chunk < -1:
             raise ValueError(f"--chunked-prefill-size must be -1 (off) or a positive token count, got {chunk}")
+        self.runner = ModelRunner(args, self.model_config, self.device, chunked_prefill_size=chunk)
+        self.tokenizer = _load_tokenizer(args.tokenizer_path or model_path)
         kv, max_req_len = _kv_lifecycle(self.runner, args.disable_radix_cache, chunk)
         self.scheduler_config = SchedulerConfig(
             max_running_requests=self.runner.limits.max_running_requests,
@@ -428,7 +428,10 @@ def _kv_lifecycle(runner: ModelRunner, disable_radix_cache: bool, chunk: int) ->
     swa_allocator = SWATokenSlotAllocator(pool.capacity, pool.swa_capacity, runner.device)
     pool.register_mapping(swa_allocator.full_to_swa)
     swa_tree = None if disable_radix_cache else SWARadixCache(swa_allocator, window)
-    kv = KVLifecycle(swa_allocator, runner.req_to_token_pool, swa_tree, sliding_window=window)
+    sizing = runner.swa_sizing
+    kv = KVLifecycle(swa_allocator, runner.req_to_token_pool, swa_tree, sliding_window=window,
+                     swa_cap=None if sizing is None else sizing.cap,
+                     eviction_interval=None if sizing is None else sizing.eviction_interval)
     swa_tokens = pool.swa_capacity - 1
     if swa_tokens < window + 1:
         raise ValueError(

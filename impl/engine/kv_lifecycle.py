@@ -8,27 +8,40 @@ or back to the allocator (off).
 With the hybrid sliding-window pool (``impl/cache/swa_pool.py``) every slot also has a
 sliding-window half. A request's own tokens that left the window of every query still to come
 (positions below ``window_start``: a query at position ``p`` sees ``p - W + 1 .. p``) can give that
-half back; they do when the sliding-window pool runs short
-(``alloc`` reclaims them before evicting cached prefixes), and until then count as available, like
-evictable prefixes. So with room to spare a finished prompt is cached whole (a repeated prompt is a
-full hit, as in SGLang, whose radix tree holds the prompt's sliding-window KV as an evictable cache);
-under pressure each request keeps only its window. ``swa_evicted_len``: the request's tokens at
-positions ``prefix_len .. swa_evicted_len - 1`` gave theirs back; the integrity check verifies every
-live request's window still has its sliding-window slots.
+half back. When they do depends on the radix cache, as in SGLang (``maybe_evict_swa``):
+
+* radix cache on: when the sliding-window pool runs short (``alloc`` reclaims them before evicting
+  cached prefixes), and until then they count as available, like evictable prefixes. So with room to
+  spare a finished prompt is cached whole (a repeated prompt is a full hit, as in SGLang, whose radix
+  tree holds the prompt's sliding-window KV as an evictable cache); under pressure each request keeps
+  only its window.
+* radix cache off (nothing is shared): as scheduling of each forward begins (``new_batch``), a request
+  being prefilled frees everything below its window, a decoding one once ``eviction_interval`` tokens
+  (``YOCO_SWA_EVICTION_INTERVAL``, SGLang's ``SGLANG_SWA_EVICTION_INTERVAL``) have left it. A request
+  then holds at most ``window + eviction_interval - 1`` sliding-window slots before a forward allocates.
+  The request cap (``impl/cache/swa_request_cap.py``) sizes the sliding-window pool for exactly that, and
+  admits a request only when the worst cases of all admitted requests fit (``swa_cap_admits``; a prefill
+  chunk takes what is free); nothing is reclaimed under pressure there (it would hide a request over its cap).
+
+``swa_evicted_len``: the request's tokens at positions ``prefix_len .. swa_evicted_len - 1`` gave theirs
+back; the integrity check verifies every live request's window still has its sliding-window slots.
 """
 
 from __future__ import annotations
 
 import torch
 
+from impl.envs import envs
 from impl.cache.allocator import SWATokenSlotAllocator, TokenSlotAllocator, check_slot_ownership
 from impl.cache.radix_cache import RadixCache
+from impl.cache.swa_request_cap import SWARequestCap
 from impl.engine.req import Req
 
 
 class KVLifecycle:
     def __init__(self, allocator: TokenSlotAllocator | SWATokenSlotAllocator, req_to_token_pool,
-                 tree: RadixCache | None, sliding_window: int | None = None):
+                 tree: RadixCache | None, sliding_window: int | None = None, swa_cap: SWARequestCap | None = None,
+                 eviction_interval: int | None = None):
         self.allocator = allocator
         self.req_to_token_pool = req_to_token_pool
         self.tree = tree
@@ -37,6 +50,14 @@ class KVLifecycle:
             raise ValueError("the hybrid sliding-window pool needs the model's sliding window")
         self.window = int(sliding_window or 0)
         self.live: dict[int, Req] = {}  # admitted requests by req_to_token row (their reclaimable windows)
+        # hybrid pool without the radix cache: out-of-window tokens are freed as requests go (maybe_evict_swa)
+        self.evicts_eagerly = self.hybrid and tree is None
+        self.eviction_interval = int(eviction_interval or envs.YOCO_SWA_EVICTION_INTERVAL.default)
+        if swa_cap is not None and not self.evicts_eagerly:
+            raise ValueError("the sliding-window request cap needs the hybrid pool without the radix cache")
+        self.swa_cap = swa_cap
+        # the ratio's pool reclaims out-of-window tokens under pressure; the request cap's never needs to
+        self.reclaims_lazily = self.hybrid and swa_cap is None
 
     @property
     def capacity(self) -> int:
@@ -53,7 +74,7 @@ class KVLifecycle:
         evictable from cached prefixes (the full count for one pool)."""
         if not self.hybrid:
             return self.full_available()
-        reclaimable = sum(self._reclaimable(r) for r in self.live.values())
+        reclaimable = sum(self._reclaimable(r) for r in self.live.values()) if self.reclaims_lazily else 0
         return self.allocator.swa_available_size() + reclaimable + (self.tree.swa_evictable_size if self.tree else 0)
 
     def window_start(self, req: Req) -> int:
@@ -65,9 +86,20 @@ class KVLifecycle:
         return max(0, min(req.swa_query_from, last) - self.window + 1)
 
     def new_batch(self) -> None:
-        """Scheduling starts: the previous forward is done, so every request's next query is at its kv_len."""
+        """Scheduling starts: the previous forward is done, so every request's next query is at its kv_len;
+        without the radix cache, out-of-window tokens are freed now (``maybe_evict_swa``)."""
         for req in self.live.values():
             req.swa_query_from = req.kv_len
+            if self.evicts_eagerly:
+                self.maybe_evict_swa(req)
+
+    def maybe_evict_swa(self, req: Req) -> None:
+        """SGLang's ``maybe_evict_swa`` without prefix sharing: a request whose next forward extends it by a
+        prefill chunk frees all its out-of-window tokens; a decoding one once ``eviction_interval`` of them
+        have gathered (the free is amortised; the request cap reserves the interval)."""
+        prefilling = req.kv_len + 1 < req.seq_len
+        if self._reclaimable(req) >= (1 if prefilling else self.eviction_interval):
+            self.release_out_of_window(req)
 
     def _reclaimable(self, req: Req) -> int:
         return max(0, self.window_start(req) - max(req.swa_evicted_len, req.prefix_len))
@@ -77,16 +109,37 @@ class KVLifecycle:
         return min(self.full_available(), self.swa_available()) if self.hybrid else self.full_available()
 
     def fits(self, n: int, full_reserve: int, swa_reserve: int) -> bool:
-        """``n`` new tokens plus the reserves (future decode tokens) fit in every pool."""
+        """``n`` new tokens plus the reserves (future decode tokens) fit in every pool. Under the request cap the
+        sliding-window reserve is the admitted requests' worst cases (``swa_cap_admits``), not an estimate."""
         if not self.hybrid:
             return self.full_available() >= n + full_reserve
+        swa_reserve = 0 if self.swa_cap is not None else swa_reserve
         return self.full_available() >= n + full_reserve and self.swa_available() >= n + swa_reserve
+
+    # ---- the request cap (impl/cache/swa_request_cap.py) ------------------------------
+    def _swa_worst_case(self, req: Req) -> int:
+        assert self.swa_cap is not None
+        return self.swa_cap.worst_case(len(req.origin_input_ids) + req.sampling_params.max_new_tokens)
+
+    def swa_committed(self) -> int:
+        """Sliding-window slots the admitted requests may hold at once after the frees of a step and its decode
+        allocation: their worst cases (request cap only). A prefill chunk takes what is free beyond them (the
+        scheduler bounds it by ``swa_available``), and the next step frees its tokens below the window."""
+        assert self.swa_cap is not None
+        return sum(self._swa_worst_case(r) for r in self.live.values())
+
+    def swa_cap_admits(self, req: Req) -> bool:
+        """Request cap: ``req`` is admitted only when its worst case fits beside the admitted requests' (the
+        sliding-window pool is never over-committed). Always True without the cap."""
+        if self.swa_cap is None:
+            return True
+        return self.swa_committed() + self._swa_worst_case(req) <= self.allocator.swa_capacity - 1
 
     def alloc(self, n: int) -> torch.Tensor | None:
         slots = self.allocator.alloc(n)
         if slots is not None:
             return slots
-        if self.hybrid and n > self.allocator.swa_available_size():
+        if self.reclaims_lazily and n > self.allocator.swa_available_size():
             # live requests' out-of-window tokens first (nothing will read them), then cached prefixes
             for req in self.live.values():
                 self.release_out_of_window(req)
@@ -106,7 +159,10 @@ class KVLifecycle:
         return min(self.tree.match_prefix(req.fill_ids).prefix_len, req.max_prefix_len())
 
     def admit(self, req: Req) -> bool:
-        """Give ``req`` a req_to_token row and lock its cached prefix. False if no row is free."""
+        """Give ``req`` a req_to_token row and lock its cached prefix. False if no row is free, or if the
+        request cap cannot take its worst case now."""
+        if not self.swa_cap_admits(req):
+            return False
         idx = self.req_to_token_pool.alloc()
         if idx is None:
             return False
@@ -209,6 +265,10 @@ class KVLifecycle:
         if self.hybrid:
             for r in live:
                 self._check_window(r)
+        if self.swa_cap is not None and self.swa_committed() > self.allocator.swa_capacity - 1:
+            raise AssertionError(f"the request cap admitted {len(self.live)} requests whose worst cases "
+                                 f"({self.swa_committed()} sliding-window slots) exceed the sliding-window pool "
+                                 f"({self.allocator.swa_capacity - 1})")
         if idle:
             if self.req_to_token_pool.available_size() != self.req_to_token_pool.size:
                 raise AssertionError("engine idle but some req_to_token rows are still allocated (leaked request)")

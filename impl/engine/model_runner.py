@@ -27,6 +27,7 @@ from impl.args.dtype import auto_dtype
 from impl.cache.kv_quant import kv_cache_torch_dtype, load_kv_scales
 from impl.cache.memory import KVBudget, kv_budget, process_memory
 from impl.cache.swa_pool import HybridBudget, HybridSWAKVPool, hybrid_applies, hybrid_budget
+from impl.cache.swa_request_cap import SWASizing, choose_swa_sizing, request_cap_budget
 from impl.config.model_config import ModelConfig
 from impl.forward_batch import ForwardBatch, WorkCounters
 from impl.kernels.cpu_fused import transform as cpu_fused_transform
@@ -45,7 +46,8 @@ class RunnerLimits:
 
 
 class ModelRunner:
-    def __init__(self, server_args, model_config: ModelConfig, device: torch.device):
+    def __init__(self, server_args, model_config: ModelConfig, device: torch.device, chunked_prefill_size: int = -1):
+        """``chunked_prefill_size``: the resolved chunk (-1: off); the hybrid pool's request cap is sized by it."""
         self.server_args = server_args  # resolved
         self.device = device
         self.model_config = model_config
@@ -75,11 +77,19 @@ class ModelRunner:
             probe.bytes_per_token, device, weight_bytes, server_args.max_total_tokens, server_args.mem_fraction_static
         )
         self.hybrid_budget: HybridBudget | None = None
+        self.swa_sizing: SWASizing | None = None
         if hybrid_applies(model_config, bool(getattr(server_args, "disable_hybrid_swa_memory", False))):
             shape = HybridSWAKVPool(model_config, 2, 2, kv_dtype, "meta")
-            self.hybrid_budget = hybrid_budget(self.budget.num_tokens, shape.full_bytes_per_token,
-                                               shape.swa_bytes_per_token, server_args.swa_full_tokens_ratio,
-                                               full_tokens=server_args.max_total_tokens)
+            # the request cap (--max-running-requests, radix cache off, chunked prefill) or the ratio, as in SGLang
+            self.swa_sizing = choose_swa_sizing(server_args, int(model_config.sliding_window or 0), chunked_prefill_size)
+            if self.swa_sizing.cap is not None:
+                self.hybrid_budget = request_cap_budget(
+                    self.budget.num_tokens, shape.full_bytes_per_token, shape.swa_bytes_per_token, self.swa_sizing.cap,
+                    full_tokens=server_args.max_total_tokens, budget_reason=self.budget.reason)
+            else:
+                self.hybrid_budget = hybrid_budget(self.budget.num_tokens, shape.full_bytes_per_token,
+                                                   shape.swa_bytes_per_token, server_args.swa_full_tokens_ratio,
+                                                   full_tokens=server_args.max_total_tokens)
             self.token_to_kv_pool: TokenToKVPool = HybridSWAKVPool(
                 model_config, self.hybrid_budget.capacity, self.hybrid_budget.swa_capacity, kv_dtype, device,
                 self.kv_scales)
@@ -128,6 +138,7 @@ class ModelRunner:
             f"Model {mc.name} ({mc.model_type}): {mc.num_hidden_layers} layers, {mc.num_kv_shared_layers} KV-shared, "
             f"dtype {str(self.dtype).replace('torch.', '')}, device {self.device}",
             self._kv_pool_line(),
+        ] + ([self.swa_sizing.describe()] if self.swa_sizing is not None else []) + [
             f"KV cache dtype: {self.kv_cache_dtype_name()}",
             memory_line(self.weight_plan, self.packed_bytes, self.kv_pool_bytes, self.load_peak_rss),
             f"Attention backends: prefill {self.backend_names[0]}, decode {self.backend_names[1]}",
@@ -147,8 +158,9 @@ class ModelRunner:
         if hb is None or not isinstance(pool, HybridSWAKVPool):
             return (f"KV pool: {pool.bytes_per_token} bytes per token, {pool.num_kv_layers} of {mc.num_hidden_layers} "
                     f"layers hold KV, {self.budget.num_tokens} tokens ({self.budget.reason})")
-        ratio = self.server_args.swa_full_tokens_ratio
-        return (f"KV pool: hybrid sliding-window pool (--swa-full-tokens-ratio {ratio:g}): "
+        sizing = (f"--swa-full-tokens-ratio {self.server_args.swa_full_tokens_ratio:g}"
+                  if self.swa_sizing is None or self.swa_sizing.cap is None else "request cap")
+        return (f"KV pool: hybrid sliding-window pool ({sizing}): "
                 f"{len(pool.layer_ids) - len(pool.swa_layers)} full-attention layers {pool.full_bytes_per_token} bytes "
                 f"per token, {hb.full_tokens} tokens; {len(pool.swa_layers)} sliding-window layers "
                 f"{pool.swa_bytes_per_token} bytes per token, {hb.swa_tokens} tokens; {pool.num_kv_layers} of "
@@ -163,6 +175,7 @@ class ModelRunner:
                                                  "tokens": self.budget.num_tokens}}
         return {
             "kind": "hybrid sliding-window", "swa_full_tokens_ratio": self.server_args.swa_full_tokens_ratio,
+            "sizing": None if self.swa_sizing is None else self.swa_sizing.as_dict(),
             "full": {"layers": len(pool.layer_ids) - len(pool.swa_layers), "bytes_per_token": pool.full_bytes_per_token,
                      "tokens": hb.full_tokens},
             "swa": {"layers": len(pool.swa_layers), "bytes_per_token": pool.swa_bytes_per_token,

@@ -35,3 +35,19 @@ def test_budgets_the_sliding_pool_cannot_serve_are_refused_or_bounded():
     # without chunked prefill a prompt takes its sliding-window slots at once: the context is bounded by them
     eng = engine("e2b", max_total_tokens=200, swa_full_tokens_ratio=0.25, chunked_prefill_size=-1)
     assert eng.scheduler_config.max_req_len == eng.scheduler.kv.allocator.swa_capacity - 1 < eng.runner.max_total_num_tokens
+
+
+def test_server_info_and_log_say_which_rule_sized_the_sliding_window_pool():
+    eng = engine("e2b", max_total_tokens=2000, max_running_requests=3, disable_radix_cache=True, chunked_prefill_size=16)
+    pools = eng.get_server_info()["kv_pools"]
+    sizing = pools["sizing"]
+    assert sizing["mode"] == "request_cap" and "--max-running-requests 3" in sizing["reason"]
+    cap = sizing["request_cap"]
+    assert (cap["per_request"], cap["tokens"]) == (16 + 128 + 1 + 1, 3 * 146 + 16 + 1) == (146, pools["swa"]["tokens"])
+    assert pools["full"]["tokens"] == 2000
+    assert any(line.startswith("KV pool sizing: request cap") and "= 455 tokens" in line for line in eng.startup_log)
+    eng.generate(input_ids=prompts(), sampling_params=GREEDY)
+    load = eng.load()
+    assert (load.kv_tokens_available, load.swa_tokens_available) == (2000, 455)  # all freed
+    ratio = engine("e2b", max_total_tokens=2000).get_server_info()["kv_pools"]["sizing"]
+    assert ratio["mode"] == "ratio" and ratio["request_cap"] is None and "--max-running-requests is not given" in ratio["reason"]
