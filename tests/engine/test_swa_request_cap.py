@@ -6,7 +6,7 @@ tokens are those of greedy decoding from the context."""
 from __future__ import annotations
 
 import torch
-from fake_runner import VOCAB, FakeRunner, context_logits, make_req
+from tests.helpers.fake_runner import VOCAB, FakeRunner, context_logits, make_req
 
 from impl.cache.allocator import SWATokenSlotAllocator
 from impl.cache.swa_request_cap import SWARequestCap
