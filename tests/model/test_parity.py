@@ -82,3 +82,28 @@ def test_greedy_decode_matches_until_near_tie(config_name):
             if (top2[0] - top2[1]).item() < tol:
                 break  # near tie: later tokens may legitimately differ
             assert seq[n0 + step] == int(ref[step].argmax()), f"{config_name}/{k}: greedy token differs at step {step}"
+
+
+def test_published_config_form_matches_transformers(tmp_path):
+    """Published configs carry ``global_head_dim`` where transformers 5.23 saves ``per_layer_config`` (the full-size
+    e2b-full is written in the published form): the same weights read through either form give transformers'
+    logits."""
+    import json
+    import os
+    import shutil
+
+    from impl.model.loader import load_model
+    from impl.testing.checkpoints import tiny_checkpoint
+
+    src, dst = tiny_checkpoint("e2b"), str(tmp_path / "e2b-published")
+    shutil.copytree(src, dst)
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    head_dims = {layer["head_dim"] for layer in cfg.pop("per_layer_config").values()}
+    (cfg["global_head_dim"],) = head_dims
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    model = load_model(dst, dtype="float32")
+    toks = prompt(LONG, 7)
+    out = Session(model).step([("a", toks)], all_logits=True)
+    d = _max_diff(out.logits, hf_logits("e2b", toks))
+    assert d <= tolerance("e2b", [toks]), f"published config form: max |logit diff| {d:.3g}"
