@@ -31,10 +31,9 @@ from __future__ import annotations
 
 import torch
 
-from impl.envs import envs
 from impl.cache.allocator import SWATokenSlotAllocator, TokenSlotAllocator, check_slot_ownership
 from impl.cache.radix_cache import RadixCache
-from impl.cache.swa_request_cap import SWARequestCap
+from impl.cache.swa_request_cap import SWARequestCap, swa_eviction_interval
 from impl.engine.req import Req
 
 
@@ -52,7 +51,7 @@ class KVLifecycle:
         self.live: dict[int, Req] = {}  # admitted requests by req_to_token row (their reclaimable windows)
         # hybrid pool without the radix cache: out-of-window tokens are freed as requests go (maybe_evict_swa)
         self.evicts_eagerly = self.hybrid and tree is None
-        self.eviction_interval = int(eviction_interval or envs.YOCO_SWA_EVICTION_INTERVAL.default)
+        self.eviction_interval = int(eviction_interval or swa_eviction_interval())
         if swa_cap is not None and not self.evicts_eagerly:
             raise ValueError("the sliding-window request cap needs the hybrid pool without the radix cache")
         self.swa_cap = swa_cap
