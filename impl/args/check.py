@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from impl.args import attention, dtype, kv_cache, kv_sharing, speculative
+from impl.args import attention, deterministic, dtype, kv_cache, kv_sharing, speculative
 from impl.args.platform import Platform
 from impl.args.resolution import context_of, resolutions_of
 from impl.config.model_config import ModelConfig
@@ -19,9 +19,11 @@ def hooks() -> list[Callable[[Any], None]]:
         speculative.handle_speculative_algorithm,
         speculative.handle_frozen_kv_mtp,
         kv_sharing.handle_kv_sharing_fast_prefill_backend,
+        deterministic.handle_deterministic_attention_backend,
         attention.handle_attention_backend_default,
         dtype.handle_dtype_auto,
         kv_sharing.validate_kv_sharing_fast_prefill,
+        deterministic.validate_deterministic_inference,
         *kv_cache.KV_CACHE_HOOKS,
     ]
 

@@ -114,6 +114,13 @@ class ServerArgs:
         "KV-sharing (YOCO) fast prefill for Gemma-4 models with num_kv_shared_layers > 0: during prefill the "
         "KV-shared layers run only on the rows that feed the LM head. Needs the triton attention backend.",
     )
+    enable_deterministic_inference: bool = _f(
+        False,
+        "Batch-invariant results (SGLang's flag): a request's tokens and logprobs do not depend on which requests "
+        "share its forwards, so --kv-sharing-fast-prefill on and off give identical greedy tokens under concurrent "
+        "load too. Here: the triton attention backend, on CPU with bf16 weights and native bf16 (avx512_bf16 or AMX); "
+        "a lone-row forward runs as two rows, decode sums each request's keys in one pass; batch-1 decode is slower.",
+    )
     # ---- speculative decoding ---------------------------------------------
     speculative_algorithm: str | None = _f(None, "Speculative decoding algorithm.", SPECULATIVE_ALGORITHM_CHOICES)
     speculative_draft_model_path: str | None = _f(None, "Draft model folder (a gemma4_assistant checkpoint for NEXTN / FROZEN_KV_MTP).")

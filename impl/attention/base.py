@@ -49,6 +49,9 @@ class AttentionLayer:
 
 class AttentionBackend(ABC):
     name: str = "base"
+    # --enable-deterministic-inference: a row's result must not depend on the rest of its batch (the triton
+    # backend then never splits a request's keys, so decode sums them as the extend kernel does)
+    deterministic: bool = False
 
     def __init__(self, model_config, token_to_kv_pool, req_to_token_pool, device):
         self.model_config = model_config

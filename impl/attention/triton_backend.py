@@ -45,7 +45,9 @@ class TritonAttnBackend(AttentionBackend):
         )
         self.forward_metadata = build_metadata(
             fb.extend_seq_lens_cpu, fb.positions, kv_indptr, kv_indices, fb.seq_lens_cpu, self.num_kv_heads,
-            self.provider.fill_units, self.provider.split_policy,
+            # deterministic: one split per (request, KV head), so a decode row's keys are summed in the order the
+            # extend kernel sums them when the same row rides in a prefill batch (a split-KV merge rounds differently)
+            self.provider.fill_units, ONE_SPLIT if self.deterministic else self.provider.split_policy,
         )
         self.cross_metadata = None  # a back half belongs to one pass
         self._batch = fb

@@ -30,6 +30,7 @@ from impl.cache.swa_pool import HybridBudget, HybridSWAKVPool, hybrid_applies, h
 from impl.cache.swa_request_cap import SWASizing, choose_swa_sizing, request_cap_budget
 from impl.config.model_config import ModelConfig
 from impl.forward_batch import ForwardBatch, WorkCounters
+from impl.engine import deterministic
 from impl.kernels.cpu_fused import transform as cpu_fused_transform
 from impl.model import yoco
 from impl.engine.memory_plan import check_memory, memory_info, memory_line
@@ -37,6 +38,11 @@ from impl.model.loader import load_model, resolve_dtype
 from impl.model.outputs import LogitsOutput
 
 logger = logging.getLogger("impl.engine")
+
+
+DETERMINISTIC_LINE = ("Deterministic inference: on (batch-invariant: a lone-row forward runs as two rows, decode attention "
+                      "never splits a request's keys, the LM head and the per-layer-input projection take the bf16 row "
+                      "kernel at every row count)")
 
 
 @dataclass(frozen=True)
@@ -65,8 +71,13 @@ class ModelRunner:
         probe = TokenToKVPool(model_config, 2, kv_dtype, "meta")
         # refused here, before any weight is read, when it cannot fit (impl/engine/memory_plan.py)
         self.weight_plan = check_memory(server_args, model_config, self.dtype, probe.bytes_per_token, device)
+        self.deterministic = bool(getattr(server_args, "enable_deterministic_inference", False))
+        if self.deterministic:
+            deterministic.check_supported(self.dtype, device)  # refused before any weight is read
         self.model = load_model(model_config.model_path, self.dtype, device, config=model_config, plan=self.weight_plan)
-        self.cpu_kernels = install_cpu_kernels(self.model, device)
+        self.cpu_kernels = install_cpu_kernels(self.model, device, batch_invariant=self.deterministic)
+        if self.deterministic:
+            deterministic.check_kernels(self.cpu_kernels)
         self.load_peak_rss = process_memory()[1]
         # prepacked copies replace their parameters; count what they add
         self.packed_bytes = 0 if self.cpu_kernels is None else self.cpu_kernels.extra_bytes
@@ -113,6 +124,8 @@ class ModelRunner:
             else create_attention_backend(decode_name, model_config, self.token_to_kv_pool, self.req_to_token_pool, device)
         )
         self.backend_names = (prefill_name, decode_name)
+        for backend in {id(b): b for b in (self.prefill_backend, self.decode_backend)}.values():
+            backend.deterministic = self.deterministic
         self.fast_prefill_enabled = bool(server_args.kv_sharing_fast_prefill)
         self.work = WorkCounters()
 
@@ -125,7 +138,11 @@ class ModelRunner:
         fb.fast_prefill = yoco.applies(self.fast_prefill_enabled, fb.extend_seq_lens_cpu)
         if fb.work is None:
             fb.work = WorkCounters()
-        out = self.model.forward(fb)
+        if self.deterministic and fb.num_tokens == 1:  # a lone row runs as two (impl/engine/deterministic.py)
+            out = deterministic.first_copy(self.model.forward(deterministic.pad_lone_row_batch(fb)),
+                                           int(fb.logits_indices.shape[0]))
+        else:
+            out = self.model.forward(fb)
         fb.work.count_forward(fb.forward_mode.is_extend, fb.num_tokens, int(out.logits.shape[0]), out.cross_decoder_rows,
                               out.fast_prefill)
         for k, v in fb.work.as_dict().items():
@@ -142,6 +159,7 @@ class ModelRunner:
             f"KV cache dtype: {self.kv_cache_dtype_name()}",
             memory_line(self.weight_plan, self.packed_bytes, self.kv_pool_bytes, self.load_peak_rss),
             f"Attention backends: prefill {self.backend_names[0]}, decode {self.backend_names[1]}",
+        ] + ([DETERMINISTIC_LINE] if self.deterministic else []) + [
             f"Scheduler limits: max_running_requests={self.limits.max_running_requests}, "
             f"max request length {self.limits.max_req_len} tokens",
         ] + ([f"CPU kernels: {self._cpu_kernels()}"] if self.device.type == "cpu" else [])
@@ -199,7 +217,7 @@ class ModelRunner:
         return "none" if self.cpu_kernels is None else self.cpu_kernels.describe()
 
 
-def install_cpu_kernels(model, device: torch.device) -> "cpu_fused_transform.CpuKernels | None":
+def install_cpu_kernels(model, device: torch.device, batch_invariant: bool = False) -> "cpu_fused_transform.CpuKernels | None":
     """The compiled CPU fast paths on ``model`` when it lives on the CPU (the target model and the
-    speculative assistant); None elsewhere."""
-    return cpu_fused_transform.apply(model) if device.type == "cpu" else None
+    speculative assistant); None elsewhere. ``batch_invariant``: --enable-deterministic-inference."""
+    return cpu_fused_transform.apply(model, batch_invariant) if device.type == "cpu" else None

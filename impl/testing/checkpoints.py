@@ -342,6 +342,15 @@ TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
         "64/128, window 256, MLP 2048 (4096 shared), PLE 32",
         text_config=_e2b_bench_text(hidden=512, head_dim=64, window=256, ple=32),
     ),
+    "e2b_bench_bf16": CheckpointRecipe(
+        kind="text",
+        seed=7,
+        on_demand=True,
+        dtype="bfloat16",
+        description="e2b_bench with PLE 256, stored in bf16 (seconds to build): every linear weight is above oneDNN's "
+        "size floor, so the CPU kernels take the prepacked bf16 matmul (--enable-deterministic-inference's tests)",
+        text_config=_e2b_bench_text(hidden=256, head_dim=32, window=128, ple=256),
+    ),
     # Benchmark checkpoints at real dimensions: on demand only (never built by make test / build_all).
     "e2b-dims": CheckpointRecipe(
         kind="text",

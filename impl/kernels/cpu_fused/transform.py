@@ -181,14 +181,18 @@ class FusedLayerForward:
 
 
 class LinearForward:
-    """``nn.Linear``'s forward (no bias) through the extension's ``linear`` (any weight kind), in x's dtype."""
+    """``nn.Linear``'s forward (no bias) through the extension's ``linear`` (any weight kind), in x's dtype.
+    ``rows_only``: the bf16 row kernel at every row count (each row's sum in one order whatever the batch:
+    --enable-deterministic-inference), not oneDNN or a widened GEMM above ``BF16_ROW_KERNEL_MAX_ROWS``."""
 
-    def __init__(self, ext: ModuleType, weight: torch.Tensor, onednn: bool, out_dtype: torch.dtype | None = None):
-        self.ext, self.weight, self.onednn, self.out_dtype = ext, weight, onednn, out_dtype
+    def __init__(self, ext: ModuleType, weight: torch.Tensor, onednn: bool, out_dtype: torch.dtype | None = None,
+                 rows_only: bool = False):
+        self.ext, self.weight, self.onednn, self.out_dtype, self.rows_only = ext, weight, onednn, out_dtype, rows_only
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.ext.linear(x.reshape(-1, x.shape[-1]), self.weight, self.onednn)  # float32 [rows, out]
-        return y.view(*x.shape[:-1], y.shape[-1]).to(self.out_dtype or x.dtype)
+        x2 = x.reshape(-1, x.shape[-1])
+        y = self.ext.bf16_rows(x2, self.weight) if self.rows_only else self.ext.linear(x2, self.weight, self.onednn)
+        return y.view(*x.shape[:-1], y.shape[-1]).to(self.out_dtype or x.dtype)  # y: float32 [rows, out]
 
 
 def _f32(t: torch.Tensor) -> torch.Tensor:
@@ -309,6 +313,7 @@ class CpuKernels:
     # per decoder layer: the linear mode of a fused layer ("packed" | "onednn" | "mkl"; a layer whose weights
     # are under oneDNN's size floor keeps "mkl" whatever the plan says), "" for the other paths
     layer_linear: tuple[str, ...] = ()
+    batch_invariant: bool = False  # other_linears on the row kernel at every row count (deterministic inference)
 
     @property
     def fused_layers(self) -> int:
@@ -339,6 +344,8 @@ class CpuKernels:
                 text += f"; {_ranges(small)} keep{'s' if len(small) == 1 else ''} {cpu_linear.small_weights_plan(getattr(torch, self.linear.dtype)).describe()}"
         if self.other_linears:
             text += f"; also {', '.join(self.other_linears)} on the extension's linear"
+            if self.batch_invariant:
+                text += " (its bf16 row kernel at every row count: batch-invariant)"
         return text
 
     def info(self) -> dict[str, Any]:
@@ -365,9 +372,12 @@ def _unavailable_reason(dtype: torch.dtype) -> str:
 
 
 @torch.no_grad()
-def apply(model: nn.Module) -> CpuKernels:
+def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
     """Install the fastest applicable forward on each decoder layer of ``model`` (in place; parameter names
-    are untouched; prepacked weights replace their parameters). Returns the record of what it installed."""
+    are untouched; prepacked weights replace their parameters). Returns the record of what it installed.
+    ``batch_invariant`` (--enable-deterministic-inference): the bf16 linears outside the fused layers and the
+    LM head take the row kernel at every row count (the fused layers' prepacked oneDNN matmuls give a row
+    the same result for any batch of two or more rows; the engine never runs a batch of one)."""
     before = storage_bytes(model)
     layers = [m for m in model.modules() if is_decoder_layer(m)]
     paths: list[str] = []
@@ -413,11 +423,11 @@ def apply(model: nn.Module) -> CpuKernels:
             held += [t for t in (w.input_norm, w.post_attention_norm, w.pre_feedforward_norm, w.post_feedforward_norm,
                                  g.head_norm, None if w.ple is None else w.ple.norm) if t is not None]
     ext = cpu_fused.load()
-    others = _install_linears(model, ext, plan, {id(m) for m, _, _, _ in fused}) if ext is not None else ()
+    others = _install_linears(model, ext, plan, {id(m) for m, _, _, _ in fused}, batch_invariant) if ext is not None else ()
     after = storage_bytes(model) + packed + sum(t.numel() * t.element_size() for t in held)
     return CpuKernels(tuple(paths), weight_dtype, plan, ext.simd_isa() if ext is not None else "", others, packed,
                       after - before, "" if fused else _unavailable_reason(model_dtype(model)),
-                      tuple(modes.get(id(m), "") for m in layers))
+                      tuple(modes.get(id(m), "") for m in layers), batch_invariant)
 
 
 def _ranges(layers: list[int]) -> str:
@@ -435,9 +445,11 @@ def model_dtype(model: nn.Module) -> torch.dtype:
     return getattr(model, "dtype", None) or next(model.parameters()).dtype
 
 
-def _install_linears(model: nn.Module, ext: ModuleType, plan: cpu_linear.LinearPlan | None, fused_ids: set[int]) -> tuple[str, ...]:
+def _install_linears(model: nn.Module, ext: ModuleType, plan: cpu_linear.LinearPlan | None, fused_ids: set[int],
+                     rows_only: bool = False) -> tuple[str, ...]:
     """bf16 ``nn.Linear`` modules outside the fused layers, and the LM head, onto ``LinearForward`` (plain
-    weights; oneDNN above the row kernel's row count only where the CPU has native bf16)."""
+    weights; oneDNN above the row kernel's row count only where the CPU has native bf16; ``rows_only``: the
+    row kernel at every row count)."""
     onednn = cpu_linear.native_bf16() and plan is not None and plan.mode in ("packed", "onednn")
     names: list[str] = []
     skip: set[int] = set()
@@ -447,13 +459,13 @@ def _install_linears(model: nn.Module, ext: ModuleType, plan: cpu_linear.LinearP
     for name, m in model.named_modules():
         if isinstance(m, nn.Linear) and id(m) not in skip and m.bias is None and m.weight.dtype == torch.bfloat16 \
                 and m.weight.device.type == "cpu" and m.weight.is_contiguous():
-            m.forward = LinearForward(ext, m.weight, onednn)
+            m.forward = LinearForward(ext, m.weight, onednn, rows_only=rows_only)
             names.append(name)
     head = getattr(model, "lm_head_weight", None)
     if callable(head) and hasattr(model, "project_to_vocab"):
         w = head()
         if w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.is_contiguous():
             # the LM head keeps its plain weight: the tied embedding gathers rows of it
-            model.project_to_vocab = LinearForward(ext, w, onednn, out_dtype=torch.float32)
+            model.project_to_vocab = LinearForward(ext, w, onednn, out_dtype=torch.float32, rows_only=rows_only)
             names.append("project_to_vocab")
     return tuple(names)

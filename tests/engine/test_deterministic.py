@@ -1,0 +1,128 @@
+"""--enable-deterministic-inference: a request's greedy tokens and logprobs do not depend on its batch, so fast
+prefill on and off agree when the same requests are batched differently; and every refusal names the fix.
+
+The invariance test runs ``e2b_bench_bf16`` (hidden 256, bf16: every weight above oneDNN's size floor, so the
+prepacked bf16 matmul runs as on E2B). Without the mode the same check fails on all four prompts, and with
+any one of its three parts removed (the lone-row padding, unsplit decode keys, the row-kernel LM head) on
+one to four of them (checked by hand when it was written)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from impl.args.check import check_server_args
+from impl.args.platform import Platform
+from impl.args.resolution import resolutions_of
+from impl.args.server_args import ServerArgs
+from impl.engine.deterministic import first_copy, pad_lone_row_batch
+from impl.forward_batch import RowSpan, pack_forward_batch
+from impl.kernels.cpu_fused import linear as cpu_linear
+from impl.model.outputs import LogitsOutput
+from impl.testing.checkpoints import tiny_checkpoint
+
+FLAG = "--enable-deterministic-inference"
+GREEDY = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}
+# a 700-token prompt: its decode keys would be split (the CPU policy splits from 256 keys on)
+LENGTHS = (300, 37, 700, 5)
+native = pytest.mark.skipif(cpu_linear.plan(torch.bfloat16).mode != "packed",
+                            reason="needs oneDNN's prepacked bf16 matmul (native bf16: avx512_bf16 or AMX)")
+
+
+def _prompts() -> list[list[int]]:
+    out = []
+    for seed, n in enumerate(LENGTHS):
+        r = random.Random(seed)
+        out.append([2] + [r.randrange(16, 500) for _ in range(n - 1)])
+    return out
+
+
+def _logprobs(outs) -> list[list[float]]:
+    return [[t[0] for t in o["meta_info"]["output_token_logprobs"]] for o in outs]
+
+
+@native
+def test_alone_equals_batched_and_fast_prefill_on_equals_off():
+    from impl import Engine
+
+    ps = _prompts()
+    runs = {}
+    for flag in (False, True):
+        eng = Engine(tiny_checkpoint("e2b_bench_bf16"), kv_sharing_fast_prefill=flag, enable_deterministic_inference=True,
+                     chunked_prefill_size=256, random_seed=0)
+        try:
+            alone = [eng.generate(input_ids=[p], sampling_params=GREEDY, return_logprob=True)[0] for p in ps]
+            batched = eng.generate(input_ids=ps, sampling_params=GREEDY, return_logprob=True)
+            eng.check_integrity()
+            assert "Deterministic inference: on" in "\n".join(eng.runner.describe())
+        finally:
+            eng.shutdown()
+        assert [o["output_ids"] for o in alone] == [o["output_ids"] for o in batched]
+        assert _logprobs(alone) == _logprobs(batched)  # bit for bit: each request's rows ran in other batches
+        runs[flag] = (batched, _logprobs(alone))
+    assert [o["output_ids"] for o in runs[False][0]] == [o["output_ids"] for o in runs[True][0]]
+    assert runs[False][1] == runs[True][1]
+
+
+def _args(**kw) -> ServerArgs:
+    args = ServerArgs(model_path=tiny_checkpoint("e2b"), enable_deterministic_inference=True, **kw)
+    check_server_args(args, platform=Platform.cpu())
+    return args
+
+
+def test_unset_backend_resolves_to_triton():
+    args = _args(kv_sharing_fast_prefill=False)
+    assert args.resolved().attention_backend == "triton"
+
+
+@pytest.mark.parametrize("kw,names", [
+    (dict(decode_attention_backend="torch_native"), "--decode-attention-backend=torch_native"),
+    (dict(attention_backend="torch_native"), "--attention-backend=torch_native"),
+])
+def test_a_backend_other_than_triton_is_refused(kw, names):
+    with pytest.raises(ValueError, match=f"{FLAG} needs the triton attention backend.*{names}"):
+        _args(**kw)
+
+
+def test_speculative_decoding_and_cuda_are_refused():
+    with pytest.raises(ValueError, match=f"{FLAG} is not supported with speculative decoding"):
+        _args(speculative_algorithm="NEXTN", speculative_draft_model_path=tiny_checkpoint("assistant"))
+    args = ServerArgs(model_path=tiny_checkpoint("e2b"), enable_deterministic_inference=True, device="cuda")
+    with pytest.raises(ValueError, match=f"{FLAG} is implemented for the CPU here"):
+        check_server_args(args, platform=Platform.cpu())
+
+
+def test_float32_weights_are_refused_before_loading():
+    from impl import Engine
+
+    with pytest.raises(ValueError, match=f"{FLAG} needs bf16 weights here .*float32.*--dtype bfloat16"):
+        Engine(tiny_checkpoint("e2b"), dtype="float32", enable_deterministic_inference=True)
+
+
+@native
+def test_weights_under_onednns_size_floor_are_refused():
+    from impl import Engine
+
+    with pytest.raises(ValueError, match=f"{FLAG} needs every decoder layer on oneDNN's prepacked bf16 matmul"):
+        Engine(tiny_checkpoint("e2b"), dtype="bfloat16", enable_deterministic_inference=True)
+
+
+def test_no_refusal_hook_runs_without_the_flag():
+    args = ServerArgs(model_path=tiny_checkpoint("e2b"), decode_attention_backend="torch_native")
+    check_server_args(args, platform=Platform.cpu())
+    assert "handle_deterministic_attention_backend" not in {r.source for r in resolutions_of(args)}
+
+
+def test_lone_row_batch_runs_as_two_copies_and_returns_the_first():
+    fb = pack_forward_batch([RowSpan(3, 41, [17], torch.tensor([90]))], "cpu")
+    two = pad_lone_row_batch(fb)
+    assert two.input_ids.tolist() == [17, 17] and two.positions.tolist() == [41, 41]
+    assert two.req_pool_indices.tolist() == [3, 3] and two.out_cache_loc.tolist() == [90, 90]
+    assert two.seq_lens_cpu == [42, 42] and two.logits_indices.tolist() == [0, 1] and two.logits_lens_cpu == [1, 1]
+    assert two.forward_mode == fb.forward_mode
+    out = LogitsOutput(logits=torch.tensor([[1.0, 2.0], [1.0, 2.0]]), hidden_states=torch.zeros(2, 4),
+                       cross_decoder_rows=2)
+    got = first_copy(out, 1)
+    assert got.logits.tolist() == [[1.0, 2.0]] and got.hidden_states.shape == (1, 4) and got.cross_decoder_rows == 1
