@@ -57,6 +57,8 @@ def test_alone_equals_batched_and_fast_prefill_on_equals_off():
             batched = eng.generate(input_ids=ps, sampling_params=GREEDY, return_logprob=True)
             eng.check_integrity()
             assert "Deterministic inference: on" in "\n".join(eng.runner.describe())
+            info = eng.get_server_info()
+            assert info["enable_deterministic_inference"] is True and info["cpu_kernels"]["batch_invariant"] is True
         finally:
             eng.shutdown()
         assert [o["output_ids"] for o in alone] == [o["output_ids"] for o in batched]

@@ -357,6 +357,7 @@ class CpuKernels:
             "isa": self.isa,
             "linear": None if self.linear is None else self.linear.info(),
             "other_linears": list(self.other_linears),
+            "batch_invariant": self.batch_invariant,
             "packed_bytes": self.packed_bytes,
             "extra_bytes": self.extra_bytes,
             "describe": self.describe(),
