@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from impl.args.resolution import attention_backends_of, declare_resolution, platform_of, resolved_view
+from impl.args.attention import device_of
+from impl.args.resolution import attention_backends_of, declare_resolution, resolved_view
 
 FLAG = "--enable-deterministic-inference"
 
@@ -42,7 +43,7 @@ def validate_deterministic_inference(server_args: Any) -> None:
             f"{FLAG} is not supported with speculative decoding in this engine (--speculative-algorithm "
             f"{cfg.speculative_algorithm}): its draft and verify batches are not made batch-invariant. Drop one of the two."
         )
-    device = cfg.device if cfg.device != "auto" else ("cuda" if platform_of(server_args).is_cuda else "cpu")
+    device = device_of(server_args)
     if device != "cpu":
         raise ValueError(
             f"{FLAG} is implemented for the CPU here (--device {device}): on CUDA this engine's matmuls are not "

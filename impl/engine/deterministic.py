@@ -36,10 +36,9 @@ from impl.kernels.cpu_fused import linear as cpu_linear
 from impl.model.outputs import LogitsOutput
 
 
-def check_supported(dtype: torch.dtype, device: torch.device) -> None:
-    """Before any weight is read: the dtype and the CPU's kernels can give batch-invariant rows."""
-    if device.type != "cpu":
-        raise ValueError(f"{FLAG} is implemented for the CPU here (device {device}); drop {FLAG} or serve on --device cpu.")
+def check_supported(dtype: torch.dtype) -> None:
+    """Before any weight is read: the dtype and the CPU's kernels can give batch-invariant rows (the device
+    is the CPU: ``impl/args/deterministic.py`` refused any other)."""
     if dtype != torch.bfloat16:
         raise ValueError(
             f"{FLAG} needs bf16 weights here (the dtype resolved to {str(dtype).replace('torch.', '')}): the float32 "

@@ -73,7 +73,7 @@ class ModelRunner:
         self.weight_plan = check_memory(server_args, model_config, self.dtype, probe.bytes_per_token, device)
         self.deterministic = bool(getattr(server_args, "enable_deterministic_inference", False))
         if self.deterministic:
-            deterministic.check_supported(self.dtype, device)  # refused before any weight is read
+            deterministic.check_supported(self.dtype)  # refused before any weight is read
         self.model = load_model(model_config.model_path, self.dtype, device, config=model_config, plan=self.weight_plan)
         self.cpu_kernels = install_cpu_kernels(self.model, device, batch_invariant=self.deterministic)
         if self.deterministic:
@@ -124,7 +124,7 @@ class ModelRunner:
             else create_attention_backend(decode_name, model_config, self.token_to_kv_pool, self.req_to_token_pool, device)
         )
         self.backend_names = (prefill_name, decode_name)
-        for backend in {id(b): b for b in (self.prefill_backend, self.decode_backend)}.values():
+        for backend in (self.prefill_backend, self.decode_backend):  # may be one object: set twice alike
             backend.deterministic = self.deterministic
         self.fast_prefill_enabled = bool(server_args.kv_sharing_fast_prefill)
         self.work = WorkCounters()
