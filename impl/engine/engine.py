@@ -40,6 +40,8 @@ from impl.cache.radix_cache import RadixCache
 from impl.cache.swa_pool import HybridSWAKVPool
 from impl.cache.swa_radix_cache import SWARadixCache
 from impl.config.model_config import ModelConfig
+from impl.constrained.grammar import GrammarBackend, GrammarKey
+from impl.constrained.limits import InvalidGrammar
 from impl.engine.detokenizer import IncrementalDetokenizer
 from impl.engine.detokenizer_stage import DetokenizerStage, Emission
 from impl.engine.intake import IntakePolicy, InvalidRequest, expand_requests
@@ -112,6 +114,8 @@ class Engine:
         tree = kv.tree
         self.spec_worker = build_spec_worker(args, self.runner)
         self.scheduler = Scheduler(self.scheduler_config, self.runner, kv, spec=self.spec_worker)
+        # constrained decoding: compiles on the callers' threads (never the scheduler's), token table on first use
+        self.grammar_backend = GrammarBackend(self.tokenizer, self.model_config.vocab_size, self._eos_ids())
         self.intake_policy = IntakePolicy(self.scheduler_config.max_req_len, self.model_config.vocab_size,
                                           allow_auto_truncate=bool(args.allow_auto_truncate))
         # an output that cannot be built fails its request: the stage delivers the error, the scheduler frees it
@@ -192,10 +196,32 @@ class Engine:
         single = not input_ids or not isinstance(input_ids[0], (list, tuple))
         return ([list(input_ids)] if single else [list(x) for x in input_ids]), single
 
-    def expand_requests(self, input_ids: Sequence[Sequence[int]], *args: Any, **kwargs: Any) -> list[Req]:
+    def expand_requests(self, input_ids: Sequence[Sequence[int]], *args: Any, grammar_field: str | None = None,
+                        **kwargs: Any) -> list[Req]:
         """A batch of prompts -> validated Reqs (B x n, prompt-major): ``intake.expand_requests``
-        (same arguments after ``input_ids``) with this engine's limits and seed generator."""
-        return expand_requests(input_ids, *args, policy=self.intake_policy, seed_generator=self._seed_gen, **kwargs)
+        (same arguments after ``input_ids``) with this engine's limits and seed generator; constrained requests
+        get their matchers (``attach_grammars``; ``grammar_field`` names the API field in a refusal)."""
+        reqs = expand_requests(input_ids, *args, policy=self.intake_policy, seed_generator=self._seed_gen, **kwargs)
+        self.attach_grammars(reqs, grammar_field)
+        return reqs
+
+    def attach_grammars(self, reqs: Sequence[Req], field: str | None = None) -> None:
+        """Give each constrained request its own matcher (``n`` choices: one each), compiling the grammar here on
+        the caller's thread (cached by source). InvalidRequest names ``field`` (default: the sampling field)."""
+        for req in reqs:
+            g = req.sampling_params.grammar
+            if g is None:
+                continue
+            kind, source = g
+            if self.spec_worker is not None:
+                raise InvalidRequest(
+                    f"{field or kind}: constrained decoding is not supported together with speculative decoding "
+                    "(--speculative-algorithm) yet; send the request without it, or serve without speculative decoding",
+                    field or kind)
+            try:
+                req.grammar = self.grammar_backend.new_state(GrammarKey(kind, source), field)
+            except InvalidGrammar as e:
+                raise InvalidRequest(str(e), e.field) from None
 
     def encode_prompt(self, text: str) -> list[int]:
         """A prompt's token ids; a text that cannot fit the context is refused before it is tokenized
@@ -399,6 +425,7 @@ class Engine:
             self.scheduler.process_inbox()
         self._detokenizer.drain()
         self._detokenizer.stop()
+        self.grammar_backend.shutdown()
 
     def __enter__(self) -> "Engine":
         return self

@@ -100,6 +100,9 @@ class Req:
     spec_verify_ct: int | None = None  # verify forwards this request took part in
     spec_committed_tokens: int = 0  # tokens those verifies committed
     spec_hidden: torch.Tensor | None = None  # seed: target hidden of the row that produced the last token
+    # constrained decoding: this sequence's matcher (impl/constrained/grammar.py GrammarState), advanced by
+    # every committed token; None when the request has no json_schema / regex / ebnf
+    grammar: Any = None
     fill_ids: list[int] = field(init=False, repr=False)  # origin_input_ids + output_ids
 
     @property

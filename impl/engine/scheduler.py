@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from impl.constrained.bitmask import allocate as allocate_bitmask
 from impl.engine.fault_isolation import FaultIsolation
 from impl.forward_batch import ForwardBatch, WorkCounters
 from impl.engine.kv_lifecycle import KVLifecycle
@@ -402,13 +403,14 @@ class Scheduler(FaultIsolation):
         if any(it.is_decode_step for it in batch.items):
             self.decode_step_done()
         if to_sample:
+            masks = self.grammar_masks([it.req for it in to_sample])
             rows = [
                 SampleRow(
                     params=it.req.sampling_params, prompt_ids=it.req.origin_input_ids, output_ids=it.req.output_ids,
                     generator=it.req.generator, return_logprob=it.req.return_logprob,
-                    top_logprobs_num=it.req.top_logprobs_num,
+                    top_logprobs_num=it.req.top_logprobs_num, token_bitmask=mask,
                 )
-                for it in to_sample
+                for it, mask in zip(to_sample, masks)
             ]
             picked = self.sample_isolated(sample, logits[last_rows], rows, [it.req for it in to_sample],
                                           self.config.eos_token_ids)
@@ -419,6 +421,22 @@ class Scheduler(FaultIsolation):
             r = it.req
             if it.samples and not r.is_finished and r not in self.running:
                 self.running.append(r)
+
+    def grammar_masks(self, reqs: Sequence[Req]) -> list[torch.Tensor | None]:
+        """Each constrained request's allowed next tokens (a bitmask row, ``impl/constrained``), None for the
+        others; a request whose matcher fails is failed here, alone."""
+        masks: list[torch.Tensor | None] = [None] * len(reqs)
+        idx = [j for j, r in enumerate(reqs) if r.grammar is not None and not r.is_finished]
+        if not idx:
+            return masks
+        bitmask = allocate_bitmask(len(idx), max(reqs[j].grammar.vocab_size for j in idx))
+        for k, j in enumerate(idx):
+            try:
+                reqs[j].grammar.fill(bitmask, k)
+                masks[j] = bitmask[k]
+            except Exception as e:  # noqa: BLE001 - fail this request only
+                self.fail_request(reqs[j], e, "grammar mask")
+        return masks
 
     def _emit_progress(self, req: Req) -> None:
         """Stream progress: an unfinished request with ``stream_interval`` new tokens since its last emit."""
@@ -457,6 +475,8 @@ class Scheduler(FaultIsolation):
             req.output_top_logprobs.append(top)
         if sp.stop:  # this thread owns the detokenizer of a request with stop strings
             req.detok.step((tok,))
+        if req.grammar is not None and not req.grammar.accept(tok):
+            raise ValueError(f"token {tok} is not allowed by the request's {req.grammar.key.kind} grammar")
         reason = self._check_finished(req, tok)
         if reason is not None:
             self._release_and_finish(req, reason)
@@ -464,6 +484,8 @@ class Scheduler(FaultIsolation):
     def _check_finished(self, req: Req, tok: int) -> FinishReason | None:
         sp = req.sampling_params
         n = len(req.output_ids)
+        if req.grammar is not None and req.grammar.is_terminated:  # the grammar completed with a stop token
+            return FinishReason("stop", matched=tok)
         if n >= sp.max_new_tokens:
             return FinishReason("length", length=sp.max_new_tokens)
         if n >= sp.min_new_tokens:

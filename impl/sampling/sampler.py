@@ -1,6 +1,7 @@
 """Sampler: one next token per request from its last-row logits.
 
-Order (SGLang's): penalties -> greedy argmax, or temperature -> top-k -> top-p
+Order (SGLang's): penalties, ``logit_bias`` and the grammar's token bitmask
+(``impl/constrained``: disallowed tokens get -inf) -> greedy argmax, or temperature -> top-k -> top-p
 -> min-p -> draw with the request's own ``torch.Generator`` (inverse CDF over
 the kept tokens, sorted by probability), so a seeded request draws the same
 uniforms whatever else is in the batch. Built for a 262,144-entry vocabulary:
@@ -31,6 +32,7 @@ class SampleRow:
     generator: torch.Generator
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    token_bitmask: torch.Tensor | None = None  # [ceil(V / 32)] int32: the grammar's allowed tokens (None: all)
 
 
 @dataclass
@@ -97,14 +99,35 @@ def sample(logits: torch.Tensor, rows: Sequence[SampleRow], eos_ids: Sequence[in
 
 
 def _penalised(logits: torch.Tensor, rows: Sequence[SampleRow], eos_ids: Sequence[int]) -> torch.Tensor:
-    """``logits`` with each row's penalties applied (a copy only when some row has one)."""
+    """``logits`` with each row's penalties, logit bias and token bitmask applied (a copy only when some row
+    has one)."""
     pen = [i for i, r in enumerate(rows) if needs_penalties(r.params, len(r.output_ids))]
-    if not pen:
+    bias = [i for i, r in enumerate(rows) if r.params.logit_bias]
+    masked = [i for i, r in enumerate(rows) if r.token_bitmask is not None]
+    if not (pen or bias or masked):
         return logits
     logits = logits.clone()
     for i in pen:
         apply_penalties(logits[i], rows[i].params, rows[i].prompt_ids, rows[i].output_ids, eos_ids)
+    for i in bias:
+        apply_logit_bias(logits[i], rows[i].params.logit_bias)
+    if masked:
+        from impl.constrained.bitmask import apply_bitmask
+
+        width = max(rows[i].token_bitmask.shape[-1] for i in masked)
+        bitmask = torch.full((len(rows), width), -1, dtype=torch.int32)
+        for i in masked:
+            bitmask[i, : rows[i].token_bitmask.shape[-1]] = rows[i].token_bitmask
+        apply_bitmask(logits, bitmask, masked)
     return logits
+
+
+def apply_logit_bias(row: torch.Tensor, bias: dict[int, float]) -> None:
+    """row: [V] one request's logits (in place); ids beyond the row are ignored."""
+    ids = [t for t in bias if t < row.shape[-1]]
+    if ids:
+        row[torch.tensor(ids, dtype=torch.int64, device=row.device)] += torch.tensor(
+            [float(bias[t]) for t in ids], dtype=row.dtype, device=row.device)
 
 
 def penalised_scaled(logits: torch.Tensor, rows: Sequence[SampleRow], eos_ids: Sequence[int]) -> torch.Tensor:

@@ -3,6 +3,12 @@
 Greedy is ``temperature == 0`` (or ``top_k == 1``). ``top_k == -1`` disables
 top-k. ``seed`` gives the request its own random generator, so the same seed
 gives the same tokens whatever else runs in the batch.
+
+Constrained decoding (SGLang's fields): at most one of ``json_schema`` (a
+JSON Schema document as a string), ``regex`` and ``ebnf``; the engine compiles
+it (``impl/constrained/grammar.py``). ``logit_bias``: token id -> a bias in
+[-100, 100] added to that token's logit before sampling (OpenAI's
+semantics; at most ``MAX_LOGIT_BIAS`` entries).
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 _EPS = 1e-6
+MAX_LOGIT_BIAS = 1024  # entries of one request's logit_bias
+LOGIT_BIAS_RANGE = 100.0
 
 
 @dataclass
@@ -32,6 +40,10 @@ class SamplingParams:
     no_stop_trim: bool = False
     n: int = 1
     seed: int | None = None
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    logit_bias: dict[int, float] | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | "SamplingParams" | None, vocab_size: int | None = None) -> "SamplingParams":
@@ -54,11 +66,22 @@ class SamplingParams:
         d = {k: v for k, v in d.items() if v is not None or k == "seed"}
         if isinstance(d.get("stop"), str):
             d["stop"] = [d["stop"]]
+        if isinstance(d.get("logit_bias"), Mapping):
+            d["logit_bias"] = _token_bias(d["logit_bias"])
         if isinstance(d.get("stop_token_ids"), int):
             d["stop_token_ids"] = [d["stop_token_ids"]]
         p = cls(**d)
         p.verify(vocab_size)
         return p
+
+    @property
+    def grammar(self) -> tuple[str, str] | None:
+        """(kind, source) of the request's constraint, or None."""
+        for kind in ("json_schema", "regex", "ebnf"):
+            v = getattr(self, kind)
+            if v is not None:
+                return kind, v
+        return None
 
     @property
     def is_greedy(self) -> bool:
@@ -105,3 +128,34 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be a list of non-negative token ids, got {self.stop_token_ids!r}.")
         if vocab_size is not None and any(t >= vocab_size for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be below the vocabulary size {vocab_size}, got {self.stop_token_ids}.")
+        given = [k for k in ("json_schema", "regex", "ebnf") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"Only one of regex, json_schema, or ebnf can be set, got {given}.")
+        for k in given:
+            if not isinstance(getattr(self, k), str) or not getattr(self, k):
+                raise ValueError(f"{k} must be a non-empty string.")
+        if self.logit_bias is not None:
+            _verify_logit_bias(self.logit_bias, vocab_size)
+
+
+def _token_bias(d: Mapping[Any, Any]) -> dict[Any, Any]:
+    """OpenAI / SGLang send token ids as JSON object keys (strings): ``{"42": -100}`` -> ``{42: -100}``."""
+    out: dict[Any, Any] = {}
+    for k, v in d.items():
+        if isinstance(k, str) and k.strip().lstrip("-").isdigit() and len(k) <= 12:
+            k = int(k)
+        out[k] = v
+    return out
+
+
+def _verify_logit_bias(bias: Any, vocab_size: int | None) -> None:
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be an object mapping token ids to biases, got {type(bias).__name__}.")
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias has {len(bias)} entries; at most {MAX_LOGIT_BIAS} are allowed.")
+    for k, v in bias.items():
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0 or (vocab_size is not None and k >= vocab_size):
+            bound = f"[0, {vocab_size})" if vocab_size is not None else "non-negative integers"
+            raise ValueError(f"logit_bias keys must be token ids in {bound}, got {k!r}.")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -LOGIT_BIAS_RANGE <= v <= LOGIT_BIAS_RANGE:
+            raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {v!r} for token {k}.")
