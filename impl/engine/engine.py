@@ -232,14 +232,16 @@ class Engine:
         return self.encode(text[: self.intake_policy.text_budget(chars)])
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    chat_template: str | None = None) -> list[int]:
+                    chat_template: str | None = None, **extra: Any) -> list[int]:
         """A conversation's token ids through the chat template (its refusals are InvalidRequest on
-        ``messages``), bounded before rendering like ``encode_prompt``."""
+        ``messages``), bounded before rendering like ``encode_prompt``. ``extra``: more template variables
+        (``tools``: the declarations, counted in the bound)."""
         chars = sum(len(m["content"]) if isinstance(m.get("content"), str) else
                     sum(len(p["text"]) for p in m.get("content") or []) for m in messages)
+        chars += len(str(extra)) if extra else 0
         self.intake_policy.check_text(chars, self.tokenizer.max_token_chars)
         try:
-            return self.tokenizer.encode_chat(messages, add_generation_prompt, chat_template)
+            return self.tokenizer.encode_chat(messages, add_generation_prompt, chat_template, **extra)
         except ValueError as e:
             raise InvalidRequest(str(e), "messages") from None
 

@@ -168,10 +168,13 @@ class Tokenizer:
             raise ValueError(f"chat template failed to render: {e}") from None
 
     def encode_chat(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, template: str | None = None
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, template: str | None = None,
+        **extra: Any,
     ) -> list[int]:
-        """Ids of the rendered chat prompt; the template supplies bos (added only if it did not)."""
-        ids = self.encode(self.apply_chat_template(messages, add_generation_prompt, template), add_special_tokens=False)
+        """Ids of the rendered chat prompt; the template supplies bos (added only if it did not). ``extra``: more
+        template variables (``tools``)."""
+        ids = self.encode(self.apply_chat_template(messages, add_generation_prompt, template, **extra),
+                          add_special_tokens=False)
         if self.add_bos_token and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):
             ids.insert(0, self.bos_token_id)
         return ids

@@ -264,4 +264,11 @@ def _call(state: ServerState, kind: str, sub, logprobs: bool, body: Any) -> open
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return openai_api.Call(kind, state.model_name, sub, logprobs, include_usage,
                            openai_api.TokenText(state.engine.tokenizer.decode),
-                           token_ids=bool(getattr(body, "return_token_ids", False)))
+                           token_ids=bool(getattr(body, "return_token_ids", False)),
+                           tool_calls=sub.tool_calls, stop_texts=_stop_texts(state.engine))
+
+
+def _stop_texts(engine) -> tuple[str, ...]:
+    """The stop tokens' texts: a tool-call answer is decoded with special tokens, and these end it."""
+    tok = engine.tokenizer
+    return tuple(t for t in (tok.id_to_token(i) for i in engine.scheduler_config.eos_token_ids) if t)

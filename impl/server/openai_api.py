@@ -24,6 +24,8 @@ from impl.engine.output import ReqOutput
 from impl.server.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from impl.server.req_builder import Submission
 from impl.server.errors import error_response
+from impl.tool_calls.gemma4 import ParsedCall, split_calls
+from impl.tool_calls.stream import ToolCallStream
 from impl.server.streaming import (DONE, abort_unfinished, error_event, failure_of, json_safe, merge, sse,
                                    until_disconnect)
 
@@ -107,6 +109,8 @@ class Call:
     include_usage: bool
     token_text: TokenText
     token_ids: bool = False  # completions' return_token_ids (vLLM's extension): each choice's output token ids
+    tool_calls: bool = False  # chat with tools: function calls in the text become message.tool_calls
+    stop_texts: tuple[str, ...] = ()  # dropped from a tool-call answer's text (decoded with special tokens)
     id: str = field(default="")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -117,6 +121,11 @@ class Call:
     @property
     def object(self) -> str:
         return "text_completion" if self.kind == "completion" else "chat.completion"
+
+    def clean(self, text: str) -> str:
+        for t in self.stop_texts:
+            text = text.replace(t, "")
+        return text
 
     def envelope(self, choices: list[dict[str, Any]], chunk: bool = False, **extra: Any) -> dict[str, Any]:
         obj = self.object + (".chunk" if chunk and self.kind == "chat" else "")
@@ -134,6 +143,14 @@ class Call:
         else:
             c["message"] = {"role": "assistant", "content": final.text}
             c["logprobs"] = chat_logprobs(final, self.token_text) if self.logprobs else None
+            if self.tool_calls:
+                content, calls = split_calls(self.clean(final.text))
+                c["message"]["content"] = content if content or not calls else None
+                if calls:
+                    c["message"]["tool_calls"] = [tool_call_dict(call) for call in calls]
+                    c["finish_reason"] = "tool_calls" if final.finish_type != "abort" else final.finish_type
+                    c["matched_stop"] = final.matched_stop
+                    return c
         c["finish_reason"] = final.finish_type
         c["matched_stop"] = final.matched_stop
         return c
@@ -157,14 +174,21 @@ async def openai_response(request: Request, aengine: AsyncEngine, call: Call, st
     return JSONResponse(json_safe(body))
 
 
+def tool_call_dict(call: ParsedCall, index: int | None = None) -> dict[str, Any]:
+    d: dict[str, Any] = {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                         "function": {"name": call.name, "arguments": call.arguments_json}}
+    return d if index is None else {"index": index, **d}
+
+
 @dataclass
 class _ChoiceState:
     sent_chars: int = 0  # text already sent (completions' text_offset)
     started: bool = False
+    tools: ToolCallStream | None = None  # chat with tools: content vs calls of the streamed text
 
 
 async def _stream(aengine: AsyncEngine, call: Call, streams: list[RequestStream]) -> AsyncIterator[bytes]:
-    states = [_ChoiceState() for _ in streams]
+    states = [_ChoiceState(tools=ToolCallStream() if call.tool_calls else None) for _ in streams]
     extra = {"usage": None} if call.include_usage else {}
     try:
         async for k, out in merge(streams):
@@ -187,6 +211,8 @@ async def _stream(aengine: AsyncEngine, call: Call, streams: list[RequestStream]
 
 
 def _delta_chunk(call: Call, k: int, out: ReqOutput, st: _ChoiceState) -> dict[str, Any] | None:
+    if st.tools is not None:
+        return _tool_delta_chunk(call, k, out, st, st.tools)
     fr = out.finish_type
     delta = out.text_delta
     per_token = call.logprobs or call.token_ids  # a chunk per new token, even one with no text of its own
@@ -208,4 +234,27 @@ def _delta_chunk(call: Call, k: int, out: ReqOutput, st: _ChoiceState) -> dict[s
     c["finish_reason"] = fr
     c["matched_stop"] = out.matched_stop if fr is not None else None
     st.sent_chars += len(delta)
+    return c
+
+
+def _tool_delta_chunk(call: Call, k: int, out: ReqOutput, st: _ChoiceState, tools: ToolCallStream) -> dict[str, Any] | None:
+    """A chat chunk when tools were declared: content deltas, each complete call as one tool_calls delta, and
+    ``finish_reason: "tool_calls"`` when the choice called a function."""
+    fr = out.finish_type
+    first = tools.num_calls
+    content, calls = tools.feed(call.clean(out.text_delta))
+    if fr is not None:
+        content += tools.flush()
+    if not content and not calls and fr is None and (not call.logprobs or not out.output_ids_delta) and st.started:
+        return None
+    d: dict[str, Any] = {} if st.started else {"role": "assistant"}
+    if content or not st.started:
+        d["content"] = content
+    if calls:
+        d["tool_calls"] = [tool_call_dict(c, first + i) for i, c in enumerate(calls)]
+    st.started = True
+    c: dict[str, Any] = {"index": k, "delta": d,
+                         "logprobs": chat_logprobs(out, call.token_text) if call.logprobs else None}
+    c["finish_reason"] = "tool_calls" if fr is not None and fr != "abort" and tools.num_calls else fr
+    c["matched_stop"] = out.matched_stop if fr is not None else None
     return c

@@ -12,9 +12,17 @@ client or fuzzer generates exactly the requests the server accepts.
 Unknown top-level fields are ignored because real clients send extras
 (SGLang's bench client sends ``lora_path``, the ``openai`` client ``user``);
 unknown *sampling* fields are refused. OpenAI fields this server does not
-implement (``tools``, ``response_format``, ...) are declared with the only
-value that means "not used" (``tool_choice: "none"``, an empty ``tools``
-list); anything else is a 400 saying the feature is not supported.
+implement (``functions``, ``suffix``, ...) are declared with the only value
+that means "not used"; anything else is a 400 saying the feature is not
+supported.
+
+Structured outputs (``docs/structured-outputs.md``): SGLang's
+``sampling_params.json_schema`` / ``regex`` / ``ebnf`` (at most one) and
+``logit_bias``; OpenAI's ``response_format`` (``text``, ``json_object``,
+``json_schema``), ``logit_bias``, and on chat ``tools`` / ``tool_choice`` with
+``role: "tool"`` messages and assistant ``tool_calls``. A grammar's source is
+bounded here in characters; its content (depth, enum sizes, whether it
+compiles) is checked by the engine (``impl/constrained``), still a 400.
 """
 
 from dataclasses import dataclass
@@ -22,6 +30,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from impl.constrained.limits import GrammarLimits
+from impl.sampling.sampling_params import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS
 from impl.server.limits import RequestLimits
 
 I64_MAX = 2**63 - 1
@@ -90,6 +100,10 @@ def request_models(lim: RequestLimits) -> RequestModels:
     StartT = Int(ge=-1, le=I32_MAX)
     batch = lim.max_batch_size
     RidT = Annotated[str, Field(min_length=1, max_length=256)]
+    GrammarT = Annotated[str, Field(min_length=1, max_length=GrammarLimits().max_source_bytes)]
+    BiasT = Annotated[float, Field(ge=-LOGIT_BIAS_RANGE, le=LOGIT_BIAS_RANGE, allow_inf_nan=False)]
+    # token id (a JSON object key, so a string) -> bias; ids are checked against the vocabulary by the engine
+    LogitBiasT = Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")], BiasT], Field(max_length=MAX_LOGIT_BIAS)]
 
     def many(t: Any) -> Any:
         return Annotated[list[t], Field(min_length=1, max_length=batch)]
@@ -114,8 +128,19 @@ def request_models(lim: RequestLimits) -> RequestModels:
         n: Optional[NT] = None
         seed: Optional[SeedT] = None
         sampling_seed: Optional[SeedT] = None
+        json_schema: Optional[GrammarT] = None
+        regex: Optional[GrammarT] = None
+        ebnf: Optional[GrammarT] = None
+        logit_bias: Optional[LogitBiasT] = None
 
         _top_k = field_validator("top_k")(_no_zero_top_k)
+
+        @model_validator(mode="after")
+        def _one_grammar(self):
+            given = [k for k in ("json_schema", "regex", "ebnf") if getattr(self, k) is not None]
+            if len(given) > 1:
+                raise ValueError(f"only one of regex, json_schema or ebnf can be set, got {given}; keep one")
+            return self
 
         @model_validator(mode="after")
         def _min_le_max(self):
@@ -158,6 +183,28 @@ def request_models(lim: RequestLimits) -> RequestModels:
                 raise ValueError("every prompt of a batch must use the same sampling_params.n")
             return self
 
+    class JsonSchemaSpec(_Body):
+        """response_format.json_schema (OpenAI): the schema and its name; ``strict`` is accepted (the output is
+        always constrained to the schema)."""
+
+        model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+        name: Annotated[str, Field(min_length=1, max_length=256)] = "response"
+        description: Optional[Annotated[str, Field(max_length=GrammarLimits().max_source_bytes)]] = None
+        schema_: Union[dict[str, Any], bool, None] = Field(default=None, alias="schema")
+        strict: Optional[bool] = None
+
+    class ResponseFormat(_Body):
+        type: Literal["text", "json_object", "json_schema"]
+        json_schema: Optional[JsonSchemaSpec] = None
+
+        @model_validator(mode="after")
+        def _schema_given(self):
+            if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+                raise ValueError("response_format of type 'json_schema' needs json_schema.schema (a JSON Schema "
+                                 "object); or use type 'json_object' for any JSON object")
+            return self
+
     class _OpenAISampling(_Body):
         """Sampling fields shared by completions and chat (OpenAI names plus SGLang's extras)."""
 
@@ -180,18 +227,12 @@ def request_models(lim: RequestLimits) -> RequestModels:
         stream_options: Optional[StreamOptions] = None
         rid: Optional[RidT] = None
         user: Optional[str] = None
+        logit_bias: Optional[LogitBiasT] = None
+        response_format: Optional[ResponseFormat] = None
         # OpenAI fields this server does not implement: only their "unused" value is accepted
-        logit_bias: Optional[Annotated[dict[str, float], Field(max_length=0)]] = None
         best_of: Optional[Int(ge=1, le=1)] = None
 
         _top_k = field_validator("top_k")(_no_zero_top_k)
-
-        @field_validator("logit_bias", mode="before")
-        @classmethod
-        def _logit_bias(cls, v: Any) -> Any:
-            if v:
-                raise _unsupported("logit_bias", "token biases are not implemented")
-            return v
 
         @field_validator("best_of", mode="before")
         @classmethod
@@ -229,13 +270,40 @@ def request_models(lim: RequestLimits) -> RequestModels:
         type: Literal["text"]
         text: str
 
-    class ResponseFormat(_Closed):
-        type: Literal["text"]
+    FuncNameT = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+
+    class FunctionDef(_Body):
+        name: FuncNameT
+        description: Optional[Annotated[str, Field(max_length=GrammarLimits().max_source_bytes)]] = None
+        parameters: Optional[dict[str, Any]] = None
+        strict: Optional[bool] = None
+
+    class Tool(_Body):
+        type: Literal["function"] = "function"
+        function: FunctionDef
+
+    class ToolChoiceFunction(_Body):
+        name: FuncNameT
+
+    class NamedToolChoice(_Body):
+        type: Literal["function"] = "function"
+        function: ToolChoiceFunction
+
+    class CalledFunction(_Body):
+        name: FuncNameT
+        arguments: Union[str, dict[str, Any]] = "{}"
+
+    class MessageToolCall(_Body):
+        id: Optional[Annotated[str, Field(max_length=256)]] = None
+        type: Literal["function"] = "function"
+        function: CalledFunction
 
     class ChatMessage(_Body):
-        role: Literal["system", "developer", "user", "assistant"]
+        role: Literal["system", "developer", "user", "assistant", "tool"]
         content: Union[str, Annotated[list[TextPart], Field(max_length=1024)], None] = None
         name: Optional[str] = None
+        tool_calls: Optional[Annotated[list[MessageToolCall], Field(max_length=128)]] = None
+        tool_call_id: Optional[Annotated[str, Field(max_length=256)]] = None
 
         @field_validator("content", mode="before")
         @classmethod
@@ -261,35 +329,42 @@ def request_models(lim: RequestLimits) -> RequestModels:
         logprobs: bool = False
         top_logprobs: Optional[LogprobsNumT] = None
         add_generation_prompt: bool = True
-        # OpenAI fields this server does not implement
-        tools: Optional[Annotated[list[Any], Field(max_length=0)]] = None
-        tool_choice: Optional[Literal["none"]] = None
-        response_format: Optional[ResponseFormat] = None
+        tools: Optional[Annotated[list[Tool], Field(max_length=128)]] = None
+        tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+        parallel_tool_calls: Optional[bool] = None
+        # the deprecated function-calling fields: use tools / tool_choice
         functions: Optional[Annotated[list[Any], Field(max_length=0)]] = None
         function_call: Optional[Literal["none"]] = None
-        parallel_tool_calls: Optional[bool] = None
 
-        @field_validator("tools", "functions", mode="before")
+        @field_validator("functions", mode="before")
         @classmethod
-        def _tools(cls, v: Any, info) -> Any:
+        def _functions(cls, v: Any, info) -> Any:
             if v:
-                raise _unsupported(info.field_name, "tool / function calling is not implemented")
+                raise _unsupported(info.field_name, "the deprecated 'functions' field is not served; send 'tools'")
             return v
 
-        @field_validator("tool_choice", "function_call", mode="before")
+        @field_validator("function_call", mode="before")
         @classmethod
-        def _tool_choice(cls, v: Any, info) -> Any:
+        def _function_call(cls, v: Any, info) -> Any:
             if v is not None and v != "none":
-                raise _unsupported(info.field_name, "tool / function calling is not implemented; only 'none' is accepted")
+                raise _unsupported(info.field_name, "the deprecated 'function_call' field is not served; send 'tool_choice'")
             return v
 
-        @field_validator("response_format", mode="before")
-        @classmethod
-        def _response_format(cls, v: Any) -> Any:
-            if v is not None and v != {"type": "text"} and not isinstance(v, BaseModel):
-                raise _unsupported("response_format", "structured output (json_object, json_schema) is not implemented; "
-                                   "only {'type': 'text'} is accepted")
-            return v
+        @model_validator(mode="after")
+        def _tool_choice_needs_tools(self):
+            tc = self.tool_choice
+            names = [t.function.name for t in self.tools or []]
+            if len(set(names)) != len(names):
+                raise ValueError("'tools' declares a function name twice; give each function its own name")
+            if tc == "required" and not names:
+                raise ValueError("'tool_choice': 'required' needs at least one function in 'tools'")
+            if isinstance(tc, BaseModel) and tc.function.name not in names:
+                raise ValueError(f"'tool_choice' names function {tc.function.name!r}, which 'tools' does not declare")
+            forced = tc == "required" or isinstance(tc, BaseModel)
+            if forced and self.response_format is not None and self.response_format.type != "text":
+                raise ValueError("'response_format' cannot be combined with tool_choice 'required' or a named "
+                                 "function (both constrain the output); drop one of them")
+            return self
 
         @model_validator(mode="after")
         def _top_logprobs_needs_logprobs(self):

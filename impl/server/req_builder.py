@@ -16,6 +16,7 @@ refusals become an ``APIError(400)`` naming the route's own field (``text``,
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -24,6 +25,8 @@ from impl.engine.intake import InvalidRequest
 from impl.engine.req import Req
 from impl.server.errors import APIError
 from impl.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from impl.tool_calls.chat import prepare_messages
+from impl.tool_calls.grammar import forced_call_grammar
 
 # The engine's sampling field names -> the OpenAI routes' names
 _OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
@@ -35,6 +38,7 @@ class Submission:
     num_prompts: int
     n: int
     single: bool  # one prompt given as a scalar (not a batch)
+    tool_calls: bool = False  # chat with tools: parse the output's function calls (impl/tool_calls)
 
     def prompt_of(self, k: int) -> int:
         return k // self.n
@@ -98,8 +102,24 @@ def _openai_sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens
         "repetition_penalty": body.repetition_penalty,
         "ignore_eos": body.ignore_eos,
         "skip_special_tokens": body.skip_special_tokens,
+        "logit_bias": body.logit_bias or None,
+        **response_format_grammar(body.response_format),
     }
     return {k: v for k, v in d.items() if v is not None}
+
+
+# response_format json_object: any JSON object (SGLang's mapping)
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+
+
+def response_format_grammar(rf: Any) -> dict[str, str]:
+    """OpenAI ``response_format`` -> the engine's grammar field (``{}`` for text / none)."""
+    if rf is None or rf.type == "text":
+        return {}
+    if rf.type == "json_object":
+        return {"json_schema": JSON_OBJECT_SCHEMA}
+    schema = rf.json_schema.schema_
+    return {"json_schema": json.dumps(schema if schema is not True else {})}
 
 
 def from_completion(engine: Engine, body: CompletionRequest) -> Submission:
@@ -116,7 +136,7 @@ def from_completion(engine: Engine, body: CompletionRequest) -> Submission:
             prompts = [list(p)] if single else [list(x) for x in p]
         reqs = engine.expand_requests(prompts, _openai_sampling(body, body.max_tokens if explicit else None),
                                       body.logprobs is not None, None, body.logprobs or 0, body.rid,
-                                      default_max_new_tokens=default)
+                                      default_max_new_tokens=default, grammar_field="response_format")
     return Submission(reqs, len(prompts), body.n, single)
 
 
@@ -124,8 +144,23 @@ def from_chat(engine: Engine, body: ChatCompletionRequest, chat_template: str | 
     name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    tc = body.tool_choice
+    # tool_choice "none": the declarations are not shown and the output is not parsed
+    tools = [t.model_dump(exclude_none=True) for t in body.tools or []] if tc != "none" else []
+    sampling = _openai_sampling(body, max_tokens)
+    grammar_field = "response_format"
+    if tools:
+        sampling["skip_special_tokens"] = False  # Gemma-4's call markers are special tokens: keep them to parse
+        if tc == "required" or (tc is not None and not isinstance(tc, str)):
+            sampling["ebnf"] = forced_call_grammar(tools, None if tc == "required" else tc.function.name,
+                                                   parallel=body.parallel_tool_calls is not False)
+            grammar_field = "tool_choice"
     with _named("messages", {"max_new_tokens": name, "min_new_tokens": "min_tokens"}):
-        ids = engine.encode_chat(messages, body.add_generation_prompt, chat_template)
-        reqs = engine.expand_requests([ids], _openai_sampling(body, max_tokens), bool(body.logprobs), None,
-                                      body.top_logprobs or 0, body.rid)
-    return Submission(reqs, 1, body.n, True)
+        try:
+            msgs, extra = prepare_messages(messages, tools, chat_template or engine.tokenizer.chat_template)
+        except ValueError as e:
+            raise InvalidRequest(str(e), "messages") from None
+        ids = engine.encode_chat(msgs, body.add_generation_prompt, chat_template, **extra)
+        reqs = engine.expand_requests([ids], sampling, bool(body.logprobs), None,
+                                      body.top_logprobs or 0, body.rid, grammar_field=grammar_field)
+    return Submission(reqs, 1, body.n, True, tool_calls=bool(tools))

@@ -188,20 +188,30 @@ def test_context_overflow_is_400_naming_both_numbers(url):
 
 
 @pytest.mark.parametrize("extra,field", [
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"tool_choice": "auto"}, "tool_choice"),
-    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
     ({"functions": [{"name": "f"}]}, "functions"),
-    ({"logit_bias": {"20": 5}}, "logit_bias"),
+    ({"function_call": "auto"}, "function_call"),
     ({"best_of": 3}, "best_of"),
 ])
 def test_unimplemented_openai_fields_are_400(url, extra, field):
     _refused(post(url, CHAT, {"messages": MSG, "max_tokens": 1, **extra}), 400, field, "not supported")
 
 
-def test_unused_values_of_unimplemented_fields_are_accepted(url):
+@pytest.mark.parametrize("extra,field", [
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "json_schema.schema"),
+    ({"response_format": {"type": "yaml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"enum": list(range(5000))}}}}, "response_format"),
+    ({"logit_bias": {"20": 500}}, "logit_bias"),
+    ({"logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"logit_bias": {str(10**9): 1}}, "logit_bias"),
+])
+def test_bad_structured_output_fields_are_400(url, extra, field):
+    _refused(post(url, CHAT, {"messages": MSG, "max_tokens": 1, **extra}), 400, field)
+
+
+def test_unused_values_of_optional_fields_are_accepted(url):
     r = post(url, CHAT, {"messages": MSG, "max_tokens": 1, "tool_choice": "none", "tools": [],
                          "response_format": {"type": "text"}, "logit_bias": {}, "user": "u"})
     assert r.status_code == 200, r.text
