@@ -244,6 +244,27 @@ def _fast_prefill_shifts_logits() -> None:
     _set(ModelRunner, "forward", forward)
 
 
+@mutant("HTTP-STRUCTURED-OUTPUT-VALID")
+class GrammarMaskOneTokenLate(HttpMutant):
+    """Each constrained request samples with the token bitmask of the step before (its first token unmasked)."""
+
+
+@breaks("GrammarMaskOneTokenLate")
+def _grammar_mask_one_token_late() -> None:
+    from impl.engine.scheduler import Scheduler
+
+    orig = Scheduler.grammar_masks
+    previous: dict[int, Any] = {}
+
+    def late(self, reqs):
+        masks = orig(self, reqs)
+        out = [previous.get(id(r)) for r in reqs]
+        previous.update({id(r): m.clone() for r, m in zip(reqs, masks) if m is not None})
+        return out
+
+    _set(Scheduler, "grammar_masks", late)
+
+
 @breaks("InjectedFaults")
 def _injected_faults() -> None:
     """Not a mutant: the fault-suite server (requests whose rid names a stage fail there; contracts/fault_injection.py)."""
