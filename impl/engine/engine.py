@@ -213,11 +213,6 @@ class Engine:
             if g is None:
                 continue
             kind, source = g
-            if self.spec_worker is not None:
-                raise InvalidRequest(
-                    f"{field or kind}: constrained decoding is not supported together with speculative decoding "
-                    "(--speculative-algorithm) yet; send the request without it, or serve without speculative decoding",
-                    field or kind)
             try:
                 req.grammar = self.grammar_backend.new_state(GrammarKey(kind, source), field)
             except InvalidGrammar as e:

@@ -22,6 +22,12 @@ the bonus after an all-accepted chain), so a verify commits ``1 .. s + 1`` token
 
 Reported logprobs are the sampler's: ``log_softmax`` of the penalised, scaled
 logits of the row that produced the token.
+
+Constrained requests (a grammar): row ``i`` is masked with the grammar's
+allowed tokens after ``d_1 .. d_i`` (``masks[i]``, computed by advancing the
+request's matcher along the drafts and rolling it back), so ``p_i`` is the
+constrained distribution and a draft the grammar forbids has ``p_i(d) = 0``:
+it is rejected.
 """
 
 from __future__ import annotations
@@ -42,25 +48,32 @@ class Accepted:
     top_logprobs: list[list[tuple[float, int]] | None]
 
 
-def _rows(base: SampleRow, drafts: Sequence[int]) -> list[SampleRow]:
-    """Row i sees the drafts before it as generated output (penalties, min_new_tokens)."""
+RowMasks = Sequence["torch.Tensor | None"]  # one token bitmask per verify row (None: unconstrained)
+
+
+def _rows(base: SampleRow, drafts: Sequence[int], masks: RowMasks | None = None) -> list[SampleRow]:
+    """Row i sees the drafts before it as generated output (penalties, min_new_tokens) and, for a constrained
+    request, the grammar's mask after them."""
     out = list(base.output_ids)
     return [
         SampleRow(base.params, base.prompt_ids, out + list(drafts[:i]), base.generator, base.return_logprob,
-                  base.top_logprobs_num)
+                  base.top_logprobs_num, token_bitmask=None if masks is None else masks[i])
         for i in range(len(drafts) + 1)
     ]
 
 
-def accept_greedy(logits: torch.Tensor, base: SampleRow, drafts: Sequence[int], eos_ids: Sequence[int]) -> Accepted:
+def accept_greedy(logits: torch.Tensor, base: SampleRow, drafts: Sequence[int], eos_ids: Sequence[int],
+                  masks: RowMasks | None = None) -> Accepted:
     """logits: [s + 1, V] verify rows of one greedy request; drafts: d_1 .. d_s."""
-    return accept_greedy_batch(logits, [(base, drafts)], eos_ids)[0]
+    return accept_greedy_batch(logits, [(base, drafts)], eos_ids, [masks])[0]
 
 
 def accept_greedy_batch(logits: torch.Tensor, reqs: Sequence[tuple[SampleRow, Sequence[int]]],
-                        eos_ids: Sequence[int]) -> list[Accepted]:
-    """Several greedy requests at once (one sampler call): ``logits`` holds their verify blocks in order."""
-    rows = [row for base, drafts in reqs for row in _rows(base, drafts)]
+                        eos_ids: Sequence[int], masks: Sequence[RowMasks | None] | None = None) -> list[Accepted]:
+    """Several greedy requests at once (one sampler call): ``logits`` holds their verify blocks in order;
+    ``masks[k]``: request k's per-row grammar masks (None: unconstrained)."""
+    masks = masks if masks is not None else [None] * len(reqs)
+    rows = [row for (base, drafts), m in zip(reqs, masks) for row in _rows(base, drafts, m)]
     out = sample(logits, rows, eos_ids)
     res, off = [], 0
     for _, drafts in reqs:
@@ -73,9 +86,10 @@ def accept_greedy_batch(logits: torch.Tensor, reqs: Sequence[tuple[SampleRow, Se
     return res
 
 
-def accept_sampled(logits: torch.Tensor, base: SampleRow, drafts: Sequence[int], eos_ids: Sequence[int]) -> Accepted:
+def accept_sampled(logits: torch.Tensor, base: SampleRow, drafts: Sequence[int], eos_ids: Sequence[int],
+                   masks: RowMasks | None = None) -> Accepted:
     """Speculative (rejection) sampling with a point-mass draft; see the module doc."""
-    rows = _rows(base, drafts)
+    rows = _rows(base, drafts, masks)
     scaled = penalised_scaled(logits, rows, eos_ids)  # [s + 1, V]
     probs = truncated_probs(scaled, rows)  # [s + 1, V]
     tokens: list[int] = []

@@ -83,6 +83,10 @@ class SchedulerSeam(Protocol):
         """A round advanced the running requests: the KV reserve ratio decays as after a decode step."""
         ...
 
+    def fail_request(self, req: Req, exc: BaseException | None, stage: str) -> None:
+        """Stop ``req`` alone with an error final output (its KV freed): a failure of its own (its grammar)."""
+        ...
+
 
 class DecodeWorker(Protocol):
     """What a decode worker implements (``FrozenKVMTPWorker``)."""

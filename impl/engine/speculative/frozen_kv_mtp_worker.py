@@ -15,6 +15,9 @@ produced it). A round:
 3. accept (``acceptance.py``): ``j`` drafts, ``j + 1`` committed tokens;
 4. free the K/V of the rejected rows ``j + 1 .. s`` at once (``KVLifecycle.trim``);
    the new seed is the hidden state of row ``j`` (the last accepted row);
+   constrained requests (a grammar) verify against the grammar's masks along the draft
+   (``draft_masks``: the matcher advanced over the drafts, then rolled back), so a draft
+   the grammar forbids is rejected;
 5. commit the tokens through the scheduler's per-token path (``Scheduler.commit``: EOS,
    stop strings, ``max_new_tokens``, logprobs, streaming); a request that finishes
    midway drops the rest, and its release frees K/V past its last token.
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from impl.constrained.bitmask import allocate as allocate_bitmask
 from impl.forward_batch import ForwardBatch, ForwardMode, RowSpan, WorkCounters, pack_forward_batch
 from impl.engine.req import Req
 from impl.engine.schedule_batch import ScheduleBatch
@@ -142,6 +146,34 @@ class FrozenKVMTPWorker:
         return offset + j
 
     @staticmethod
+    def draft_masks(sched: SchedulerSeam, req: Req, drafts: list[int]) -> list[torch.Tensor | None] | None:
+        """The grammar's mask for each verify row of ``req`` (row i: after drafts d_1 .. d_i), None without a
+        grammar. The matcher walks the drafts while it accepts them and is rolled back to where it was; rows past
+        a draft it refuses (or past its end) repeat the last mask: that draft is rejected, so they never count.
+        A matcher that fails fails ``req`` alone."""
+        g = req.grammar
+        if g is None:
+            return None
+        masks: list[torch.Tensor | None] = []
+        walked = 0
+        try:
+            bitmask = allocate_bitmask(len(drafts) + 1, g.vocab_size)
+            for i in range(len(drafts) + 1):
+                g.fill(bitmask, i)
+                masks.append(bitmask[i])
+                if i == len(drafts) or not g.accept(drafts[i]):
+                    break
+                walked += 1
+                if g.is_terminated:  # the draft ended the grammar: nothing may follow it
+                    break
+            masks += [masks[-1]] * (len(drafts) + 1 - len(masks))
+            g.rollback(walked)
+        except Exception as e:  # noqa: BLE001 - fail this request only
+            sched.fail_request(req, e, "grammar mask (speculative verify)")
+            return None
+        return masks
+
+    @staticmethod
     def _verify_batch(sched: SchedulerSeam, reqs: list[Req], drafts: list[list[int]]) -> ForwardBatch:
         """EXTEND batch of ``1 + s`` rows per request (bonus + drafts), all of them LM-head rows."""
         spans = []
@@ -164,15 +196,19 @@ class FrozenKVMTPWorker:
             starts.append(starts[-1] + 1 + len(d))
         bases = [SampleRow(r.sampling_params, r.origin_input_ids, r.output_ids, r.generator, r.return_logprob,
                            r.top_logprobs_num) for r in reqs]
-        greedy = [i for i, r in enumerate(reqs) if r.sampling_params.is_greedy]
+        masks = [self.draft_masks(sched, r, d) for r, d in zip(reqs, drafts)]
+        greedy = [i for i, r in enumerate(reqs) if r.sampling_params.is_greedy and not r.is_finished]
         accepted: dict[int, Accepted] = {}
         if greedy:
             rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in greedy]).to(logits.device)
-            for i, acc in zip(greedy, accept_greedy(logits.index_select(0, rows), [(bases[i], drafts[i]) for i in greedy], eos)):
+            for i, acc in zip(greedy, accept_greedy(logits.index_select(0, rows), [(bases[i], drafts[i]) for i in greedy], eos,
+                                                    [masks[i] for i in greedy])):
                 accepted[i] = acc
         for k, (r, d) in enumerate(zip(reqs, drafts)):
+            if r.is_finished:  # its grammar failed (draft_masks failed it alone)
+                continue
             n, offset = 1 + len(d), starts[k]
-            acc = accepted[k] if k in accepted else accept_sampled(logits[offset : offset + n], bases[k], d, eos)
+            acc = accepted[k] if k in accepted else accept_sampled(logits[offset : offset + n], bases[k], d, eos, masks[k])
             j = acc.num_accepted_drafts
             self._free_rejected(sched, r, r.kv_len - n + 1 + j)
             r.spec_hidden = hidden[self._seed_row(offset, j)].detach().clone()
