@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-peer bench-full bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm
+.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-structured bench-peer bench-full bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -89,6 +89,9 @@ bench-cpu-fused: $(STAMP)
 
 bench-detokenize: $(STAMP)
 	$(PY) -m bench.bench_detokenize
+
+bench-structured: $(STAMP)
+	$(PY) -m bench.bench_structured
 
 bench-cpu-attn: $(STAMP)
 	$(PY) -m bench.bench_cpu_attn
