@@ -83,7 +83,7 @@ def test_chunked_prefill_radix_cache_and_preemption_leave_constrained_outputs_un
     sp = {"json_schema": json.dumps(PERSON), "max_new_tokens": 40}
     prompt = "one two three four five six"
     ref = _gen(engine("e2b"), sp, prompt)["output_ids"]
-    for kw in (dict(chunked_prefill_size=4), dict(disable_radix_cache=True),
+    for kw in (dict(chunked_prefill_size=4), dict(attention_backend="torch_native", disable_radix_cache=True),
                dict(max_total_tokens=60, chunked_prefill_size=16, disable_hybrid_swa_memory=True)):
         eng = engine("e2b", **kw)
         outs = eng.generate([prompt] * 3, {**GREEDY, **sp})
