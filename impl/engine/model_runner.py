@@ -36,6 +36,7 @@ from impl.model import yoco
 from impl.engine.memory_plan import check_memory, memory_info, memory_line
 from impl.model.loader import load_model, resolve_dtype
 from impl.model.outputs import LogitsOutput
+from impl.quant.config import resolve_scheme
 
 logger = logging.getLogger("impl.engine")
 
@@ -69,12 +70,16 @@ class ModelRunner:
             model_config.num_hidden_layers, tuple(model_config.kv_layer_ids),
         )
         probe = TokenToKVPool(model_config, 2, kv_dtype, "meta")
+        # --quantization / --torchao-config / a quantized checkpoint (impl/quant/config.py; the args rules checked it)
+        self.quant = resolve_scheme(getattr(server_args, "quantization", None), getattr(server_args, "torchao_config", ""),
+                                    model_config.quantization_config, device.type)
         # refused here, before any weight is read, when it cannot fit (impl/engine/memory_plan.py)
-        self.weight_plan = check_memory(server_args, model_config, self.dtype, probe.bytes_per_token, device)
+        self.weight_plan = check_memory(server_args, model_config, self.dtype, probe.bytes_per_token, device, quant=self.quant)
         self.deterministic = bool(getattr(server_args, "enable_deterministic_inference", False))
         if self.deterministic:
             deterministic.check_supported(self.dtype)  # refused before any weight is read
-        self.model = load_model(model_config.model_path, self.dtype, device, config=model_config, plan=self.weight_plan)
+        self.model = load_model(model_config.model_path, self.dtype, device, config=model_config, plan=self.weight_plan,
+                                quant=self.quant)
         self.cpu_kernels = install_cpu_kernels(self.model, device, batch_invariant=self.deterministic)
         if self.deterministic:
             deterministic.check_kernels(self.cpu_kernels)
