@@ -148,3 +148,20 @@ def quantize_lm_head(model: nn.Module, fmt: WeightFormat) -> torch.Tensor | None
     model.lm_head_quant = packed
     model.project_to_vocab = lambda h: reference.linear(h.reshape(-1, h.shape[-1]), packed)
     return packed
+
+
+def decode_weight_bytes(model: nn.Module) -> int:
+    """Bytes of weights one decode step reads: every ``nn.Linear`` weight (packed or float; a stacked weight's
+    storage once) and the LM head (its packed copy, or the embedding it is tied to). Prepacked oneDNN copies
+    (float models) are not parameters and are not counted."""
+    seen: dict[int, int] = {}
+    for m in model.modules():
+        if isinstance(m, nn.Linear) and not m.weight.is_meta:
+            st = m.weight.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+    packed = getattr(model, "lm_head_quant", None)
+    head = getattr(model, "lm_head_weight", None)
+    w = packed if packed is not None else head() if callable(head) else None
+    if w is not None and not w.is_meta:
+        seen[w.untyped_storage().data_ptr()] = w.numel() * w.element_size()
+    return sum(seen.values())
