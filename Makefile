@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-structured bench-peer bench-full bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm
+.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-structured bench-peer bench-full bench-quant bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -119,6 +119,14 @@ bench-peer: $(STAMP)
 # names one (the shared machines: make bench-full MEM_LOCK=/work/cache/mem.lock).
 MEM_LOCK ?=
 LOCK_X := $(if $(MEM_LOCK),flock -x $(MEM_LOCK),)
+# Quantized weights at E2B's full size: one decode step's linears and a prefill GEMM, bf16 vs int8 / int4 (kernel
+# level, random weights, ~5 GB peak); then ours end to end on e2b-full in each format (built on first use, 9 GB).
+bench-quant: $(STAMP)
+	$(LOCK_X) $(PY) -m bench.bench_quant
+	$(LOCK_X) $(PY) -m impl.testing.checkpoints e2b-full
+	for q in "" "--torchao-config int8dq" "--torchao-config int8wo" "--torchao-config int4wo-128"; do \
+		$(LOCK_X) $(PY) -m bench.bench_full --phase ours --server-args="$$q" || exit 1; done
+
 bench-full: $(STAMP)
 	$(LOCK_X) $(PY) -m impl.testing.checkpoints e2b-full
 	$(LOCK_X) $(PY) -m bench.bench_full --phase ours

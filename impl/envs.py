@@ -36,6 +36,8 @@ IMPL_CPU_MARCH                 name    native      gcc ``-march`` of both C++ ex
                                                    AVX-512 machine, ``make test-avx2``)
 IMPL_MMAP_EMBEDDINGS           bool    true        serve the per-layer-embedding table zero-copy from the checkpoint file
                                                    on CPU (false: load it into memory)
+IMPL_QUANT_LM_HEAD             bool    true        with quantized weights, the LM head reads an int8 (W8A16) copy of the
+                                                   tied embedding (false: the embedding's own dtype; impl/quant)
 =============================  ======  ==========  ==========================================================
 
 Variables of other programs that the engine reads (declared here too, with their owners' meaning):
@@ -178,6 +180,7 @@ class envs:
     IMPL_CPU_MARCH = env_str("IMPL_CPU_MARCH", "native", r"[A-Za-z0-9][A-Za-z0-9_.-]*",
                              "a gcc -march name (e.g. native, haswell)")
     IMPL_MMAP_EMBEDDINGS = env_bool("IMPL_MMAP_EMBEDDINGS", True)
+    IMPL_QUANT_LM_HEAD = env_bool("IMPL_QUANT_LM_HEAD", True)
     # ---- other programs' variables, read with their owners' meaning
     TRITON_INTERPRET = EnvVar("TRITON_INTERPRET", False, _triton_bool, "a boolean as Triton reads it (1 true on or 0 false off)")
     ONEDNN_MAX_CPU_ISA = env_str("ONEDNN_MAX_CPU_ISA", "", accepted="a oneDNN ISA name (e.g. AVX2)")

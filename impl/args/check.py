@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from impl.args import attention, deterministic, dtype, kv_cache, kv_sharing, speculative
+from impl.args import attention, deterministic, dtype, kv_cache, kv_sharing, quantization, speculative
 from impl.args.platform import Platform
 from impl.args.resolution import context_of, resolutions_of
 from impl.config.model_config import ModelConfig
@@ -24,6 +24,7 @@ def hooks() -> list[Callable[[Any], None]]:
         dtype.handle_dtype_auto,
         kv_sharing.validate_kv_sharing_fast_prefill,
         deterministic.validate_deterministic_inference,
+        quantization.validate_quantization,
         *kv_cache.KV_CACHE_HOOKS,
     ]
 

@@ -65,6 +65,17 @@ class ServerArgs:
     context_length: int | None = _f(None, "Maximum context length; defaults to the model's max_position_embeddings.", type=int)
     dtype: str = _f("auto", "Weight and activation dtype.", DTYPE_CHOICES)
     device: str = _f("auto", "Device: auto picks cuda when torch sees one, else cpu.", DEVICE_CHOICES)
+    quantization: str | None = _f(
+        None,
+        "Weight quantization method (SGLang's names): compressed-tensors (a checkpoint quantized by llm-compressor: "
+        "W8A8 int8 or W4A16 pack-quantized; detected without the flag too) or w8a8_int8 (W8A8 int8; a float "
+        "checkpoint is quantized while loading). CPU only; other methods are refused.",
+    )
+    torchao_config: str = _f(
+        "",
+        "Quantize a float checkpoint's linear layers while loading (SGLang's names): int8dq (int8 weights and "
+        "activations), int8wo (int8 weights), int4wo-<group> (int4 weights, group 32/64/128/256). CPU only.",
+    )
     # ---- HTTP -------------------------------------------------------------
     host: str = _f("127.0.0.1", "HTTP host to bind.")
     port: int = _f(30000, "HTTP port.", type=int)

@@ -73,6 +73,8 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = (1,)
     pad_token_id: int | None = 0
     torch_dtype: str | None = None
+    # config.json's ``quantization_config`` (a pre-quantized checkpoint; impl/quant/checkpoint.py reads it)
+    quantization_config: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
     # assistant (MTP draft) only
     backbone_hidden_size: int = 0
     use_ordered_embeddings: bool = False
@@ -178,7 +180,13 @@ class ModelConfig:
             base = _generic_fields(raw)
         else:
             raise ValueError(f"config.json in {model_path!r} has no model_type; is this an HF checkpoint folder?")
-        return cls(model_path=model_path, architectures=archs, kv_sharing_fast_prefill=kv_sharing_fast_prefill, **base)
+        qc = raw.get("quantization_config")
+        if qc is None and isinstance(raw.get("text_config"), Mapping):
+            qc = raw["text_config"].get("quantization_config")
+        if qc is not None and not isinstance(qc, Mapping):
+            raise ValueError(f"config.json in {model_path!r}: quantization_config must be an object, got {type(qc).__name__}.")
+        return cls(model_path=model_path, architectures=archs, kv_sharing_fast_prefill=kv_sharing_fast_prefill,
+                   quantization_config=qc, **base)
 
     def with_fast_prefill(self, on: bool) -> "ModelConfig":
         return replace(self, kv_sharing_fast_prefill=on)

@@ -400,6 +400,7 @@ class Engine:
             attention_kernels=dict(self.attention_kernels),
             cpu_linear=self.runner.cpu_linear(),
             cpu_kernels=None if self.runner.cpu_kernels is None else self.runner.cpu_kernels.info(),
+            quantization=self.runner.quantization_info(),
             memory=self.runner.memory_info(),
             decode_step_times=self.scheduler.decode_times.as_dict(),
             startup_log=list(self.startup_log),

@@ -15,10 +15,10 @@ DEFAULT_CHUNK_TOKENS = 2048  # the CPU chunked-prefill default (engine.DEFAULT_C
 
 
 def check_memory(server_args, model_config: ModelConfig, dtype: torch.dtype, kv_bytes_per_token: int,
-                 device: torch.device) -> WeightPlan:
+                 device: torch.device, quant=None) -> WeightPlan:
     """The WeightPlan of the model, after checking that it, the smallest KV pool the flags allow and one
     prefill chunk's working memory fit in the available memory (else ValueError naming the flags)."""
-    plan = plan_weights(model_config.model_path, model_config, dtype, device)
+    plan = plan_weights(model_config.model_path, model_config, dtype, device, quant=quant)
     context = server_args.context_length or model_config.max_position_embeddings
     kv_tokens = server_args.max_total_tokens or min(context, MIN_KV_TOKENS)
     chunk = server_args.chunked_prefill_size

@@ -36,6 +36,8 @@ from impl.model import yoco
 from impl.engine.memory_plan import check_memory, memory_info, memory_line
 from impl.model.loader import load_model, resolve_dtype
 from impl.model.outputs import LogitsOutput
+from impl.quant.config import resolve_scheme
+from impl.quant.loading import decode_weight_bytes
 
 logger = logging.getLogger("impl.engine")
 
@@ -69,12 +71,16 @@ class ModelRunner:
             model_config.num_hidden_layers, tuple(model_config.kv_layer_ids),
         )
         probe = TokenToKVPool(model_config, 2, kv_dtype, "meta")
+        # --quantization / --torchao-config / a quantized checkpoint (impl/quant/config.py; the args rules checked it)
+        self.quant = resolve_scheme(getattr(server_args, "quantization", None), getattr(server_args, "torchao_config", ""),
+                                    model_config.quantization_config, device.type)
         # refused here, before any weight is read, when it cannot fit (impl/engine/memory_plan.py)
-        self.weight_plan = check_memory(server_args, model_config, self.dtype, probe.bytes_per_token, device)
+        self.weight_plan = check_memory(server_args, model_config, self.dtype, probe.bytes_per_token, device, quant=self.quant)
         self.deterministic = bool(getattr(server_args, "enable_deterministic_inference", False))
         if self.deterministic:
             deterministic.check_supported(self.dtype)  # refused before any weight is read
-        self.model = load_model(model_config.model_path, self.dtype, device, config=model_config, plan=self.weight_plan)
+        self.model = load_model(model_config.model_path, self.dtype, device, config=model_config, plan=self.weight_plan,
+                                quant=self.quant)
         self.cpu_kernels = install_cpu_kernels(self.model, device, batch_invariant=self.deterministic)
         if self.deterministic:
             deterministic.check_kernels(self.cpu_kernels)
@@ -162,7 +168,20 @@ class ModelRunner:
         ] + ([DETERMINISTIC_LINE] if self.deterministic else []) + [
             f"Scheduler limits: max_running_requests={self.limits.max_running_requests}, "
             f"max request length {self.limits.max_req_len} tokens",
-        ] + ([f"CPU kernels: {self._cpu_kernels()}"] if self.device.type == "cpu" else [])
+        ] + ([f"CPU kernels: {self._cpu_kernels()}"] if self.device.type == "cpu" else []) + (
+            [f"Quantized weights: {self.weight_plan.quant.describe()}; "
+             f"{decode_weight_bytes(self.model) / 1e9:.3f} GB of weights read per decode step"]
+            if self.weight_plan.quant is not None else [])
+
+    def quantization_info(self) -> dict | None:
+        """What ``/get_server_info`` reports under ``quantization`` (None: float weights)."""
+        q = self.weight_plan.quant
+        if q is None:
+            return None
+        return {"format": q.scheme.fmt.kind, "group_size": q.scheme.fmt.group_size, "describe": q.scheme.describe(),
+                "source": q.scheme.source, "lm_head": None if q.scheme.lm_head is None else q.scheme.lm_head.kind,
+                "quantized_weights": len(q.shapes), "kept_float": dict(q.kept),
+                "decode_weight_bytes": decode_weight_bytes(self.model)}
 
     @property
     def kv_pool_bytes(self) -> int:

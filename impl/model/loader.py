@@ -25,6 +25,8 @@ from torch import nn
 from impl.config.model_config import ModelConfig
 from impl.envs import envs
 from impl.model.safetensors_io import TensorEntry, map_tensor, mappable, read_ahead, read_index, read_into
+from impl.quant.base import QuantScheme
+from impl.quant.loading import QuantTargets, TargetLoader, install_reference_forwards, plan_targets, quantize_lm_head
 
 logger = logging.getLogger("impl.model")
 
@@ -100,6 +102,7 @@ class WeightPlan:
     mapped: Mapping[str, TensorEntry]  # parameters served from a memory map
     resident_bytes: int  # memory the loaded weights take (anonymous)
     mapped_bytes: int  # bytes memory-mapped from the checkpoint files (page cache)
+    quant: QuantTargets | None = None  # the linear weights stored quantized (impl/quant), counted packed
 
     def describe_tables(self) -> str:
         parts = []
@@ -126,11 +129,13 @@ def model_class(config: ModelConfig):
 
 
 def plan_weights(model_path: str, config: ModelConfig, dtype: torch.dtype, device: str | torch.device = "cpu",
-                 model=None) -> WeightPlan:
-    """The WeightPlan of ``model_path`` loaded as ``dtype`` on ``device`` (reads only the file headers)."""
+                 model=None, quant: QuantScheme | None = None) -> WeightPlan:
+    """The WeightPlan of ``model_path`` loaded as ``dtype`` on ``device`` (reads only the file headers);
+    ``quant``: its linear weights stored in that quantized format."""
     entries = read_index(checkpoint_files(model_path))
     if model is None:
         model = model_class(config)(config, dtype=dtype, device="meta")
+    targets = plan_targets(model, quant, config.quantization_config) if quant is not None else None
     tables = EMBEDDING_TABLES if config.is_gemma4 else ()
     by_param = {text_name(e.name, config.model_type == "gemma4"): e for e in entries}
     mmap_on = torch.device(device).type == "cpu" and envs.IMPL_MMAP_EMBEDDINGS.get()
@@ -147,11 +152,16 @@ def plan_weights(model_path: str, config: ModelConfig, dtype: torch.dtype, devic
                 mapped[name] = entry
         dtypes[name] = final
         nbytes = t.numel() * torch.empty((), dtype=final).element_size()
+        if targets is not None and name in targets.shapes:
+            nbytes = targets.packed_bytes(name)
         if name in mapped:
             mapped_bytes += nbytes
         else:
             resident += nbytes
-    return WeightPlan(dtype, tuple(entries), dtypes, mapped, resident, mapped_bytes)
+    if targets is not None and targets.scheme.lm_head is not None and config.tie_word_embeddings:
+        n, k = config.vocab_size, config.hidden_size
+        resident += targets.scheme.lm_head.packed_bytes(n, k) if targets.scheme.lm_head.applies_to(k) else 0
+    return WeightPlan(dtype, tuple(entries), dtypes, mapped, resident, mapped_bytes, targets)
 
 
 def _tensors(model):
@@ -165,8 +175,8 @@ def materialize(model, plan: WeightPlan, device: str | torch.device) -> None:
     for mod_name, mod in model.named_modules():
         prefix = f"{mod_name}." if mod_name else ""
         for pname, p in list(mod._parameters.items()):
-            if p is None or f"{prefix}{pname}" in plan.mapped:
-                continue
+            if p is None or f"{prefix}{pname}" in plan.mapped or plan.quant is not None and f"{prefix}{pname}" in plan.quant.shapes:
+                continue  # quantized weights get their packed tensor when they are read
             mod._parameters[pname] = nn.Parameter(
                 torch.empty(p.shape, dtype=plan.param_dtypes[f"{prefix}{pname}"], device=device), requires_grad=False)
         for bname, b in list(mod._buffers.items()):
@@ -175,7 +185,7 @@ def materialize(model, plan: WeightPlan, device: str | torch.device) -> None:
 
 
 def load_model(model_path: str, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu", config: ModelConfig | None = None,
-               plan: WeightPlan | None = None):
+               plan: WeightPlan | None = None, quant: QuantScheme | None = None):
     """Build the model for ``model_path`` and load its weights, tensor by tensor straight into their
     parameters (``safetensors_io``: no second copy), placed as ``plan`` (``plan_weights``) says. The model
     runs the model files' own forwards; on CPU the engine then applies
@@ -183,9 +193,15 @@ def load_model(model_path: str, dtype: str | torch.dtype = "float32", device: st
     config = config or ModelConfig.from_pretrained(model_path)
     torch_dtype = resolve_dtype(dtype, config)
     model = model_class(config)(config, dtype=torch_dtype, device="meta")
-    plan = plan or plan_weights(model_path, config, torch_dtype, device, model=model)
+    plan = plan or plan_weights(model_path, config, torch_dtype, device, model=model, quant=quant)
     materialize(model, plan, device)
     load_weights(model, plan, config)
+    if plan.quant is not None:
+        install_reference_forwards(model, plan.quant)
+        head = plan.quant.scheme.lm_head
+        if head is not None and config.tie_word_embeddings and quantize_lm_head(model, head) is None:
+            logger.info("the LM head keeps its float weights (its width does not take %s)", head.name())
+        logger.info("quantized weights: %s", plan.quant.describe())
     model.weight_plan = plan
     logger.info(
         "loaded %s (%s, %d layers, %d KV-shared) from %s as %s on %s",
@@ -209,10 +225,20 @@ def load_weights(model, plan: WeightPlan, config: ModelConfig) -> None:
     loaded: set[str] = set()
     skipped = 0
     multimodal = config.model_type == "gemma4"
+
+    def install(name: str, packed: torch.Tensor) -> None:
+        mod, attr = owners[name]
+        mod._parameters[attr] = nn.Parameter(packed, requires_grad=False)
+        loaded.add(name)
+
+    quant = TargetLoader(plan.quant, install) if plan.quant is not None else None
     for entry in plan.entries:
         name = text_name(entry.name, multimodal)
         if name is None:
             skipped += 1
+            continue
+        if quant is not None and quant.claims(name):
+            quant.take(name, lambda t, e=entry: read_into(e, t), entry.shape, entry.dtype)
             continue
         if name not in owners or name not in expected:
             if _ignorable(name, config):
@@ -235,6 +261,9 @@ def load_weights(model, plan: WeightPlan, config: ModelConfig) -> None:
         else:
             read_into(entry, current.data)
         loaded.add(name)
+    if quant is not None and quant.missing():
+        raise ValueError(f"the checkpoint does not complete {len(quant.missing())} quantized weight(s), e.g. "
+                         f"{quant.missing()[0]!r} (its parts are missing or do not match config.json's quantization_config)")
     missing = sorted(expected - loaded)
     if missing:
         shapes = ", ".join(f"{n} (expected shape {tuple(getattr(*owners[n]).shape)})" for n in missing[:5])

@@ -33,7 +33,8 @@ logger = logging.getLogger("impl.kernels")
 
 ENV_SWITCH = envs.IMPL_CPU_FUSED.name
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_SOURCES = [os.path.join(_HERE, "fused_layer.cpp"), os.path.join(_HERE, "linear.cpp")]
+_SOURCES = [os.path.join(_HERE, "fused_layer.cpp"), os.path.join(_HERE, "linear.cpp"),
+            os.path.join(_HERE, "quant_linear.cpp")]
 
 # -ffp-contract=off: no FMA may fuse a product into an add (RoPE's x*cos + rot*sin rounds both products;
 # linear.cpp spells its FMAs out).
@@ -47,9 +48,18 @@ error = EXTENSION.error
 
 
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
+QUANT_DTYPES = (torch.int8, torch.uint8)  # packed quantized weights [N, G, B] (quant_linear.h, impl/quant/base.py)
+
+
+def is_quantized(w: torch.Tensor) -> bool:
+    return w.dim() == 3 and w.dtype in QUANT_DTYPES
 
 
 def usable_for(*tensors: torch.Tensor) -> bool:
-    """True when the fused kernels can serve these weights: on CPU, all float32 or all bfloat16."""
-    return bool(tensors) and all(t.device.type == "cpu" and t.dtype == tensors[0].dtype for t in tensors) \
-        and tensors[0].dtype in WEIGHT_DTYPES
+    """True when the fused kernels can serve these weights: on CPU, all float32, all bfloat16, or all quantized
+    in one packed dtype."""
+    if not tensors or not all(t.device.type == "cpu" and t.dtype == tensors[0].dtype for t in tensors):
+        return False
+    if tensors[0].dtype in QUANT_DTYPES:
+        return all(is_quantized(t) and t.is_contiguous() for t in tensors)
+    return tensors[0].dtype in WEIGHT_DTYPES

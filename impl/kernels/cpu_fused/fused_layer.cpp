@@ -20,6 +20,7 @@
 #include <torch/extension.h>
 
 #include "linear.h"
+#include "quant_linear.h"
 
 #include <algorithm>
 #include <cmath>
@@ -119,7 +120,7 @@ std::vector<torch::Tensor> attn_pre(torch::Tensor h, torch::Tensor w_in, torch::
   const int64_t n = h.size(0), hidden = h.size(1), heads = head_w.size(0), d = head_w.size(1);
   const int64_t kv_heads = (heads - q_heads) / 2;
   TORCH_CHECK(q_heads > 0 && q_heads + 2 * kv_heads == heads, "head_w must have Hq + 2 Hkv rows");
-  TORCH_CHECK(proj_w.size(0) == heads * d && proj_w.size(1) == hidden, "proj_w must be [heads * D, hidden]");
+  TORCH_CHECK(proj_w.size(0) == heads * d && cpu_fused::takes_inputs(proj_w, hidden), "proj_w must be [heads * D, hidden]");
   TORCH_CHECK(cos.numel() == n * d && sin_signed.numel() == n * d, "cos / sin must hold [n, D]");
   TORCH_CHECK(d % 2 == 0, "head_dim must be even");
   const float e = static_cast<float>(eps);
@@ -194,8 +195,9 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   h = f32_rows(h, "h", 2);
   TORCH_CHECK(attn_out.size(0) == h.size(0), "attn_out must have one row per row of h");
   for (auto* t : {&w_post_attn, &w_pre_ff, &w_post_ff}) check_f32(*t, "norm weight", 1);
-  const int64_t n = h.size(0), hid = h.size(1), inter = down_w.size(1);
   const bool split = gate_up.size() == 2;
+  const int64_t n = h.size(0), hid = h.size(1), inter = split ? gate_up[0].size(0) : gate_up[0].size(0) / 2;
+  TORCH_CHECK(down_w.size(0) == hid && cpu_fused::takes_inputs(down_w, inter), "down_w must be [hidden, I]");
   TORCH_CHECK(gate_up.size() == 1 || split, "gate_up must be [gate_up_w] or [gate_w, up_w]");
   TORCH_CHECK(split ? gate_up[0].size(0) == inter && gate_up[1].size(0) == inter : gate_up[0].size(0) == 2 * inter,
               "gate_up must be [2 * I, hidden] or two [I, hidden] weights");
@@ -221,7 +223,7 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   // oneDNN's kernels block the rows themselves and keep a fixed cost per call: blocks of 256 rows.
   if (split || 3 * inter * hid > kMlpBlockElems * 16) block = std::max<int64_t>(block, kMlpMinRowsLargeWeights);
   // bf16 weights for ATen's mm are widened to float32 once per call: fewer, larger blocks.
-  if (!onednn && down_w.scalar_type() == torch::kBFloat16 && !down_w.is_mkldnn()) block = std::max(block, kMlpMinRowsWidened);
+  if (!onednn && (down_w.scalar_type() == torch::kBFloat16 || cpu_fused::is_quantized(down_w)) && !down_w.is_mkldnn()) block = std::max(block, kMlpMinRowsWidened);
   for (int64_t lo = 0; lo < n; lo += block) {
     const int64_t rows = std::min(block, n - lo);
     auto xb = x.narrow(0, lo, rows);
@@ -296,6 +298,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("w"), py::arg("onednn") = false);
   m.def("bf16_rows", &cpu_fused::bf16_rows, "the bf16 weights' row kernel (float32 arithmetic)", release(),
         py::arg("x"), py::arg("w"));
+  m.def("quant_linear", &cpu_fused::quant_linear, "x @ dequant(w)^T in float32 (quant_linear.h)", release(),
+        py::arg("x"), py::arg("w"));
+  m.def("quantize_rows", &cpu_fused::quantize_rows, "W8A8's per-row activation quantization", release(), py::arg("x"));
+  m.def("quant_dequant", &cpu_fused::quant_dequant, "a quantized weight as float32 [N, K]", release(), py::arg("w"),
+        py::arg("k"));
+  m.def("quant_row_kernel_max_rows", [] { return cpu_fused::kQuantRowKernelMaxRows; });
   m.def("simd_isa", &cpu_fused::simd_isa, "the SIMD width the kernels were compiled for");
   m.def("bf16_row_kernel_max_rows", [] { return cpu_fused::kBf16RowKernelMaxRows; });
   m.def("attn_pre", &attn_pre, "input norm + projection + head norms + RoPE (CPU)", release(), py::arg("h"),

@@ -12,6 +12,8 @@
 // size take it for every row count: the tiny test checkpoints are row-invariant in bf16).
 
 #include "linear.h"
+#include "quant_linear.h"
+#include "simd.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -25,47 +27,7 @@
 namespace cpu_fused {
 namespace {
 
-// SIMD vectors as GCC vector types: 16 floats (one zmm) with AVX-512, 8 (one ymm) with AVX2, else 4.
-#if defined(__AVX512F__)
-constexpr int64_t kVec = 16;
-#elif defined(__AVX2__)
-constexpr int64_t kVec = 8;
-#else
-constexpr int64_t kVec = 4;
-#endif
-typedef float vfloat __attribute__((vector_size(kVec * sizeof(float))));
-typedef float vfloat_u __attribute__((vector_size(kVec * sizeof(float)), aligned(alignof(float))));
-typedef uint16_t vbf16_u __attribute__((vector_size(kVec * sizeof(uint16_t)), aligned(alignof(uint16_t))));
-typedef uint32_t vu32 __attribute__((vector_size(kVec * sizeof(uint32_t))));
-
-inline vfloat vload(const float* p) { return *reinterpret_cast<const vfloat_u*>(p); }
-// a * b + c in one rounding where the CPU has FMA (the build keeps -ffp-contract=off for the layer
-// kernels' RoPE, so the contraction is spelled out here).
-inline vfloat vfma(vfloat a, vfloat b, vfloat c) {
-#if defined(__AVX512F__)
-  return _mm512_fmadd_ps(a, b, c);
-#elif defined(__AVX2__) && defined(__FMA__)
-  return _mm256_fmadd_ps(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
-// kVec bf16 values widened to float32: each one's 16 bits become the top half of a float32 (exact).
-inline vfloat vload_bf16(const uint16_t* p) {
-  const vu32 wide = __builtin_convertvector(*reinterpret_cast<const vbf16_u*>(p), vu32) << 16;
-  return reinterpret_cast<vfloat>(wide);
-}
-inline float bf16_to_f32(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-inline float hsum(vfloat v) {
-  float s = 0.f;
-  for (int64_t i = 0; i < kVec; ++i) s += v[i];
-  return s;
-}
+using namespace simd;
 
 // out[m, n] for R weight rows (w, K apart) and MT rows of x (ldx apart): one accumulator vector per
 // (row, x row) over K in steps of kVec, then its lanes summed, then the K tail. The order of every
@@ -190,6 +152,7 @@ constexpr int64_t kSmallWeightElems = int64_t{1} << 16;
 
 bool runs_onednn(const torch::Tensor& w, int64_t rows, bool onednn) {
   if (w.is_mkldnn()) return true;
+  if (is_quantized(w)) return false;
   if (!onednn) return false;
   if (w.scalar_type() != torch::kBFloat16) return true;
   return rows > kBf16RowKernelMaxRows && w.numel() >= kSmallWeightElems;
@@ -212,6 +175,7 @@ torch::Tensor bf16_rows(const torch::Tensor& x, const torch::Tensor& w) {
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, bool onednn) {
   TORCH_CHECK(x.dim() == 2, "linear takes x [M, K]");
   const int64_t rows = x.size(0);
+  if (is_quantized(w)) return quant_linear(x, w);
   if (runs_onednn(w, rows, onednn)) {
     auto y = onednn_linear(x.to(w.scalar_type()).contiguous(), w, "none", "");
     return y.scalar_type() == torch::kFloat32 ? y : y.to(torch::kFloat32);

@@ -13,6 +13,7 @@ constexpr int64_t kBf16RowKernelMaxRows = 16;
 // y = x @ w^T in float32 for any weight kind:
 //  * float32 [N, K]: ATen's mm, or oneDNN when `onednn`;
 //  * oneDNN-prepacked (mkldnn, float32 or bfloat16): oneDNN, x cast to the weight's dtype;
+//  * quantized [N, G, B] (int8 / uint8; quant_linear.h): quant_linear;
 //  * bfloat16 [N, K]: the row kernel (float32 arithmetic) up to kBf16RowKernelMaxRows rows or when the
 //    weight is small (`small`: row-invariant results for any M); above, oneDNN's bf16 matmul when `onednn`
 //    (a CPU with native bf16), else the weight in float32 blocks through ATen's mm.

@@ -53,11 +53,13 @@ _BF16_ISAS = ("AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_51
 
 @dataclass(frozen=True)
 class LinearPlan:
-    mode: str  # "packed" | "onednn" | "mkl"
+    mode: str  # "packed" | "onednn" | "mkl" | "quant"
     reason: str
     dtype: str = "float32"  # the weights' dtype
 
     def describe(self) -> str:
+        if self.mode == "quant":
+            return f"quantized weights through quant_linear.cpp ({self.reason})"
         if self.dtype == "bfloat16":
             rows = f"up to {BF16_ROW_KERNEL_MAX_ROWS} rows"
             what = {
@@ -135,6 +137,11 @@ def plan(dtype: torch.dtype = torch.float32) -> LinearPlan:
     if mode != "auto":
         return LinearPlan(mode, f"{ENV}={mode}", name)
     return LinearPlan("packed", "auto", name)
+
+
+def quant_plan(fmt_name: str) -> LinearPlan:
+    """The plan of quantized fused layers (``fmt_name``: impl/quant/base.py ``WeightFormat.name()``)."""
+    return LinearPlan("quant", fmt_name, "quantized")
 
 
 def small_weights_plan(dtype: torch.dtype = torch.float32) -> LinearPlan:

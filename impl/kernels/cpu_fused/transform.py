@@ -101,7 +101,7 @@ class FusedWeights:
 
     def for_linear_mode(self, mode: str) -> "FusedWeights":
         """These weights as the kernels take them in linear mode ``mode`` (``linear.py``)."""
-        if mode == "mkl":
+        if mode in ("mkl", "quant"):  # quantized weights: the extension's linear reads them as they are
             return self
         (gate_up,) = self.gate_up
         i = gate_up.shape[0] // 2
@@ -257,7 +257,15 @@ def fused_weights(layer: Any, s: StackedWeights, w: LayerWeights) -> FusedWeight
     """The fused kernels' weights for this layer, or None when they do not apply (not gelu-tanh, weights
     not all CPU float32 or all CPU bfloat16)."""
     ple = [] if w.ple is None else [w.ple.gate, w.ple.proj]
-    if layer.hidden_activation not in GELU_TANH or not cpu_fused.usable_for(s.qkv, s.o_proj, s.gate_up, s.down, *ple):
+    if layer.hidden_activation not in GELU_TANH:
+        return None
+    if cpu_fused.is_quantized(s.qkv):
+        # the extension's linear reads each weight by its own kind: a PLE weight too narrow to quantize
+        # (impl/quant/loading.py) stays float beside quantized projections
+        if not cpu_fused.usable_for(s.qkv, s.o_proj, s.gate_up, s.down) or not all(
+                cpu_fused.usable_for(p) or cpu_fused.usable_for(s.qkv, p) for p in ple):
+            return None
+    elif not cpu_fused.usable_for(s.qkv, s.o_proj, s.gate_up, s.down, *ple):
         return None
     return FusedWeights(s.qkv, s.head_norm, s.q_heads, s.o_proj, (s.gate_up,), s.down,
                         None if w.ple is None else w.ple.gate, None if w.ple is None else w.ple.proj)
@@ -396,13 +404,17 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
             fused.append((m, w, f, ext))
             dtypes.add(f.qkv_proj.dtype)
             paths.append("fused")
-        elif s is not None and s.qkv.dtype == torch.float32 or s is None and m.self_attn.q_proj.weight.dtype == torch.float32:
+        elif (s.qkv.dtype if s is not None else m.self_attn.q_proj.weight.dtype) == torch.float32 \
+                and not any(cpu_fused.is_quantized(p) for p in m.parameters()):
             # An instance attribute shadows the class's forward: layer(...) and layer.forward(...) both take it.
             m.forward = FloatLayerForward(m, w, s)
             paths.append("float")
         else:
             paths.append("module")
     weight_dtype = str(next(iter(dtypes)) if len(dtypes) == 1 else model_dtype(model)).replace("torch.", "")
+    quant = getattr(getattr(model, "weight_plan", None), "quant", None)  # impl/quant/loading.QuantTargets
+    if quant is not None:
+        weight_dtype = quant.scheme.fmt.kind
     plan = None
     packed = 0
     modes: dict[int, str] = {}  # id(fused layer) -> its linear mode
@@ -410,7 +422,11 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
     if fused:
         sized = [cpu_linear.sized_for_onednn(*f.linear_weights()) for _, _, f, _ in fused]
         dtype = fused[0][2].qkv_proj.dtype
-        plan = cpu_linear.plan(dtype) if any(sized) else cpu_linear.small_weights_plan(dtype)
+        if cpu_fused.is_quantized(fused[0][2].qkv_proj):
+            plan = cpu_linear.quant_plan(quant.scheme.fmt.name() if quant is not None else "quantized")
+            sized = [True] * len(fused)
+        else:
+            plan = cpu_linear.plan(dtype) if any(sized) else cpu_linear.small_weights_plan(dtype)
         for (m, w, f, ext), ok in zip(fused, sized):
             mode = plan.mode if ok else "mkl"
             modes[id(m)] = mode
@@ -458,12 +474,21 @@ def _install_linears(model: nn.Module, ext: ModuleType, plan: cpu_linear.LinearP
         if id(m) in fused_ids:
             skip.update(id(c) for c in m.modules())
     for name, m in model.named_modules():
-        if isinstance(m, nn.Linear) and id(m) not in skip and m.bias is None and m.weight.dtype == torch.bfloat16 \
-                and m.weight.device.type == "cpu" and m.weight.is_contiguous():
+        if not isinstance(m, nn.Linear) or id(m) in skip or m.bias is not None or m.weight.device.type != "cpu" \
+                or not m.weight.is_contiguous():
+            continue
+        if cpu_fused.is_quantized(m.weight):  # packed (impl/quant): the extension's linear reads it
+            m.forward = LinearForward(ext, m.weight, False)
+            names.append(name)
+        elif m.weight.dtype == torch.bfloat16:
             m.forward = LinearForward(ext, m.weight, onednn, rows_only=rows_only)
             names.append(name)
     head = getattr(model, "lm_head_weight", None)
-    if callable(head) and hasattr(model, "project_to_vocab"):
+    packed_head = getattr(model, "lm_head_quant", None)  # impl/quant/loading.quantize_lm_head
+    if packed_head is not None:
+        model.project_to_vocab = LinearForward(ext, packed_head, False, out_dtype=torch.float32)
+        names.append("project_to_vocab")
+    elif callable(head) and hasattr(model, "project_to_vocab"):
         w = head()
         if w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.is_contiguous():
             # the LM head keeps its plain weight: the tied embedding gathers rows of it

@@ -1,0 +1,371 @@
+// Quantized linear weights (layout: quant_linear.h; torch reference: impl/quant/reference.py).
+//
+// W8A8 runs every row count through one integer kernel: the activations are quantized per row, each
+// output is an exact int32 dot product of codes, then float(acc) * s_w * s_x. Exact integers make the
+// result of a row independent of the kernel's blocking and of the other rows, so YOCO fast prefill (the
+// back half on a few rows) and the full prefill give the same bits.
+//
+// The integer dot uses AVX2's byte multiply-add (the CPU kinds this project meets all have AVX2): vpmaddubsw
+// multiplies unsigned by signed bytes into saturating 16-bit pair sums, so the signs move to x
+// (|w| * (x * sign(w)) = w * x) and a pair sums to at most 2 * 128 * 127 = 32512: it never saturates. (oneDNN's
+// int8 matmul on a CPU without VNNI feeds unsigned activations straight in and does saturate, measured: its
+// results were off by up to 2e5 on full-range codes, so it is not used here.)
+//
+// W8A16 / W4A16 are bound by the bytes of weight read per decode step: the row kernel reads each weight
+// row once per call and widens its codes to float32 in registers (one group's partial sums scaled at the
+// group's end). Above kQuantRowKernelMaxRows rows, blocks of rows are dequantized to float32 (~2 MB, once
+// per call) for ATen's mm, as the bf16 weights' widened GEMM does (linear.cpp).
+
+#include "quant_linear.h"
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "simd.h"
+
+namespace cpu_fused {
+namespace {
+
+using namespace simd;
+
+// Weights under this many elements take the row kernel at every row count (linear.cpp: kSmallWeightElems).
+constexpr int64_t kQuantSmallWeightElems = int64_t{1} << 16;
+// Every group size is a multiple of this (the kernels have no tail loop; 32: one AVX2 byte vector).
+constexpr int64_t kGroupMultiple = 32;
+
+inline float load_f32(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, sizeof f);
+  return f;
+}
+
+// ---- weight-only kinds: the row kernel ------------------------------------------------------------------
+
+// out[m, n] for R weight rows (rowB bytes apart) and MT rows of x (ldx apart). Per group, one accumulator
+// vector per (row, x row); at the group's end it is scaled into the running vector, whose lanes are summed
+// last. The order of every sum is fixed by the layout alone.
+template <QuantKind Kd, int R, int MT>
+inline void wo_tile(const float* x, int64_t ldx, const uint8_t* w, int64_t rowB, const QuantView& q, float* out,
+                    int64_t ldo) {
+  vfloat tot[R][MT];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MT; ++m) tot[r][m] = vfloat{};
+  const int64_t g = q.g;
+  for (int64_t gi = 0; gi < q.G; ++gi) {
+    const uint8_t* blk = w + gi * q.B;
+    const float* xg = x + gi * g;
+    vfloat acc[R][MT];
+    for (int r = 0; r < R; ++r)
+      for (int m = 0; m < MT; ++m) acc[r][m] = vfloat{};
+    if constexpr (Kd == QuantKind::kW4A16) {
+      const int64_t half = g / 2;
+      vfloat z[R];
+      for (int r = 0; r < R; ++r) z[r] = vsplat(load_f32(blk + r * rowB + half + 4));
+      for (int64_t j = 0; j < half; j += kVec) {
+        vfloat lo[R], hi[R];
+        for (int r = 0; r < R; ++r) {
+          const vi32 b = vload_u8(blk + r * rowB + j);
+          lo[r] = __builtin_convertvector(b & 15, vfloat) - z[r];
+          hi[r] = __builtin_convertvector(b >> 4, vfloat) - z[r];
+        }
+        for (int m = 0; m < MT; ++m) {
+          const vfloat xl = vload(xg + m * ldx + j), xh = vload(xg + m * ldx + half + j);
+          for (int r = 0; r < R; ++r) acc[r][m] = vfma(hi[r], xh, vfma(lo[r], xl, acc[r][m]));
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const vfloat s = vsplat(load_f32(blk + r * rowB + half));
+        for (int m = 0; m < MT; ++m) tot[r][m] = vfma(s, acc[r][m], tot[r][m]);
+      }
+    } else {
+      for (int64_t k = 0; k < g; k += kVec) {
+        vfloat wv[R];
+        for (int r = 0; r < R; ++r) wv[r] = vload_i8(blk + r * rowB + k);
+        for (int m = 0; m < MT; ++m) {
+          const vfloat xv = vload(xg + m * ldx + k);
+          for (int r = 0; r < R; ++r) acc[r][m] = vfma(wv[r], xv, acc[r][m]);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const vfloat s = vsplat(load_f32(blk + r * rowB + g));
+        for (int m = 0; m < MT; ++m) tot[r][m] = vfma(s, acc[r][m], tot[r][m]);
+      }
+    }
+  }
+  for (int m = 0; m < MT; ++m)
+    for (int r = 0; r < R; ++r) out[m * ldo + r] = hsum(tot[r][m]);
+}
+
+#if defined(__AVX512F__)
+constexpr int kWoRows = 4, kWoTile = 2;
+#else
+constexpr int kWoRows = 2, kWoTile = 2;  // 4 accumulators + 4 (W4: lo / hi) weight vectors of 16 ymm
+#endif
+
+template <QuantKind Kd, int R>
+inline void wo_rows(const float* x, int64_t M, const uint8_t* w, const QuantView& q, float* out, int64_t N) {
+  const int64_t rowB = q.G * q.B, K = q.K;
+  int64_t m = 0;
+  for (; m + kWoTile <= M; m += kWoTile) wo_tile<Kd, R, kWoTile>(x + m * K, K, w, rowB, q, out + m * N, N);
+  for (; m < M; ++m) wo_tile<Kd, R, 1>(x + m * K, K, w, rowB, q, out + m * N, N);
+}
+
+template <QuantKind Kd>
+void wo_row_kernel(const float* x, int64_t M, const QuantView& q, float* out) {
+  const int64_t N = q.N, rowB = q.G * q.B;
+  const int64_t blocks = N / kWoRows;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, rowB * kWoRows));
+  auto body = [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; ++b) wo_rows<Kd, kWoRows>(x, M, q.data + b * kWoRows * rowB, q, out + b * kWoRows, N);
+  };
+  if (at::get_num_threads() == 1 || blocks <= grain) {
+    body(0, blocks);
+  } else {
+    at::parallel_for(0, blocks, grain, body);
+  }
+  for (int64_t n = blocks * kWoRows; n < N; ++n) wo_rows<Kd, 1>(x, M, q.data + n * rowB, q, out + n, N);
+}
+
+// Rows [n0, n0 + nb) of dequant(w) into dst [nb, K] float32.
+void dequant_rows(const QuantView& q, int64_t n0, int64_t nb, float* dst) {
+  const int64_t rowB = q.G * q.B;
+  auto body = [&](int64_t lo, int64_t hi) {
+    for (int64_t n = lo; n < hi; ++n) {
+      const uint8_t* row = q.data + (n0 + n) * rowB;
+      float* d = dst + n * q.K;
+      for (int64_t gi = 0; gi < q.G; ++gi) {
+        const uint8_t* blk = row + gi * q.B;
+        float* dg = d + gi * q.g;
+        if (q.kind == QuantKind::kW4A16) {
+          const int64_t half = q.g / 2;
+          const float s = load_f32(blk + half), z = load_f32(blk + half + 4);
+          for (int64_t j = 0; j < half; ++j) {
+            dg[j] = (static_cast<float>(blk[j] & 15) - z) * s;
+            dg[half + j] = (static_cast<float>(blk[j] >> 4) - z) * s;
+          }
+        } else {
+          const float s = load_f32(blk + q.g);
+          for (int64_t k = 0; k < q.g; ++k) dg[k] = static_cast<float>(static_cast<int8_t>(blk[k])) * s;
+        }
+      }
+    }
+  };
+  if (at::get_num_threads() == 1 || nb < 64) {
+    body(0, nb);
+  } else {
+    at::parallel_for(0, nb, 16, body);
+  }
+}
+
+constexpr int64_t kDequantBlockBytes = int64_t{2} << 20;
+
+torch::Tensor dequant_mm(const torch::Tensor& x, const QuantView& q) {
+  const int64_t M = x.size(0), K = q.K, N = q.N;
+  auto out = torch::empty({M, N}, x.options().dtype(torch::kFloat32));
+  int64_t nb = std::max<int64_t>(16, kDequantBlockBytes / (K * 4)) / 16 * 16;
+  nb = std::min(nb, N);
+  auto buf = torch::empty({nb, K}, out.options());
+  for (int64_t n0 = 0; n0 < N; n0 += nb) {
+    const int64_t rows = std::min(nb, N - n0);
+    auto blk = buf.narrow(0, 0, rows);
+    dequant_rows(q, n0, rows, blk.data_ptr<float>());
+    auto dst = out.narrow(1, n0, rows);
+    torch::mm_out(dst, x, blk.t());
+  }
+  return out;
+}
+
+// ---- W8A8: exact integer dot products -----------------------------------------------------------------
+
+// acc[m][r] = sum_k xq[m, k] * wq[r, k] for R weight rows and MT x rows (K a multiple of 32).
+template <int R, int MT>
+inline void i8_tile(const int8_t* xq, int64_t ldx, const uint8_t* w, int64_t rowB, int64_t K, int32_t (*acc)[R]) {
+#if defined(__AVX2__)
+  __m256i a[R][MT];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MT; ++m) a[r][m] = _mm256_setzero_si256();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t k = 0; k < K; k += 32) {
+    __m256i wv[R], wa[R];
+    for (int r = 0; r < R; ++r) {
+      wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * rowB + k));
+      wa[r] = _mm256_sign_epi8(wv[r], wv[r]);  // |w| (as unsigned bytes: -128 reads 128)
+    }
+    for (int m = 0; m < MT; ++m) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * ldx + k));
+      for (int r = 0; r < R; ++r) {
+        const __m256i p = _mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(xv, wv[r]));  // pairs of w * x
+        a[r][m] = _mm256_add_epi32(a[r][m], _mm256_madd_epi16(p, ones));
+      }
+    }
+  }
+  for (int m = 0; m < MT; ++m) {
+    for (int r = 0; r < R; ++r) {
+      __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a[r][m]), _mm256_extracti128_si256(a[r][m], 1));
+      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+      acc[m][r] = _mm_cvtsi128_si32(s);
+    }
+  }
+#else
+  for (int m = 0; m < MT; ++m)
+    for (int r = 0; r < R; ++r) {
+      int32_t s = 0;
+      const int8_t* wr = reinterpret_cast<const int8_t*>(w + r * rowB);
+      for (int64_t k = 0; k < K; ++k) s += static_cast<int32_t>(wr[k]) * xq[m * ldx + k];
+      acc[m][r] = s;
+    }
+#endif
+}
+
+constexpr int kI8Rows = 2, kI8Tile = 4;  // 8 accumulators + 4 weight vectors of AVX2's 16
+constexpr int64_t kI8BlockRows = 64;     // weight rows kept in L2 while every x row passes over them
+
+// out [M, N] = (float(xq @ wq^T) * s_w[n]) * s_x[m].
+void w8a8_kernel(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out) {
+  const int64_t N = q.N, K = q.K, rowB = q.B;
+  auto epilogue = [&](const int32_t* acc, int64_t m, int64_t n, int64_t rows) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float sw = load_f32(q.data + (n + r) * rowB + K);
+      out[m * N + n + r] = (static_cast<float>(acc[r]) * sw) * xs[m];
+    }
+  };
+  auto rows_block = [&](int64_t n0, int64_t n1) {
+    for (int64_t m = 0; m < M; m += kI8Tile) {
+      const int64_t mt = std::min<int64_t>(kI8Tile, M - m);
+      int64_t n = n0;
+      for (; n + kI8Rows <= n1; n += kI8Rows) {
+        int32_t acc[kI8Tile][kI8Rows];
+        const uint8_t* w = q.data + n * rowB;
+        switch (mt) {
+          case 4: i8_tile<kI8Rows, 4>(xq + m * K, K, w, rowB, K, acc); break;
+          case 3: i8_tile<kI8Rows, 3>(xq + m * K, K, w, rowB, K, acc); break;
+          case 2: i8_tile<kI8Rows, 2>(xq + m * K, K, w, rowB, K, acc); break;
+          default: i8_tile<kI8Rows, 1>(xq + m * K, K, w, rowB, K, acc); break;
+        }
+        for (int64_t i = 0; i < mt; ++i) epilogue(acc[i], m + i, n, kI8Rows);
+      }
+      for (; n < n1; ++n) {
+        for (int64_t i = 0; i < mt; ++i) {
+          int32_t acc[1][1];
+          i8_tile<1, 1>(xq + (m + i) * K, K, q.data + n * rowB, rowB, K, acc);
+          epilogue(acc[0], m + i, n, 1);
+        }
+      }
+    }
+  };
+  const int64_t blocks = (N + kI8BlockRows - 1) / kI8BlockRows;
+  auto body = [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; ++b) rows_block(b * kI8BlockRows, std::min(N, (b + 1) * kI8BlockRows));
+  };
+  if (at::get_num_threads() == 1 || blocks == 1) {
+    body(0, blocks);
+  } else {
+    at::parallel_for(0, blocks, 1, body);
+  }
+}
+
+}  // namespace
+
+bool is_quantized(const torch::Tensor& w) {
+  return !w.is_mkldnn() && w.dim() == 3 && (w.scalar_type() == torch::kInt8 || w.scalar_type() == torch::kUInt8);
+}
+
+QuantView quant_view(const torch::Tensor& w, int64_t K) {
+  TORCH_CHECK(is_quantized(w), "a quantized weight is an int8 or uint8 [N, G, B] tensor");
+  TORCH_CHECK(w.device().is_cpu() && w.is_contiguous(), "a quantized weight must be a contiguous CPU tensor");
+  const int64_t N = w.size(0), G = w.size(1), B = w.size(2);
+  TORCH_CHECK(G > 0 && K % G == 0, "a quantized weight of ", G, " groups cannot take inputs of width ", K);
+  const int64_t g = K / G;
+  TORCH_CHECK(g % kGroupMultiple == 0, "quantization groups must be a multiple of ", kGroupMultiple, " inputs, got ", g);
+  QuantKind kind;
+  if (w.scalar_type() == torch::kInt8) {
+    TORCH_CHECK(G == 1 && B == g + 4, "a W8A8 weight is [N, 1, K + 4] for inputs of width ", K);
+    kind = QuantKind::kW8A8;
+  } else if (B == g + 4) {
+    kind = QuantKind::kW8A16;
+  } else {
+    TORCH_CHECK(B == g / 2 + 8, "a uint8 quantized weight [N, G, B] takes B = g + 4 (int8 codes) or g / 2 + 8 "
+                "(int4 codes) for groups of g inputs; got B = ", B, " for g = ", g);
+    kind = QuantKind::kW4A16;
+  }
+  return QuantView{kind, N, G, g, K, B, reinterpret_cast<const uint8_t*>(w.data_ptr())};
+}
+
+bool takes_inputs(const torch::Tensor& w, int64_t K) {
+  if (!is_quantized(w)) return w.dim() == 2 && w.size(1) == K;
+  const int64_t G = w.size(1), B = w.size(2);
+  if (G <= 0 || K % G != 0) return false;
+  const int64_t g = K / G;
+  return B == g + 4 || (w.scalar_type() == torch::kUInt8 && B == g / 2 + 8);
+}
+
+std::vector<torch::Tensor> quantize_rows(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2, "quantize_rows takes x [M, K]");
+  auto xf = x.to(torch::kFloat32).contiguous();
+  const int64_t M = xf.size(0), K = xf.size(1);
+  auto q = torch::empty({M, K}, xf.options().dtype(torch::kInt8));
+  auto s = torch::empty({M}, xf.options());
+  const float* xp = xf.data_ptr<float>();
+  int8_t* qp = q.data_ptr<int8_t>();
+  float* sp = s.data_ptr<float>();
+  auto body = [&](int64_t lo, int64_t hi) {
+    for (int64_t m = lo; m < hi; ++m) {
+      const float* xr = xp + m * K;
+      int8_t* qr = qp + m * K;
+      float amax = 0.f;
+      for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(xr[k]));
+      const float sc = amax / 127.f;
+      sp[m] = sc;
+      if (amax == 0.f) {
+        std::memset(qr, 0, K);
+        continue;
+      }
+      for (int64_t k = 0; k < K; ++k) {
+        const float v = std::nearbyint(xr[k] / sc);  // round half to even (the default rounding mode)
+        qr[k] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
+      }
+    }
+  };
+  if (at::get_num_threads() == 1 || M < 16) {
+    body(0, M);
+  } else {
+    at::parallel_for(0, M, 8, body);
+  }
+  return {q, s};
+}
+
+torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w) {
+  TORCH_CHECK(x.dim() == 2, "quant_linear takes x [M, K]");
+  const QuantView q = quant_view(w, x.size(1));
+  const int64_t M = x.size(0);
+  auto out = torch::empty({M, q.N}, x.options().dtype(torch::kFloat32));
+  if (M == 0 || q.N == 0) return out;
+  if (q.kind == QuantKind::kW8A8) {
+    auto qs = quantize_rows(x);
+    w8a8_kernel(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), M, q, out.data_ptr<float>());
+    return out;
+  }
+  auto xf = x.to(torch::kFloat32).contiguous();
+  if (M > kQuantRowKernelMaxRows && q.N * q.K >= kQuantSmallWeightElems) return dequant_mm(xf, q);
+  if (q.kind == QuantKind::kW4A16) {
+    wo_row_kernel<QuantKind::kW4A16>(xf.data_ptr<float>(), M, q, out.data_ptr<float>());
+  } else {
+    wo_row_kernel<QuantKind::kW8A16>(xf.data_ptr<float>(), M, q, out.data_ptr<float>());
+  }
+  return out;
+}
+
+torch::Tensor quant_dequant(const torch::Tensor& w, int64_t K) {
+  const QuantView q = quant_view(w, K);
+  auto out = torch::empty({q.N, K}, torch::TensorOptions().dtype(torch::kFloat32));
+  dequant_rows(q, 0, q.N, out.data_ptr<float>());
+  return out;
+}
+
+}  // namespace cpu_fused

@@ -1,0 +1,53 @@
+// Quantized linear weights of the fused CPU kernels: y [M, N] = x [M, K] @ dequant(w) [N, K]^T in float32
+// (see quant_linear.cpp; impl/quant/ builds the weights and holds the torch reference of every kind).
+//
+// A quantized weight is ONE contiguous CPU tensor [N, G, B]: each of the N output rows holds its G groups of
+// g = K / G inputs, each group one block of B bytes, its codes first and its scales after them, so a row's
+// bytes are read in one pass:
+//   * int8 tensor, B = g + 4 (G = 1): W8A8. g int8 codes q, then float32 s: w = q * s (per channel,
+//     symmetric). Activations are quantized per row at run time (`quantize_rows`) and multiplied in exact
+//     integer arithmetic, so a row's result never depends on the other rows of the call.
+//   * uint8 tensor, B = g + 4: W8A16. g int8 codes (stored as bytes), then float32 s: w = q * s.
+//   * uint8 tensor, B = g / 2 + 8: W4A16. Byte j < g / 2 holds code j in its low nibble and code j + g / 2
+//     in its high nibble (unsigned 0..15), then float32 s and float32 z: w = (q - z) * s.
+// The two uint8 kinds are told apart by K (x's width): B == g + 4 or B == g / 2 + 8 (never both for g > 8).
+#pragma once
+
+#include <torch/extension.h>
+
+namespace cpu_fused {
+
+enum class QuantKind { kW8A8, kW8A16, kW4A16 };
+
+struct QuantView {
+  QuantKind kind;
+  int64_t N, G, g, K, B;
+  const uint8_t* data;
+};
+
+// True when `w` is a quantized weight ([N, G, B] int8 or uint8).
+bool is_quantized(const torch::Tensor& w);
+
+// The layout of quantized weight `w` for inputs of width K (checked: raises naming what does not fit).
+QuantView quant_view(const torch::Tensor& w, int64_t K);
+
+// True when `w` (plain [N, K], prepacked, or quantized) takes inputs of width K.
+bool takes_inputs(const torch::Tensor& w, int64_t K);
+
+// y = x @ dequant(w)^T, float32 [M, N]. x: [M, K] float32 or bfloat16 (any strides).
+// W8A8: every row count through the integer kernel. W8A16 / W4A16: the row kernel up to
+// kQuantRowKernelMaxRows rows (or for weights under kSmallWeightElems elements, at every row count), above
+// it blocks of rows dequantized to float32 for ATen's mm.
+torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w);
+
+// Row counts up to this run the weight-only kinds' row kernel (bound by the bytes of the weight read).
+constexpr int64_t kQuantRowKernelMaxRows = 16;
+
+// W8A8's activation quantization: x [M, K] -> (int8 codes [M, K], float32 scales [M]); per row
+// s = max|x| / 127, q = round_half_even(x / s) (all zeros when the row is).
+std::vector<torch::Tensor> quantize_rows(const torch::Tensor& x);
+
+// dequant(w) as float32 [N, K] (tests and the reference).
+torch::Tensor quant_dequant(const torch::Tensor& w, int64_t K);
+
+}  // namespace cpu_fused

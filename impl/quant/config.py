@@ -1,0 +1,96 @@
+"""Which quantized format serves a model: from ``--quantization``, ``--torchao-config`` and the checkpoint.
+
+Rules (each violation is a ValueError naming the flag and the fix, raised before any weight is read):
+
+* a checkpoint whose config.json has a ``quantization_config`` is served in its own format; only the
+  compressed-tensors formats below are known (``checkpoint.py``). ``--quantization`` may be left unset or
+  name that method (``compressed-tensors``, or ``w8a8_int8`` for a W8A8 one); ``--torchao-config`` cannot
+  re-quantize it;
+* on a float checkpoint, ``--torchao-config`` quantizes while loading: ``int8dq`` (W8A8), ``int8wo``
+  (W8A16), ``int4wo-<group>`` (W4A16, asymmetric, group 32/64/128/256), as SGLang's names say;
+  ``--quantization w8a8_int8`` is the same as ``int8dq``;
+* every other SGLang quantization method or torchao config is refused with the list of supported ones;
+* quantized weights run on CPU (the fused kernels); CUDA is refused.
+
+``IMPL_QUANT_LM_HEAD=0`` keeps the LM head in the float embedding's dtype (default: an int8 W8A16 copy).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from impl.envs import envs
+from impl.quant.base import INT4_GROUPS, QuantScheme, WeightFormat
+
+QUANTIZATION_SUPPORTED = ("w8a8_int8", "compressed-tensors")
+# SGLang 0.5.23's other --quantization names: recognised, refused with the supported list
+QUANTIZATION_KNOWN = (
+    "awq", "fp8", "gptq", "marlin", "gptq_marlin", "awq_marlin", "bitsandbytes", "gguf", "modelopt", "modelopt_fp8",
+    "modelopt_fp4", "petit_nvfp4", "w8a8_fp8", "moe_wna16", "qoq", "w4afp8", "mxfp4", "mxfp8", "auto-round",
+    "quark", "fbgemm_fp8", "blockwise_int8",
+) + QUANTIZATION_SUPPORTED
+TORCHAO_SUPPORTED = ("int8dq", "int8wo") + tuple(f"int4wo-{g}" for g in INT4_GROUPS)
+_TORCHAO_SHAPE = re.compile(r"^(int8dq|int8wo|int4wo-\d+|fp8wo|fp8dq-per_tensor|fp8dq-per_row|int4dq-?\d*|\S+)$")
+
+
+def _supported() -> str:
+    return (f"--quantization {' or '.join(QUANTIZATION_SUPPORTED)} (a compressed-tensors checkpoint, or W8A8 while "
+            f"loading a float one), --torchao-config {', '.join(TORCHAO_SUPPORTED)}")
+
+
+def _torchao_format(value: str) -> WeightFormat:
+    if value == "int8dq":
+        return WeightFormat("w8a8")
+    if value == "int8wo":
+        return WeightFormat("w8a16")
+    m = re.fullmatch(r"int4wo-(\d+)", value)
+    if m and int(m.group(1)) in INT4_GROUPS:
+        return WeightFormat("w4a16", int(m.group(1)), symmetric=False)
+    raise ValueError(f"--torchao-config {value!r} is not supported here; supported: {', '.join(TORCHAO_SUPPORTED)} "
+                     f"(int4wo takes a group size of {', '.join(map(str, INT4_GROUPS))}). Unset it to serve the "
+                     "checkpoint's own weights.")
+
+
+def _lm_head() -> WeightFormat | None:
+    from impl.quant.base import LM_HEAD_FORMAT
+
+    return LM_HEAD_FORMAT if envs.IMPL_QUANT_LM_HEAD.get() else None
+
+
+def resolve_scheme(quantization: str | None, torchao_config: str | None, quantization_config: Mapping[str, Any] | None,
+                   device_type: str = "cpu") -> QuantScheme | None:
+    """The scheme a model is served with (None: its float weights as they are)."""
+    from impl.quant.checkpoint import checkpoint_format
+
+    torchao_config = (torchao_config or "").strip()
+    if quantization is not None and quantization not in QUANTIZATION_SUPPORTED:
+        known = "a quantization method of SGLang's that this engine does not implement" if quantization in QUANTIZATION_KNOWN \
+            else "not a known quantization method"
+        raise ValueError(f"--quantization {quantization!r} is {known}; supported: {_supported()}.")
+    if quantization is not None and torchao_config:
+        raise ValueError(f"--quantization {quantization} and --torchao-config {torchao_config} both quantize the weights; "
+                         "give one of them.")
+    scheme: QuantScheme | None = None
+    if quantization_config is not None:
+        fmt, method = checkpoint_format(quantization_config)
+        if torchao_config:
+            raise ValueError(f"--torchao-config {torchao_config} cannot re-quantize a checkpoint that is already quantized "
+                             f"({method}); unset it.")
+        if quantization == "w8a8_int8" and fmt.kind != "w8a8":
+            raise ValueError(f"--quantization w8a8_int8 names W8A8 int8, but the checkpoint holds {fmt.name()}; use "
+                             "--quantization compressed-tensors or leave it unset.")
+        scheme = QuantScheme(fmt, f"checkpoint ({method})", prequantized=True, lm_head=_lm_head())
+    elif quantization == "compressed-tensors":
+        raise ValueError("--quantization compressed-tensors needs a checkpoint whose config.json has a compressed-tensors "
+                         "quantization_config; this one has none. To quantize a float checkpoint while loading use "
+                         f"--torchao-config ({', '.join(TORCHAO_SUPPORTED)}) or --quantization w8a8_int8.")
+    elif quantization == "w8a8_int8":
+        scheme = QuantScheme(WeightFormat("w8a8"), "--quantization w8a8_int8", prequantized=False, lm_head=_lm_head())
+    elif torchao_config:
+        scheme = QuantScheme(_torchao_format(torchao_config), f"--torchao-config {torchao_config}", prequantized=False,
+                             lm_head=_lm_head())
+    if scheme is not None and device_type != "cpu":
+        raise ValueError(f"quantized weights ({scheme.describe()}) run on CPU only here (the fused CPU kernels); use "
+                         "--device cpu or serve the float checkpoint.")
+    return scheme

@@ -1,0 +1,62 @@
+"""The torch definition of every quantized format (``base.py``): what the fused CPU kernels must compute.
+
+``linear(x, w, k)`` is x @ dequant(w)^T in float32 for the weight-only kinds; for W8A8 the activations are
+quantized per row as ``quantize_rows`` says and the dot products are exact integers, scaled as
+``(float(acc) * s_w) * s_x`` (the kernel's order: W8A8 results match it bit for bit).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from impl.quant.base import format_of
+
+
+def _floats(b: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., 4 c] -> float32 [..., c]."""
+    return b.contiguous().view(torch.float32)
+
+
+def dequantize(w: torch.Tensor, k: int) -> torch.Tensor:
+    """Packed ``w`` [N, G, B] -> float32 [N, K]."""
+    fmt = format_of(w, k)
+    if fmt is None:
+        return w.float()
+    n, groups, _ = w.shape
+    g = k // groups
+    b = w.view(torch.uint8)
+    if fmt.bits == 8:
+        q = b[..., :g].view(torch.int8).float()
+        s = _floats(b[..., g : g + 4])
+        return (q * s).reshape(n, k)
+    half = g // 2
+    nib = b[..., :half]
+    q = torch.cat([nib & 15, nib >> 4], dim=2).float()  # [N, G, g]
+    s = _floats(b[..., half : half + 4])
+    z = _floats(b[..., half + 4 : half + 8])
+    return ((q - z) * s).reshape(n, k)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W8A8's activations: x [M, K] -> (int8 codes [M, K], float32 scales [M]): s = max|x| / 127, q = round(x / s)."""
+    xf = x.float()
+    s = xf.abs().amax(dim=1) / 127.0
+    safe = torch.where(s > 0, s, 1.0)[:, None]
+    q = torch.where(s[:, None] > 0, torch.round(xf / safe), 0.0).clamp_(-127, 127).to(torch.int8)
+    return q, s
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ dequant(w)^T -> float32 [M, N] (any weight: a float one is a plain matmul in float32)."""
+    k = x.shape[-1]
+    fmt = format_of(w, k)
+    if fmt is None:
+        return x.float() @ w.float().t()
+    if fmt.kind != "w8a8":
+        return x.float() @ dequantize(w, k).t()
+    xq, xs = quantize_rows(x)
+    b = w.view(torch.uint8)
+    wq = b[:, 0, :k].view(torch.int8)
+    ws = _floats(b[:, 0, k : k + 4]).reshape(-1)
+    acc = xq.double() @ wq.double().t()  # exact: |acc| < 2^53
+    return (acc.float() * ws) * xs[:, None]
