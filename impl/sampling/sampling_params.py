@@ -134,6 +134,10 @@ class SamplingParams:
         for k in given:
             if not isinstance(getattr(self, k), str) or not getattr(self, k):
                 raise ValueError(f"{k} must be a non-empty string.")
+        if given and self.min_new_tokens > 0:
+            # the grammar decides where the output ends: forcing tokens past its end leaves no allowed token
+            raise ValueError(f"min_new_tokens cannot be combined with {given[0]} (the grammar decides where the output "
+                             "ends); drop min_new_tokens or make the grammar require the length.")
         if self.logit_bias is not None:
             _verify_logit_bias(self.logit_bias, vocab_size)
 

@@ -100,6 +100,7 @@ def test_logit_bias_on_both_apis(url, model):
     ({"logit_bias": {"1": 101}}, "logit_bias"),
     ({"logit_bias": {"999999": 1}}, "logit_bias"),
     ({"logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias"),
+    ({"regex": "a", "min_new_tokens": 2}, "min_new_tokens"),
 ])
 def test_bad_native_fields_are_400_naming_the_field(url, sp, field):
     r = _post(url, "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, **sp}})
