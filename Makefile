@@ -36,7 +36,7 @@ spec: $(STAMP)
 .PHONY: test-avx2
 test-avx2: $(STAMP)
 	IMPL_CPU_MARCH=haswell ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest -q tests/kernels/test_cpu_avx2_paths.py \
-		tests/kernels/test_cpu_fused.py tests/kernels/test_cpu_fused_bf16.py tests/kernels/test_cpu_attn.py \
+		tests/kernels/test_cpu_fused.py tests/kernels/test_cpu_fused_bf16.py tests/kernels/test_cpu_attn.py tests/quant/test_quant_kernels.py \
 		spec/test_contracts.py -k "not contract or PARITY"
 
 lint: $(STAMP)
