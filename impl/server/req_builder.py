@@ -23,7 +23,13 @@ from impl.engine.engine import Engine
 from impl.engine.intake import InvalidRequest
 from impl.engine.req import Req
 from impl.server.errors import APIError
-from impl.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+
+# The body models are classes each server builds with its limits baked into the pydantic types
+# (protocol.request_models), which a type checker cannot name: here they are read as Any, field by field, and the
+# fields this module reads are pinned by tests/server (test_limits, the HTTP contracts).
+GenerateBody = Any  # protocol.RequestModels.generate
+CompletionBody = Any  # protocol.RequestModels.completion
+ChatBody = Any  # protocol.RequestModels.chat
 
 # The engine's sampling field names -> the OpenAI routes' names
 _OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
@@ -60,7 +66,7 @@ def _named(prompt_field: str, renames: dict[str, str] | None = None) -> Iterator
 # ---------------------------------------------------------------- /generate
 
 
-def from_generate(engine: Engine, body: GenerateRequest) -> Submission:
+def from_generate(engine: Engine, body: GenerateBody) -> Submission:
     """The body model has checked: exactly one of text / input_ids, per-prompt lists of the batch's size, one n."""
     field = "text" if body.text is not None else "input_ids"
     single = isinstance(body.text, str) or (body.input_ids is not None and not isinstance(body.input_ids[0], list))
@@ -80,7 +86,7 @@ def from_generate(engine: Engine, body: GenerateRequest) -> Submission:
 # ---------------------------------------------------------------- OpenAI
 
 
-def _openai_sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None) -> dict[str, Any]:
+def _openai_sampling(body: CompletionBody | ChatBody, max_tokens: int | None) -> dict[str, Any]:
     """The engine's sampling dict; ``max_new_tokens`` only when the client chose it (else the route's default)."""
     d = {
         "max_new_tokens": max_tokens,
@@ -102,7 +108,7 @@ def _openai_sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens
     return {k: v for k, v in d.items() if v is not None}
 
 
-def from_completion(engine: Engine, body: CompletionRequest) -> Submission:
+def from_completion(engine: Engine, body: CompletionBody) -> Submission:
     p = body.prompt
     single = isinstance(p, str) or isinstance(p[0], int)
     explicit = "max_tokens" in body.model_fields_set
@@ -120,7 +126,7 @@ def from_completion(engine: Engine, body: CompletionRequest) -> Submission:
     return Submission(reqs, len(prompts), body.n, single)
 
 
-def from_chat(engine: Engine, body: ChatCompletionRequest, chat_template: str | None) -> Submission:
+def from_chat(engine: Engine, body: ChatBody, chat_template: str | None) -> Submission:
     name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
