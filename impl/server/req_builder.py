@@ -26,7 +26,7 @@ from impl.server.errors import APIError
 
 # The body models are classes each server builds with its limits baked into the pydantic types
 # (protocol.request_models), which a type checker cannot name: here they are read as Any, field by field, and the
-# fields this module reads are pinned by tests/server (test_limits, the HTTP contracts).
+# fields this module reads are pinned by tests/server (test_req_builder, test_limits, the HTTP contracts).
 GenerateBody = Any  # protocol.RequestModels.generate
 CompletionBody = Any  # protocol.RequestModels.completion
 ChatBody = Any  # protocol.RequestModels.chat
@@ -48,18 +48,20 @@ class Submission:
 
 @contextlib.contextmanager
 def _named(prompt_field: str, renames: dict[str, str] | None = None) -> Iterator[None]:
-    """The engine's InvalidRequest as a 400 naming the body's field: the prompt's, or a renamed sampling field."""
+    """The engine's InvalidRequest as a 400 naming the body's field: the prompt's, or a sampling field. ``renames``
+    (the OpenAI routes, which have no ``sampling_params`` object): the engine's sampling field names -> the
+    route's; there a sampling refusal names its own field (``e.sampling_field``), renamed."""
     try:
         yield
     except InvalidRequest as e:
         msg, param = str(e), e.field
         if param == "input_ids":
             param = prompt_field
+        if renames is not None and param == "sampling_params" and e.sampling_field is not None:
+            param = e.sampling_field
         for old, new in (renames or {}).items():
             msg = msg.replace(old, new)
             param = new if param == old else param
-        if renames and param == "sampling_params":  # the OpenAI routes have no sampling_params: name the field
-            param = msg.split(" ", 1)[0]
         raise APIError(400, msg if msg.startswith(param) else f"'{param}': {msg}", param) from None
 
 

@@ -42,11 +42,14 @@ from impl.testing.tokenizer_factory import (
     write_tokenizer_files,
 )
 
+# The server's default model is chosen in impl.models_builtin (what the launcher imports); named here too for the
+# tests and the in-process contract subject, which build every checkpoint through this module.
+from impl.models_builtin import DEFAULT_MODEL, default_model_path  # noqa: F401
+
 if TYPE_CHECKING:
     import torch
 
 FACTORY_VERSION = 1
-DEFAULT_MODEL = "e2b"
 CACHE_ENV = envs.YOCO_CACHE_DIR.name
 
 S, F = "sliding_attention", "full_attention"
@@ -557,11 +560,6 @@ def tiny_checkpoint(name: str) -> str:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return final
-
-
-def default_model_path() -> str:
-    """The embedded default model for ``make serve`` (tiny E2B-shaped), built on first use."""
-    return tiny_checkpoint(DEFAULT_MODEL)
 
 
 def build_all(include_on_demand: bool = False) -> dict[str, str]:
