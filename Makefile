@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-structured bench-peer bench-full bench-quant bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm
+.PHONY: serve serve-cluster bench-cluster test test-fast spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-structured bench-peer bench-full bench-quant bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,8 +25,14 @@ POLICY ?= cache_aware
 serve-cluster: $(STAMP)
 	$(PY) -m impl.launch_cluster --num-workers $(WORKERS) --policy $(POLICY) -- $(ARGS)
 
+# Everything (what CI runs: .ci/run), with the 15 slowest tests named at the end.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
+
+# While working: the unit and contract tests that start no server and no engine of many configurations
+# (under 2 minutes on 2 cores; the slow tier is marked `slow`, docs/development.md).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m 'not bench and not soak and not slow' --durations=15
 
 spec: $(STAMP)
 	$(PY) -m pytest spec -q

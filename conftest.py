@@ -38,6 +38,16 @@ def pytest_addoption(parser):
 
 pytest_plugins = ("contracts.conformance",)
 
+# Fixtures that start server processes (tests/server, tests/bench, tests/cluster): a test using one is in the
+# slow tier, left out of `make test-fast` (spec tests are tiered by their capabilities: spec/conftest.py).
+SERVER_FIXTURES = frozenset({"url", "key_url", "hardened", "hardened_url", "fault_url", "mtp_fault_url", "cluster"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(scope="session")
 def subject(request):

@@ -119,7 +119,7 @@ def run(reps: int) -> tuple[list[Row], float]:
         rows.append(Row(name, gb, d1 * 1e3, d4 * 1e3, flops / t / 1e9))
         print(f"{name}: {gb:.2f} GB, decode step {d1 * 1e3:.1f} ms (batch 4 {d4 * 1e3:.1f} ms), prefill {flops / t / 1e9:.0f} GOP/s",
               flush=True)
-        del ws
+        ws = []  # this format's set released before the next is built
         gc.collect()
     return rows, bw
 

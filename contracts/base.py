@@ -2,7 +2,7 @@
 
 A ``Contract`` is one rule: an id (``FLAG-DEFAULT-OFF``), the rule in one
 sentence, its source (seed file and section), the rule ids of
-``shared/design/RULES.md`` it covers, the subject capabilities it needs, and a
+``docs/rules.md`` it covers, the subject capabilities it needs, and a
 ``check(subject)`` that raises ``ContractViolation`` with a message a user can
 act on. Contracts know nothing of ``impl``: they talk to a ``Subject``.
 

@@ -46,7 +46,8 @@ def _flag_from_metrics(urls: dict[bool, str]) -> None:
             raise not_applicable(f"{url} reports no resolved arguments (no /get_server_info or /server_info, no "
                                  "/get_model_info, no config-info metric): the flag's resolution cannot be read")
         flags[launched] = flag
-    metric = discover(urls[True]).metrics.config_info[0]  # type: ignore[union-attr]
+    names = discover(urls[True]).metrics
+    metric = names.config_info[0] if names is not None and names.config_info is not None else "a config-info metric"
     note(f"no /get_server_info: the resolved flag read from {metric}; the server lists no resolutions with their "
          "source, and its prefill attention backend is its own (the triton requirement is SGLang's)")
     if urls[True] != urls[False]:

@@ -87,7 +87,8 @@ def swa_pool_budgets(subject) -> None:
     req = [GenRequest([5, 6, 7], max_new_tokens=1)]
     base = _pool_line(_run(subject, _argv(subject, "--max-total-tokens", str(one), ONE_POOL), req, "one pool"))
     m1 = ONE_LINE.search(base)
-    require(m1 and int(m1["one"]) == one, f"{ONE_POOL}: expected one pool of {one} tokens, the log says {base!r}")
+    if m1 is None or int(m1["one"]) != one:
+        raise violation(f"{ONE_POOL}: expected one pool of {one} tokens, the log says {base!r}")
     for ratio, flags in ((0.8, ()), (0.25, ("--swa-full-tokens-ratio", "0.25"))):
         line = _pool_line(_run(subject, _argv(subject, "--max-total-tokens", str(one), *flags), req, f"ratio {ratio}"))
         m = HYBRID_LINE.search(line)

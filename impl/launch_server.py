@@ -1,6 +1,6 @@
 """``python -m impl.launch_server [ServerArgs flags]`` (console script ``yoco-launch-server``).
 
-Without ``--model-path`` the embedded tiny Gemma-4 (``impl.testing.checkpoints``,
+Without ``--model-path`` the embedded tiny Gemma-4 (``impl.models_builtin``,
 built and cached on first use) is served, so a fresh clone serves at once.
 Startup log (logger ``impl``): version, the default-model choice, every
 declared resolution with its source and the fast-prefill line

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.base import CAPABILITIES, NotApplicable
+from contracts.base import CAPABILITIES, Contract, NotApplicable, get_contract
+
+# Capabilities whose checks start engines, servers or timed runs: a spec test that uses one is in the slow tier
+# (left out of `make test-fast`); the argument contracts and their mutants, and the catalogue's checks, stay fast.
+SLOW_NEEDS = frozenset({"engine", "http", "bench", "faults", "models", "cuda"})
 
 
 def missing_needs(item: pytest.Item, capabilities: frozenset[str]) -> list[str]:
@@ -22,6 +26,27 @@ def missing_needs(item: pytest.Item, capabilities: frozenset[str]) -> list[str]:
             raise ValueError(f"{item.nodeid}: unknown capabilities {sorted(unknown)} in @pytest.mark.needs")
         needs |= set(m.args)
     return sorted(needs - capabilities)
+
+
+def _contract_of(item: pytest.Item) -> Contract | None:
+    """The contract a parametrized spec test runs (``contract`` or ``cid`` parameter), if any."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if isinstance(params.get("contract"), Contract):
+        return params["contract"]
+    return get_contract(params["cid"]) if isinstance(params.get("cid"), str) else None
+
+
+def needs_of(item: pytest.Item) -> set[str]:
+    """What a spec test uses: its ``needs`` markers, and the needs of the contract it runs."""
+    needs = {cap for m in item.iter_markers("needs") for cap in m.args}
+    contract = _contract_of(item)
+    return needs | set(contract.needs) if contract is not None else needs
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if needs_of(item) & SLOW_NEEDS:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)

@@ -8,13 +8,13 @@ from contracts import docs
 from contracts.base import all_contracts
 from contracts.mutants import all_mutants
 
-# F<n>, K<n>: seed rules of shared/design/RULES.md. M<n>, E<n>, T<n>, H<n>: acceptance items of the
+# F<n>, K<n>: seed rules of docs/rules.md. M<n>, E<n>, T<n>, H<n>: acceptance items of the
 # model (issue 4), engine (issue 5), triton (issue 6) and HTTP (issue 8) issues, which no seed states;
 # S<n>: acceptance items of the speculative-decoding issue (15); R<n>: of the server-hardening issue (14);
 # V<n>: of the KV-memory issue (25: fp8 KV caches, the hybrid sliding-window pool).
 RULE_ID = r"[FK]\d+|[METHSRV]\d+"
 
-# Rule ids of shared/design/RULES.md that must be covered by at least one contract.
+# Rule ids of docs/rules.md that must be covered by at least one contract.
 REQUIRED_RULES = {f"F{i}" for i in range(1, 13)} | {f"K{i}" for i in range(1, 48)} | {f"S{i}" for i in range(1, 5)}
 
 

@@ -60,6 +60,7 @@ def oracle(arch, n_shared, backend, prefill, decode, algo, draft, flag) -> bool:
     draft=st.sampled_from(DRAFTS),
     flag=st.booleans(),
 )
+@pytest.mark.slow  # hypothesis over every argument combination
 def test_decision_matches_oracle(subject, arch, n_shared, backend, prefill, decode, algo, draft, flag):
     model = _gemma_dir(n_shared) if arch == "gemma4" else model_dir(
         {"llama": "Llama-3.1-8B-Instruct", "qwen2": "Qwen2.5-7B-Instruct"}[arch]

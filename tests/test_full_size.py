@@ -101,6 +101,7 @@ def test_full_size_build_refuses_a_disk_too_small(monkeypatch, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow  # a 262144-entry tokenizer
 def test_widened_tokenizer_has_exactly_262144_entries_and_round_trips():
     from impl.testing.tokenizer_factory import BOS_ID, END_OF_TURN_ID, SPECIAL_TOKENS, train_tokenizer, widen_tokenizer
 

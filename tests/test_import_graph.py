@@ -148,6 +148,16 @@ def test_the_graph_sees_a_circle():
     assert "impl.server.dp_replica" in graph["impl.server.dp_control"]
 
 
+def test_the_server_takes_its_default_model_from_a_public_module():
+    """The production server's modules reach the checkpoint factory (a package named ``testing``) only through
+    ``impl.models_builtin``, the one public module that names the embedded default model."""
+    graph = import_graph(with_function_imports=True)
+    bad = sorted(f"{m} -> {t}" for m, edges in graph.items() if m.startswith(SERVER) or m == "impl.engine.engine"
+                 for t in edges if t.startswith("impl.testing"))
+    assert bad == []
+    assert "impl.models_builtin" in graph["impl.server.runtime"]
+
+
 def test_contracts_import_no_unpackaged_module():
     """An installed ``contracts`` (pyproject packages impl* and contracts*) runs by URL: no module of it imports
     ``bench``, ``tests`` or ``spec``, which are not packaged."""

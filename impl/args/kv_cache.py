@@ -183,38 +183,34 @@ def _warn_kv4_mixed_backends(dtype: str, prefill_backend: Any, decode_backend: A
     )
 
 
-def _kv4_fa4_mla_decode(dtype: str, decode_backend: Any) -> None:  # K4
-    if decode_backend not in KV4_FA4_MLA_DECODE_BACKENDS:
+_DECODE_BACKEND = "the decode backend (--decode-attention-backend, else --attention-backend)"
+
+
+def _kv4_expect(dtype: str, backend: Any, allowed: tuple[str, ...], setting: str, role: str) -> None:
+    """K4-K7: with KV4 in ``setting`` (a model kind, and the fa4 prefill backend or not), ``role`` must be one of
+    ``allowed``."""
+    if backend not in allowed:
         raise ValueError(
-            f"--kv-cache-dtype={dtype} with the fa4 prefill backend on an MLA model (KV4 FA4 MLA) expects the "
-            f"decode backend (--decode-attention-backend, else --attention-backend) to be one of "
-            f"{list(KV4_FA4_MLA_DECODE_BACKENDS)}, but got {decode_backend}."
+            f"--kv-cache-dtype={dtype} {setting} expects {role} to be one of {list(allowed)}, but got {backend}."
         )
+
+
+def _kv4_fa4_mla_decode(dtype: str, decode_backend: Any) -> None:  # K4
+    _kv4_expect(dtype, decode_backend, KV4_FA4_MLA_DECODE_BACKENDS,
+                "with the fa4 prefill backend on an MLA model (KV4 FA4 MLA)", _DECODE_BACKEND)
 
 
 def _kv4_fa4_mha_decode(dtype: str, decode_backend: Any) -> None:  # K5
-    if decode_backend not in KV4_FA4_MHA_DECODE_BACKENDS:
-        raise ValueError(
-            f"--kv-cache-dtype={dtype} with the fa4 prefill backend on an MHA model (KV4 FA4 MHA) expects the "
-            f"decode backend (--decode-attention-backend, else --attention-backend) to be one of "
-            f"{list(KV4_FA4_MHA_DECODE_BACKENDS)}, but got {decode_backend}."
-        )
+    _kv4_expect(dtype, decode_backend, KV4_FA4_MHA_DECODE_BACKENDS,
+                "with the fa4 prefill backend on an MHA model (KV4 FA4 MHA)", _DECODE_BACKEND)
 
 
 def _kv4_mla_attention(dtype: str, attention_backend: Any) -> None:  # K6
-    if attention_backend not in KV4_MLA_ATTENTION_BACKENDS:
-        raise ValueError(
-            f"--kv-cache-dtype={dtype} on an MLA model (KV4 MLA) expects --attention-backend to be one of "
-            f"{list(KV4_MLA_ATTENTION_BACKENDS)}, but got {attention_backend}."
-        )
+    _kv4_expect(dtype, attention_backend, KV4_MLA_ATTENTION_BACKENDS, "on an MLA model (KV4 MLA)", "--attention-backend")
 
 
 def _kv4_mha_attention(dtype: str, attention_backend: Any) -> None:  # K7
-    if attention_backend not in KV4_MHA_ATTENTION_BACKENDS:
-        raise ValueError(
-            f"--kv-cache-dtype={dtype} on an MHA model (KV4 MHA) expects --attention-backend to be one of "
-            f"{list(KV4_MHA_ATTENTION_BACKENDS)}, but got {attention_backend}."
-        )
+    _kv4_expect(dtype, attention_backend, KV4_MHA_ATTENTION_BACKENDS, "on an MHA model (KV4 MHA)", "--attention-backend")
 
 
 # =============================================================================
@@ -406,8 +402,7 @@ def _unified_dspark_topk(cfg: Any) -> None:  # K24
 
 
 def _unified_dspark_backends(server_args: Any) -> None:  # K25
-    backends = set(attention_backends_of(resolved_view(server_args)))
-    backends.discard(None)
+    backends = {b for b in attention_backends_of(resolved_view(server_args)) if b is not None}
     if not backends <= UNIFIED_DSPARK_BACKENDS:
         raise ValueError(
             "--enable-unified-memory + --speculative-algorithm DSPARK requires spec-verify-audited attention "
@@ -479,8 +474,7 @@ def _unified_dcp_no_pd(cfg: Any) -> None:  # K31
 
 
 def _unified_dcp_backends(server_args: Any) -> None:  # K32
-    backends = set(attention_backends_of(resolved_view(server_args)))
-    backends.discard(None)
+    backends = {b for b in attention_backends_of(resolved_view(server_args)) if b is not None}
     if not backends <= UNIFIED_DCP_BACKENDS:
         raise ValueError(
             "--enable-unified-memory with decode context parallelism (--dcp-size > 1) requires "
@@ -545,8 +539,7 @@ def page_major_allowed_backends(server_args: Any, cfg: Any) -> frozenset[str]:
 
 def _page_major_attention_backends(server_args: Any, cfg: Any) -> None:  # K36
     allowed = page_major_allowed_backends(server_args, cfg)
-    backends = set(attention_backends_of(resolved_view(server_args)))
-    backends.discard(None)
+    backends = {b for b in attention_backends_of(resolved_view(server_args)) if b is not None}
     if not backends <= allowed:
         kind = "MLA" if use_mla_backend(server_args) else "MHA"
         raise ValueError(

@@ -277,15 +277,15 @@ class TorchNativeAttnBackend(AttentionBackend):
                 f"passed {n}; call init_forward_metadata (or init_cross_decoder_metadata for YOCO) first."
             )
         k_buf, v_buf = self.token_to_kv_pool.get_kv_buffer(layer.kv_layer_id)
-        scales = self.token_to_kv_pool.get_kv_scales(layer.kv_layer_id)
+        k_scale, v_scale = self.token_to_kv_pool.get_kv_scales(layer.kv_layer_id)
         slot_map = self.token_to_kv_pool.slot_map(layer.kv_layer_id)  # hybrid pool: sliding layers' rows
         q3 = q.view(n, layer.num_heads, layer.head_dim)
         if self._rows_kernel and (q.dtype == k_buf.dtype or q.dtype == torch.float32 or is_fp8(k_buf.dtype)):
             r2t = self.req_to_token_pool.req_to_token
             out = cpu_attn.rows_attention(q3, k_buf, v_buf, r2t, plan.row_req, plan.q_pos, layer.sliding_window,
-                                          layer.scaling, layer.logit_cap, *scales, slot_map)
+                                          layer.scaling, layer.logit_cap, k_scale, v_scale, slot_map)
             return out.reshape(n, -1)
-        kv = _PoolKV(k_buf, v_buf, *scales, slot_map)
+        kv = _PoolKV(k_buf, v_buf, k_scale, v_scale, slot_map)
         if layer.sliding_window is not None:
             out = self._sliding(q3, kv, plan, layer)
         else:
@@ -301,7 +301,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         if key not in plan.kv:
             plan.kv[key] = [_gather(kv, b.slots[None]) for b in bands]
         if len(bands) == 1 and plan.window_rows.numel() == 0:
-            return _attend_band(q3, bands[0], *plan.kv[key][0], layer)
+            kf, vf = plan.kv[key][0]
+            return _attend_band(q3, bands[0], kf, vf, layer)
         out = torch.empty(n, h, d, dtype=torch.float32, device=q3.device)
         for b, (kf, vf) in zip(bands, plan.kv[key]):
             out[b.rows] = _attend_band(q3[b.rows], b, kf, vf, layer)
@@ -339,7 +340,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         gathered = plan.kv[key]
         if len(segments) == 1 and segments[0].b * segments[0].m == n:
             seg = segments[0]  # one segment covers every row (pure decode, or one prefill): no scatter
-            return self._segment(q3, seg, *gathered[0], layer)
+            ks, vs = gathered[0]
+            return self._segment(q3, seg, ks, vs, layer)
         out = torch.empty(n, h, d, dtype=torch.float32, device=q3.device)
         for seg, (ks, vs) in zip(segments, gathered):
             out[seg.q_rows] = self._segment(q3[seg.q_rows], seg, ks, vs, layer)
@@ -437,18 +439,20 @@ def _attend_band(q3: torch.Tensor, band: _Band, kf: torch.Tensor, vf: torch.Tens
     kf, vf = kf.contiguous(), vf.contiguous()
     # Rows per chunk bound the [rows, H, w] scores like _WINDOW_CHUNK_ELEMS bounds gathered windows.
     chunk = max(1, _WINDOW_CHUNK_ELEMS // (w * q3.shape[1]))
-    out = None if m <= chunk else torch.empty(m, *q3.shape[1:], dtype=torch.float32, device=q3.device)
-    for lo in range(0, m, chunk):
-        hi = min(m, lo + chunk)
+
+    def rows(lo: int, hi: int) -> torch.Tensor:
         # Row j's keys start at key j: windows overlap, consecutive rows one key apart.
         shape, stride = (hi - lo, w, hkv, d), (hkv * d, hkv * d, d, 1)
         ks = kf.as_strided(shape, stride, kf.storage_offset() + lo * hkv * d)
         vs = vf.as_strided(shape, stride, vf.storage_offset() + lo * hkv * d)
         bias = None if band.bias is None else band.bias[lo:hi]
-        o = _attend_rows(q3[lo:hi], ks, vs, bias, layer)
-        if out is None:
-            return o
-        out[lo:hi] = o
+        return _attend_rows(q3[lo:hi], ks, vs, bias, layer)
+
+    if m <= chunk:
+        return rows(0, m)
+    out = torch.empty(m, *q3.shape[1:], dtype=torch.float32, device=q3.device)
+    for lo in range(0, m, chunk):
+        out[lo:lo + chunk] = rows(lo, min(m, lo + chunk))
     return out
 
 

@@ -211,7 +211,7 @@ class RadixCache:
     def cached_sequences(self) -> dict[tuple[int, ...], list[int]]:
         """Every root-to-leaf token sequence -> its slots (for tests and debugging)."""
         out: dict[tuple[int, ...], list[int]] = {}
-        stack = [(c, [], []) for c in self.root.children.values()]
+        stack: list[tuple[TreeNode, list[int], list[int]]] = [(c, [], []) for c in self.root.children.values()]
         while stack:
             node, keys, vals = stack.pop()
             keys, vals = keys + node.key, vals + node.value.tolist()

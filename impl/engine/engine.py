@@ -80,7 +80,7 @@ class Engine:
         if model_path is None:
             raise ValueError(
                 "Engine needs a model_path (a Gemma-4 checkpoint directory); python -m impl.launch_server "
-                "without --model-path serves the embedded tiny model (impl.testing.checkpoints.default_model_path())."
+                "without --model-path serves the embedded tiny model (impl.models_builtin.default_model_path())."
             )
         self.server_args = ServerArgs(model_path=model_path, **kwargs)
         # torch threads the background scheduler thread runs the forwards with (see start_background_loop)

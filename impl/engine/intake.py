@@ -23,7 +23,8 @@ the engine's only gate: everything semantic is checked here, once, before a
   ``f"{rid}-{j}"`` (a fresh uuid when no rid is given).
 
 Every problem raises ``InvalidRequest``, a ``ValueError`` whose ``field`` names
-the argument at fault (``input_ids`` for the prompt itself), before anything is
+the argument at fault (``input_ids`` for the prompt itself; for the sampling
+params also ``sampling_field``, the field inside them), before anything is
 enqueued.
 """
 
@@ -48,11 +49,22 @@ TEXT_BOUND_SLACK = 2
 
 
 class InvalidRequest(ValueError):
-    """A request the engine can never serve; ``field`` names the argument at fault."""
+    """A request the engine can never serve; ``field`` names the argument at fault and, when that is
+    ``sampling_params``, ``sampling_field`` the field of it (None: the params as a whole)."""
 
-    def __init__(self, message: str, field: str):
+    def __init__(self, message: str, field: str, sampling_field: str | None = None):
         super().__init__(message)
         self.field = field
+        self.sampling_field = sampling_field
+
+
+# SamplingParams' fields, longest first: SamplingParams.verify opens each refusal with the field it is about.
+_SAMPLING_FIELDS = sorted((f.name for f in dataclasses.fields(SamplingParams)), key=len, reverse=True)
+
+
+def _sampling_field(message: str) -> str | None:
+    """The SamplingParams field a refusal of ``SamplingParams.from_dict`` is about (None: the params as a whole)."""
+    return next((name for name in _SAMPLING_FIELDS if message.startswith(name + " ")), None)
 
 
 @dataclass(frozen=True)
@@ -143,7 +155,7 @@ def _sampling(value: SamplingParams | Mapping[str, Any] | None, policy: IntakePo
     try:
         return SamplingParams.from_dict(value, policy.vocab_size), explicit
     except (ValueError, TypeError) as e:
-        raise InvalidRequest(str(e), "sampling_params") from None
+        raise InvalidRequest(str(e), "sampling_params", _sampling_field(str(e))) from None
 
 
 def expand_requests(

@@ -43,6 +43,7 @@ class MaskedEmbedder(nn.Module):
         if vocab % num_centroids:
             raise ValueError(f"assistant vocab_size {vocab} is not a multiple of num_centroids {num_centroids}.")
         self.centroids = nn.Linear(hidden, num_centroids, bias=False, dtype=dtype)
+        self.token_ordering: torch.Tensor
         self.register_buffer("token_ordering", torch.zeros(vocab, dtype=torch.int64))
         self.num_centroids, self.top_k, self.vocab = num_centroids, top_k, vocab
 
@@ -86,15 +87,16 @@ class Gemma4AssistantForCausalLM(nn.Module):
 
     def _layer(self, i: int, kv_layer_id: int | None, layer_id: int, target: ModelConfig | None = None) -> AttentionLayer:
         c = self.config
-        sliding = c.is_sliding(i)
+        window = c.sliding_window if c.is_sliding(i) else None
         return AttentionLayer(
             layer_id=layer_id,
             kv_layer_id=-1 if kv_layer_id is None else kv_layer_id,
             num_heads=c.num_attention_heads,
-            num_kv_heads=target.layer_num_kv_heads[kv_layer_id] if target is not None else c.layer_num_kv_heads[i],
+            num_kv_heads=c.layer_num_kv_heads[i] if target is None or kv_layer_id is None
+            else target.layer_num_kv_heads[kv_layer_id],
             head_dim=c.layer_head_dims[i],
             scaling=1.0,
-            sliding_window=(c.sliding_window + 1) if sliding else None,  # inclusive distance W, see module doc
+            sliding_window=None if window is None else window + 1,  # inclusive distance W, see module doc
         )
 
     def attach_target(self, target) -> None:

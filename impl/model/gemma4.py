@@ -164,7 +164,9 @@ class Gemma4ForCausalLM(nn.Module):
         fb.attn_backend.init_forward_metadata(fb)
         h = self.embed(fb.input_ids)  # [T, hidden]
         ple = self.per_layer_inputs(fb.input_ids, h)  # [T, L, P] or None
-        rope = self.rope_tables(fb.positions)  # built once, shared by both halves (rows keep their positions)
+        # Every row's rope: the self-decoder's, and the cross-decoder's when it runs every row (with fast prefill
+        # the cross-decoder builds its own for the gathered rows' positions).
+        rope = self.rope_tables(fb.positions)
         h = self.self_decoder(h, fb.positions, ple, fb, rope)
         fast = bool(fb.fast_prefill) and self.has_cross_decoder
         if fast:

@@ -28,8 +28,3 @@ class RMSNorm(nn.Module):
         if x.dtype == torch.float32 and (w is None or w.dtype == torch.float32):
             return rms_norm(x, w, self.eps)
         return F.rms_norm(x.float(), (x.shape[-1],), None if w is None else w.float(), self.eps).to(x.dtype)
-
-    def fast_weight(self) -> tuple[bool, torch.Tensor | None]:
-        """(usable by ``rms_norm`` directly, weight or None): True when this norm runs in float32."""
-        w = self.weight if self.with_scale else None
-        return (w is None or w.dtype == torch.float32), w

@@ -63,7 +63,10 @@ ROUTER_UNKNOWN_MODEL = "unknown"
 def served_model_name(engine: Engine) -> str:
     """--served-model-name, else the model path (SGLang's default)."""
     args = engine.resolved_args
-    return args.served_model_name or args.model_path
+    name = args.served_model_name or args.model_path
+    if name is None:  # the launcher always resolves a model path (the embedded default when none is given)
+        raise ValueError("no model path: pass --model-path (or --served-model-name)")
+    return name
 
 
 def build_state(engine: Engine) -> ServerState:

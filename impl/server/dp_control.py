@@ -22,8 +22,7 @@ import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
-from unittest import mock
+from typing import Any, Iterator
 
 import httpx
 
@@ -50,6 +49,18 @@ class Replica:
 
     def describe_exit(self) -> str:
         return f"data-parallel rank {self.rank} (pid {self.proc.pid}) exited with code {self.proc.exitcode}"
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set inside the block (a process started there inherits them), then as before."""
+    before = dict(os.environ)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
 
 
 @dataclass
@@ -79,7 +90,7 @@ class DataParallelController:
             spec = ReplicaSpec(rank, os.path.join(self._dir, f"dp{rank}.sock"), shares[rank], base, os.getpid(),
                                cuda[rank] if cuda else None)
             proc = ctx.Process(target=run_replica, args=(spec,), name=f"yoco-dp{rank}", daemon=False)
-            with mock.patch.dict(os.environ, spec.environment()):  # the child inherits them, we keep ours
+            with _environment(spec.environment()):  # the child inherits them, we keep ours
                 proc.start()
             self.replicas.append(Replica(rank, spec, proc))
             logger.info("Data-parallel rank %d: pid %d, CPU cores %s (%d thread%s)%s", rank, proc.pid,

@@ -24,9 +24,15 @@ from impl.engine.engine import Engine
 from impl.engine.intake import InvalidRequest
 from impl.engine.req import Req
 from impl.server.errors import APIError
-from impl.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from impl.tool_calls.chat import prepare_messages
 from impl.tool_calls.grammar import forced_call_grammar
+
+# The body models are classes each server builds with its limits baked into the pydantic types
+# (protocol.request_models), which a type checker cannot name: here they are read as Any, field by field, and the
+# fields this module reads are pinned by tests/server (test_req_builder, test_limits, the HTTP contracts).
+GenerateBody = Any  # protocol.RequestModels.generate
+CompletionBody = Any  # protocol.RequestModels.completion
+ChatBody = Any  # protocol.RequestModels.chat
 
 # The engine's sampling field names -> the OpenAI routes' names
 _OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
@@ -46,25 +52,27 @@ class Submission:
 
 @contextlib.contextmanager
 def _named(prompt_field: str, renames: dict[str, str] | None = None) -> Iterator[None]:
-    """The engine's InvalidRequest as a 400 naming the body's field: the prompt's, or a renamed sampling field."""
+    """The engine's InvalidRequest as a 400 naming the body's field: the prompt's, or a sampling field. ``renames``
+    (the OpenAI routes, which have no ``sampling_params`` object): the engine's sampling field names -> the
+    route's; there a sampling refusal names its own field (``e.sampling_field``), renamed."""
     try:
         yield
     except InvalidRequest as e:
         msg, param = str(e), e.field
         if param == "input_ids":
             param = prompt_field
+        if renames is not None and param == "sampling_params" and e.sampling_field is not None:
+            param = e.sampling_field
         for old, new in (renames or {}).items():
             msg = msg.replace(old, new)
             param = new if param == old else param
-        if renames and param == "sampling_params":  # the OpenAI routes have no sampling_params: name the field
-            param = msg.split(" ", 1)[0]
         raise APIError(400, msg if msg.startswith(param) else f"'{param}': {msg}", param) from None
 
 
 # ---------------------------------------------------------------- /generate
 
 
-def from_generate(engine: Engine, body: GenerateRequest) -> Submission:
+def from_generate(engine: Engine, body: GenerateBody) -> Submission:
     """The body model has checked: exactly one of text / input_ids, per-prompt lists of the batch's size, one n."""
     field = "text" if body.text is not None else "input_ids"
     single = isinstance(body.text, str) or (body.input_ids is not None and not isinstance(body.input_ids[0], list))
@@ -84,7 +92,7 @@ def from_generate(engine: Engine, body: GenerateRequest) -> Submission:
 # ---------------------------------------------------------------- OpenAI
 
 
-def _openai_sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None) -> dict[str, Any]:
+def _openai_sampling(body: CompletionBody | ChatBody, max_tokens: int | None) -> dict[str, Any]:
     """The engine's sampling dict; ``max_new_tokens`` only when the client chose it (else the route's default)."""
     d = {
         "max_new_tokens": max_tokens,
@@ -122,7 +130,7 @@ def response_format_grammar(rf: Any) -> dict[str, str]:
     return {"json_schema": json.dumps(schema if schema is not True else {})}
 
 
-def from_completion(engine: Engine, body: CompletionRequest) -> Submission:
+def from_completion(engine: Engine, body: CompletionBody) -> Submission:
     p = body.prompt
     single = isinstance(p, str) or isinstance(p[0], int)
     explicit = "max_tokens" in body.model_fields_set
@@ -140,7 +148,7 @@ def from_completion(engine: Engine, body: CompletionRequest) -> Submission:
     return Submission(reqs, len(prompts), body.n, single)
 
 
-def from_chat(engine: Engine, body: ChatCompletionRequest, chat_template: str | None) -> Submission:
+def from_chat(engine: Engine, body: ChatBody, chat_template: str | None) -> Submission:
     name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     messages = [m.model_dump(exclude_none=True) for m in body.messages]

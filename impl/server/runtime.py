@@ -2,8 +2,11 @@
 
 Used by ``impl/launch_server.py`` (one server, or the ``--dp-size`` front) and by
 each data-parallel replica (``impl/server/dp_replica.py``), so neither imports
-the other. Nothing here imports torch at the top: a replica sets its thread
-count before torch is loaded.
+the other. Importing it loads torch (the ``impl`` package decides compiled or
+interpreted Triton first, which imports torch), so a replica's OpenMP team size
+comes from the environment it is spawned with (``ReplicaSpec.environment()``),
+not from anything done here; the engine and the app are imported inside the
+functions that build them.
 
 * ``setup_logging``: one stderr handler with timestamps; uvicorn's loggers go through it.
 * ``build_engine``: the ``Engine`` of ``ServerArgs`` (the embedded tiny model without
@@ -61,7 +64,7 @@ def build_engine(server_args):
     kwargs = {f.name: getattr(server_args, f.name) for f in dataclasses.fields(server_args) if f.name != "model_path"}
     path = server_args.model_path
     if path is None:
-        from impl.testing.checkpoints import DEFAULT_MODEL, default_model_path
+        from impl.models_builtin import DEFAULT_MODEL, default_model_path
 
         path = default_model_path()
         logger.info("No --model-path given: serving the embedded tiny Gemma-4 %r at %s", DEFAULT_MODEL, path)

@@ -42,11 +42,14 @@ from impl.testing.tokenizer_factory import (
     write_tokenizer_files,
 )
 
+# The server's default model is chosen in impl.models_builtin (what the launcher imports); named here too for the
+# tests and the in-process contract subject, which build every checkpoint through this module.
+from impl.models_builtin import DEFAULT_MODEL, default_model_path  # noqa: F401
+
 if TYPE_CHECKING:
     import torch
 
 FACTORY_VERSION = 1
-DEFAULT_MODEL = "e2b"
 CACHE_ENV = envs.YOCO_CACHE_DIR.name
 
 S, F = "sliding_attention", "full_attention"
@@ -158,7 +161,7 @@ _ASSISTANT_TEXT = _text(
     vocab_size_per_layer_input=0,
 )
 
-# Gemma-4 E2B's layer dimensions (../shared/design/GEMMA4.md) with the tiny tokenizer's vocabulary:
+# Gemma-4 E2B's layer dimensions (docs/full-size.md) with the tiny tokenizer's vocabulary:
 # hidden 1536, 8 query heads / 1 KV head, head_dim 256 sliding / 512 full, MLP 6144 (12288 on the
 # KV-shared layers), window 512, PLE 256, transformers' default Gemma-4 RoPE (sliding: default, theta
 # 1e4; full: proportional, partial_rotary_factor 0.25, theta 1e6), final logit softcap 30.
@@ -176,7 +179,7 @@ _E2B_DIMS = dict(
     vocab_size_per_layer_input=TOKENIZER_VOCAB_SIZE,
 )
 
-# The published Gemma-4 E2B text model at full size (../shared/design/GEMMA4.md; transformers 5.23's
+# The published Gemma-4 E2B text model at full size (docs/full-size.md; transformers 5.23's
 # Gemma4TextConfig defaults for the RoPE settings, stated explicitly): vocabulary 262144, PLE table
 # 262144 x (35 * 256), 4.63 B parameters.
 _E2B_FULL_TEXT: dict[str, Any] = dict(
@@ -557,11 +560,6 @@ def tiny_checkpoint(name: str) -> str:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return final
-
-
-def default_model_path() -> str:
-    """The embedded default model for ``make serve`` (tiny E2B-shaped), built on first use."""
-    return tiny_checkpoint(DEFAULT_MODEL)
 
 
 def build_all(include_on_demand: bool = False) -> dict[str, str]:

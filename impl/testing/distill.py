@@ -66,7 +66,9 @@ def target_traces(target, draft_config: ModelConfig, seqs: list[list[int]], firs
     kv_pool = TokenToKVPool(cfg, total + 1, target.dtype, "cpu")
     req_pool = ReqToTokenPool(len(seqs), max(len(s) for s in seqs) + 1, "cpu")
     backend = TorchNativeAttnBackend(cfg, kv_pool, req_pool, "cpu")
-    slot, rows, locs, ids, pos = 1, [], [], [], []
+    slot, rows, locs = 1, [], []
+    ids: list[int] = []
+    pos: list[int] = []
     for s in seqs:
         r = req_pool.alloc()
         sl = torch.arange(slot, slot + len(s))
@@ -148,8 +150,9 @@ def query_masks(cfg: ModelConfig, positions: torch.Tensor, key_valid: torch.Tens
     for i, lt in enumerate(cfg.layer_types):
         if lt not in out:
             m = (j <= p) & key_valid[:, None, :]
-            if cfg.is_sliding(i):
-                m = m & (j >= p - cfg.sliding_window)
+            window = cfg.sliding_window if cfg.is_sliding(i) else None
+            if window is not None:
+                m = m & (j >= p - window)
             out[lt] = m
     return out
 

@@ -29,8 +29,8 @@ def assistant_kv_sharing_patch() -> Iterator[None]:
             return ["reuse"] * self.num_hidden_layers
         return original.fget(self)
 
-    Gemma4TextConfig.kv_sharing_modes = property(kv_sharing_modes)
+    setattr(Gemma4TextConfig, "kv_sharing_modes", property(kv_sharing_modes))
     try:
         yield
     finally:
-        Gemma4TextConfig.kv_sharing_modes = original
+        setattr(Gemma4TextConfig, "kv_sharing_modes", original)

@@ -43,6 +43,7 @@ def test_multimodal_config_dtype_at_the_top_level_counts():
     assert mc.torch_dtype == "bfloat16"
 
 
+@pytest.mark.slow  # loads an engine
 def test_engine_serves_a_bf16_checkpoint_in_bf16_by_default(tmp_path_factory, caplog):
     from impl.engine.engine import Engine
 

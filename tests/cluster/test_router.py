@@ -1,14 +1,16 @@
 """Two workers behind the real ``sglang-router`` (the ``cluster`` extra), all on loopback.
 
-Worker A is a plain server; worker B runs ``--dp-size 2 --load-balance-method
-shortest_queue`` (two replicas behind its front). Router 1 (round_robin) carries
-the HTTP contracts and the kill tests; router 2 (power_of_two) picks by the
-workers' ``/get_load``; router 3 runs cache_aware with ``--dp-aware`` (it
-registers B's ranks from ``dp_size`` in B's ``/server_info`` and pins requests
-with ``data_parallel_rank``). One set of processes serves the whole module
-(starting them is the expensive part), so the tests run in file order and the
-destructive ones come last: SIGKILL of A (B serves the rest; A is restarted on
-its port), a killed replica of B, SIGTERM of A through the router, SIGTERM of B.
+Six processes, the fewest the behaviour needs: worker A is a plain server; worker
+B runs ``--dp-size 2 --load-balance-method shortest_queue`` (a front and two
+replicas). The round_robin router carries the HTTP contracts, the loads (its
+``/get_loads`` polls every worker's ``/get_load`` whatever the policy) and the kill
+tests; the dp-aware router (cache_aware with ``--dp-aware``) registers B's ranks
+from ``dp_size`` in B's ``/server_info`` and pins requests with
+``data_parallel_rank``; it needs its own process, since a dp-aware router reports
+no loads. One set of processes serves the whole module (starting them is the
+expensive part), so the tests run in file order and the destructive ones come
+last: SIGKILL of A (B serves the rest; A is restarted on its port), a killed
+replica of B, SIGTERM of A through the router, SIGTERM of B.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class Cluster:
         self.port_a = free_port()  # fixed: A is restarted on it after the SIGKILL test
         self.a = spawn("worker A", worker_argv(ARGV_OFF, self.port_a), None)
         self.b = spawn("worker B", worker_argv([*ARGV_OFF, *DP_FLAGS]), None)
-        self.router = self.router2 = self.router3 = None
+        self.router = self.router_dp = None
         try:
             deadline = time.monotonic() + START_TIMEOUT_S
             self.url_a, self.url_b = self.a.wait_ready(deadline), self.b.wait_ready(deadline)
@@ -55,17 +57,15 @@ class Cluster:
             # that another process's outgoing connection took first)
             self.router, self.url = start_router("router", workers, "127.0.0.1", "round_robin", ROUTER_FLAGS, None,
                                                  deadline, 2)
-            self.router2, self.url2 = start_router("router 2", workers, "127.0.0.1", "power_of_two", ROUTER_FLAGS,
-                                                   None, deadline, 2)
             # A, and B's two data-parallel ranks
-            self.router3, self.url3 = start_router("router 3", workers, "127.0.0.1", "cache_aware",
-                                                   [*ROUTER_FLAGS, "--dp-aware"], None, deadline, 3)
+            self.router_dp, self.url_dp = start_router("dp-aware router", workers, "127.0.0.1", "cache_aware",
+                                                       [*ROUTER_FLAGS, "--dp-aware"], None, deadline, 3)
         except BaseException:
             self.stop()
             raise
 
     def stop(self) -> None:
-        for child in (self.router, self.router2, self.router3, self.a, self.b):
+        for child in (self.router, self.router_dp, self.a, self.b):
             if child is not None:
                 child.stop()
 
@@ -128,12 +128,12 @@ def test_dp_front_reads_bodies_within_the_limit(cluster):
 
 
 def test_dp_aware_registration_and_chat_without_model(cluster):
-    workers = httpx.get(cluster.url3 + "/workers", timeout=10).json()["workers"]
+    workers = httpx.get(cluster.url_dp + "/workers", timeout=10).json()["workers"]
     urls = sorted(w["url"] for w in workers)
     assert urls == sorted([f"{cluster.url_a}@0", f"{cluster.url_b}@0", f"{cluster.url_b}@1"]), urls
     before = [r["requests_served"] for r in httpx.get(cluster.url_b + "/get_server_info").json()["dp_ranks"]]
     for i in range(6):  # the router fills the missing model with "unknown"; greedy, no EOS (sampling could stop at 1)
-        r = httpx.post(cluster.url3 + "/v1/chat/completions", timeout=120,
+        r = httpx.post(cluster.url_dp + "/v1/chat/completions", timeout=120,
                        json={"messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 2, **LONG})
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 2
@@ -171,14 +171,14 @@ def test_get_load_follows_load(cluster):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not seen.get("busy"):
             loads = _load(cluster.url_a) + _load(cluster.url_b)
-            router = httpx.get(cluster.url2 + "/get_loads", timeout=10).json()["workers"]
+            router = httpx.get(cluster.url + "/get_loads", timeout=10).json()["workers"]
             if any(e["num_reqs"] > 0 and e["num_tokens"] > 0 for e in loads) and \
                     any(w["load"] > 0 for w in router):
                 seen.update(busy=loads, router=router)
             await asyncio.sleep(0.05)
 
     bodies = [{"input_ids": prompt_ids(40 + i, 24), "sampling_params": {**LONG, "max_new_tokens": 48}} for i in range(6)]
-    got = asyncio.run(_run_all(cluster.url2, bodies, watch))  # power_of_two: it picks by these loads
+    got = asyncio.run(_run_all(cluster.url, bodies, watch))
     assert got == [48] * 6
     assert seen.get("busy"), "no worker's /get_load (and the router's /get_loads) showed the running requests"
     assert all(w["load"] >= 0 for w in seen["router"])
@@ -285,12 +285,9 @@ def test_a_dead_replica_fails_its_requests_cleanly_and_health_says_so(cluster):
                     f"the four requests were never in flight together: {[str(t.result())[:200] for t in tasks if t.done()]}"
                 await asyncio.sleep(0.01)
             os.kill(pid1, signal.SIGKILL)
-            t0 = time.monotonic()
-            out = await asyncio.gather(*tasks)
-            return out, time.monotonic() - t0
+            return await asyncio.gather(*tasks)
 
-    out, took = asyncio.run(run())
-    assert took < 30  # nothing hangs
+    out = asyncio.run(run())  # the client's timeout (60 s) guards against a hang
     plain_ok = [o for o in out[:2] if o[0] == 200 and o[1]["meta_info"]["completion_tokens"] == 480]
     plain_lost = [o[1]["error"]["message"] for o in out[:2] if o[0] == 503]
     stream_ok = [o for o in out[2:] if o[0] == 200 and o[1][-1] == "data: [DONE]" and '"error"' not in o[1][-2]]

@@ -15,6 +15,7 @@ def _hf_logprobs(ids):
         return torch.log_softmax(hf_model("e2b")(torch.tensor([ids])).logits[0].float(), -1)  # [L, V]
 
 
+@pytest.mark.slow  # runs transformers beside the engine
 def test_prompt_and_output_logprobs_match_transformers():
     eng = engine("e2b", chunked_prefill_size=8)  # prompt logprob rows spread over chunks
     p = prompts(lengths=(21,), seed=3)[0]

@@ -42,6 +42,7 @@ def _run(path: str, name: str, backend: str, monkeypatch, **args):
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.slow  # every attention path, Triton interpreter included
 def test_every_attention_path_dequantises_the_fp8_pool_exactly(kv_dtype, monkeypatch, tmp_path):
     path = tiny_checkpoint("k_eq_v")  # 10 layers: sliding (2 KV heads) and full layers (1 KV head)
     fmt = FP8_KV_CACHE_DTYPES[kv_dtype]

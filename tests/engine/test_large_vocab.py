@@ -79,6 +79,7 @@ def test_penalties_touch_only_named_tokens():
     assert changed == [5, 262143] and float(out[0, 5]) == pytest.approx(-5.0) and torch.equal(logits, torch.zeros(1, V))
 
 
+@pytest.mark.slow  # a 262144-entry tokenizer
 def test_detokenizer_over_random_ids_of_the_262144_entry_tokenizer():
     from impl.model.tokenizer import Tokenizer
 
@@ -91,6 +92,7 @@ def test_detokenizer_over_random_ids_of_the_262144_entry_tokenizer():
     assert text == tok.decode(ids)
 
 
+@pytest.mark.slow  # a 262144-entry vocabulary
 def test_engine_samples_and_stops_on_strings_with_262144_entries():
     from impl.engine.engine import Engine
 

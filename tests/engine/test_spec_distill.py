@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from impl.forward_batch import pack_forward_batch
@@ -54,6 +55,7 @@ def _prefix(length: int, p: int) -> torch.Tensor:
     return m
 
 
+@pytest.mark.slow  # trains a draft model
 def test_distilled_checkpoint_is_an_assistant_for_e2b():
     target = load_model(tiny_checkpoint("e2b"))
     draft = load_model(tiny_checkpoint("assistant_distilled"))

@@ -43,6 +43,7 @@ def _gof_p(counts: list[int], probs: list[float]) -> float:
 
 
 @pytest.mark.parametrize("draft_tok", [0, 2, 4])  # the likeliest token, a middling one, one top_k drops
+@pytest.mark.slow  # many sampled rounds
 def test_rejection_sampling_leaves_the_target_distribution_unchanged(draft_tok):
     """First committed token over 4000 seeded rounds vs the exact truncated target distribution (alpha 1e-4)."""
     logits = torch.tensor([[2.0, 1.5, 1.0, 0.5, -1.0]] * 2)

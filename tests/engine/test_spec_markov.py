@@ -5,6 +5,7 @@ language's rules, the recipes, and a few training steps (the loss falls, the res
 
 from __future__ import annotations
 
+import pytest
 import random
 
 from impl.testing import checkpoints as ck
@@ -35,6 +36,7 @@ def test_markov_recipes_are_on_demand_and_shaped_like_their_sources():
     assert draft.distill_from == ("e2b_markov", "assistant") and ck.ASSISTANT_TARGETS["assistant_markov"] == "e2b_markov"
 
 
+@pytest.mark.slow  # trains
 def test_a_few_training_steps_lower_the_loss_and_write_a_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(ml, "TRAIN_ITERS", 6)
     losses = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -31,6 +32,7 @@ def selections(draw):
 
 @settings(max_examples=12, deadline=None)
 @given(selections())
+@pytest.mark.slow  # Triton interpreter
 def test_selected_rows_equal_the_full_pass_at_those_rows(shape_rows):
     shape, rows, launch = shape_rows
     case = make_case(**shape)

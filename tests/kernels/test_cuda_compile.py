@@ -18,6 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 A100_SMEM = 166912  # bytes of shared memory per block on A100 (H100/H200 allow 232448)
 
 
+@pytest.mark.slow  # compiles every kernel for CUDA
 def test_kernels_compile_for_sm90_within_shared_memory(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT, TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     env.pop("TRITON_INTERPRET", None)

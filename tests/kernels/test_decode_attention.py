@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -44,6 +45,7 @@ def decode_shapes(draw):
                dtype=torch.bfloat16, seed=1, scaling=1.0, window=None, logit_cap=None), [4, 4], None))  # > keys
 @example((dict(prefix_lens=[25], extend_lens=[1], num_kv_heads=1, num_heads=1, head_dim=64,
                dtype=torch.float32, seed=2, scaling=1.0, window=5, logit_cap=30.0), [3], DECODE_LAUNCHES[-1]))
+@pytest.mark.slow  # Triton interpreter over many shapes
 def test_decode_matches_reference(shape_splits):
     shape, splits, launch = shape_splits
     case = make_case(**shape)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -32,6 +33,7 @@ def extend_shapes(draw):
 @example((EXTEND_LAUNCHES[-1], dict(prefix_lens=[17, 0, 5], extend_lens=[1, 20, 1], num_kv_heads=2, num_heads=6,
                                     head_dim=80, dtype=torch.bfloat16, seed=3, scaling=1.0, window=7,
                                     logit_cap=None)))  # mixed batch with 1-token extends, GQA group 3
+@pytest.mark.slow  # Triton interpreter over many shapes
 def test_extend_matches_reference(launch_shape):
     launch, shape = launch_shape
     case = make_case(**shape)

@@ -79,6 +79,7 @@ def test_compiled_on_cuda():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: Triton compiles")
+@pytest.mark.slow  # a fresh interpreter
 def test_kernels_work_when_torch_imported_triton_first():
     """torch._dynamo imports triton by itself (e.g. while building a model) before our triton_env may run;
     the kernels must still run interpreted (they avoid triton.language.standard's pre-decorated jit functions)."""

@@ -26,6 +26,7 @@ def _logits(model, toks):
     return Session(model).step([("a", toks)], all_logits=True).logits
 
 
+@pytest.mark.slow  # loads a model twice
 def test_float32_over_bf16_keeps_both_tables_bf16_and_maps_the_ple_table(bf16_ckpt, monkeypatch):
     from transformers import Gemma4ForCausalLM
 
@@ -146,6 +147,7 @@ def test_corrupt_safetensors_files_are_named(tmp_path):
         safetensors_io.read_header(path)
 
 
+@pytest.mark.slow  # runs transformers beside the model
 def test_streamed_multimodal_checkpoint_loads_its_text_model_like_transformers():
     """e2b-mm: the streamed writer's multimodal layout (sharded index, towers skipped, text under
     model.language_model.*) gives transformers' Gemma4ForConditionalGeneration logits."""

@@ -179,9 +179,8 @@ def test_context_overflow_is_400_naming_both_numbers(url):
     assert "12" in msg  # the room left
     _refused(post(url, "/v1/completions", {"prompt": ids, "max_tokens": 13}), 400, "max_tokens", str(ctx))
     _refused(post(url, "/generate", {"input_ids": prompt_ids(3, ctx + 5)}), 400, "input_ids", str(ctx))
-    t = time.perf_counter()
+    # refused before tokenizing 2 MB: only the character bound (intake.check_text) speaks of characters
     _refused(post(url, "/generate", {"text": "word " * 400_000}), 400, "text", "characters", str(ctx))
-    assert time.perf_counter() - t < 10  # refused before tokenizing 2 MB
     # max_new_tokens not given: capped to the room left, not an error
     out = post(url, "/generate", {"input_ids": ids, "sampling_params": GREEDY}).json()
     assert out["meta_info"]["completion_tokens"] == 12 and out["meta_info"]["finish_reason"]["type"] == "length"
@@ -308,6 +307,7 @@ def test_max_logprobs_flag_bounds_every_route(hardened_url):
              "--max-logprobs")
 
 
+@pytest.mark.slow  # starts its own server process
 def test_bad_limit_flag_is_refused_at_startup():
     from impl.args.server_args import ServerArgs
     from impl.server.limits import RequestLimits
@@ -321,16 +321,21 @@ def test_bad_limit_flag_is_refused_at_startup():
 
 def test_health_is_fast_while_large_requests_are_handled(url):
     """Maximal bodies (8 MB of prompt text, 10,000 stop strings) are parsed, checked and refused off the event
-    loop: /health keeps answering in milliseconds meanwhile."""
+    loop: /health keeps answering meanwhile, in a small fraction of the time one large request takes (a ratio of
+    two latencies measured side by side, so a slow shared machine slows both). Were the parsing on the loop, a
+    health check would wait for the parse in progress: about half a large request's time, or more."""
     big_text = json.dumps({"text": "sea " * (2 * 2**20 - 16)})
     many_stops = json.dumps({"text": "hi", "sampling_params": {"stop": ["s" * 200] * 10000}})
     assert len(big_text) < 8 * 2**20
     stop = threading.Event()
     codes: list[int] = []
+    large: list[float] = []
 
     def hammer(body: str) -> None:
         while not stop.is_set():
+            t = time.perf_counter()
             codes.append(_raw(url, "/generate", body).status_code)
+            large.append(time.perf_counter() - t)
 
     workers = [threading.Thread(target=hammer, args=(b,)) for b in (big_text, big_text, many_stops)]
     for w in workers:
@@ -347,4 +352,5 @@ def test_health_is_fast_while_large_requests_are_handled(url):
     for w in workers:
         w.join()
     assert codes and set(codes) == {400}
-    assert statistics.median(lat) < 0.1, f"/health median {statistics.median(lat) * 1000:.0f} ms under load: {lat}"
+    health, handled = statistics.median(lat), statistics.median(large)
+    assert health < 0.2 * handled, f"/health median {health * 1000:.0f} ms vs a large request's {handled * 1000:.0f} ms: {lat}"

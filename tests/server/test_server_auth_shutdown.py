@@ -38,6 +38,7 @@ def test_health_is_open_and_openai_client_sends_the_key(key_url, api_key):
     assert openai_client(key_url).api_key == "unused"  # the contracts' client has no key: it would get 401
 
 
+@pytest.mark.slow  # starts its own server process
 def test_sigterm_finishes_cleanly():
     """SIGTERM with a stream in flight: the stream ends with a final event and [DONE]; the process exits 0."""
     from contracts.adapters.impl_http import start
