@@ -48,7 +48,7 @@ class QuantTargets:
 
 
 def _candidates(model: nn.Module) -> list[tuple[str, nn.Linear]]:
-    out = []
+    out: list[tuple[str, nn.Linear]] = []
     for name, m in model.named_modules():
         if not isinstance(m, nn.Linear) or m.bias is not None:
             continue
