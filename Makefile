@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-peer bench-full bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm
+.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-peer bench-full bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm accuracy
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -130,6 +130,12 @@ MODELS ?= e2b-full
 SPEED_MODELS ?= e2b-dims
 bench-kv: $(STAMP)
 	$(PY) -m bench.bench_kv --models $(MODELS) --speed-models $(SPEED_MODELS) --write-docs
+
+# One accuracy yardstick for every lossy setting against its reference (bench/accuracy_settings.py: fp8 KV vs bf16 KV,
+# bf16 vs float32 weights): greedy agreement and KL over 32 prompts x 64 tokens on the trained e2b_markov (built on
+# first use, ~1 min); writes its table into docs/accuracy.md. ARGS: --settings, --model, --candidate-args ...
+accuracy: $(STAMP)
+	$(PY) -m bench.accuracy --write-docs $(ARGS)
 
 # Seed 000's serving table through HTTP (four server configurations, chat + summ); ARGS adds campaign flags.
 bench-serving: $(STAMP)
