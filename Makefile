@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-peer bench-full bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm accuracy
+.PHONY: serve serve-cluster bench-cluster test spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-peer bench-full bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm accuracy parity-full
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -136,6 +136,13 @@ bench-kv: $(STAMP)
 # first use, ~1 min); writes its table into docs/accuracy.md. ARGS: --settings, --model, --candidate-args ...
 accuracy: $(STAMP)
 	$(PY) -m bench.accuracy --write-docs $(ARGS)
+
+# Our Engine (float32, fast prefill off and on; then bf16, reported) against transformers on the well-conditioned
+# full-size checkpoint e2b-full-wc (not in CI: 9.3 GB, built on first use in a few minutes; transformers float32
+# needs ~20 GB free, one process at a time: MEM_LOCK as for bench-full). LAYERS=7: a reduced copy (same widths).
+LAYERS ?=
+parity-full: $(STAMP)
+	$(LOCK_X) $(PY) -m bench.parity_full --write-docs $(if $(LAYERS),--layers $(LAYERS),) $(ARGS)
 
 # Seed 000's serving table through HTTP (four server configurations, chat + summ); ARGS adds campaign flags.
 bench-serving: $(STAMP)
