@@ -84,3 +84,18 @@ def test_reduced_recipe_keeps_widths_and_ends_on_a_full_layer():
     assert reduced(recipe, 6).text_config["layer_types"] == ["sliding_attention"] * 4 + ["full_attention"] * 2
     with pytest.raises(ValueError, match="at least 5"):
         reduced(recipe, 4)
+
+
+def test_a_reduced_copy_meets_the_three_conditioning_figures():
+    """bench/conditioning.py on 5 layers of the recipe at its real widths (vocabulary 4096, 96-token prompts): the
+    figures docs/accuracy.md states at 7 / 14 layers and 1024 tokens hold here too."""
+    import dataclasses
+
+    from bench.conditioning import build_model, measure
+
+    recipe = reduced(ck.TINY_CHECKPOINTS["e2b-full-wc"], 5, 4096)
+    model = build_model(dataclasses.replace(recipe, dtype="float32"))
+    f = measure(model, 4096, length=96, prompts=1, margin_prompts=4, seed=0, log=lambda *_: None)
+    assert f.eager_vs_sdpa <= 1e-4
+    assert f.min_layer_effect >= 1e-2
+    assert f.margin_fraction > 0.5
