@@ -65,13 +65,21 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def kl_divergence(ref_logprobs: Sequence[float], cand_logprobs: Sequence[float]) -> float:
-    """KL(p || q) in nats of two full distributions given as logprobs over the same vocabulary."""
-    total = 0.0
-    for lp, lq in zip(ref_logprobs, cand_logprobs, strict=True):
-        if lp == -math.inf:
-            continue
-        total += math.exp(lp) * (lp - lq)
-    return max(total, 0.0)
+    """KL(p || q) in nats of two full distributions given as logprobs over the same vocabulary (float64)."""
+    import torch
+
+    p = torch.as_tensor(ref_logprobs, dtype=torch.float64)
+    q = torch.as_tensor(cand_logprobs, dtype=torch.float64)
+    if p.shape != q.shape:
+        raise ValueError(f"distributions over {p.numel()} and {q.numel()} ids")
+    keep = p > -math.inf
+    return max(float((p[keep].exp() * (p[keep] - q[keep])).sum()), 0.0)
+
+
+def argmax(logprobs: Sequence[float]) -> int:
+    import torch
+
+    return int(torch.as_tensor(logprobs, dtype=torch.float64).argmax())
 
 
 def dense(entries: list[Any], vocab: int) -> list[float]:
@@ -168,8 +176,8 @@ def measure(setting: Setting, path: str, prompts: list[list[int]], new_tokens: i
         assert (i, t) == (j, u)
         kls.append(kl_divergence(lp_ref, lp_cand))
         tok = ref_paths[i][t]
-        ref_agree += max(range(vocab), key=lp_ref.__getitem__) == tok
-        tf_agree += max(range(vocab), key=lp_cand.__getitem__) == tok
+        ref_agree += argmax(lp_ref) == tok
+        tf_agree += argmax(lp_cand) == tok
     n = len(prompts)
     return SettingResult(
         setting=setting, prompts=n, new_tokens=new_tokens,
