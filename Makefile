@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve serve-cluster bench-cluster test test-fast spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-structured bench-peer bench-full bench-quant bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm
+.PHONY: serve serve-cluster bench-cluster test test-fast spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-structured bench-peer bench-full bench-quant bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm accuracy parity-full
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -147,6 +147,19 @@ MODELS ?= e2b-full
 SPEED_MODELS ?= e2b-dims
 bench-kv: $(STAMP)
 	$(PY) -m bench.bench_kv --models $(MODELS) --speed-models $(SPEED_MODELS) --write-docs
+
+# One accuracy yardstick for every lossy setting against its reference (bench/accuracy_settings.py: fp8 KV vs bf16 KV,
+# bf16 vs float32 weights): greedy agreement and KL over 32 prompts x 64 tokens on the trained e2b_markov (built on
+# first use, ~1 min); writes its table into docs/accuracy.md. ARGS: --settings, --model, --candidate-args ...
+accuracy: $(STAMP)
+	$(PY) -m bench.accuracy --write-docs $(ARGS)
+
+# Our Engine (float32, fast prefill off and on; then bf16, reported) against transformers on the well-conditioned
+# full-size checkpoint e2b-full-wc (not in CI: 9.3 GB, built on first use in a few minutes; transformers float32
+# needs ~20 GB free, one process at a time: MEM_LOCK as for bench-full). LAYERS=7: a reduced copy (same widths).
+LAYERS ?=
+parity-full: $(STAMP)
+	$(LOCK_X) $(PY) -m bench.parity_full --write-docs $(if $(LAYERS),--layers $(LAYERS),) $(ARGS)
 
 # Seed 000's serving table through HTTP (four server configurations, chat + summ); ARGS adds campaign flags.
 bench-serving: $(STAMP)

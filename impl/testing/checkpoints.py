@@ -88,8 +88,12 @@ class CheckpointRecipe:
     # (Gemma4ForConditionalGeneration, text weights under model.language_model.*); empty: text layout
     towers: Mapping[str, Any] = field(default_factory=dict)
     # kind "text": multipliers on reinit_weights' scales ("post_norm": the post_* norms, "qk_norm": q_norm /
-    # k_norm, "embed": the token embeddings); empty: the default init
+    # k_norm, "embed": the token embeddings); empty: the default init. Kind "streamed": non-empty selects the
+    # well-conditioned init (impl/testing/well_conditioned.py) with these of its scales changed
     init: Mapping[str, float] = field(default_factory=dict)
+    # kind "streamed": "byte_level" (tokenizer_factory.py, the tiny checkpoints' byte-level BPE) or "gemma"
+    # (gemma_tokenizer.py: BPE with byte fallback and '\u2581' for spaces, the published tokenizer's form)
+    tokenizer: str = "byte_level"
 
 
 def _text(**overrides: Any) -> dict[str, Any]:
@@ -412,6 +416,22 @@ TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
         "35 layers / 20 KV-shared, 4.63 B parameters, bf16 (9.3 GB), a 262144-entry tokenizer",
         text_config=_E2B_FULL_TEXT,
     ),
+    # e2b-full's shape with weights drawn so the model is well conditioned (impl/testing/well_conditioned.py):
+    # float32 rounding does not grow with the prompt, every layer matters, the next token is peaked. The
+    # checkpoint `make parity-full` and the full-size accuracy yardstick run on; bench/conditioning.py measures it.
+    "e2b-full-wc": CheckpointRecipe(
+        kind="streamed",
+        seed=24,
+        on_demand=True,
+        dtype="bfloat16",
+        published_config_form=True,
+        description="e2b-full's published shape (vocabulary 262144, 35 layers / 20 KV-shared, bf16, 9.3 GB) with "
+        "well-conditioned weights (small attention logits, small per-layer residual contributions, a peaked "
+        "LM head) and a Gemma-style tokenizer (BPE with byte fallback, '\u2581' for spaces)",
+        text_config=_E2B_FULL_TEXT,
+        init={"embed_std": 0.03},
+        tokenizer="gemma",
+    ),
     "e2b-full-mm": CheckpointRecipe(
         kind="streamed",
         seed=22,
@@ -509,6 +529,8 @@ def recipe_hash(name: str) -> str:
         from impl.testing import full_size
 
         files = {k: v for k, v in asdict(recipe).items() if k not in ("description", "on_demand")}  # not in the files
+        if files["tokenizer"] == "byte_level":  # the field's default: the recipes written before it keep their key
+            del files["tokenizer"]
         payload = json.dumps({"name": name, "recipe": files, "format": full_size.FORMAT_VERSION,
                               "transformers": _transformers_version()}, sort_keys=True)
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:12]

@@ -104,8 +104,18 @@ def _seed_of(seed: int, name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
 
 
-def tensor_blocks(spec: TensorSpec, seed: int, dtype) -> Iterator[bytes]:
-    """The tensor's values in ``dtype``, as raw little-endian bytes, block by block (row-major)."""
+def tensor_blocks(spec: TensorSpec, seed: int, dtype, init: Mapping[str, float] | None = None) -> Iterator[bytes]:
+    """The tensor's values in ``dtype``, as raw little-endian bytes, block by block (row-major). ``init`` (a
+    streamed recipe's ``CheckpointRecipe.init``, non-empty): the well-conditioned rules
+    (``impl/testing/well_conditioned.py``) with those scales."""
+    import torch
+
+    for block in tensor_values(spec, seed, init):
+        yield block.to(dtype).view(torch.uint8).numpy().tobytes()
+
+
+def tensor_values(spec: TensorSpec, seed: int, init: Mapping[str, float] | None = None) -> Iterator["Any"]:
+    """The tensor's float32 values, flat and row-major, block by block (``tensor_blocks`` before rounding)."""
     import torch
 
     from impl.testing.checkpoints import draw, init_rule
@@ -113,14 +123,20 @@ def tensor_blocks(spec: TensorSpec, seed: int, dtype) -> Iterator[bytes]:
     leaf = spec.value_name.rsplit(".", 1)[-1]
     if leaf.endswith("_min") or leaf.endswith("_max"):  # clippable-linear bounds: transformers' init (no clipping)
         value = float("-inf") if leaf.endswith("_min") else float("inf")
-        yield torch.full(spec.shape, value, dtype=dtype).reshape(-1).view(torch.uint8).numpy().tobytes()
+        yield torch.full(spec.shape, value, dtype=torch.float32).reshape(-1)
+        return
+    g = torch.Generator().manual_seed(_seed_of(seed, spec.value_name))
+    if init:
+        from impl.testing import well_conditioned
+
+        yield from well_conditioned.blocks(well_conditioned.init_rule(spec.value_name, spec.shape, init), spec.shape,
+                                           g, BLOCK_ELEMENTS)
         return
     rule = init_rule(spec.value_name, spec.shape)
-    g = torch.Generator().manual_seed(_seed_of(seed, spec.value_name))
     left = spec.numel
     while left:
         n = min(left, BLOCK_ELEMENTS)
-        yield draw(rule, (n,), g).to(dtype).view(torch.uint8).numpy().tobytes()
+        yield draw(rule, (n,), g)
         left -= n
 
 
@@ -186,7 +202,7 @@ def write_streamed(recipe, out_dir: str, seed: int | None = None, log=None) -> N
         with open(os.path.join(out_dir, fname), "wb") as f:
             f.write(_header(shard, st_dtype, elsize))
             for s in shard:
-                for block in tensor_blocks(s, seed, dtype):
+                for block in tensor_blocks(s, seed, dtype, recipe.init):
                     f.write(block)
                 weight_map[s.name] = fname
                 total += s.numel * elsize
@@ -199,8 +215,13 @@ def write_streamed(recipe, out_dir: str, seed: int | None = None, log=None) -> N
     if recipe.published_config_form:
         rewrite_published_config_form(os.path.join(out_dir, "config.json"), recipe.text_config)
     _scrub_version(os.path.join(out_dir, "config.json"))
-    write_tokenizer_files(out_dir, model_max_length=int(recipe.text_config["max_position_embeddings"]),
-                          vocab_size=int(recipe.text_config["vocab_size"]))
+    max_len, vocab = int(recipe.text_config["max_position_embeddings"]), int(recipe.text_config["vocab_size"])
+    if recipe.tokenizer == "gemma":
+        from impl.testing.gemma_tokenizer import write_gemma_tokenizer_files
+
+        write_gemma_tokenizer_files(out_dir, model_max_length=max_len, vocab_size=vocab)
+    else:
+        write_tokenizer_files(out_dir, model_max_length=max_len, vocab_size=vocab)
 
 
 def _scrub_version(config_path: str) -> None:

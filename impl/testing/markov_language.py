@@ -104,3 +104,11 @@ def _train(init_path: str, out_dir: str, seed: int, log) -> None:
             log(it, float(loss.detach()))
     model.eval()
     model.save_pretrained(out_dir, safe_serialization=True)
+
+
+def yardstick_prompts(model_path: str, language_seed: int, n: int, seed: int) -> list[list[int]]:
+    """``n`` sentences of the checkpoint's language, 8-48 tokens long (lengths and sentences from ``seed``): the
+    prompts of the accuracy yardstick (bench/accuracy.py) and of the fp8 KV agreement contract."""
+    rng = random.Random(seed)
+    lengths = [rng.randint(8, 48) for _ in range(n)]
+    return language_for(model_path, language_seed).prompts(lengths, seed)
