@@ -46,7 +46,8 @@ def expect_rejected(
     msg = str(outcome.error)
     missing = [m for m in mentions if norm(m) not in norm(msg)]
     if missing:
-        raise violation(f"{what}: the error must name {missing} so the user can act on it; it said: {msg!r}")
+        raise violation(f"{what}: decision conforms, message differs: the error must name {missing} so the user "
+                        f"can act on it; it said: {msg!r}", message_only=True)
     return msg
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contracts.base import contract, require
+from contracts.base import case, contract, require, require_option
 from contracts.expect import expect_accepted, expect_equal, expect_rejected
 from contracts.models import argv_for
 
@@ -11,6 +11,10 @@ FLAG = "--kv-sharing-fast-prefill"
 FIELD = "kv_sharing_fast_prefill"
 E2B, E4B, DENSE31B, ASSISTANT = "gemma-4-E2B-it", "gemma-4-E4B-it", "gemma-4-31B-it", "gemma-4-E2B-it-assistant"
 ENABLED = "KV-sharing fast prefill enabled for {model} (num_kv_shared_layers={n})"
+# The options each rule is about (contracts.base.Contract.options): an engine without the flag is out of scope.
+ONLY_FLAG = (FLAG,)
+BACKEND_OPTIONS = (FLAG, "--attention-backend", "--prefill-attention-backend", "--decode-attention-backend")
+SPEC_OPTIONS = (FLAG, "--speculative-algorithm", "--speculative-draft-model-path")
 
 
 def _mentions_fast_prefill(text: str) -> bool:
@@ -23,8 +27,10 @@ def _mentions_fast_prefill(text: str) -> bool:
     "ServerArgs has a kv_sharing_fast_prefill field that is False unless the user asks for it.",
     f"{SEED}, File table (server_args.py) and Behaviour: 'Default: off'",
     rules=("F1",),
+    options=ONLY_FLAG,
 )
 def flag_default_off(subject) -> None:
+    require_option(subject, FLAG)
     # The command line an operator types has a model (SGLang's parser requires --model-path): the default is
     # what a model path and no other flag gives.
     args = subject.parse_args(argv_for(E2B))
@@ -40,8 +46,10 @@ def flag_default_off(subject) -> None:
     f"{FLAG} on the command line parses to kv_sharing_fast_prefill=True; without it, False.",
     f"{SEED}, File table: argparse --kv-sharing-fast-prefill (store_true)",
     rules=("F2",),
+    options=ONLY_FLAG,
 )
 def flag_cli_parse(subject) -> None:
+    require_option(subject, FLAG)
     expect_equal(subject.parse_args(argv_for(E2B, FLAG))[FIELD], True, f"{FIELD} after parsing [--model-path ... {FLAG}]")
     expect_equal(subject.parse_args(argv_for(E2B, "--port", "31000")).get(FIELD), False, f"{FIELD} when {FLAG} is absent")
     on = subject.parse_args(argv_for(E2B, FLAG, "--attention-backend", "triton"))
@@ -53,8 +61,10 @@ def flag_cli_parse(subject) -> None:
     f"{FLAG} is registered with argparse as a store_true option with help text naming what it does.",
     f"{SEED}, File table: argparse --kv-sharing-fast-prefill (store_true)",
     rules=("F3",),
+    options=ONLY_FLAG,
 )
 def flag_argparse_registered(subject) -> None:
+    require_option(subject, FLAG)
     opts = subject.cli_options()
     require(FLAG in opts, f"{FLAG} must be a registered command-line option")
     opt = opts[FLAG]
@@ -72,8 +82,10 @@ def flag_argparse_registered(subject) -> None:
     "ModelConfig takes kv_sharing_fast_prefill and ModelConfig.from_server_args passes the flag through.",
     f"{SEED}, File table (model_config.py): kwarg on ModelConfig.init, from_server_args plumbs the flag",
     rules=("F4",),
+    options=ONLY_FLAG,
 )
 def flag_modelconfig_plumbing(subject) -> None:
+    require_option(subject, FLAG)
     on = subject.check(argv_for(E2B, FLAG))
     off = subject.check(argv_for(E2B))
     expect_equal(on.model_config.get(FIELD), True, f"ModelConfig.{FIELD} built from args with {FLAG}")
@@ -100,23 +112,26 @@ _OFF_CASES = [
     "With the flag off nothing changes: no fast-prefill rule rejects, resolves, or logs anything, for any model.",
     f"{SEED}, Behaviour: 'Default: off. No effect on any existing deployment.'",
     rules=("F5",),
+    options=ONLY_FLAG,
 )
 def flag_off_noop(subject) -> None:
+    require_option(subject, FLAG)
     for argv in _OFF_CASES:
-        out = subject.check(argv)
-        if out.error is not None:
-            require(
-                not _mentions_fast_prefill(str(out.error)),
-                f"flag off, {argv[2:]} was rejected for a fast-prefill reason: {out.error}",
-            )
-        lines = [m for _, m in out.log if _mentions_fast_prefill(m)]
-        require(not lines, f"flag off, {argv[2:]}: the startup log must not mention fast prefill; got {lines}")
-        by_flag = [r for r in out.resolutions if _mentions_fast_prefill(r[0])]
-        require(not by_flag, f"flag off, {argv[2:]}: fast-prefill rules declared resolutions {by_flag}")
-        expect_equal(out.resolved.get(FIELD), False, f"resolved {FIELD} with the flag off")
-        if "--attention-backend" in argv:
-            given = argv[argv.index("--attention-backend") + 1]
-            expect_equal(out.resolved.get("attention_backend"), given, "an explicit attention backend with the flag off")
+        with case(" ".join(argv[2:]) or "a model path alone"):
+            out = subject.check(argv)
+            if out.error is not None:
+                require(
+                    not _mentions_fast_prefill(str(out.error)),
+                    f"flag off, {argv[2:]} was rejected for a fast-prefill reason: {out.error}",
+                )
+            lines = [m for _, m in out.log if _mentions_fast_prefill(m)]
+            require(not lines, f"flag off, {argv[2:]}: the startup log must not mention fast prefill; got {lines}")
+            by_flag = [r for r in out.resolutions if _mentions_fast_prefill(r[0])]
+            require(not by_flag, f"flag off, {argv[2:]}: fast-prefill rules declared resolutions {by_flag}")
+            expect_equal(out.resolved.get(FIELD), False, f"resolved {FIELD} with the flag off")
+            if "--attention-backend" in argv:
+                given = argv[argv.index("--attention-backend") + 1]
+                expect_equal(out.resolved.get("attention_backend"), given, "an explicit attention backend with the flag off")
     # Same model, flag absent vs explicitly on: model config identical apart from the flag.
     off = subject.check(argv_for(E2B, "--attention-backend", "triton"))
     on = subject.check(argv_for(E2B, FLAG, "--attention-backend", "triton"))
@@ -132,15 +147,22 @@ def flag_off_noop(subject) -> None:
     "'KV-sharing fast prefill enabled for <model> (num_kv_shared_layers=N)'.",
     f"{SEED}, Behaviour: 'logs ... at startup'",
     rules=("F6",),
+    options=ONLY_FLAG,
 )
 def flag_on_startup_log(subject) -> None:
+    require_option(subject, FLAG)
     for model, n in ((E2B, 20), (E4B, 18), ("gemma-4-E2B-mm", 20)):
-        out = subject.check(argv_for(model, FLAG, "--attention-backend", "triton"))
-        expect_accepted(out, f"{FLAG} on {model} with triton")
-        want = ENABLED.format(model=model, n=n)
-        hits = [(lv, m) for lv, m in out.log if m == want]
-        require(len(hits) == 1, f"expected exactly one log line {want!r}; got {[m for _, m in out.log if 'fast prefill' in m.lower()]}")
-        expect_equal(hits[0][0], "INFO", f"level of {want!r}")
+        with case(model):
+            _startup_line(subject, model, n)
+
+
+def _startup_line(subject, model: str, n: int) -> None:
+    out = subject.check(argv_for(model, FLAG, "--attention-backend", "triton"))
+    expect_accepted(out, f"{FLAG} on {model} with triton")
+    want = ENABLED.format(model=model, n=n)
+    hits = [(lv, m) for lv, m in out.log if m == want]
+    require(len(hits) == 1, f"expected exactly one log line {want!r}; got {[m for _, m in out.log if 'fast prefill' in m.lower()]}")
+    expect_equal(hits[0][0], "INFO", f"level of {want!r}")
 
 
 @contract(
@@ -148,11 +170,14 @@ def flag_on_startup_log(subject) -> None:
     "Flag on with a model that is not Gemma-4 is a ValueError at startup naming the flag, the model type and the fix.",
     f"{SEED}, Behaviour: 'When set on a non-Gemma-4 model ... clear ValueError at startup'",
     rules=("F7",),
+    options=ONLY_FLAG,
 )
 def reject_non_gemma4(subject) -> None:
+    require_option(subject, FLAG)
     for model, mtype in (("Llama-3.1-8B-Instruct", "llama"), ("Qwen2.5-7B-Instruct", "qwen2"), ("DeepSeek-V3", "deepseek_v3"), (ASSISTANT, "gemma4_assistant")):
-        out = subject.check(argv_for(model, FLAG, "--attention-backend", "triton"))
-        expect_rejected(out, f"{FLAG} on {mtype}", mentions=(FLAG, mtype, "Gemma-4"))
+        with case(mtype):
+            out = subject.check(argv_for(model, FLAG, "--attention-backend", "triton"))
+            expect_rejected(out, f"{FLAG} on {mtype}", mentions=(FLAG, mtype, "Gemma-4"))
 
 
 @contract(
@@ -160,15 +185,19 @@ def reject_non_gemma4(subject) -> None:
     "Flag on with a prefill (or general) attention backend other than triton is a ValueError naming the backend flag.",
     f"{SEED}, Behaviour: 'When set ... with a non-triton backend ... clear ValueError at startup'",
     rules=("F8",),
+    options=BACKEND_OPTIONS,
 )
 def reject_non_triton(subject) -> None:
+    require_option(subject, FLAG)
     for flag in ("--attention-backend", "--prefill-attention-backend"):
         for backend in ("torch_native", "flashinfer", "fa3"):
-            out = subject.check(argv_for(E2B, FLAG, flag, backend))
-            expect_rejected(out, f"{FLAG} with {flag} {backend}", mentions=(FLAG, flag, backend, "triton"))
+            with case(f"{flag} {backend}"):
+                out = subject.check(argv_for(E2B, FLAG, flag, backend))
+                expect_rejected(out, f"{FLAG} with {flag} {backend}", mentions=(FLAG, flag, backend, "triton"))
     # Decode-only choice does not touch prefill: accepted.
-    out = subject.check(argv_for(E2B, FLAG, "--decode-attention-backend", "torch_native"))
-    expect_accepted(out, f"{FLAG} with only --decode-attention-backend torch_native")
+    with case("--decode-attention-backend torch_native"):
+        out = subject.check(argv_for(E2B, FLAG, "--decode-attention-backend", "torch_native"))
+        expect_accepted(out, f"{FLAG} with only --decode-attention-backend torch_native")
 
 
 @contract(
@@ -176,8 +205,10 @@ def reject_non_triton(subject) -> None:
     "Flag on with no attention backend given resolves the backend to triton as a declared, logged resolution.",
     f"{SEED}, Behaviour: triton-backend pin (Gemma-4 branch validators)",
     rules=("F8",),
+    options=BACKEND_OPTIONS,
 )
 def unset_backend_resolves_triton(subject) -> None:
+    require_option(subject, FLAG)
     out = subject.check(argv_for(E2B, FLAG))
     expect_accepted(out, f"{FLAG} on E2B with no backend given")
     expect_equal(out.user.get("attention_backend"), None, "the user's attention_backend (resolving view)")
@@ -197,19 +228,24 @@ def unset_backend_resolves_triton(subject) -> None:
     "Flag on with a model whose num_kv_shared_layers == 0 is a ValueError naming the flag and num_kv_shared_layers.",
     f"{SEED}, Behaviour: 'When set ... with num_kv_shared_layers == 0: clear ValueError at startup'",
     rules=("F9",),
+    options=ONLY_FLAG,
 )
 def reject_no_shared_layers(subject) -> None:
+    require_option(subject, FLAG)
     out = subject.check(argv_for(DENSE31B, FLAG, "--attention-backend", "triton"))
     expect_rejected(out, f"{FLAG} on {DENSE31B} (0 shared layers)", mentions=(FLAG, "num_kv_shared_layers"))
 
 
 def _reject_algo(subject, algo: str) -> None:
+    require_option(subject, FLAG)
     for extra in ((), ("--attention-backend", "triton")):
-        out = subject.check(argv_for(E2B, FLAG, "--speculative-algorithm", algo, *extra))
-        expect_rejected(out, f"{FLAG} with --speculative-algorithm {algo}", mentions=(FLAG, algo, "--speculative-algorithm"))
-    out = subject.check(argv_for(E2B, "--speculative-algorithm", algo, "--attention-backend", "triton"))
-    if out.error is not None:
-        require(not _mentions_fast_prefill(str(out.error)), f"{algo} without the flag must not be refused for fast prefill")
+        with case(f"{algo} {' '.join(extra)}"):
+            out = subject.check(argv_for(E2B, FLAG, "--speculative-algorithm", algo, *extra))
+            expect_rejected(out, f"{FLAG} with --speculative-algorithm {algo}", mentions=(FLAG, algo, "--speculative-algorithm"))
+    with case(f"{algo} without the flag"):
+        out = subject.check(argv_for(E2B, "--speculative-algorithm", algo, "--attention-backend", "triton"))
+        if out.error is not None:
+            require(not _mentions_fast_prefill(str(out.error)), f"{algo} without the flag must not be refused for fast prefill")
 
 
 @contract(
@@ -217,6 +253,7 @@ def _reject_algo(subject, algo: str) -> None:
     "Flag on with --speculative-algorithm EAGLE is a ValueError (EAGLE needs per-token logits).",
     f"{SEED}, Behaviour: 'When set with --speculative-algorithm EAGLE or EAGLE3: clear ValueError'",
     rules=("F10",),
+    options=SPEC_OPTIONS,
 )
 def reject_eagle(subject) -> None:
     _reject_algo(subject, "EAGLE")
@@ -227,6 +264,7 @@ def reject_eagle(subject) -> None:
     "Flag on with --speculative-algorithm EAGLE3 is a ValueError (EAGLE3 needs per-token logits).",
     f"{SEED}, Behaviour: 'When set with --speculative-algorithm EAGLE or EAGLE3: clear ValueError'",
     rules=("F11",),
+    options=SPEC_OPTIONS,
 )
 def reject_eagle3(subject) -> None:
     _reject_algo(subject, "EAGLE3")
@@ -238,15 +276,18 @@ def reject_eagle3(subject) -> None:
     "FROZEN_KV_MTP with an INFO line.",
     f"{SEED}, Behaviour: 'When set with --speculative-algorithm NEXTN (which Gemma-4 promotes to FROZEN_KV_MTP ...): accepted'",
     rules=("F12",),
+    options=SPEC_OPTIONS,
 )
 def nextn_accepted(subject) -> None:
+    require_option(subject, FLAG)
     for flags in ((FLAG,), (FLAG, "--attention-backend", "triton"), ()):
-        out = subject.check(argv_for(E2B, *flags, "--speculative-algorithm", "NEXTN", draft=ASSISTANT))
-        expect_accepted(out, f"NEXTN with a Gemma-4 assistant draft, flags {flags}")
-        expect_equal(out.user.get("speculative_algorithm"), "NEXTN", "the user's speculative_algorithm")
-        expect_equal(out.resolved.get("speculative_algorithm"), "FROZEN_KV_MTP", "resolved speculative_algorithm")
-        info = [m for lv, m in out.log if lv == "INFO" and "NEXTN" in m and "FROZEN_KV_MTP" in m and "promot" in m.lower()]
-        require(len(info) == 1, f"expected one INFO line saying NEXTN is promoted to FROZEN_KV_MTP; log was {out.log}")
+        with case(" ".join(flags) or "without the flag"):
+            out = subject.check(argv_for(E2B, *flags, "--speculative-algorithm", "NEXTN", draft=ASSISTANT))
+            expect_accepted(out, f"NEXTN with a Gemma-4 assistant draft, flags {flags}")
+            expect_equal(out.user.get("speculative_algorithm"), "NEXTN", "the user's speculative_algorithm")
+            expect_equal(out.resolved.get("speculative_algorithm"), "FROZEN_KV_MTP", "resolved speculative_algorithm")
+            info = [m for lv, m in out.log if lv == "INFO" and "NEXTN" in m and "FROZEN_KV_MTP" in m and "promot" in m.lower()]
+            require(len(info) == 1, f"expected one INFO line saying NEXTN is promoted to FROZEN_KV_MTP; log was {out.log}")
 
 
 @contract(
@@ -255,8 +296,11 @@ def nextn_accepted(subject) -> None:
     "only as FROZEN_KV_MTP.",
     f"{SEED}, Behaviour: NEXTN promoted to FROZEN_KV_MTP for the assistant draft",
     rules=("F12",),
+    options=SPEC_OPTIONS,
 )
 def nextn_needs_assistant(subject) -> None:
+    require_option(subject, FLAG)
     for draft in ("Llama-3.1-8B-Instruct", E2B, None):
-        out = subject.check(argv_for(E2B, FLAG, "--speculative-algorithm", "NEXTN", draft=draft))
-        expect_rejected(out, f"NEXTN with draft {draft}", mentions=("NEXTN", "FROZEN_KV_MTP", "--speculative-draft-model-path"))
+        with case(f"draft {draft}"):
+            out = subject.check(argv_for(E2B, FLAG, "--speculative-algorithm", "NEXTN", draft=draft))
+            expect_rejected(out, f"NEXTN with draft {draft}", mentions=("NEXTN", "FROZEN_KV_MTP", "--speculative-draft-model-path"))

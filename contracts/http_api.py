@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from contracts.base import contract, not_applicable, note, require, violation
+from contracts.base import contract, note, require, violation
 from contracts.http_dialect import ServerAnswer, complete, complete_stream, discover, scrape, total
 from contracts.http_support import (
     ARGV_OFF,
@@ -397,7 +397,7 @@ def metrics_contract(subject) -> None:
     api = discover(url)
     names = api.metrics
     if names is None:
-        raise not_applicable(f"{url}/metrics serves no metrics in a known family's names (sglang:*, vllm:*)")
+        raise violation(f"{url}/metrics serves no metrics in a known family's names (sglang:*, vllm:*)", project=True)
     before = scrape(url)
     metric_of = {k: getattr(names, k) for k in REQUIRED}
     hist = {"ttft", "tpot", "e2e"}
