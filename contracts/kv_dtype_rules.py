@@ -26,6 +26,8 @@ SEED = "seeds/004"
 MXFP8 = ("--kv-cache-dtype", "mxfp8")
 NVFP4 = ("--kv-cache-dtype", "nvfp4")
 FP4_MX = ("--kv-cache-dtype", "fp4_mx_block16")
+# KV4 is either FP4 dtype: the KV4 rules (K3-K7) are checked with each, on Blackwell, where both are accepted (K2).
+KV4_DTYPES = (NVFP4, FP4_MX)
 
 
 @contract(
@@ -75,7 +77,7 @@ def nvfp4_sm100_sm120(subject) -> None:
 
 @contract(
     "KV4-MIXED-BACKENDS-WARN",
-    "KV4 on CUDA with prefill backend != decode backend (prefill not fa4): a WARNING naming both backends, and no "
+    "KV4 (nvfp4 or fp4_mx_block16) on CUDA with prefill backend != decode backend (prefill not fa4): a WARNING naming both backends, and no "
     "backend allow-list is checked; matching backends give no such warning.",
     f"{SEED} handle_kv4_compatibility",
     rules=("K3",), options=OPTIONS,
@@ -83,21 +85,27 @@ def nvfp4_sm100_sm120(subject) -> None:
     "trtllm_mha decode).",
 )
 def kv4_mixed_backends_warn(subject) -> None:
-    cases = (
-        (LLAMA, "sm100", (*NVFP4, "--prefill-attention-backend", "flashinfer", "--decode-attention-backend", "triton"), "flashinfer", "triton"),
-        (LLAMA, "hopper", (*FP4_MX, "--prefill-attention-backend", "fa3", "--decode-attention-backend", "torch_native"), "fa3", "torch_native"),
-        # MLA with backends no KV4 list allows: nothing else is checked.
-        (DSV3, "sm120", (*NVFP4, "--prefill-attention-backend", "fa3", "--decode-attention-backend", "flashmla"), "fa3", "flashmla"),
-    )
-    for model, platform, flags, prefill, decode in cases:
-        with case(f"{flags} on {model} ({platform})"):
-            out = must_accept(subject, flags, model=model, platform=platform)
-            hits = warnings_about(out, "KV4", prefill, decode)
-            require(len(hits) == 1, f"{flags} on {model}: expected one WARNING naming KV4, {prefill} and {decode}; log was {out.log}")
-    for flags in ((*NVFP4, "--attention-backend", "triton"), (*NVFP4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", "triton")):
-        with case(f"{flags} on {LLAMA} (sm100)"):
-            out = must_accept(subject, flags, platform="sm100", model=LLAMA)
-            require(not warnings_about(out, "KV4"), f"{flags}: no mixed-backend KV4 warning expected; log was {out.log}")
+    for kv4 in KV4_DTYPES:
+        cases = (
+            (LLAMA, "sm100", (*kv4, "--prefill-attention-backend", "flashinfer", "--decode-attention-backend", "triton"), "flashinfer", "triton"),
+            (LLAMA, "sm100", (*kv4, "--prefill-attention-backend", "fa3", "--decode-attention-backend", "torch_native"), "fa3", "torch_native"),
+            # MLA with backends no KV4 list allows: nothing else is checked.
+            (DSV3, "sm120", (*kv4, "--prefill-attention-backend", "fa3", "--decode-attention-backend", "flashmla"), "fa3", "flashmla"),
+        )
+        for model, platform, flags, prefill, decode in cases:
+            with case(f"{flags} on {model} ({platform})"):
+                out = must_accept(subject, flags, model=model, platform=platform)
+                hits = warnings_about(out, "KV4", prefill, decode)
+                require(len(hits) == 1, f"{flags} on {model}: expected one WARNING naming KV4, {prefill} and {decode}; log was {out.log}")
+        for flags in ((*kv4, "--attention-backend", "triton"), (*kv4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", "triton")):
+            with case(f"{flags} on {LLAMA} (sm100)"):
+                out = must_accept(subject, flags, platform="sm100", model=LLAMA)
+                require(not warnings_about(out, "KV4"), f"{flags}: no mixed-backend KV4 warning expected; log was {out.log}")
+    with case("fp4_mx_block16 fa3 + torch_native on hopper"):
+        flags = (*FP4_MX, "--prefill-attention-backend", "fa3", "--decode-attention-backend", "torch_native")
+        out = must_accept(subject, flags, model=LLAMA, platform="hopper")
+        require(len(warnings_about(out, "KV4", "fa3", "torch_native")) == 1,
+                f"{flags} on hopper: expected one WARNING naming KV4, fa3 and torch_native; log was {out.log}")
 
 
 @contract(
@@ -123,22 +131,24 @@ def kv4_fa4_mla_decode(subject) -> None:
 
 @contract(
     "KV4-FA4-MHA-DECODE",
-    "KV4 with the fa4 prefill backend on an MHA model: the decode backend must be triton, torch_native or flex_attention.",
+    "KV4 (either FP4 dtype) with the fa4 prefill backend on an MHA model: the decode backend must be triton, "
+    "torch_native or flex_attention.",
     f"{SEED} handle_kv4_compatibility",
     rules=("K5",), options=OPTIONS,
 )
 def kv4_fa4_mha_decode(subject) -> None:
-    for decode in ("triton", "torch_native", "flex_attention"):
-        with case(f"fa4 + {decode}"):
-            must_accept(subject, (*NVFP4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", decode), platform="sm100", model=LLAMA)
-    for decode in ("flashinfer", "trtllm_mha", "fa3"):
-        with case(f"fa4 + {decode}"):
-            must_reject(
-                subject, (*NVFP4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", decode),
-                ("decode-attention-backend", decode, "flex_attention"), platform="sm100", model=LLAMA,
-            )
-    with case("fa4 alone on sm120"):
-        must_reject(subject, (*NVFP4, "--attention-backend", "fa4"), ("decode-attention-backend", "fa4"), platform="sm120", model=LLAMA)
+    for kv4 in KV4_DTYPES:
+        for decode in ("triton", "torch_native", "flex_attention"):
+            with case(f"{kv4[1]} fa4 + {decode}"):
+                must_accept(subject, (*kv4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", decode), platform="sm100", model=LLAMA)
+        for decode in ("flashinfer", "trtllm_mha", "fa3"):
+            with case(f"{kv4[1]} fa4 + {decode}"):
+                must_reject(
+                    subject, (*kv4, "--prefill-attention-backend", "fa4", "--decode-attention-backend", decode),
+                    ("decode-attention-backend", decode, "flex_attention"), platform="sm100", model=LLAMA,
+                )
+        with case(f"{kv4[1]} fa4 alone on sm120"):
+            must_reject(subject, (*kv4, "--attention-backend", "fa4"), ("decode-attention-backend", "fa4"), platform="sm120", model=LLAMA)
 
 
 @contract(
@@ -163,18 +173,19 @@ def kv4_mla_backend(subject) -> None:
 
 @contract(
     "KV4-MHA-BACKEND",
-    "KV4 on an MHA model without fa4 prefill (matching backends): --attention-backend must be triton, "
+    "KV4 (either FP4 dtype) on an MHA model without fa4 prefill (matching backends): --attention-backend must be triton, "
     "torch_native, flex_attention or trtllm_mha.",
     f"{SEED} handle_kv4_compatibility",
     rules=("K7",), options=OPTIONS,
 )
 def kv4_mha_backend(subject) -> None:
-    for backend in ("triton", "torch_native", "flex_attention", "trtllm_mha"):
-        with case(backend):
-            must_accept(subject, (*NVFP4, "--attention-backend", backend), platform="sm120", model=LLAMA)
-    for backend in ("flashinfer", "fa3", "flashmla"):
-        with case(backend):
-            must_reject(subject, (*NVFP4, "--attention-backend", backend), ("attention-backend", backend, "trtllm_mha"), platform="sm120", model=LLAMA)
+    for kv4 in KV4_DTYPES:
+        for backend in ("triton", "torch_native", "flex_attention", "trtllm_mha"):
+            with case(f"{kv4[1]} {backend}"):
+                must_accept(subject, (*kv4, "--attention-backend", backend), platform="sm120", model=LLAMA)
+        for backend in ("flashinfer", "fa3", "flashmla"):
+            with case(f"{kv4[1]} {backend}"):
+                must_reject(subject, (*kv4, "--attention-backend", backend), ("attention-backend", backend, "trtllm_mha"), platform="sm120", model=LLAMA)
     with case("fp4_mx_block16 flashinfer on hopper"):
         must_reject(subject, (*FP4_MX, "--attention-backend", "flashinfer"), ("attention-backend", "flashinfer"), platform="hopper", model=LLAMA)
     with case("fp4_mx_block16, no backend, on hopper"):
