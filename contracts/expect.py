@@ -42,7 +42,8 @@ def expect_rejected(
         raise violation(f"{what} must be rejected with {types[0].__name__}, but it was accepted")
     if not isinstance(outcome.error, types):
         names = " or ".join(t.__name__ for t in types)
-        raise violation(f"{what} must raise {names}, got {type(outcome.error).__name__}: {outcome.error}")
+        raise violation(f"{what}: decision conforms, message differs: it must raise {names}, got "
+                        f"{type(outcome.error).__name__}: {outcome.error}", message_only=True)
     msg = str(outcome.error)
     missing = [m for m in mentions if norm(m) not in norm(msg)]
     if missing:

@@ -52,7 +52,7 @@ def skip_detail(verdict: str, text: str) -> str:
     """What a grouped row of the report is keyed on: the options lacking, or the capabilities and the kinds
     that reach them."""
     if verdict == OUT_OF_SCOPE:
-        m = re.search(r"has no (--[\w-]+(?:, --[\w-]+)*)", text)
+        m = re.search(r"has no (--[\w-]+)", text)  # grouped by the first option it lacks
         return f"no {m.group(1)}" if m else "an option the rule is about"
     if verdict == NOT_REACHED:
         m = re.search(r"lacks (?:capabilities \[([^\]]*)\]|the '(\w+)' capability)", text)
@@ -65,7 +65,14 @@ def skip_detail(verdict: str, text: str) -> str:
 def from_failure(exc: BaseException | None, project_only: bool) -> Outcome:
     """A contract's failure: of a seed rule unless the violation or the contract says it is this project's."""
     project = project_only or bool(getattr(exc, "project", False))
-    detail = MESSAGE_DIFFERS if getattr(exc, "message_only", False) and not project else ""
+    detail = ""
+    if getattr(exc, "message_only", False) and not project:
+        detail = MESSAGE_DIFFERS
+    elif not project:  # some of its failing cases made the seed's decision with another message
+        cases = re.match(r"\[[^\]]*\] (\d+) of \d+ cases failed", str(exc))
+        k = str(exc).count(MESSAGE_DIFFERS)
+        if cases and k:
+            detail = f"{k} of {cases.group(1)} failing cases: {MESSAGE_DIFFERS}"
     return Outcome(FAIL_PROJECT if project else FAIL_SEED, str(exc), detail=detail)
 
 

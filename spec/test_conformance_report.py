@@ -80,7 +80,7 @@ def test_report_rewritten_from_recorded_verdicts(tmp_path, monkeypatch):
 
 
 def test_verdicts_read_back_from_skips():
-    assert from_skip("out of scope: [F] the subject has no --x, --y, which this rule is about").detail == "no --x, --y"
+    assert from_skip("out of scope: [F] the subject has no --x, --y, which this rule is about").detail == "no --x"
     assert from_skip("inconclusive: [F] noise").verdict == INCONCLUSIVE
     nr = from_skip("not reached: subject s lacks the 'engine' capability (generate); reached by --subject impl")
     assert (nr.verdict, nr.detail) == (NOT_REACHED, "needs engine (reached by impl)")

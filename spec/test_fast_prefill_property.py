@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.base import CommandLineRefused
+from contracts.base import CommandLineRefused, OutOfScope
 from contracts.models import MODELS, model_dir
 
 FLAG = "--kv-sharing-fast-prefill"
@@ -63,6 +63,8 @@ def argv_of(arch, n_shared, backend, prefill, decode, algo, draft) -> list[str]:
 def judge(subject, arch, n_shared, backend, prefill, decode, algo, draft) -> None:
     """The flag refuses exactly where the seed says and otherwise changes nothing: with the flag the subject
     accepts iff it accepts without it and the seed's flag rules allow it; a refusal is a ValueError naming a flag."""
+    if FLAG not in subject.cli_options():
+        raise OutOfScope(f"the subject has no {FLAG}, which this property is about", (FLAG,))
     argv = argv_of(arch, n_shared, backend, prefill, decode, algo, draft)
     try:
         off = subject.check(argv)  # anything but ValueError/RuntimeError propagates and fails the property
