@@ -1,10 +1,17 @@
-"""Seed 000 (PR-A, "Behaviour"): the ``--kv-sharing-fast-prefill`` flag rules F1-F12."""
+"""Seed 000 (PR-A, "Behaviour"): the ``--kv-sharing-fast-prefill`` flag rules F1-F12.
+
+The flag's refusals are judged differentially: a command line the seed says the flag refuses (or keeps) is also
+checked without the flag, and when the subject refuses it without the flag too, the refusal is not the flag's and
+the case is inconclusive (an engine's own rules about the same command line, say a draft model it does not
+support, are not seed 000's). The flag must refuse exactly where the seed says, and otherwise change nothing.
+"""
 
 from __future__ import annotations
 
-from contracts.base import case, contract, require, require_option
+from contracts.base import case, contract, inconclusive, require, require_option
 from contracts.expect import expect_accepted, expect_equal, expect_rejected
 from contracts.models import argv_for
+from contracts.subject import CheckOutcome
 
 SEED = "seeds/000 PR-A"
 FLAG = "--kv-sharing-fast-prefill"
@@ -23,6 +30,34 @@ ONLY_FLAG = (FLAG,)
 SWITCH_ACTIONS = ("store_true", "BooleanOptionalAction")
 BACKEND_OPTIONS = (FLAG, "--attention-backend", "--prefill-attention-backend", "--decode-attention-backend")
 SPEC_OPTIONS = (FLAG, "--speculative-algorithm", "--speculative-draft-model-path")
+
+
+def _without_flag(argv: list[str]) -> list[str]:
+    return [a for a in argv if a != FLAG]
+
+
+def _not_the_flags(subject, argv: list[str], out: CheckOutcome, what: str) -> None:
+    """A refusal with the flag that the subject makes without it too is not the flag's: inconclusive."""
+    if out.error is None:
+        return
+    base = subject.check(_without_flag(argv))
+    if base.error is not None:
+        raise inconclusive(f"{what}: refused with the flag ({type(out.error).__name__}: {out.error}), and without it "
+                           f"too ({type(base.error).__name__}: {base.error}): the refusal is not the flag's")
+
+
+def flag_refuses(subject, argv: list[str], what: str, mentions: tuple[str, ...]) -> None:
+    """Seed 000: the flag refuses ``argv`` (a ValueError naming ``mentions``), where the subject accepts it without."""
+    out = subject.check(argv)
+    _not_the_flags(subject, argv, out, what)
+    expect_rejected(out, what, mentions=mentions)
+
+
+def flag_keeps(subject, argv: list[str], what: str) -> CheckOutcome:
+    """Seed 000: the flag does not refuse ``argv`` (the subject's decision without it stands)."""
+    out = subject.check(argv)
+    _not_the_flags(subject, argv, out, what)
+    return expect_accepted(out, what)
 
 
 def _mentions_fast_prefill(text: str) -> bool:
@@ -167,8 +202,7 @@ def flag_on_startup_log(subject) -> None:
 
 
 def _startup_line(subject, model: str, n: int) -> None:
-    out = subject.check(argv_for(model, FLAG, "--attention-backend", "triton"))
-    expect_accepted(out, f"{FLAG} on {model} with triton")
+    out = flag_keeps(subject, argv_for(model, FLAG, "--attention-backend", "triton"), f"{FLAG} on {model} with triton")
     want = ENABLED.format(model=model, n=n)
     hits = [(lv, m) for lv, m in out.log if _is_enabled_line(m, n)]
     require(len(hits) == 1, f"expected exactly one log line like {want!r} (the seed's words and "
@@ -187,8 +221,8 @@ def reject_non_gemma4(subject) -> None:
     require_option(subject, FLAG)
     for model, mtype in (("Llama-3.1-8B-Instruct", "llama"), ("Qwen2.5-7B-Instruct", "qwen2"), ("DeepSeek-V3", "deepseek_v3"), (ASSISTANT, "gemma4_assistant")):
         with case(mtype):
-            out = subject.check(argv_for(model, FLAG, "--attention-backend", "triton"))
-            expect_rejected(out, f"{FLAG} on {mtype}", mentions=(FLAG, mtype, "Gemma-4"))
+            flag_refuses(subject, argv_for(model, FLAG, "--attention-backend", "triton"), f"{FLAG} on {mtype}",
+                         (FLAG, mtype, "Gemma-4"))
 
 
 @contract(
@@ -203,12 +237,12 @@ def reject_non_triton(subject) -> None:
     for flag in ("--attention-backend", "--prefill-attention-backend"):
         for backend in ("torch_native", "flashinfer", "fa3"):
             with case(f"{flag} {backend}"):
-                out = subject.check(argv_for(E2B, FLAG, flag, backend))
-                expect_rejected(out, f"{FLAG} with {flag} {backend}", mentions=(FLAG, flag, backend, "triton"))
+                flag_refuses(subject, argv_for(E2B, FLAG, flag, backend), f"{FLAG} with {flag} {backend}",
+                             (FLAG, flag, backend, "triton"))
     # Decode-only choice does not touch prefill: accepted.
     with case("--decode-attention-backend torch_native"):
-        out = subject.check(argv_for(E2B, FLAG, "--decode-attention-backend", "torch_native"))
-        expect_accepted(out, f"{FLAG} with only --decode-attention-backend torch_native")
+        flag_keeps(subject, argv_for(E2B, FLAG, "--decode-attention-backend", "torch_native"),
+                   f"{FLAG} with only --decode-attention-backend torch_native")
 
 
 @contract(
@@ -220,8 +254,7 @@ def reject_non_triton(subject) -> None:
 )
 def unset_backend_resolves_triton(subject) -> None:
     require_option(subject, FLAG)
-    out = subject.check(argv_for(E2B, FLAG))
-    expect_accepted(out, f"{FLAG} on E2B with no backend given")
+    out = flag_keeps(subject, argv_for(E2B, FLAG), f"{FLAG} on E2B with no backend given")
     expect_equal(out.user.get("attention_backend"), None, "the user's attention_backend (resolving view)")
     expect_equal(out.resolved.get("attention_backend"), "triton", "resolved attention_backend")
     decl = [r for r in out.resolutions if r[1] == "attention_backend" and r[2] == "triton"]
@@ -243,16 +276,16 @@ def unset_backend_resolves_triton(subject) -> None:
 )
 def reject_no_shared_layers(subject) -> None:
     require_option(subject, FLAG)
-    out = subject.check(argv_for(DENSE31B, FLAG, "--attention-backend", "triton"))
-    expect_rejected(out, f"{FLAG} on {DENSE31B} (0 shared layers)", mentions=(FLAG, "num_kv_shared_layers"))
+    flag_refuses(subject, argv_for(DENSE31B, FLAG, "--attention-backend", "triton"), f"{FLAG} on {DENSE31B} (0 shared layers)",
+                 (FLAG, "num_kv_shared_layers"))
 
 
 def _reject_algo(subject, algo: str) -> None:
     require_option(subject, FLAG)
     for extra in ((), ("--attention-backend", "triton")):
         with case(f"{algo} {' '.join(extra)}"):
-            out = subject.check(argv_for(E2B, FLAG, "--speculative-algorithm", algo, *extra))
-            expect_rejected(out, f"{FLAG} with --speculative-algorithm {algo}", mentions=(FLAG, algo, "--speculative-algorithm"))
+            flag_refuses(subject, argv_for(E2B, FLAG, "--speculative-algorithm", algo, *extra),
+                         f"{FLAG} with --speculative-algorithm {algo}", (FLAG, algo, "--speculative-algorithm"))
     with case(f"{algo} without the flag"):
         out = subject.check(argv_for(E2B, "--speculative-algorithm", algo, "--attention-backend", "triton"))
         if out.error is not None:
@@ -293,8 +326,8 @@ def nextn_accepted(subject) -> None:
     require_option(subject, FLAG)
     for flags in ((FLAG,), (FLAG, "--attention-backend", "triton"), ()):
         with case(" ".join(flags) or "without the flag"):
-            out = subject.check(argv_for(E2B, *flags, "--speculative-algorithm", "NEXTN", draft=ASSISTANT))
-            expect_accepted(out, f"NEXTN with a Gemma-4 assistant draft, flags {flags}")
+            argv = argv_for(E2B, *flags, "--speculative-algorithm", "NEXTN", draft=ASSISTANT)
+            out = flag_keeps(subject, argv, f"NEXTN with a Gemma-4 assistant draft, flags {flags}")
             expect_equal(out.user.get("speculative_algorithm"), "NEXTN", "the user's speculative_algorithm")
             expect_equal(out.resolved.get("speculative_algorithm"), "FROZEN_KV_MTP", "resolved speculative_algorithm")
             info = [m for lv, m in out.log if lv == "INFO" and "NEXTN" in m and "FROZEN_KV_MTP" in m and "promot" in m.lower()]
