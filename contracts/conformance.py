@@ -47,6 +47,7 @@ class Recorder:
         self.contracts: dict[str, Outcome] = {}
         self.others: dict[str, Outcome] = {}
         self.subject_text = ""
+        self.spec_version = spec_version()  # the checkout as the run starts (before any report is rewritten)
 
     # ---- collecting ----------------------------------------------------------------------
     def record(self, item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo) -> None:
@@ -67,7 +68,7 @@ class Recorder:
     # ---- writing ---------------------------------------------------------------------------
     def write(self) -> None:
         run = Run(self.subject_text, _command(self.config), cpu_model(), self.contracts, self.others,
-                  spec_version(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                  self.spec_version, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                   list(self.config.getoption("--conformance-launch")))
         results = results_path(self.path)
         os.makedirs(os.path.dirname(results), exist_ok=True)
