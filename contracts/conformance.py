@@ -51,6 +51,8 @@ class Recorder:
 
     # ---- collecting ----------------------------------------------------------------------
     def record(self, item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo) -> None:
+        if "subject" not in getattr(item, "fixturenames", ()):
+            return  # a test of the checkout itself (the catalogue, the reports), not of the subject
         if report.when == "call" or (report.when == "setup" and not report.passed):
             notes = [v for k, v in report.user_properties if k == "contract_note"]
             outcome = _outcome(item, report, call, notes)

@@ -14,7 +14,7 @@ A report an engine developer can act on without rerunning anything:
 * below, every failure explained from the notes file, or marked unexplained.
 
 ``docs/conformance/README.md`` (``write_index``) is the headline of every report in the folder: the one place
-other documents take the counts from (never typed by hand). ``spec/test_conformance_report.py`` fails when a
+other documents take the counts from (never typed by hand). ``spec/test_conformance_staleness.py`` fails when a
 committed report's contract ids differ from the catalogue, or the index from the reports.
 """
 
@@ -235,7 +235,7 @@ def reports(folder: str) -> list[str]:
 def render_index(folder: str) -> str:
     lines = ["# Conformance reports", "",
              "Generated from the reports in this folder (`python -m contracts.conformance_report --index`, and by "
-             "every report run); `spec/test_conformance_report.py` fails when it is stale. Quote these counts from "
+             "every report run); `spec/test_conformance_staleness.py` fails when it is stale. Quote these counts from "
              "here, never by hand.", "",
              "| report | subject | spec | headline |", "|---|---|---|---|"]
     for name in reports(folder):
