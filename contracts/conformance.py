@@ -1,21 +1,16 @@
 """``pytest spec --subject X --conformance-report FILE``: a Markdown conformance report of one engine.
 
 A pytest plugin (loaded by the root ``conftest.py``). For every contract it records the verdict of its run
-against the subject:
+against the subject (``contracts.verdicts``: pass, a failure of a seed rule or of this project's stricter rule,
+out of scope, not reached, inconclusive, harness error) with its evidence: a violation's message (what the engine
+answered), a skip's reason, what a passing contract compared or could not check (``contracts.base.note``). The
+other spec tests (properties, snapshots, mutants) are counted, and any harness error among them is listed.
 
-* ``pass``; ``fail`` (a ``ContractViolation``: the evidence is the violation's message, what the engine
-  answered); ``not applicable`` (the subject cannot show the rule: a capability, route or counter it lacks;
-  the evidence is the reason); ``harness error`` (anything else: a defect of the specification or its
-  adapter, never a verdict about the engine);
-* the rule ids and where the rule comes from: a seed (``seed 000``, ``seed 004``) or this project's own rules
-  (``project``), and for seed rules what this project asks beyond the seed (``Contract.stricter``);
-* what a passing contract could not check (``contracts.base.note``).
-
-Below the table every failure is explained from ``--conformance-notes FILE`` (Markdown; a ``## CONTRACT-ID``
-heading per explained contract, ``## Overview`` for text printed above the table): a real deviation of that
-engine (what it does instead), or a contract that asked for more than the rule (then the contract is fixed).
-A failure without an explanation is marked as such and counted in the headline. The other spec tests
-(properties, snapshots, mutants) are counted, and any harness error among them is listed.
+The run is kept beside the report (``results_path``) with what makes it reproducible: the spec's commit
+(``git describe --dirty``), the date, the CPU, the command and each server's launch command
+(``--conformance-launch``, given by whoever started the servers). ``contracts.conformance_report`` writes the
+report from it and the notes file (``--conformance-notes``: a ``## CONTRACT-ID`` heading per explained failure,
+``## Overview`` for text above the table), and the index of every report (``docs/conformance/README.md``).
 """
 
 from __future__ import annotations
@@ -24,16 +19,16 @@ import argparse
 import json
 import os
 import platform
-import re
+import subprocess
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pytest
 
-from contracts.base import ContractViolation, all_contracts
-
-VERDICTS = ("pass", "fail", "not applicable", "harness error")
-
+from contracts import verdicts
+from contracts.base import ContractViolation, get_contract
+from contracts.verdicts import HARNESS_ERROR, Outcome
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("conformance")
@@ -41,13 +36,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="write a Markdown conformance report of the subject (every contract's verdict and evidence)")
     group.addoption("--conformance-notes", default=None, metavar="FILE",
                     help="Markdown explanations of this engine's failures (## CONTRACT-ID sections, ## Overview)")
-
-
-@dataclass
-class Outcome:
-    verdict: str
-    evidence: str = ""
-    notes: list[str] = field(default_factory=list)
+    group.addoption("--conformance-launch", action="append", default=[], metavar="COMMAND",
+                    help="the exact command that started a server under test (repeat for each server)")
 
 
 class Recorder:
@@ -57,31 +47,37 @@ class Recorder:
         self.contracts: dict[str, Outcome] = {}
         self.others: dict[str, Outcome] = {}
         self.subject_text = ""
+        self.spec_version = spec_version()  # the checkout as the run starts (before any report is rewritten)
 
     # ---- collecting ----------------------------------------------------------------------
     def record(self, item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo) -> None:
+        if "subject" not in getattr(item, "fixturenames", ()):
+            return  # a test of the checkout itself (the catalogue, the reports), not of the subject
         if report.when == "call" or (report.when == "setup" and not report.passed):
-            outcome = _outcome(report, call)
+            notes = [v for k, v in report.user_properties if k == "contract_note"]
+            outcome = _outcome(item, report, call, notes)
         elif report.when == "teardown" and report.failed:
-            outcome = Outcome("harness error", f"teardown: {_first_line(report.longreprtext)}")
+            outcome = Outcome(HARNESS_ERROR, f"teardown: {_first_line(report.longreprtext)}")
         else:
             return
-        outcome.notes = [v for k, v in report.user_properties if k == "contract_note"]
         cid = _contract_id(item)
         target = self.contracts if cid is not None else self.others
         key = cid if cid is not None else item.nodeid
-        if key in target and target[key].verdict == "harness error":
+        if key in target and target[key].verdict == HARNESS_ERROR:
             return  # keep the first harness error of an item
         target[key] = outcome
 
     # ---- writing ---------------------------------------------------------------------------
     def write(self) -> None:
-        run = Run(self.subject_text, _command(self.config), _cpu(), self.contracts, self.others)
+        run = Run(self.subject_text, _command(self.config), cpu_model(), self.contracts, self.others,
+                  self.spec_version, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                  list(self.config.getoption("--conformance-launch")))
         results = results_path(self.path)
         os.makedirs(os.path.dirname(results), exist_ok=True)
         with open(results, "w") as f:
             json.dump(run.to_json(), f, indent=1)
         write_report(run, self.path, self.config.getoption("--conformance-notes"))
+        write_index(os.path.dirname(os.path.abspath(self.path)))
 
 
 @dataclass
@@ -94,85 +90,27 @@ class Run:
     machine: str
     contracts: dict[str, Outcome]
     others: dict[str, Outcome]
+    spec_version: str = "unknown"  # git describe --dirty of the checkout that ran
+    date: str = "unknown"
+    launches: list[str] = field(default_factory=list)  # each server's launch command
 
     def to_json(self) -> dict[str, Any]:
         return {"subject": self.subject_text, "command": self.command, "machine": self.machine,
+                "spec_version": self.spec_version, "date": self.date, "launches": self.launches,
                 "contracts": {k: asdict(o) for k, o in self.contracts.items()},
                 "others": {k: asdict(o) for k, o in self.others.items()}}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Run:
-        return cls(d["subject"], d["command"], d["machine"], {k: Outcome(**o) for k, o in d["contracts"].items()},
-                   {k: Outcome(**o) for k, o in d["others"].items()})
+        return cls(d["subject"], d["command"], d["machine"],
+                   {k: Outcome.from_json(o) for k, o in d["contracts"].items()},
+                   {k: Outcome.from_json(o) for k, o in d["others"].items()},
+                   d.get("spec_version", "unknown"), d.get("date", "unknown"), list(d.get("launches", [])))
 
 
 def results_path(report: str) -> str:
     """Where a report's recorded verdicts are kept: .cache/conformance/<report name>.json (not committed)."""
     return os.path.join(".cache", "conformance", os.path.splitext(os.path.basename(report))[0] + ".json")
-
-
-def write_report(run: Run, path: str, notes_path: str | None) -> None:
-    notes = _read_notes(notes_path)
-    contracts = all_contracts()
-    counts = {v: 0 for v in VERDICTS}
-    rows, failures = [], []
-    for c in contracts:
-        o = run.contracts.get(c.id, Outcome("not run", "deselected (-k) or not collected"))
-        counts[o.verdict] = counts.get(o.verdict, 0) + 1
-        origin = c.origin + (f": {c.stricter}" if c.stricter else "")
-        evidence = o.evidence if o.verdict != "pass" else "; ".join(o.notes)
-        rows.append(f"| `{c.id}` | {', '.join(c.rules)} | {_cell(origin)} | **{o.verdict}** | {_cell(evidence, 500)} |")
-        if o.verdict in ("fail", "harness error"):
-            failures.append((c, o))
-    unexplained = [c.id for c, _ in failures if c.id not in notes]
-    other_counts: dict[str, int] = {}
-    for o in run.others.values():
-        other_counts[o.verdict] = other_counts.get(o.verdict, 0) + 1
-    harness_errors = counts["harness error"] + other_counts.get("harness error", 0)
-    lines = [
-        f"# Conformance of {run.subject_text}",
-        "",
-        "Written by `pytest spec --conformance-report` (contracts/conformance.py); the explanations below the "
-        "table come from the notes file. Regenerate, do not edit.",
-        "",
-        f"Command: `{run.command}`  ",
-        f"Machine: {run.machine}",
-        "",
-        f"**{len(contracts)} contracts: {counts['pass']} pass, {counts['fail']} fail, "
-        f"{counts['not applicable']} not applicable, {harness_errors} harness errors"
-        + (f", {counts['not run']} not run" if counts.get("not run") else "")
-        + f"; {len(failures) - len(unexplained)} of {len(failures)} failures explained.**"
-        + f" Other spec tests: {_counts(other_counts)}.",
-        "",
-    ]
-    if "Overview" in notes:
-        lines += [notes["Overview"], ""]
-    lines += [
-        "Origin: `seed 000` / `seed 004` are the seeds' rules (F1-F16, K1-K47 of RULES.md); `project` marks this "
-        "project's own rules (HTTP H*, engine E*, speculative S*, ...) or, after a seed, what the contract asks "
-        "beyond the seed.",
-        "",
-        "| contract | rule ids | origin | verdict | evidence |",
-        "|---|---|---|---|---|",
-        *rows,
-        "",
-    ]
-    if failures:
-        lines += ["## Failures explained", ""]
-        for c, o in failures:
-            lines += [f"### `{c.id}` ({o.verdict})", ""]
-            if len(_cell(o.evidence)) > 500:  # the table cell was cut: the whole evidence here
-                lines += ["```", o.evidence[:4000], "```", ""]
-            lines += [notes.get(c.id, "**Not yet explained.**"), ""]
-    for verdict, title in (("fail", "Other spec tests that failed"), ("harness error", "Harness errors outside the contracts")):
-        listed = [(k, o) for k, o in run.others.items() if o.verdict == verdict]
-        if listed:
-            lines += [f"## {title}", ""]
-            lines += [f"- `{k}`: {_cell(o.evidence, 400)}" + (f" {notes[k]}" if k in notes else "") for k, o in listed]
-            lines += [""]
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
 
 
 def _contract_id(item: pytest.Item) -> str | None:
@@ -183,30 +121,24 @@ def _contract_id(item: pytest.Item) -> str | None:
     return getattr(c, "id", None)
 
 
-def _outcome(report: pytest.TestReport, call: pytest.CallInfo) -> Outcome:
+def _outcome(item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo, notes: list[str]) -> Outcome:
     if report.passed:
-        return Outcome("pass")
+        return verdicts.from_pass(notes)
     if report.skipped:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        return Outcome("not applicable", reason.removeprefix("Skipped: "))
+        return verdicts.from_skip(reason.removeprefix("Skipped: "))
     exc = call.excinfo
-    if exc is not None and exc.errisinstance((ContractViolation, AssertionError)):
-        return Outcome("fail", str(exc.value))  # a violation, or a spec test's own assertion about the answers
+    cid = _contract_id(item)
+    if exc is not None and exc.errisinstance(ContractViolation):
+        return verdicts.from_failure(exc.value, get_contract(cid).project_only if cid else True)
+    if exc is not None and exc.errisinstance(AssertionError):
+        return verdicts.from_failure(exc.value, True)  # a spec test's own assertion (this project's tests)
     text = f"{exc.typename}: {exc.value}" if exc is not None else _first_line(report.longreprtext)
-    return Outcome("harness error", text)
+    return Outcome(HARNESS_ERROR, text)
 
 
 def _first_line(text: str) -> str:
     return next((ln for ln in text.splitlines() if ln.strip()), "")
-
-
-def _cell(text: str, limit: int = 0) -> str:
-    text = re.sub(r"\s+", " ", text).strip().replace("|", "\\|")
-    return text if not limit or len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _counts(counts: dict[str, int]) -> str:
-    return ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) or "none"
 
 
 def _command(config: pytest.Config) -> str:
@@ -221,32 +153,33 @@ def _command(config: pytest.Config) -> str:
     return "pytest " + " ".join(args)
 
 
-def _cpu() -> str:
+def cpu_model() -> str:
+    """lscpu's model name, the core count and the widest vector ISA."""
+    name = ""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        name = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    flags = ""
     try:
         with open("/proc/cpuinfo") as f:
-            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), platform.processor())
-        with open("/proc/cpuinfo") as f:
             flags = next((ln for ln in f if ln.startswith("flags")), "")
-        isa = "AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "no AVX2")
-        return f"{name}, {os.cpu_count()} cores, {isa}"
     except OSError:
-        return platform.machine()
+        pass
+    isa = "AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "no AVX2")
+    return f"{name or platform.processor() or platform.machine()}, {os.cpu_count()} cores, {isa}"
 
 
-def _read_notes(path: str | None) -> dict[str, str]:
-    """``## heading`` -> the text under it (contract ids without backticks, or Overview)."""
-    if not path or not os.path.isfile(path):
-        return {}
-    out: dict[str, str] = {}
-    key = None
-    for line in open(path, encoding="utf-8").read().splitlines():
-        m = re.match(r"^## +`?([^`]+?)`?\s*$", line)
-        if m:
-            key = m.group(1)
-            out[key] = ""
-        elif key is not None:
-            out[key] += line + "\n"
-    return {k: v.strip() for k, v in out.items()}
+def spec_version() -> str:
+    """``git describe --always --dirty`` of the checkout the spec ran from."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        out = subprocess.run(["git", "-C", root, "describe", "--always", "--dirty"], capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
 
 
 _RECORDER = pytest.StashKey[Recorder]()
@@ -281,6 +214,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         rec.write()
 
 
+def write_report(run: Run, path: str, notes_path: str | None) -> None:
+    from contracts.conformance_report import write_report as write
+
+    write(run, path, notes_path)
+
+
+def write_index(folder: str) -> None:
+    from contracts.conformance_report import write_index as write
+
+    write(folder)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Rewrite a report from its recorded verdicts with the current notes (no engine needed)."""
     ap = argparse.ArgumentParser(description=main.__doc__)
@@ -290,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(results_path(args.report)) as f:
         run = Run.from_json(json.load(f))
     write_report(run, args.report, args.notes)
+    write_index(os.path.dirname(os.path.abspath(args.report)))
     print(f"wrote {args.report} from {results_path(args.report)}")
     return 0
 

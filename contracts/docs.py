@@ -26,8 +26,11 @@ Origin: `seed 000` / `seed 004` are the seeds' rules; `project` this project's o
 followed by `+ project` marks a contract that also asks what this project chose beyond the seed (the notes say
 what). Conformance reports of other engines (`docs/conformance/`) keep the distinction.
 
-| id | rule | rule ids | origin | source | needs | mutants |
-|---|---|---|---|---|---|---|
+Options: the command-line options a rule is about; an engine without one is out of scope for that rule
+(conformance reports say so instead of failing it), and a refusal of any other option is inconclusive.
+
+| id | rule | rule ids | origin | options | source | needs | mutants |
+|---|---|---|---|---|---|---|---|
 """
 
 
@@ -41,7 +44,8 @@ def render() -> str:
     for c in all_contracts():
         rule = c.rule.replace("|", "\\|")
         rows.append(
-            f"| `{c.id}` | {rule} | {', '.join(c.rules)} | {c.origin} | {c.source.replace('|', '/')} | "
+            f"| <a id=\"{c.id.lower()}\"></a>`{c.id}` | {rule} | {', '.join(c.rules)} | {c.origin} | "
+            f"{', '.join(f'`{o}`' for o in c.options)} | {c.source.replace('|', '/')} | "
             f"{', '.join(sorted(c.needs))} | {', '.join(sorted(killers.get(c.id, [])))} |"
         )
         if c.note or c.stricter:

@@ -42,11 +42,13 @@ def expect_rejected(
         raise violation(f"{what} must be rejected with {types[0].__name__}, but it was accepted")
     if not isinstance(outcome.error, types):
         names = " or ".join(t.__name__ for t in types)
-        raise violation(f"{what} must raise {names}, got {type(outcome.error).__name__}: {outcome.error}")
+        raise violation(f"{what}: decision conforms, message differs: it must raise {names}, got "
+                        f"{type(outcome.error).__name__}: {outcome.error}", message_only=True)
     msg = str(outcome.error)
     missing = [m for m in mentions if norm(m) not in norm(msg)]
     if missing:
-        raise violation(f"{what}: the error must name {missing} so the user can act on it; it said: {msg!r}")
+        raise violation(f"{what}: decision conforms, message differs: the error must name {missing} so the user "
+                        f"can act on it; it said: {msg!r}", message_only=True)
     return msg
 
 

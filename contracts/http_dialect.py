@@ -4,7 +4,7 @@ A server speaks this project's dialect (SGLang's native routes: ``POST /generate
 ``/get_server_info``, ``sglang:*`` metrics) or only the OpenAI routes (vLLM: ``/v1/completions``,
 ``/v1/chat/completions``, ``vllm:*`` metrics). The HTTP contracts use native routes where the server has them and
 the OpenAI routes where it does not, and say what they could not check (``contracts.base.note``) or that the
-rule cannot be shown at all (``not_applicable``).
+rule cannot be shown at all (``inconclusive``).
 
 Discovery reads routes without generating anything except one 1-token completion that tells whether the server
 returns output token ids (vLLM's ``return_token_ids``). No contracts live here.

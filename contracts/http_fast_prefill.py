@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from contracts.base import contract, not_applicable, note, require
+from contracts.base import contract, note, require, violation
 from contracts.http_dialect import discover, scrape, total
 from contracts.http_support import ARGV_OFF, ARGV_ON, get_json, openai_client, post, prompt_ids
 
@@ -43,8 +43,8 @@ def _flag_from_metrics(urls: dict[bool, str]) -> None:
     for launched, url in urls.items():
         flag = _config_info_flag(url)
         if flag is None:
-            raise not_applicable(f"{url} reports no resolved arguments (no /get_server_info or /server_info, no "
-                                 "/get_model_info, no config-info metric): the flag's resolution cannot be read")
+            raise violation(f"{url} reports no resolved arguments (no /get_server_info or /server_info, no "
+                            "/get_model_info, no config-info metric): the flag's resolution cannot be read", project=True)
         flags[launched] = flag
     names = discover(urls[True]).metrics
     metric = names.config_info[0] if names is not None and names.config_info is not None else "a config-info metric"
@@ -130,8 +130,10 @@ def parity_fast_prefill(subject) -> None:
         note("one server: its greedy outputs are checked for determinism only (give --subject-fast-prefill)")
     names = discover(url_on).metrics
     counter = names.skipped_rows if (two and names is not None) else None
-    if two and counter is None:
-        note("the flag-on server exports no skipped-rows counter: parity checked, fast prefill's skipping not seen")
+    if two and counter is None:  # parity of a server that may ignore the flag proves nothing
+        raise violation(f"the flag-on server {url_on} shows no fast prefill: its /metrics has no counter of the "
+                        "cross-decoder rows it skipped (this project's yoco:skipped_cross_decoder_rows_total), so parity with the "
+                        "flag-off server cannot tell fast prefill from a server that ignores the flag", project=True)
     skipped_before = total(scrape(url_on), counter) or 0.0 if counter else 0.0
     on = _outputs(url_on, prompts, 3)
     skipped = (total(scrape(url_on), counter) or 0.0) - skipped_before if counter else 0.0

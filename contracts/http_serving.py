@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from contracts.base import contract, not_applicable, note, require, violation
+from contracts.base import contract, inconclusive, note, require, violation
 from contracts.http_dialect import ServerAnswer, ServerApi, complete, discover, scrape, stream_body, total
 from contracts.http_support import ARGV_OFF, TIMEOUT, get_json, prompt_ids
 from contracts.sse_client import asse_lines
@@ -154,11 +154,11 @@ def disconnect_aborts(subject) -> None:
     url = subject.base_url(ARGV_OFF)
     api = discover(url)
     if api.metrics is None:
-        raise not_applicable(f"{url}/metrics shows no running-requests gauge in a known family's names: an abort "
-                             "cannot be observed")
+        raise violation(f"{url}/metrics shows no running-requests gauge in a known family's names (sglang:*, vllm:*): "
+                        "the server gives no way to see that an abort stopped the request", project=True)
     ctx = int(api.context_length or 0)
     if not ctx:
-        raise not_applicable(f"{url} reports no context length: no request long enough to disconnect from")
+        raise inconclusive(f"{url} reports no context length: no request long enough to disconnect from")
     if api.metrics.aborted is None:
         note("the server counts no aborted requests: the abort is observed as nothing running")
     path, body = stream_body(api, prompt_ids(7, 6), ctx - 8)

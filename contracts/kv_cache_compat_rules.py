@@ -5,6 +5,21 @@ from __future__ import annotations
 from contracts.base import contract
 from contracts.expect import VALUE_TYPES, must_accept, must_reject
 
+# The options of seed 004's hook these rules are about (contracts.base.Contract.options): an engine without
+# them is out of scope for these rules.
+OPTIONS = (
+    "--dcp-size",
+    "--disable-priority-preemption",
+    "--disable-radix-cache",
+    "--disaggregation-decode-enable-offload-kvcache",
+    "--disaggregation-decode-retraction-backup",
+    "--disaggregation-mode",
+    "--enable-hierarchical-cache",
+    "--enable-priority-scheduling",
+    "--hicache-storage-backend",
+    "--swa-full-tokens-ratio",
+)
+
 SEED = "seeds/004"
 
 FN = f"{SEED} handle_cache_compatibility"
@@ -19,7 +34,7 @@ STORAGE = ("--hicache-storage-backend", "file")
     "HOST-POOL-PD-DECODE-ONLY",
     f"{BACKUP}=host_pool is a ValueError unless --disaggregation-mode decode.",
     FN,
-    rules=("K11",),
+    rules=("K11",), options=OPTIONS,
 )
 def host_pool_decode_only(subject) -> None:
     for mode in ("null", "prefill"):
@@ -28,7 +43,7 @@ def host_pool_decode_only(subject) -> None:
     must_accept(subject, (BACKUP, "cpu_tensor"))
 
 
-@contract("HOST-POOL-NO-DCP", f"{BACKUP}=host_pool with --dcp-size > 1 is a ValueError.", FN, rules=("K12",))
+@contract("HOST-POOL-NO-DCP", f"{BACKUP}=host_pool with --dcp-size > 1 is a ValueError.", FN, rules=("K12",), options=OPTIONS)
 def host_pool_no_dcp(subject) -> None:
     for size in ("2", "8"):
         must_reject(subject, (*HOST_POOL, *DECODE, "--dcp-size", size), (BACKUP, "host_pool", "--dcp-size"), types=VALUE_TYPES)
@@ -40,7 +55,7 @@ def host_pool_no_dcp(subject) -> None:
     "HOST-POOL-PRIORITY-PREEMPTION",
     f"{BACKUP}=host_pool with --enable-priority-scheduling needs --disable-priority-preemption (ValueError otherwise).",
     FN,
-    rules=("K13",),
+    rules=("K13",), options=OPTIONS,
 )
 def host_pool_priority(subject) -> None:
     must_reject(
@@ -56,7 +71,7 @@ def host_pool_priority(subject) -> None:
     "HICACHE-VS-NO-RADIX",
     "--enable-hierarchical-cache and --disable-radix-cache are mutually exclusive (ValueError naming both).",
     FN,
-    rules=("K14",),
+    rules=("K14",), options=OPTIONS,
     note="The seed names the flags without leading dashes; ours uses --flag spelling. SGLang 0.5.23's "
     "handle_cache_compatibility adds rules the seed lacks (T-LRU radix eviction config, --swa-prefix-tails, and "
     "LMCache exclusivity with hierarchical cache / radix off / speculative / DP attention / DCP / PD).",
@@ -74,7 +89,7 @@ def hicache_vs_no_radix(subject) -> None:
     "DECODE-OFFLOAD-DECODE-SIDE",
     f"{OFFLOAD} is a ValueError unless --disaggregation-mode decode.",
     FN,
-    rules=("K15",),
+    rules=("K15",), options=OPTIONS,
 )
 def decode_offload_decode_side(subject) -> None:
     for mode in ("null", "prefill"):
@@ -86,7 +101,7 @@ def decode_offload_decode_side(subject) -> None:
     "DECODE-OFFLOAD-NEEDS-STORAGE",
     f"{OFFLOAD} without --hicache-storage-backend is a ValueError.",
     FN,
-    rules=("K16",),
+    rules=("K16",), options=OPTIONS,
 )
 def decode_offload_needs_storage(subject) -> None:
     must_reject(subject, (OFFLOAD, *DECODE), (OFFLOAD.lstrip("-"), "hicache-storage-backend"), types=VALUE_TYPES)
@@ -98,7 +113,7 @@ def decode_offload_needs_storage(subject) -> None:
     "DECODE-OFFLOAD-VS-HOST-POOL",
     f"{OFFLOAD} and {BACKUP}=host_pool are mutually exclusive (both build a decode host pool).",
     FN,
-    rules=("K17",),
+    rules=("K17",), options=OPTIONS,
 )
 def decode_offload_vs_host_pool(subject) -> None:
     must_reject(
@@ -112,7 +127,7 @@ def decode_offload_vs_host_pool(subject) -> None:
     "SWA-RATIO-RANGE",
     "The resolved --swa-full-tokens-ratio must lie in (0, 1.0]: 0, negatives and values above 1 are a ValueError.",
     FN,
-    rules=("K18",),
+    rules=("K18",), options=OPTIONS,
     note="SGLang 0.5.23 makes the field Optional (fallback 0.8) and reads the effective value with "
     "resolution_result; same range.",
 )

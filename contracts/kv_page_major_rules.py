@@ -6,6 +6,20 @@ from contracts.base import contract, require
 from contracts.expect import must_accept, must_reject
 from contracts.models import DSV3, E2B, LLAMA, MIMO, UM, UM_TRITON
 
+# The options of seed 004's hook these rules are about (contracts.base.Contract.options): an engine without
+# them is out of scope for these rules.
+OPTIONS = (
+    "--attention-backend",
+    "--decode-attention-backend",
+    "--enable-page-major-kv-layout",
+    "--enable-unified-memory",
+    "--linear-attn-backend",
+    "--linear-attn-decode-backend",
+    "--linear-attn-prefill-backend",
+    "--mamba-backend",
+    "--prefill-attention-backend",
+)
+
 SEED = "seeds/004"
 
 FN = f"{SEED} handle_page_major_kv_layout"
@@ -18,7 +32,7 @@ UMF = "--enable-unified-memory"
     f"{UMF} implies {PMF}: a declared resolution (the user's value stays False), and the page-major checks then "
     "apply without the user passing the flag.",
     FN,
-    rules=("K33",),
+    rules=("K33",), options=OPTIONS,
     note="SGLang's resolving_view is a live view that shows declarations, so the seed's guard after the declaration "
     "sees True; our resolving_view shows user values only, so that guard reads the resolved view.",
 )
@@ -44,7 +58,7 @@ def um_implies_page_major(subject) -> None:
     "PAGE-MAJOR-NEEDS-UM",
     f"{PMF} without {UMF} is refused (naming both flags).",
     FN,
-    rules=("K34",),
+    rules=("K34",), options=OPTIONS,
 )
 def page_major_needs_um(subject) -> None:
     for platform in ("cpu", "hopper"):
@@ -57,7 +71,7 @@ def page_major_needs_um(subject) -> None:
     f"{UMF} needs uniform K/V rows (head_dim == v_head_dim, and the same for sliding-window layers) unless the model "
     "is MLA.",
     FN,
-    rules=("K35",),
+    rules=("K35",), options=OPTIONS,
     note="SGLang 0.5.23 moved this model gate to pool construction and instead narrows the backend allow-list for "
     "asymmetric K/V models to {triton, fa3, fa4}. Gemma-4's K/V rows are uniform per layer type (full 512/512, "
     "sliding 256/256): SGLang's head_dim is the full-attention width (our ModelConfig.global_head_dim).",
@@ -76,7 +90,7 @@ def um_uniform_kv_rows(subject) -> None:
     "{triton, fa3, trtllm_mla, flashinfer, cutedsl_mla, tokenspeed_mla, flashmla}; MHA + unified {triton, fa3, fa4, "
     "flashinfer, trtllm_mha}.",
     FN,
-    rules=("K36",),
+    rules=("K36",), options=OPTIONS,
     note="The seed's third branch (plain page-major: {triton}) is unreachable: page-major without unified memory is "
     "refused first (K34). SGLang 0.5.23 drops tokenspeed_mla from the MLA set, has no plain branch, and adds "
     "{triton, fa3, fa4} for asymmetric K/V models.",
@@ -108,7 +122,7 @@ def page_major_backends(subject) -> None:
     "With the page-major layout the linear-attention decode backend (--linear-attn-decode-backend, else "
     "--linear-attn-backend) is triton or flashinfer, plus cutedsl / helion on MLA (KDA-hybrid) models.",
     FN,
-    rules=("K37",),
+    rules=("K37",), options=OPTIONS,
 )
 def page_major_linear_decode(subject) -> None:
     for backend in ("triton", "flashinfer"):
@@ -129,7 +143,7 @@ def page_major_linear_decode(subject) -> None:
     "With the page-major layout the linear-attention prefill backend (--linear-attn-prefill-backend, else "
     "--linear-attn-backend) is triton or flashkda, plus cutedsl / helion on MLA (KDA-hybrid) models.",
     FN,
-    rules=("K38",),
+    rules=("K38",), options=OPTIONS,
     note="SGLang 0.5.23 also allows flashinfer for prefill.",
 )
 def page_major_linear_prefill(subject) -> None:
@@ -149,7 +163,7 @@ def page_major_linear_prefill(subject) -> None:
     "PAGE-MAJOR-MAMBA",
     "With the page-major layout --mamba-backend must be unset or triton.",
     FN,
-    rules=("K39",),
+    rules=("K39",), options=OPTIONS,
 )
 def page_major_mamba(subject) -> None:
     must_reject(subject, (*UM_TRITON, "--mamba-backend", "flashinfer"), ("--mamba-backend", "flashinfer", "triton"))

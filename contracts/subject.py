@@ -29,9 +29,9 @@ missing capability named.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
-from contracts.base import NotApplicable
+from contracts.base import NotReached
 
 PLATFORMS = ("cpu", "ampere", "hopper", "sm100", "sm120")
 
@@ -177,12 +177,39 @@ class SubjectWrapper:
         return getattr(self.inner, name)
 
 
-class MissingCapability(NotApplicable):
+# The kinds of subject (``--subject``) and their capabilities; spec/test_subject_kinds.py holds each adapter to its
+# row. ``cuda``: this project's engine on a machine with a CUDA device.
+SUBJECT_KINDS: dict[str, frozenset[str]] = {
+    "impl": frozenset({"args", "refuse", "engine", "models", "faults", "http", "bench", "impl"}),
+    "impl on CUDA": frozenset({"args", "refuse", "engine", "models", "faults", "http", "bench", "impl", "cuda"}),
+    "sglang": frozenset({"args"}),
+    "vllm": frozenset({"args"}),
+    "http://URL": frozenset({"http"}),
+    "http://URL + --subject-fast-prefill": frozenset({"http", "bench"}),
+}
+
+
+def kinds_reaching(capabilities: Iterable[str]) -> list[str]:
+    """The subject kinds that have every capability in ``capabilities``."""
+    need = set(capabilities)
+    return [k for k, caps in SUBJECT_KINDS.items() if need <= caps]
+
+
+def not_reached(subject: str, missing: Iterable[str]) -> NotReached:
+    """The verdict for a subject that lacks ``missing`` capabilities: which, and which kinds would reach it."""
+    missing = sorted(missing)
+    kinds = kinds_reaching(missing)
+    return NotReached(f"subject {subject} lacks capabilities {missing}; reached by --subject "
+                      + (" or ".join(kinds) if kinds else "no kind of subject"), ",".join(missing), kinds)
+
+
+class MissingCapability(NotReached):
     """A contract or test used a capability the subject does not have."""
 
     def __init__(self, subject: str, capability: str, method: str):
-        super().__init__(f"subject {subject} lacks the {capability!r} capability ({method})")
-        self.capability = capability
+        kinds = kinds_reaching([capability])
+        super().__init__(f"subject {subject} lacks the {capability!r} capability ({method}); reached by --subject "
+                         + " or ".join(kinds), capability, kinds)
 
 
 class CapabilityGuard(SubjectWrapper):

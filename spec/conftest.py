@@ -2,8 +2,8 @@
 
 ``@pytest.mark.needs("http", "models")`` declares the capabilities a test uses (``contracts.base.CAPABILITIES``);
 a subject without one skips the test before it starts. A test that meets a capability it did not declare
-(``contracts.subject.MissingCapability``) or a rule the subject cannot show (``contracts.base.NotApplicable``)
-is skipped with that reason too. ``spec/test_subject_kinds.py`` proves it for the three kinds of subject.
+(``contracts.subject.MissingCapability``), an option the subject lacks (``OutOfScope``) or a run that decides
+nothing (``Inconclusive``) is skipped with that verdict and reason too (``contracts.base.NotApplicable``). ``spec/test_subject_kinds.py`` proves it for the three kinds of subject.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from contracts.base import CAPABILITIES, Contract, NotApplicable, get_contract
+from contracts.subject import not_reached
 
 # Capabilities whose checks start engines, servers or timed runs: a spec test that uses one is in the slow tier
 # (left out of `make test-fast`); the argument contracts and their mutants, and the catalogue's checks, stay fast.
@@ -56,7 +57,7 @@ def _declared_needs(request):
     subject = request.getfixturevalue("subject")
     missing = missing_needs(request.node, subject.capabilities)
     if missing:
-        pytest.skip(f"subject {subject.name} lacks capabilities {missing}")
+        pytest.skip(f"not reached: {not_reached(subject.name, missing)}")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -64,4 +65,4 @@ def pytest_pyfunc_call(pyfuncitem):
     try:
         return (yield)
     except NotApplicable as e:
-        pytest.skip(f"not applicable: {e}")
+        pytest.skip(f"{e.verdict}: {e}")  # contracts.conformance reads the verdict back from the reason

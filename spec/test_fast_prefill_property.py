@@ -1,4 +1,5 @@
-"""Property: check_server_args accepts or raises ValueError, and the decision equals a small oracle."""
+"""Property: the flag refuses exactly where seed 000 says and otherwise changes nothing (the subject's decision
+with the flag against its own decision without it); a refusal is a ValueError naming a flag."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.base import CommandLineRefused
+from contracts.base import CommandLineRefused, OutOfScope
 from contracts.models import MODELS, model_dir
 
 FLAG = "--kv-sharing-fast-prefill"
@@ -32,14 +33,10 @@ def _gemma_dir(n_shared: int) -> str:
     return root
 
 
-def oracle(arch, n_shared, backend, prefill, decode, algo, draft, flag) -> bool:
-    """True = accept. Written from seed 000's Behaviour section, independently of impl."""
-    if algo == "NEXTN" and draft != "assistant":
-        return False  # NEXTN is implemented only as FROZEN_KV_MTP with a Gemma-4 assistant draft
-    if algo == "NEXTN" and arch != "gemma4":
-        return False  # the Gemma-4 assistant's backbone (hidden size, layer types) must match the target's
-    if not flag:
-        return True
+def flag_allows(arch, n_shared, backend, prefill, algo) -> bool:
+    """Seed 000's flag rules alone (Behaviour), written independently of impl: True when turning the flag on may
+    keep a command line's decision. Nothing about the engine's own rules without the flag (which drafts NEXTN
+    takes, say): the property compares the subject's decision with the flag to its own decision without it."""
     if arch != "gemma4" or n_shared == 0:
         return False
     effective_prefill = prefill or backend or "triton"  # unset resolves to triton
@@ -48,20 +45,7 @@ def oracle(arch, n_shared, backend, prefill, decode, algo, draft, flag) -> bool:
     return algo not in ("EAGLE", "EAGLE3")
 
 
-@pytest.mark.needs("args")
-@settings(max_examples=150, deadline=None, report_multiple_bugs=False)
-@given(
-    arch=st.sampled_from(["gemma4", "llama", "qwen2"]),
-    n_shared=st.sampled_from([0, 1, 5, 20]),
-    backend=st.sampled_from(BACKENDS),
-    prefill=st.sampled_from(BACKENDS),
-    decode=st.sampled_from(BACKENDS),
-    algo=st.sampled_from(ALGOS),
-    draft=st.sampled_from(DRAFTS),
-    flag=st.booleans(),
-)
-@pytest.mark.slow  # hypothesis over every argument combination
-def test_decision_matches_oracle(subject, arch, n_shared, backend, prefill, decode, algo, draft, flag):
+def argv_of(arch, n_shared, backend, prefill, decode, algo, draft) -> list[str]:
     model = _gemma_dir(n_shared) if arch == "gemma4" else model_dir(
         {"llama": "Llama-3.1-8B-Instruct", "qwen2": "Qwen2.5-7B-Instruct"}[arch]
     )
@@ -73,14 +57,67 @@ def test_decision_matches_oracle(subject, arch, n_shared, backend, prefill, deco
     if draft is not None:
         drafts = {"assistant": "gemma-4-E2B-it-assistant", "llama": "Llama-3.1-8B-Instruct", "gemma": "gemma-4-E2B-it"}
         argv += ["--speculative-draft-model-path", model_dir(drafts[draft])]
-    if flag:
-        argv.append(FLAG)
+    return argv
+
+
+def judge(subject, arch, n_shared, backend, prefill, decode, algo, draft) -> None:
+    """The flag refuses exactly where the seed says and otherwise changes nothing: with the flag the subject
+    accepts iff it accepts without it and the seed's flag rules allow it; a refusal is a ValueError naming a flag."""
+    if FLAG not in subject.cli_options():
+        raise OutOfScope(f"the subject has no {FLAG}, which this property is about", (FLAG,))
+    argv = argv_of(arch, n_shared, backend, prefill, decode, algo, draft)
     try:
-        out = subject.check(argv)  # anything but ValueError/RuntimeError propagates and fails the property
+        off = subject.check(argv)  # anything but ValueError/RuntimeError propagates and fails the property
+        on = subject.check([*argv, FLAG])
     except CommandLineRefused as e:  # an engine without the flag: a failed property, not a crash
         raise AssertionError(f"{argv}: the subject's command line refused it: {e}") from e
-    expected = oracle(arch, n_shared, backend, prefill, decode, algo, draft, flag)
-    assert out.accepted == expected, f"{argv}: oracle says {'accept' if expected else 'reject'}, subject: {out.error!r}"
-    if out.error is not None:
-        assert isinstance(out.error, ValueError), repr(out.error)
-        assert "--" in str(out.error), f"rejection must name a flag: {out.error}"
+    expected = off.accepted and flag_allows(arch, n_shared, backend, prefill, algo)
+    assert on.accepted == expected, (
+        f"{argv} + {FLAG}: without the flag the subject {'accepts' if off.accepted else 'refuses'} "
+        f"({off.error!r}); the seed's flag rules {'allow' if flag_allows(arch, n_shared, backend, prefill, algo) else 'refuse'} "
+        f"it; with the flag it {'accepts' if on.accepted else 'refuses'} ({on.error!r})")
+    if on.error is not None:
+        assert isinstance(on.error, ValueError), repr(on.error)
+        assert "--" in str(on.error), f"rejection must name a flag: {on.error}"
+
+
+EXAMPLE = st.fixed_dictionaries(dict(
+    arch=st.sampled_from(["gemma4", "llama", "qwen2"]),
+    n_shared=st.sampled_from([0, 1, 5, 20]),
+    backend=st.sampled_from(BACKENDS),
+    prefill=st.sampled_from(BACKENDS),
+    decode=st.sampled_from(BACKENDS),
+    algo=st.sampled_from(ALGOS),
+    draft=st.sampled_from(DRAFTS),
+))
+
+
+@pytest.mark.needs("args")
+@settings(max_examples=100, deadline=None, report_multiple_bugs=False)
+@given(example=EXAMPLE)
+@pytest.mark.slow  # hypothesis over every argument combination
+def test_flag_decision_is_differential(subject, example):
+    judge(subject, **example)
+
+
+@pytest.mark.needs("impl")  # the mutant patches this project's engine in process
+@pytest.mark.parametrize("mutant", ["AcceptsEagle", "AcceptsAnyBackend", "AcceptsNoSharedLayers"])
+@pytest.mark.slow  # the property run again per mutant
+def test_property_kills_a_mutant(subject, mutant):
+    """The differential property still fails a subject that lets the flag through where the seed refuses it."""
+    import contextlib
+
+    from contracts.mutants import all_mutants
+
+    broken = next(m for m in all_mutants() if m.name == mutant).make(subject)
+    examples = [dict(arch="gemma4", n_shared=20, backend=None, prefill=None, decode=None, algo="EAGLE", draft=None),
+                dict(arch="gemma4", n_shared=20, backend="torch_native", prefill=None, decode=None, algo=None, draft=None),
+                dict(arch="gemma4", n_shared=0, backend="triton", prefill=None, decode=None, algo=None, draft=None)]
+    failed = 0
+    with getattr(subject, "isolated", contextlib.nullcontext)():
+        for ex in examples:
+            try:
+                judge(broken, **ex)
+            except AssertionError:
+                failed += 1
+    assert failed, f"{mutant} passed every example of the differential property"

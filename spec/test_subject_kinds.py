@@ -1,4 +1,4 @@
-"""Against every kind of subject (``impl``, a server at a URL, ``sglang``) every spec test runs or is skipped naming
+"""Against every kind of subject (``impl``, a server at a URL, ``sglang``, ``vllm``) every spec test runs or is skipped naming
 the capability the subject lacks: no spec test can end in an AttributeError of the harness.
 
 Three facts make it so, each checked here without starting anything:
@@ -22,8 +22,9 @@ import pytest
 from contracts.adapters.http_adapter import HttpSubject
 from contracts.adapters.impl_adapter import ImplSubject
 from contracts.adapters.sglang_adapter import SglangSubject
+from contracts.adapters.vllm_adapter import VllmSubject
 from contracts.base import CAPABILITIES, all_contracts
-from contracts.subject import CAPABILITY_OF, CapabilityGuard, MissingCapability
+from contracts.subject import CAPABILITY_OF, SUBJECT_KINDS, CapabilityGuard, MissingCapability
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Attributes every subject kind has (or that are read with a default: env_prefix, describe).
@@ -33,6 +34,7 @@ KINDS = {
     "url": (HttpSubject, HttpSubject("http://127.0.0.1:9").capabilities),
     "url+fast-prefill": (HttpSubject, HttpSubject("http://127.0.0.1:9", "http://127.0.0.1:10").capabilities),
     "sglang": (SglangSubject, SglangSubject.capabilities),
+    "vllm": (VllmSubject, VllmSubject.capabilities),
 }
 
 
@@ -63,6 +65,14 @@ def test_spec_reads_subjects_only_through_capabilities():
 
 def test_capability_table_names_known_capabilities():
     assert set(CAPABILITY_OF.values()) <= CAPABILITIES
+
+
+def test_subject_kinds_table_matches_the_adapters():
+    """``SUBJECT_KINDS`` (which the 'not reached' verdicts quote) says what each adapter has."""
+    named = {"impl": "impl", "url": "http://URL", "url+fast-prefill": "http://URL + --subject-fast-prefill",
+             "sglang": "sglang", "vllm": "vllm"}
+    for kind, (_, caps) in KINDS.items():
+        assert SUBJECT_KINDS[named[kind]] == caps, kind
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))

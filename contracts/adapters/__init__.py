@@ -18,8 +18,14 @@ def make_subject(name: str, fast_prefill_url: str | None = None) -> Any:
         from contracts.adapters.sglang_adapter import SglangSubject
 
         return SglangSubject()
+    if name == "vllm":
+        if fast_prefill_url:
+            raise ValueError("--subject-fast-prefill pairs with an http:// --subject; the vllm subject has no server")
+        from contracts.adapters.vllm_adapter import VllmSubject
+
+        return VllmSubject()
     if name.startswith("http://") or name.startswith("https://"):
         from contracts.adapters.http_adapter import HttpSubject
 
         return HttpSubject(name, fast_prefill_url)
-    raise ValueError(f"unknown --subject {name!r}; use 'impl', 'sglang' (SGLang's argument code in its virtualenv) or the base URL of a running server (http://host:port)")
+    raise ValueError(f"unknown --subject {name!r}; use 'impl', 'sglang' (SGLang's argument code in its virtualenv), 'vllm' (vLLM's, in its own) or the base URL of a running server (http://host:port)")

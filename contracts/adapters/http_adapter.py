@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import httpx
 
-from contracts.base import NotApplicable
+from contracts.base import Inconclusive
 from contracts.flops import config_from_hf
 from contracts.http_dialect import ServerApi, discover
 from contracts.sse_client import RequestFuncInput, openai_completions, sglang_generate
@@ -60,7 +60,7 @@ class HttpSubject:
             return cfg
         hf = api.hf_config()
         if hf is None:
-            raise NotApplicable(f"{api.url} reports no model config (no /get_model_info, no local model folder): "
+            raise Inconclusive(f"{api.url} reports no model config (no /get_model_info, no local model folder): "
                                 "the prefill FLOP bound cannot be computed")
         return config_from_hf(hf)
 

@@ -18,15 +18,13 @@ never a project dependency: the spec run stays in the project's environment and 
 
 from __future__ import annotations
 
-import builtins
 import hashlib
 import json
 import os
-import subprocess
 import tempfile
-import threading
 from typing import Any, Mapping, Sequence
 
+from contracts.adapters.bridge_client import BridgedSubject, rebuild_error
 from contracts.base import CommandLineRefused
 from contracts.subject import CheckOutcome, OptionInfo
 
@@ -73,74 +71,20 @@ def _translate(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def _rebuild(err: dict[str, Any]) -> BaseException:
-    """SGLang's exception as a local one: its own class name over its nearest builtin base (so ValueError /
-    RuntimeError / AssertionError checks hold), with its message."""
-    base = next((getattr(builtins, b) for b in err["bases"] if isinstance(getattr(builtins, b, None), type)
-                 and issubclass(getattr(builtins, b), Exception)), Exception)
-    cls = base if err["type"] == base.__name__ else type(err["type"], (base,), {"__module__": "sglang"})
-    return cls(err["message"])
-
-
-class BridgeError(RuntimeError):
-    """The bridge itself failed (not SGLang's verdict on a command line)."""
-
-
-class SglangSubject:
+class SglangSubject(BridgedSubject):
     """SGLang's argument code as an ``args`` subject (no engine: SGLang's engine needs a GPU)."""
 
     capabilities = frozenset({"args"})
     env_prefix = "SGLANG_"
-
-    def __init__(self, venv: str | None = None):
-        self.venv = os.path.abspath(venv or os.environ.get("SGLANG_VENV") or DEFAULT_VENV)
-        self.python = os.path.join(self.venv, "bin", "python")
-        if not os.path.exists(self.python):
-            raise FileNotFoundError(f"--subject sglang needs SGLang's virtualenv at {self.venv} (none there): build it "
-                                    "with `make conformance-sglang` (or point SGLANG_VENV at one)")
-        self._proc: subprocess.Popen | None = None
-        self._lock = threading.Lock()
-        self.version = "?"
-        self.name = "sglang"
-        self._options: dict[str, OptionInfo] | None = None
+    engine = "SGLang"
+    bridge = BRIDGE
+    venv_variable = "SGLANG_VENV"
+    default_venv = DEFAULT_VENV
+    make_target = "make conformance-sglang"
 
     def describe(self) -> str:
         self.cli_options()  # starts the bridge, which reports SGLang's version
         return f"SGLang {self.version} (ServerArgs and its resolution pipeline, in process through {os.path.relpath(BRIDGE, REPO_ROOT)})"
-
-    # ---- the pipe ------------------------------------------------------------------
-    def _start(self) -> subprocess.Popen:
-        self._log = open(os.path.join(tempfile.gettempdir(), f"yoco-sglang-bridge-{os.getuid()}.log"), "a")
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-        env.pop("PYTHONPATH", None)
-        proc = subprocess.Popen([self.python, BRIDGE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=self._log, text=True, env=env, cwd=tempfile.gettempdir())
-        ready = proc.stdout.readline()
-        if not ready:
-            raise BridgeError(f"the SGLang bridge exited with {proc.wait()} before it was ready; see {self._log.name}")
-        self.version = json.loads(ready)["version"]
-        self.name = f"sglang-{self.version}"
-        return proc
-
-    def _call(self, req: dict[str, Any]) -> dict[str, Any]:
-        with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
-                self._proc = self._start()
-            self._proc.stdin.write(json.dumps(req) + "\n")
-            self._proc.stdin.flush()
-            line = self._proc.stdout.readline()
-        if not line:
-            raise BridgeError(f"the SGLang bridge died answering {req['op']}; see {self._log.name}")
-        answer = json.loads(line)
-        if "bridge_error" in answer:
-            e = answer["bridge_error"]
-            raise BridgeError(f"the SGLang bridge failed on {req}: {e['type']}: {e['message']}\n{e['where']}")
-        return answer
-
-    def close(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.stdin.close()
-            self._proc.wait(30)
 
     # ---- args ------------------------------------------------------------------------
     def parse_args(self, argv: Sequence[str]) -> dict[str, Any]:
@@ -168,5 +112,5 @@ class SglangSubject:
             resolutions=[tuple(r) for r in answer["resolutions"]],
             log=[tuple(r) for r in answer["log"]],
             model_config=answer["model_config"],
-            error=_rebuild(answer["error"]) if answer["error"] else None,
+            error=rebuild_error(answer["error"]) if answer["error"] else None,
         )
