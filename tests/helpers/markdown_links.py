@@ -55,9 +55,10 @@ def slug(heading: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def heading_anchors(path: str) -> frozenset[str]:
-    """Every anchor the headings of a Markdown file define (a repeated heading gets -1, -2, ...)."""
+    """Every anchor the headings of a Markdown file define (a repeated heading gets -1, -2, ...), and every HTML
+    anchor (``<a id="...">``, as the generated catalogue gives each contract id)."""
     seen: dict[str, int] = {}
-    anchors = set()
+    anchors = set(re.findall(r'<a id="([^"]+)"', open(path, encoding="utf-8").read()))
     fenced = False
     for line in open(path, encoding="utf-8").read().splitlines():
         if _FENCE.match(line):
