@@ -37,9 +37,13 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("kv-fp8_e5m2", (*F32, "--kv-cache-dtype", "bf16"), (*F32, "--kv-cache-dtype", "fp8_e5m2"),
             "fp8 e5m2 KV (scale 1.0) vs bf16 KV, float32 weights"),
     Setting("weights-bf16", F32, BF16, "bf16 weights and activations vs float32"),
-    # The weight formats slot in here, e.g. (once ServerArgs has the flags):
-    # Setting("weights-int8", BF16, (*BF16, "--quantization", "w8a8_int8"), "int8 weights vs bf16"),
-    # Setting("weights-int4-torchao", BF16, (*BF16, "--torchao-config", "int4wo-128"), "int4 weights vs bf16"),
+    # the quantized weight formats (impl/quant) against the checkpoint's float32 weights; groups of 32 for int4 (the
+    # tiny checkpoints are 64 wide; at full size int4wo-128)
+    Setting("weights-w8a8", F32, (*F32, "--torchao-config", "int8dq"),
+            "int8 weights per channel and int8 activations per token (W8A8) vs float32"),
+    Setting("weights-w8a16", F32, (*F32, "--torchao-config", "int8wo"), "int8 weights per channel (W8A16) vs float32"),
+    Setting("weights-w4a16", F32, (*F32, "--torchao-config", "int4wo-32"),
+            "int4 weights in groups of 32, asymmetric (W4A16) vs float32"),
 )}
 
-DEFAULT_SETTINGS = ("kv-fp8_e4m3", "kv-fp8_e5m2", "weights-bf16")
+DEFAULT_SETTINGS = ("kv-fp8_e4m3", "kv-fp8_e5m2", "weights-bf16", "weights-w8a8", "weights-w8a16", "weights-w4a16")

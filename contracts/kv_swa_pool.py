@@ -27,8 +27,9 @@ ONE_POOL = "--disable-hybrid-swa-memory"
 # the same positions are summed in other orders over up to 24 steps: float32 noise, 1.5e-4 measured. With fp8
 # KV such a difference turns into a whole fp8 step where a value sits at a rounding boundary: 3e-3 measured.
 # A preempted request is prefilled again over its own output tokens (a prefill's summation order where
-# decoding wrote them): 1.2e-3 measured.
-LOGPROB_TOL = {"float": 1e-3, "fp8": 0.05, "preemption": 5e-3}
+# decoding wrote them): 1.2e-3 measured on an AVX-512 build, 1.0e-2 on an AVX2-only Zen 3 (its 8-lane kernels
+# sum in other orders, and the random tiny model amplifies the difference over the steps after the recompute).
+LOGPROB_TOL = {"float": 1e-3, "fp8": 0.05, "preemption": 2.5e-2}
 HYBRID_LINE = re.compile(
     r"KV pool: hybrid sliding-window pool \(--swa-full-tokens-ratio (?P<ratio>[\d.]+)\): (?P<full_layers>\d+) "
     r"full-attention layers (?P<full_b>\d+) bytes per token, (?P<full>\d+) tokens; (?P<swa_layers>\d+) "

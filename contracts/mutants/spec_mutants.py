@@ -16,8 +16,8 @@ class AcceptsOneDraftTooMany(PatchedSubject):
         from impl.engine.speculative.acceptance import Accepted, _rows
         from impl.sampling.sampler import sample
 
-        def accept_one(logits, base, drafts, eos_ids):
-            out = sample(logits, _rows(base, drafts), eos_ids)
+        def accept_one(logits, base, drafts, eos_ids, masks=None):
+            out = sample(logits, _rows(base, drafts, masks), eos_ids)
             j = 0
             while j < len(drafts) and drafts[j] == out.token_ids[j]:
                 j += 1
@@ -25,10 +25,11 @@ class AcceptsOneDraftTooMany(PatchedSubject):
             toks = list(drafts[:j]) + [out.token_ids[j]]
             return Accepted(toks, j, out.logprobs[: j + 1], out.top_logprobs[: j + 1])
 
-        def accept(logits, reqs, eos_ids):
+        def accept(logits, reqs, eos_ids, masks=None):
             res, off = [], 0
-            for base, drafts in reqs:
-                res.append(accept_one(logits[off : off + len(drafts) + 1], base, drafts, eos_ids))
+            for k, (base, drafts) in enumerate(reqs):
+                res.append(accept_one(logits[off : off + len(drafts) + 1], base, drafts, eos_ids,
+                                      None if masks is None else masks[k]))
                 off += len(drafts) + 1
             return res
 
