@@ -12,7 +12,8 @@ import json
 import re
 from typing import Any
 
-from contracts.base import contract, require
+from contracts.base import contract, out_of_scope, require
+from contracts.http_dialect import discover
 from contracts.http_support import ARGV_OFF, ARGV_ON, model_name, post
 
 SOURCE = "issue 34 (structured outputs and tool calling), items 1, 2 and 4"
@@ -63,6 +64,11 @@ def _generate(url: str, kind: str, source: str) -> list[dict[str, Any]]:
 def structured_output_valid(subject) -> None:
     # one launch at a time (a mutant subject runs one server at a time): the flag-off server first
     off = subject.base_url(ARGV_OFF)
+    if not discover(off).native:
+        # the rule is about SGLang's native sampling_params json_schema / regex / ebnf on /generate (with the chat
+        # leg beside them): an OpenAI-only server (vLLM) has no /generate to ask
+        raise out_of_scope("/generate", "the server has no /generate (SGLang's native API), whose sampling_params "
+                           "json_schema / regex / ebnf the rule is about")
     ids_off = {}
     for kind, (source, valid) in CHECKS.items():
         outs = _generate(off, kind, source)
