@@ -39,7 +39,7 @@ import time
 
 from bench.bench_peer import Result, Server, ensure_vllm, free_port, one_request
 from bench.docs_section import replace_section
-from bench.machine import cpu_description
+from bench.machine import copy_bandwidth, cpu_description, min_seconds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,21 +70,9 @@ def measure_limits(hidden: int = 1536, inter: int = 6144, q_out: int = 2048 + 51
             flops += 2.0 * m * k * n
         return flops / secs
 
+    copy_bw = copy_bandwidth(3)
     buf = torch.empty(2**28, dtype=torch.float32).fill_(1.0)  # 1 GiB
-    dst = torch.empty_like(buf)
-    dst.copy_(buf)
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        dst.copy_(buf)
-        best = min(best, time.perf_counter() - t)
-    copy_bw = 2 * buf.numel() * 4 / best
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        buf.sum()
-        best = min(best, time.perf_counter() - t)
-    read_bw = buf.numel() * 4 / best
+    read_bw = buf.numel() * 4 / min_seconds(buf.sum, 3)
     return {"cpu": cpu_description(), "threads": THREADS, "gemm_f32_flops": rate(torch.float32),
             "gemm_bf16_flops": rate(torch.bfloat16), "copy_bytes_per_s": copy_bw, "read_bytes_per_s": read_bw}
 

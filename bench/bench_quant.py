@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import time
 from dataclasses import dataclass
 
 import torch
 
-from bench.machine import cpu_description
+from bench.machine import copy_bandwidth, cpu_description, min_seconds
 from impl.kernels import cpu_fused
 from impl.kernels.cpu_fused import linear as cpu_linear
 from impl.quant.base import WeightFormat
@@ -74,24 +73,6 @@ def _weights(fmt: WeightFormat | None, seed: int = 0) -> list[torch.Tensor]:
     return ws
 
 
-def _tmin(fn, reps: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
-def copy_bandwidth(reps: int) -> float:
-    """GB/s of a 1 GB tensor copy (read + write counted)."""
-    a = torch.empty(2**28, dtype=torch.float32).fill_(1.0)
-    b = torch.empty_like(a)
-    t = _tmin(lambda: b.copy_(a), reps)
-    return 2 * a.numel() * 4 / t / 1e9
-
-
 def run(reps: int) -> tuple[list[Row], float]:
     ext = cpu_fused.load()
     if ext is None:
@@ -99,7 +80,7 @@ def run(reps: int) -> tuple[list[Row], float]:
     onednn = cpu_linear.native_bf16()
     shapes = e2b_linears()
     rows = []
-    bw = copy_bandwidth(reps)
+    bw = copy_bandwidth(reps) / 1e9
     for name, fmt in FORMATS.items():
         ws = _weights(fmt)
         gb = sum(w.numel() * w.element_size() if not w.is_mkldnn else w.numel() * 2 for w in ws) / 1e9
@@ -109,12 +90,12 @@ def run(reps: int) -> tuple[list[Row], float]:
             for w, (_, k) in zip(ws, shapes):
                 ext.linear(xs[k][:m], w, onednn)
 
-        d1 = _tmin(lambda: step(1), reps)
-        d4 = _tmin(lambda: step(4), reps)
+        d1 = min_seconds(lambda: step(1), reps)
+        d4 = min_seconds(lambda: step(4), reps)
         x = torch.randn(512, HIDDEN)
         gate_up, down = ws[-5], ws[-4]  # the last layer's MLP: [2 * 12288, 1536], [1536, 12288]
         y = torch.randn(512, down.shape[1] if down.dim() == 2 else 2 * INTER)
-        t = _tmin(lambda: (ext.linear(x, gate_up, onednn), ext.linear(y, down, onednn)), max(2, reps // 2))
+        t = min_seconds(lambda: (ext.linear(x, gate_up, onednn), ext.linear(y, down, onednn)), max(2, reps // 2))
         flops = 2 * 512 * (2 * 2 * INTER * HIDDEN + HIDDEN * 2 * INTER)
         rows.append(Row(name, gb, d1 * 1e3, d4 * 1e3, flops / t / 1e9))
         print(f"{name}: {gb:.2f} GB, decode step {d1 * 1e3:.1f} ms (batch 4 {d4 * 1e3:.1f} ms), prefill {flops / t / 1e9:.0f} GOP/s",

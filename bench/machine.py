@@ -6,6 +6,7 @@ import os
 import platform
 import re
 import subprocess
+import time
 
 # the instruction-set extensions the CPU kernels choose between (impl/kernels/cpu_fused, cpu_attn)
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
@@ -22,3 +23,23 @@ def cpu_description() -> str:
     flags = set((re.search(r"Flags:\s*(.+)", out) or [None, ""])[1].split())
     isa = [f for f in ISA_FLAGS if f in flags]
     return f"{name[1].strip() if name else 'unknown CPU'} ({', '.join(isa) or 'no AVX2'}), {os.cpu_count()} cores"
+
+
+def min_seconds(fn, reps: int) -> float:
+    """The fastest of ``reps`` calls of ``fn`` after one warm-up call (on a shared machine the least disturbed)."""
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def copy_bandwidth(reps: int = 3) -> float:
+    """Bytes per second of a 1 GiB float32 copy (read plus write counted), fastest of ``reps``."""
+    import torch
+
+    buf = torch.empty(2**28, dtype=torch.float32).fill_(1.0)
+    dst = torch.empty_like(buf)
+    return 2 * buf.numel() * 4 / min_seconds(lambda: dst.copy_(buf), reps)

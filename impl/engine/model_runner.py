@@ -82,6 +82,8 @@ class ModelRunner:
         self.model = load_model(model_config.model_path, self.dtype, device, config=model_config, plan=self.weight_plan,
                                 quant=self.quant)
         self.cpu_kernels = install_cpu_kernels(self.model, device, batch_invariant=self.deterministic)
+        # weights do not change after load (the transform may restack them: counted after it)
+        self.decode_weight_bytes = decode_weight_bytes(self.model) if self.weight_plan.quant is not None else None
         if self.deterministic:
             deterministic.check_kernels(self.cpu_kernels)
         self.load_peak_rss = process_memory()[1]
@@ -170,7 +172,7 @@ class ModelRunner:
             f"max request length {self.limits.max_req_len} tokens",
         ] + ([f"CPU kernels: {self._cpu_kernels()}"] if self.device.type == "cpu" else []) + (
             [f"Quantized weights: {self.weight_plan.quant.describe()}; "
-             f"{decode_weight_bytes(self.model) / 1e9:.3f} GB of weights read per decode step"]
+             f"{(self.decode_weight_bytes or 0) / 1e9:.3f} GB of weights read per decode step"]
             if self.weight_plan.quant is not None else [])
 
     def quantization_info(self) -> dict | None:
@@ -181,7 +183,7 @@ class ModelRunner:
         return {"format": q.scheme.fmt.kind, "group_size": q.scheme.fmt.group_size, "describe": q.scheme.describe(),
                 "source": q.scheme.source, "lm_head": None if q.scheme.lm_head is None else q.scheme.lm_head.kind,
                 "quantized_weights": len(q.shapes), "kept_float": dict(q.kept),
-                "decode_weight_bytes": decode_weight_bytes(self.model)}
+                "decode_weight_bytes": self.decode_weight_bytes}
 
     @property
     def kv_pool_bytes(self) -> int:

@@ -21,7 +21,7 @@ import re
 from typing import Any, Mapping
 
 from impl.envs import envs
-from impl.quant.base import INT4_GROUPS, QuantScheme, WeightFormat
+from impl.quant.base import INT4_GROUPS, LM_HEAD_FORMAT, QuantScheme, WeightFormat
 
 QUANTIZATION_SUPPORTED = ("w8a8_int8", "compressed-tensors")
 # SGLang 0.5.23's other --quantization names: recognised, refused with the supported list
@@ -31,7 +31,6 @@ QUANTIZATION_KNOWN = (
     "quark", "fbgemm_fp8", "blockwise_int8",
 ) + QUANTIZATION_SUPPORTED
 TORCHAO_SUPPORTED = ("int8dq", "int8wo") + tuple(f"int4wo-{g}" for g in INT4_GROUPS)
-_TORCHAO_SHAPE = re.compile(r"^(int8dq|int8wo|int4wo-\d+|fp8wo|fp8dq-per_tensor|fp8dq-per_row|int4dq-?\d*|\S+)$")
 
 
 def _supported() -> str:
@@ -53,8 +52,6 @@ def _torchao_format(value: str) -> WeightFormat:
 
 
 def _lm_head() -> WeightFormat | None:
-    from impl.quant.base import LM_HEAD_FORMAT
-
     return LM_HEAD_FORMAT if envs.IMPL_QUANT_LM_HEAD.get() else None
 
 

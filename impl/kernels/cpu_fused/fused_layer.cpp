@@ -303,7 +303,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_rows", &cpu_fused::quantize_rows, "W8A8's per-row activation quantization", release(), py::arg("x"));
   m.def("quant_dequant", &cpu_fused::quant_dequant, "a quantized weight as float32 [N, K]", release(), py::arg("w"),
         py::arg("k"));
-  m.def("quant_row_kernel_max_rows", [] { return cpu_fused::kQuantRowKernelMaxRows; });
   m.def("simd_isa", &cpu_fused::simd_isa, "the SIMD width the kernels were compiled for");
   m.def("bf16_row_kernel_max_rows", [] { return cpu_fused::kBf16RowKernelMaxRows; });
   m.def("attn_pre", &attn_pre, "input norm + projection + head norms + RoPE (CPU)", release(), py::arg("h"),
