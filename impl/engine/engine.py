@@ -50,6 +50,7 @@ from impl.engine.load import LoadView
 from impl.engine.model_runner import ModelRunner
 from impl.engine.output import ReqOutput, SGLangDicts, sglang_dict
 from impl.engine.req import Req
+from impl.engine.step_lock import StepLock
 from impl.engine.request_handle import RequestHandle
 from impl.engine.scheduler import Scheduler, SchedulerConfig
 from impl.engine.speculative import build_spec_worker
@@ -122,7 +123,7 @@ class Engine:
         self._detokenizer = DetokenizerStage(on_failed=self.abort)
         seed = args.random_seed if args.random_seed is not None else int(torch.randint(0, 2**62, (1,)))
         self._seed_gen = torch.Generator().manual_seed(seed)
-        self._step_lock = threading.Lock()
+        self._step_lock = StepLock()
         self._submit_lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -266,7 +267,7 @@ class Engine:
         self.scheduler.abort_request(rid)
         self._wake.set()
         if self._thread is None:
-            with self._step_lock:
+            with self._step_lock.control():
                 self.scheduler.process_inbox()
 
     def _on_output(self, handle: RequestHandle, req: Req) -> None:
@@ -287,7 +288,7 @@ class Engine:
     # ---- the loop ---------------------------------------------------------------------
     def step(self) -> bool:
         """Run one scheduler step (one forward at most) on this thread."""
-        with self._step_lock:
+        with self._step_lock.step():
             return self.scheduler.step()
 
     def _drive_until(self, done, steps: int | None = None) -> None:
@@ -335,7 +336,7 @@ class Engine:
                 # this is a failure of the scheduling itself: fail what it concerns, escalate on repeats.
                 failures += 1
                 logger.exception("Scheduler step failed (%d in a row)", failures)
-                with self._step_lock:
+                with self._step_lock.control():
                     self.scheduler.recover_from_step_failure(e, failures)
                 busy = True
             if not busy:
@@ -354,11 +355,11 @@ class Engine:
 
     # ---- control and introspection -------------------------------------------------------
     def flush_cache(self) -> bool:
-        with self._step_lock:
+        with self._step_lock.control():
             return self.scheduler.flush_cache()
 
     def check_integrity(self) -> None:
-        with self._step_lock:
+        with self._step_lock.control():
             self.scheduler.check_integrity()
 
     def load(self) -> LoadView:
@@ -419,7 +420,7 @@ class Engine:
             self._wake.set()
             self._thread.join(timeout=10)
             self._thread = None
-        with self._step_lock:
+        with self._step_lock.control():
             self.scheduler.process_inbox()
         self._detokenizer.drain()
         self._detokenizer.stop()
