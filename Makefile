@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve serve-cluster bench-cluster test test-fast spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-structured bench-peer bench-full bench-quant bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm accuracy parity-full
+.PHONY: serve serve-cluster bench-cluster test test-fast spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-structured bench-peer bench-full bench-quant bench-quant-full bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm accuracy parity-full
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -125,13 +125,21 @@ bench-peer: $(STAMP)
 # names one (the shared machines: make bench-full MEM_LOCK=/work/cache/mem.lock).
 MEM_LOCK ?=
 LOCK_X := $(if $(MEM_LOCK),flock -x $(MEM_LOCK),)
-# Quantized weights at E2B's full size: one decode step's linears and a prefill GEMM, bf16 vs int8 / int4 (kernel
-# level, random weights, ~5 GB peak); then ours end to end on e2b-full in each format (built on first use, 9 GB).
+# Quantized weights at E2B's full size, kernel level: one decode step's linears and a prefill GEMM, bf16 vs int8 /
+# int4 (random weights, ~5 GB peak).
 bench-quant: $(STAMP)
 	$(LOCK_X) $(PY) -m bench.bench_quant
-	$(LOCK_X) $(PY) -m impl.testing.checkpoints e2b-full
-	for q in "" "--torchao-config int8dq" "--torchao-config int8wo" "--torchao-config int4wo-128"; do \
-		$(LOCK_X) $(PY) -m bench.bench_full --phase ours --server-args="$$q" || exit 1; done
+
+# Quantized weights at E2B's full size, end to end: ours bf16 / int8 / int4 x flag off / on against llama.cpp's bf16 /
+# Q8_0 / Q4_0 GGUFs of the same checkpoint (e2b-full-wc, 9 GB, built on first use). llama.cpp is built from the
+# source vendored in llama-cpp-python 0.3.36's sdist into .cache/llamacpp (~10 min on 2 cores, once); the GGUFs
+# take ~17 GB of disk. FORMATS / FLAGS narrow our runs (e.g. FORMATS=int4wo-128 FLAGS=on).
+FORMATS ?= bf16,int8dq,int8wo,int4wo-128
+FLAGS ?= off,on
+bench-quant-full: $(STAMP)
+	$(LOCK_X) $(PY) -m bench.bench_quant_full --phase ours --formats $(FORMATS) --flags $(FLAGS)
+	$(LOCK_X) $(PY) -m bench.bench_quant_full --phase llamacpp
+	$(PY) -m bench.bench_quant_full --phase report --write-docs
 
 bench-full: $(STAMP)
 	$(LOCK_X) $(PY) -m impl.testing.checkpoints e2b-full

@@ -258,8 +258,9 @@ def run_server(srv: Server, vocab: int, args, log_dir: str) -> dict:
             steps = a["steps"] - b["steps"]
             out["tg128"]["outside_model_ms_per_step"] = 1e3 * ((a["total_s"] - b["total_s"]) - (a["forward_s"] - b["forward_s"])) / max(steps, 1)
             out["tg128"]["forward_ms_per_step"] = 1e3 * (a["forward_s"] - b["forward_s"]) / max(steps, 1)
-        if after.get("memory"):
-            out["memory"] = after["memory"]
+        for key in ("memory", "quantization"):
+            if after.get(key):
+                out[key] = after[key]
         if after.get("startup_log"):
             out["startup_log"] = after["startup_log"]
     finally:

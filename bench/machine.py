@@ -43,3 +43,21 @@ def copy_bandwidth(reps: int = 3) -> float:
     buf = torch.empty(2**28, dtype=torch.float32).fill_(1.0)
     dst = torch.empty_like(buf)
     return 2 * buf.numel() * 4 / min_seconds(lambda: dst.copy_(buf), reps)
+
+
+def cpu_kind() -> str:
+    """The CPU kind a table's rows belong to (a run on one kind never overwrites another's): ``AVX2 only``,
+    ``AVX-512``, ``AVX-512 + AMX``."""
+    flags = cpu_flags()
+    if "amx_bf16" in flags or "amx_int8" in flags:
+        return "AVX-512 + AMX"
+    return "AVX-512" if "avx512f" in flags else ("AVX2 only" if "avx2" in flags else "no AVX2")
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``), empty where unreadable."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((ln.split(":", 1)[1] for ln in f if ln.startswith("flags")), "").split())
+    except OSError:
+        return set()
