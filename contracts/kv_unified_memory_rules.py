@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 from contracts.base import ContractViolation, contract, require, violation
-from contracts.expect import (
-    ASSERT_TYPES,
-    VALUE_TYPES,
-    must_accept,
-    must_reject,
-    warnings_about,
-)
+from contracts.expect import ASSERT_TYPES, VALUE_TYPES, must_accept, must_reject, warnings_about
 from contracts.models import DSV3, E2B, LLAMA, MLA_SWA, UM, UM_TRITON, model_dir
 
 # The options of seed 004's hook these rules are about (contracts.base.Contract.options): an engine without

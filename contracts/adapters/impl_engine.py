@@ -56,9 +56,10 @@ def engine_for(argv: Sequence[str]) -> tuple[Any, list[tuple[str, str]]]:
         from impl.testing.oracle_draft import ORACLE_PREFIX, OracleDrafter
 
         args = ServerArgs.parse(argv)
-        oracle = (args.speculative_draft_model_path or "").startswith(ORACLE_PREFIX)
+        draft = args.speculative_draft_model_path or ""
+        oracle = draft.startswith(ORACLE_PREFIX)
         if oracle:
-            args.speculative_draft_model_path = args.speculative_draft_model_path[len(ORACLE_PREFIX):]
+            args.speculative_draft_model_path = draft[len(ORACLE_PREFIX):]
         given = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
         if given["model_path"] is None:  # as the launcher does (impl.server.runtime.build_engine), without its log line
             from impl.testing.checkpoints import default_model_path

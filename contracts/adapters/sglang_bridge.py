@@ -36,15 +36,14 @@ from __future__ import annotations
 import contextlib
 import enum
 import io
-import json
 import logging
 import os
 import sys
-import traceback
 from typing import Any
 
 # contracts/logcapture.py is standard library only: the bridge shares it from the checkout it runs in.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from contracts.adapters.bridge_server import error_answer, parse_answer, serve, take_stdout  # noqa: E402
 from contracts.logcapture import capture_logs, patched_env  # noqa: E402
 
 GPU = dict(is_cuda=True, is_hip=False, is_npu=False, is_xpu=False, is_musa=False, is_mps=False, has_amx=False,
@@ -92,12 +91,6 @@ def plain(value: Any) -> Any:
     return repr(value)
 
 
-def _error(e: BaseException) -> dict[str, Any]:
-    bases = [c.__name__ for c in type(e).__mro__ if c.__module__ == "builtins"]
-    return {"type": type(e).__name__, "bases": bases, "message": str(e),
-            "where": "".join(traceback.format_exception(e)[-3:])[-1500:]}
-
-
 def _parse(argv: list[str]) -> tuple[Any, str | None]:
     """(record, None), or (None, the parser's message) when ``sglang serve``'s parser refuses ``argv``."""
     from sglang.srt.server_args import prepare_server_args
@@ -136,10 +129,7 @@ def op_options(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def op_parse(req: dict[str, Any]) -> dict[str, Any]:
-    record, refused = _parse(req["argv"])
-    if refused is not None:
-        return {"refused": refused}
-    return {"args": _fields(record)}
+    return parse_answer(*_parse(req["argv"]), _fields)
 
 
 def _device_argv(argv: list[str], platform: str) -> list[str]:
@@ -166,7 +156,7 @@ def op_check(req: dict[str, Any]) -> dict[str, Any]:
             except ImportError:
                 raise  # a package SGLang imports is missing from its virtualenv: the bridge's defect, not a verdict
             except Exception as e:  # noqa: BLE001 - reported to the contracts, which judge it
-                error = _error(e)
+                error = error_answer(e)
         user = _fields(record)
         try:
             resolved = plain(record.resolved_dict())
@@ -193,25 +183,12 @@ OPS = {"options": op_options, "parse": op_parse, "check": op_check}
 
 def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # SGLang's prints and warnings go to stderr, never into the answers
-    sys.stdout = sys.stderr
+    out = take_stdout()  # SGLang's prints and warnings go to stderr, never into the answers
     _declare_torchvision_schemas()
     import sglang.srt.arg_groups.kv_cache_hook  # noqa: F401 - import once, up front (~5 s)
     import sglang.srt.server_args  # noqa: F401
 
-    version = __import__("sglang").__version__
-    out.write(json.dumps({"ready": True, "version": version}) + "\n")
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            req = json.loads(line)
-            answer = OPS[req["op"]](req)
-        except Exception as e:  # noqa: BLE001 - a bridge failure, reported as such (not a verdict)
-            answer = {"bridge_error": _error(e)}
-        out.write(json.dumps(answer) + "\n")
-    return 0
+    return serve(out, __import__("sglang").__version__, OPS, error_answer)
 
 
 if __name__ == "__main__":

@@ -30,15 +30,14 @@ import contextlib
 import dataclasses
 import enum
 import io
-import json
 import logging
 import os
 import sys
-import traceback
 from typing import Any
 
 # contracts/logcapture.py is standard library only: the bridge shares it from the checkout it runs in.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from contracts.adapters.bridge_server import error_answer, parse_answer, serve, take_stdout  # noqa: E402
 from contracts.logcapture import capture_logs, patched_env  # noqa: E402
 
 ACTIONS = {"_StoreTrueAction": "store_true", "_StoreAction": "store", "_StoreFalseAction": "store_false"}
@@ -61,12 +60,10 @@ def _error(e: BaseException) -> dict[str, Any]:
     """vLLM's error as the adapter rebuilds it: a pydantic ValidationError raised for a ValueError in a config's
     validator is reported as that ValueError (its message), which is what ``vllm serve`` prints."""
     message = str(e)
-    bases = [c.__name__ for c in type(e).__mro__ if c.__module__ == "builtins"]
     if type(e).__name__ == "ValidationError" and "Value error, " in message:
         message = message.split("Value error, ", 1)[1].split(" [type=", 1)[0]
-        bases = ["ValueError", "Exception", "BaseException"]
-    return {"type": type(e).__name__, "bases": bases, "message": message,
-            "where": "".join(traceback.format_exception(e)[-3:])[-1500:]}
+        return error_answer(e, message, ["ValueError", "Exception", "BaseException"])
+    return error_answer(e)
 
 
 def _parser() -> Any:
@@ -131,10 +128,7 @@ def op_options(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def op_parse(req: dict[str, Any]) -> dict[str, Any]:
-    record, refused = _parse(req["argv"])
-    if refused is not None:
-        return {"refused": refused}
-    return {"args": _fields(record)}
+    return parse_answer(*_parse(req["argv"]), _fields)
 
 
 def _clear_once_caches() -> None:
@@ -181,24 +175,11 @@ OPS = {"options": op_options, "parse": op_parse, "check": op_check}
 
 def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # vLLM's prints and warnings go to stderr, never into the answers
-    sys.stdout = sys.stderr
+    out = take_stdout()  # vLLM's prints and warnings go to stderr, never into the answers
     import vllm.config  # noqa: F401 - import once, up front (~20 s)
     import vllm.engine.arg_utils  # noqa: F401
 
-    version = __import__("vllm").__version__
-    out.write(json.dumps({"ready": True, "version": version}) + "\n")
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            req = json.loads(line)
-            answer = OPS[req["op"]](req)
-        except Exception as e:  # noqa: BLE001 - a bridge failure, reported as such (not a verdict)
-            answer = {"bridge_error": _error(e)}
-        out.write(json.dumps(answer) + "\n")
-    return 0
+    return serve(out, __import__("vllm").__version__, OPS, _error)
 
 
 if __name__ == "__main__":

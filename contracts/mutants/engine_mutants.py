@@ -57,14 +57,11 @@ class CrossMetadataOmitsPrefix(PatchedSubject):
     def patches(self):
         orig = _orig("impl.attention.triton_backend", "TritonAttnBackend.init_cross_decoder_metadata")
 
-        def without_prefix(self, fb, rows, rows_per_req, lone_row_twice=False):
-            orig(self, fb, rows, rows_per_req, lone_row_twice)
+        def without_prefix(self, fb, rows, rows_per_req):
+            orig(self, fb, rows, rows_per_req)
             md = self.cross_metadata
             keep, indptr = [], [0]
-            # md's requests (a lone row given twice is two, both of fb's request 0)
-            reqs = [min(b, fb.batch_size - 1) for b in range(int(md.kv_indptr.shape[0]) - 1)]
-            for b, r in enumerate(reqs):
-                p, s = fb.extend_prefix_lens_cpu[r], fb.seq_lens_cpu[r]
+            for b, (p, s) in enumerate(zip(fb.extend_prefix_lens_cpu, fb.seq_lens_cpu)):
                 lo = int(md.kv_indptr[b])
                 keep.append(md.kv_indices[lo + p : lo + s])
                 indptr.append(indptr[-1] + s - p)

@@ -63,11 +63,8 @@ class AttentionBackend(ABC):
     def init_forward_metadata(self, fb: ForwardBatch) -> None: ...
 
     @abstractmethod
-    def init_cross_decoder_metadata(self, fb: ForwardBatch, rows: torch.Tensor, rows_per_req: list[int],
-                                    lone_row_twice: bool = False) -> None:
-        """YOCO back half: ``rows`` [R] (batch rows, grouped by request, ``rows_per_req[i]`` each).
-        ``lone_row_twice``: one request whose only LM-head row comes twice (``yoco.pad_lone_row``); each copy
-        must be computed exactly as a lone row is."""
+    def init_cross_decoder_metadata(self, fb: ForwardBatch, rows: torch.Tensor, rows_per_req: list[int]) -> None:
+        """YOCO back half: ``rows`` [R] (batch rows, grouped by request, ``rows_per_req[i]`` each)."""
 
     @abstractmethod
     def forward(

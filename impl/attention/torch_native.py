@@ -167,9 +167,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         self.forward_plan = plan
         self.cross_plan = None
 
-    def init_cross_decoder_metadata(self, fb: ForwardBatch, rows: torch.Tensor, rows_per_req: list[int],
-                                    lone_row_twice: bool = False) -> None:
-        # Per-row metadata: a row given twice is two queries at the same position, each computed as alone.
+    def init_cross_decoder_metadata(self, fb: ForwardBatch, rows: torch.Tensor, rows_per_req: list[int]) -> None:
         # Queries are the selected rows only (q holds them packed, request by request); each still sees
         # its request's whole context 0..seq_len-1 (prefix + this pass's rows, already written by the
         # self-decoder). No KV is written by the layers that use this plan.

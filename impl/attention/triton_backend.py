@@ -52,38 +52,27 @@ class TritonAttnBackend(AttentionBackend):
         self.cross_metadata = None  # a back half belongs to one pass
         self._batch = fb
 
-    def init_cross_decoder_metadata(self, fb: ForwardBatch, rows: torch.Tensor, rows_per_req: list[int],
-                                    lone_row_twice: bool = False) -> None:
+    def init_cross_decoder_metadata(self, fb: ForwardBatch, rows: torch.Tensor, rows_per_req: list[int]) -> None:
         if len(rows_per_req) != fb.batch_size or sum(rows_per_req) != int(rows.shape[0]) or min(rows_per_req, default=0) < 0:
             raise ValueError(
                 f"cross-decoder rows_per_req {rows_per_req} does not match {fb.batch_size} requests and "
                 f"{int(rows.shape[0])} selected rows; pass one count per request summing to len(rows)."
             )
-        if lone_row_twice and rows_per_req != [2]:
-            raise ValueError(f"lone_row_twice needs one request with its row twice (rows_per_req [2]), got {rows_per_req}")
         if self.forward_metadata is None or self._batch is not fb:
             self.init_forward_metadata(fb)
         fwd = self.forward_metadata
         # kv_indptr / kv_indices: the request's FULL context, prefix + every new token of this pass.
         # The producers (self-decoder layers) wrote all new tokens' K/V before the back half runs,
         # so the same keys as the forward metadata are valid; nothing is written (no out_cache_loc).
-        q_lens, kv_indptr, kv_indices, seq_lens = rows_per_req, fwd.kv_indptr, fwd.kv_indices, fb.seq_lens_cpu
-        if lone_row_twice:
-            # yoco.pad_lone_row: the lone row as two one-row "requests" over the same keys, so each is the
-            # decode kernel's one query (as any request's lone row) and the layers' matmuls get two rows.
-            n = int(kv_indptr[1])
-            kv_indptr = torch.tensor([0, n, 2 * n], dtype=kv_indptr.dtype, device=kv_indptr.device)
-            kv_indices = torch.cat([kv_indices[:n], kv_indices[:n]])
-            q_lens, seq_lens = [1, 1], [seq_lens[0], seq_lens[0]]
         self.cross_metadata = build_metadata(
-            # qo_indptr from q_lens: q holds only the selected rows, packed request by request.
-            q_lens,
+            # qo_indptr from rows_per_req: q holds only the selected rows, packed request by request.
+            rows_per_req,
             # q_positions: each selected row keeps its absolute position; causal and window masks use it,
             # so a row in the middle of a prompt (prompt logprobs) still sees only keys <= its position.
             fb.positions.index_select(0, rows.to(fb.positions.device)),
-            kv_indptr,
-            kv_indices,
-            seq_lens,
+            fwd.kv_indptr,
+            fwd.kv_indices,
+            fb.seq_lens_cpu,
             self.num_kv_heads,
             self.provider.fill_units,
             # One split per (request, KV head): a selected row's keys are summed in the same order as the

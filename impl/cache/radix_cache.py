@@ -185,6 +185,7 @@ class RadixCache:
             freed += len(leaf.key)
             self.evictable_size -= len(leaf.key)
             parent = leaf.parent
+            assert parent is not None  # a leaf is never the root
             del parent.children[leaf.key[0]]
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, parent)

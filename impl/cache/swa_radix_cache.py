@@ -179,6 +179,7 @@ class SWARadixCache(RadixCache):
             leaf = heapq.heappop(heap)[3]
             freed += self._drop_leaf(leaf)
             parent = leaf.parent
+            assert parent is not None  # a leaf is never the root
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (not parent.swa_tombstone, parent.last_access, id(parent), parent))
         return freed

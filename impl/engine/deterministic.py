@@ -6,9 +6,9 @@ What varies with the batch without it, and what the mode does (CPU, bf16 weights
 shapes: ``tests/engine/test_deterministic.py`` keeps the small-shape checks):
 
 * oneDNN's prepacked matmul gives a row the same bits for any batch of 2 to 2048 rows, but a batch of one
-  row takes its matrix-vector kernel, which rounds differently: a forward of one row (batch-1 decode, a
-  1-token chunk) runs as two copies of that row (``pad_lone_row_batch``; both write the same K/V to the
-  same slot), and the caller gets the first copy's logits.
+  row takes its matrix-vector kernel, which rounds differently: the fused layers run a lone row (batch-1
+  decode, a 1-token chunk) as two copies of that row (``cpu_fused.transform.apply(batch_invariant=True)``:
+  ``FusedLayerForward``, the one place that knows the quirk).
 * the bf16 linears outside the fused layers (the per-layer-input projection) and the LM head switch from the
   extension's row kernel to oneDNN above 16 rows: they take the row kernel at every row count
   (``cpu_fused.transform.apply(batch_invariant=True)``).
@@ -24,16 +24,13 @@ switches kernels at 16 rows), a kernel plan other than oneDNN's prepacked one. T
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 
 from impl.args.deterministic import FLAG
-from impl.forward_batch import ForwardBatch
 from impl.kernels import cpu_fused
 from impl.kernels.cpu_fused import linear as cpu_linear
-from impl.model.outputs import LogitsOutput
 
 
 def check_supported(dtype: torch.dtype) -> None:
@@ -75,40 +72,3 @@ def check_kernels(kernels: Any) -> None:
             f"{FLAG} needs the LM head on the bf16 row kernel, but its weight is not bf16 (the embedding table keeps "
             f"the checkpoint's dtype whatever --dtype says): serve a bf16 checkpoint, or drop {FLAG}."
         )
-
-
-def pad_lone_row_batch(fb: ForwardBatch) -> ForwardBatch:
-    """``fb`` (one row) as two identical requests of one row each: same request row of ``req_to_token``, same
-    position, same KV slot (both copies write the same K/V there), logits rows ``[i, i + 1]`` when ``fb`` has
-    one. Every matmul then has two rows; each attention "request" reads the same keys."""
-    assert fb.num_tokens == 1 and fb.batch_size == 1, "pad_lone_row_batch takes a batch of one row"
-
-    def twice(t: torch.Tensor) -> torch.Tensor:
-        return torch.cat([t, t])
-
-    li = fb.logits_indices
-    return dataclasses.replace(
-        fb,
-        input_ids=twice(fb.input_ids),
-        positions=twice(fb.positions),
-        req_pool_indices=twice(fb.req_pool_indices),
-        seq_lens=twice(fb.seq_lens),
-        extend_prefix_lens=twice(fb.extend_prefix_lens),
-        extend_seq_lens=twice(fb.extend_seq_lens),
-        out_cache_loc=twice(fb.out_cache_loc),
-        logits_indices=torch.cat([li, li + 1]),
-        seq_lens_cpu=fb.seq_lens_cpu * 2,
-        extend_prefix_lens_cpu=fb.extend_prefix_lens_cpu * 2,
-        extend_seq_lens_cpu=fb.extend_seq_lens_cpu * 2,
-        logits_lens_cpu=fb.logits_lens_cpu * 2,
-    )
-
-
-def first_copy(out: LogitsOutput, rows: int) -> LogitsOutput:
-    """The padded forward's output as the one-row batch's: its first ``rows`` logits rows (and counters halved)."""
-    return dataclasses.replace(
-        out,
-        logits=out.logits[:rows],
-        hidden_states=None if out.hidden_states is None else out.hidden_states[:rows],
-        cross_decoder_rows=out.cross_decoder_rows // 2,
-    )

@@ -24,8 +24,10 @@ The promises (README, "What the server promises under faults"):
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Any, Callable, Sequence, TypeVar
 
+from impl.engine.kv_lifecycle import KVLifecycle
 from impl.engine.req import FinishReason, Req
 
 logger = logging.getLogger("impl.engine")
@@ -46,6 +48,17 @@ class FaultIsolation:
     """Mixed into ``Scheduler`` (uses its waiting / running / chunked_req / kv / _finish / check_integrity)."""
 
     unhealthy: str | None = None
+    # the scheduler's state, set by Scheduler.__init__
+    waiting: deque[Req]
+    running: list[Req]
+    chunked_req: Req | None
+    kv: KVLifecycle
+
+    def _finish(self, req: Req, reason: FinishReason) -> None:
+        raise NotImplementedError  # Scheduler's
+
+    def check_integrity(self) -> None:
+        raise NotImplementedError  # Scheduler's
 
     # ---- one request ----------------------------------------------------------------
     def fail_request(self, req: Req, exc: BaseException | None, stage: str, status: int = 500,

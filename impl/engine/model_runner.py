@@ -146,11 +146,7 @@ class ModelRunner:
         fb.fast_prefill = yoco.applies(self.fast_prefill_enabled, fb.extend_seq_lens_cpu)
         if fb.work is None:
             fb.work = WorkCounters()
-        if self.deterministic and fb.num_tokens == 1:  # a lone row runs as two (impl/engine/deterministic.py)
-            out = deterministic.first_copy(self.model.forward(deterministic.pad_lone_row_batch(fb)),
-                                           int(fb.logits_indices.shape[0]))
-        else:
-            out = self.model.forward(fb)
+        out = self.model.forward(fb)
         fb.work.count_forward(fb.forward_mode.is_extend, fb.num_tokens, int(out.logits.shape[0]), out.cross_decoder_rows,
                               out.fast_prefill)
         for k, v in fb.work.as_dict().items():

@@ -143,4 +143,4 @@ def _triples(pairs: list[LogprobPair]) -> list[tuple[float | None, int, None]]:
 
 
 def _top(entries: list[TopEntry]) -> list[list[tuple[float, int, None]] | None]:
-    return [None if e is None else _triples(e) for e in entries]  # type: ignore[arg-type]
+    return [None if e is None else [(lp, tok, None) for lp, tok in e] for e in entries]

@@ -105,6 +105,12 @@ class Req:
     grammar: Any = None
     fill_ids: list[int] = field(init=False, repr=False)  # origin_input_ids + output_ids
 
+    def seed_hidden(self) -> torch.Tensor:
+        """``spec_hidden``, which a drafter needs: set by the verify (or prefill) that committed the last token."""
+        if self.spec_hidden is None:
+            raise ValueError(f"request {self.rid} has no seed hidden state to draft from")
+        return self.spec_hidden
+
     @property
     def spec_accept_length(self) -> float | None:
         """Mean tokens committed per verify (SGLang's ``spec_accept_length``)."""

@@ -27,7 +27,8 @@ import triton
 import triton.language as tl
 
 from impl.kernels.checks import check_extend_launch
-from impl.kernels.tl_ops import reduce_max, reduce_min, reduce_sum, tanh
+from impl.kernels.tl_attention import block_scores, online_softmax_step
+from impl.kernels.tl_ops import reduce_max, reduce_min
 from impl.kernels.launch_config import ExtendLaunch, block_d, extend_launch
 from impl.kernels.triton_env import TRITON_INTERPRETED
 
@@ -89,41 +90,14 @@ def _extend_attn_kernel(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi
         slots = tl.load(kv_indices + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
-        k = tl.load(K_buf + slots[None, :] * stride_kt + kv_h * stride_kh + offs_d[:, None],
-                    mask=mask_n[None, :] & mask_d[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
-        if KV_CONVERT:
-            k = k.to(Q.dtype.element_ty)  # fp8 (dequantised: the K scale is in sm_scale) or half precision
-        if UPCAST_DOT:
-            k = k.to(tl.float32)
-        if DOT_IEEE:
-            s = tl.dot(q, k, input_precision="ieee")
-        else:
-            s = tl.dot(q, k)
-        s = s * sm_scale  # [BLOCK_M, BLOCK_N] fp32
-        if HAS_CAP:
-            s = logit_cap * tanh(s / logit_cap)
+        s = block_scores(q, Q, K_buf, slots, kv_h, stride_kt, stride_kh, offs_d, mask_n, mask_d, sm_scale, logit_cap,
+                         HAS_CAP, UPCAST_DOT, DOT_IEEE, KV_CONVERT)  # [BLOCK_M, BLOCK_N] fp32
         visible = (offs_n[None, :] <= pos[:, None]) & mask_n[None, :]
         if HAS_WINDOW:
             visible = visible & (offs_n[None, :] > pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
-
-        m_new = tl.maximum(m_i, reduce_max(s, 1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + reduce_sum(p, 1)
-        v = tl.load(V_buf + slots[:, None] * stride_vt + kv_h * stride_vh + offs_d[None, :],
-                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        if KV_CONVERT:
-            v = v.to(Q.dtype.element_ty)  # fp8: the V scale multiplies the output
-        p = p.to(v.dtype)  # P @ V in the input dtype (bf16 on GPU tensor cores), fp32 accumulation
-        if UPCAST_DOT:
-            p = p.to(tl.float32)
-            v = v.to(tl.float32)
-        if DOT_IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p, v)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(s, m_i, l_i, acc, Q, V_buf, slots, kv_h, stride_vt, stride_vh, offs_d,
+                                            mask_n, mask_d, UPCAST_DOT, DOT_IEEE, KV_CONVERT)
 
     out = acc * (v_scale / tl.where(l_i == 0.0, 1.0, l_i))[:, None]
     tl.store(O + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty),

@@ -22,6 +22,8 @@ sliding AttentionLayers carry ``sliding_window = W + 1`` under our
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -83,7 +85,7 @@ class Gemma4AssistantForCausalLM(nn.Module):
                 self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False, dtype=dtype)
         for p in self.parameters():
             p.requires_grad_(False)
-        self.target_embed = None
+        self.target_embed: Callable[[torch.Tensor], torch.Tensor] | None = None  # attach_target sets it
 
     def _layer(self, i: int, kv_layer_id: int | None, layer_id: int, target: ModelConfig | None = None) -> AttentionLayer:
         c = self.config
@@ -138,11 +140,15 @@ class Gemma4AssistantForCausalLM(nn.Module):
         """One draft step. fb: one row per request (``draft_span``); target_hidden [n, backbone]."""
         return self.step(fb, target_hidden, self.prepare(fb))
 
+    def _target_embed(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        if self.target_embed is None:
+            raise ValueError("call attach_target(target_model) before running the assistant.")
+        return self.target_embed
+
     def prepare(self, fb: ForwardBatch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """What every step of one draft round shares (the query position and the target's K/V do not
         change between steps): the attention metadata, built once, and the rope tables (returned)."""
-        if self.target_embed is None:
-            raise ValueError("call attach_target(target_model) before running the assistant.")
+        self._target_embed()  # attached, or a ValueError before anything runs
         fb.attn_backend.init_forward_metadata(fb)
         rope = {}
         for i, t in enumerate(self.config.layer_types):
@@ -154,7 +160,7 @@ class Gemma4AssistantForCausalLM(nn.Module):
     @torch.no_grad()
     def step(self, fb: ForwardBatch, target_hidden: torch.Tensor, rope) -> LogitsOutput:
         """One draft step over metadata ``prepare(fb)`` built (``fb.input_ids`` may change between steps)."""
-        x = torch.cat([self.target_embed(fb.input_ids), target_hidden.to(self.dtype)], dim=-1)
+        x = torch.cat([self._target_embed()(fb.input_ids), target_hidden.to(self.dtype)], dim=-1)
         h = self.pre_projection(x)  # [n, hidden]
         for i, layer in enumerate(self.layers):
             cos, sin = rope[self.config.layer_types[i]]

@@ -171,13 +171,12 @@ class Gemma4ForCausalLM(nn.Module):
         fast = bool(fb.fast_prefill) and self.has_cross_decoder
         if fast:
             rows = yoco.select_rows(fb)  # [R]
-            run_rows, run_counts, twice = yoco.pad_lone_row(rows, fb.logits_lens_cpu)  # [R] or, for R == 1, [2]
-            part = yoco.gather_rows(h, run_rows)
-            part_pos = yoco.gather_rows(fb.positions, run_rows)
-            part_ple = None if ple is None else yoco.gather_rows(ple, run_rows)
-            fb.attn_backend.init_cross_decoder_metadata(fb, run_rows, run_counts, lone_row_twice=twice)
-            part = self.cross_decoder(part, part_pos, part_ple, fb)[: int(rows.shape[0])]
-            cross_rows = int(part.shape[0])  # rows actually run (less a lone row's duplicate), not rows expected
+            part = yoco.gather_rows(h, rows)
+            part_pos = yoco.gather_rows(fb.positions, rows)
+            part_ple = None if ple is None else yoco.gather_rows(ple, rows)
+            fb.attn_backend.init_cross_decoder_metadata(fb, rows, fb.logits_lens_cpu)
+            part = self.cross_decoder(part, part_pos, part_ple, fb)
+            cross_rows = int(part.shape[0])  # rows actually run, not rows expected
             h = yoco.scatter_rows(h, rows, part)
         else:
             h = self.cross_decoder(h, fb.positions, ple, fb, rope)

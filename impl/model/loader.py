@@ -12,6 +12,7 @@ vision/audio weights are skipped. Not stored and not expected: ``lm_head``
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -238,7 +239,7 @@ def load_weights(model, plan: WeightPlan, config: ModelConfig) -> None:
             skipped += 1
             continue
         if quant is not None and quant.claims(name):
-            quant.take(name, lambda t, e=entry: read_into(e, t), entry.shape, entry.dtype)
+            quant.take(name, functools.partial(read_into, entry), entry.shape, entry.dtype)
             continue
         if name not in owners or name not in expected:
             if _ignorable(name, config):

@@ -24,6 +24,7 @@ shape x element size, no overlaps) before anything is read.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
@@ -53,10 +54,7 @@ class TensorEntry:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
 
 def read_header(path: str) -> list[TensorEntry]:

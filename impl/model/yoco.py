@@ -26,25 +26,6 @@ def select_rows(fb: ForwardBatch) -> torch.Tensor:
     return fb.logits_indices
 
 
-def pad_lone_row(rows: torch.Tensor, rows_per_req: list[int]) -> tuple[torch.Tensor, list[int], bool]:
-    """A lone selected row is computed twice: (the rows and the counts the cross-decoder runs with, padded?).
-
-    Why: oneDNN's linear takes another kernel for a single row (a gemv) whose rounding differs from its
-    multi-row kernel, and the multi-row kernel's rows do not depend on how many rows it gets (bit-identical for
-    2 to 1024 rows of a prepacked bf16 weight). Flag off runs the cross-decoder on every row of an extend batch
-    (always 2 or more), so with a lone row padded to two, flag on computes that row with the same kernel and
-    the same bits, and greedy ids stay identical on full-size weights too. The duplicate costs one row's
-    arithmetic (the weights are read once either way); pure decode batches are not fast prefill and keep
-    their single-row kernel. The attention backend computes each copy as a lone row
-    (``init_cross_decoder_metadata(..., lone_row_twice=True)``)."""
-    if int(rows.shape[0]) != 1:
-        return rows, rows_per_req, False
-    owner = next(i for i, n in enumerate(rows_per_req) if n > 0)
-    counts = list(rows_per_req)
-    counts[owner] += 1
-    return rows.repeat(2), counts, True
-
-
 def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """x [T, ...] -> [R, ...] (a copy: the cross-decoder must not write into the full buffer)."""
     return x.index_select(0, rows)

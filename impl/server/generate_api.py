@@ -21,11 +21,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
 from impl.engine.output import ReqOutput, SGLangDicts, sglang_dict
-from impl.server.async_engine import AsyncEngine, EngineDeadError, RequestStream
+from impl.server.async_engine import AsyncEngine, RequestStream
 from impl.server.req_builder import Submission
 from impl.server.errors import error_response
-from impl.server.streaming import (DONE, abort_unfinished, error_event, failure_of, json_safe, merge, sse,
-                                   until_disconnect)
+from impl.server.streaming import abort_unfinished, failure_of, json_safe, sse, sse_stream, until_disconnect
 
 
 async def generate_response(request: Request, aengine: AsyncEngine, sub: Submission, stream: bool):
@@ -47,21 +46,13 @@ async def generate_response(request: Request, aengine: AsyncEngine, sub: Submiss
     return JSONResponse(json_safe(outs if many or not sub.single else outs[0]))
 
 
-async def _stream(aengine: AsyncEngine, streams: list[RequestStream], many: bool) -> AsyncIterator[bytes]:
+def _stream(aengine: AsyncEngine, streams: list[RequestStream], many: bool) -> AsyncIterator[bytes]:
     dicts = [SGLangDicts(incremental_logprobs=True) for _ in streams]
-    try:
-        async for i, out in merge(streams):
-            failed = failure_of(out)
-            if failed is not None:
-                yield error_event(failed[1], failed[0], i if many else None)
-                continue
-            body = dicts[i].add(out)
-            if many:
-                body["index"] = i
-            yield sse(body)
-        yield DONE
-    except EngineDeadError as e:
-        yield error_event(e)
-        yield DONE
-    finally:
-        abort_unfinished(streams, aengine.abort)
+
+    def event(i: int, out: ReqOutput) -> bytes:
+        body = dicts[i].add(out)
+        if many:
+            body["index"] = i
+        return sse(body)
+
+    return sse_stream(streams, aengine.abort, event)

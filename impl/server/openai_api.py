@@ -21,13 +21,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
 from impl.engine.output import ReqOutput
-from impl.server.async_engine import AsyncEngine, EngineDeadError, RequestStream
+from impl.server.async_engine import AsyncEngine, RequestStream
 from impl.server.req_builder import Submission
 from impl.server.errors import error_response
 from impl.tool_calls.gemma4 import ParsedCall, split_calls
 from impl.tool_calls.stream import ToolCallStream
-from impl.server.streaming import (DONE, abort_unfinished, error_event, failure_of, json_safe, merge, sse,
-                                   until_disconnect)
+from impl.server.streaming import abort_unfinished, failure_of, json_safe, sse, sse_stream, until_disconnect
 
 
 def usage(sub: Submission, finals: list[ReqOutput]) -> dict[str, Any]:
@@ -187,27 +186,21 @@ class _ChoiceState:
     tools: ToolCallStream | None = None  # chat with tools: content vs calls of the streamed text
 
 
-async def _stream(aengine: AsyncEngine, call: Call, streams: list[RequestStream]) -> AsyncIterator[bytes]:
+def _stream(aengine: AsyncEngine, call: Call, streams: list[RequestStream]) -> AsyncIterator[bytes]:
     states = [_ChoiceState(tools=ToolCallStream() if call.tool_calls else None) for _ in streams]
     extra = {"usage": None} if call.include_usage else {}
-    try:
-        async for k, out in merge(streams):
-            failed = failure_of(out)
-            if failed is not None:
-                yield error_event(failed[1], failed[0], k if len(streams) > 1 else None)
-                continue
-            chunk = _delta_chunk(call, k, out, states[k])
-            if chunk is not None:
-                yield sse(call.envelope([chunk], chunk=True, **extra))
-        if call.include_usage:
-            finals = [s.final for s in streams]  # every stream has finished
-            yield sse(call.envelope([], chunk=True, usage=usage(call.sub, finals)))
-        yield DONE
-    except EngineDeadError as e:
-        yield error_event(e)
-        yield DONE
-    finally:
-        abort_unfinished(streams, aengine.abort)
+
+    def event(k: int, out: ReqOutput) -> bytes | None:
+        chunk = _delta_chunk(call, k, out, states[k])
+        return None if chunk is None else sse(call.envelope([chunk], chunk=True, **extra))
+
+    def usage_event() -> list[bytes]:
+        if not call.include_usage:
+            return []
+        finals = [s.final for s in streams]  # every stream has finished
+        return [sse(call.envelope([], chunk=True, usage=usage(call.sub, finals)))]
+
+    return sse_stream(streams, aengine.abort, event, usage_event)
 
 
 def _delta_chunk(call: Call, k: int, out: ReqOutput, st: _ChoiceState) -> dict[str, Any] | None:

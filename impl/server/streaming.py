@@ -5,6 +5,7 @@
   (``impl/server/async_engine.py``). Streamed text needs no fixing up here: a
   ``ReqOutput``'s text is already stable (``impl/engine/detokenizer_stage.py``).
 * ``until_disconnect``: await a result, aborting the requests if the client goes away.
+* ``sse_stream``: a streaming route's events around its own per-output event: failures, the end, aborts.
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from typing import Any, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 from starlette.requests import Request
 
 from impl.engine.output import ReqOutput
 from impl.server.async_engine import EngineDeadError, RequestStream, merge
 
-__all__ = ["DONE", "abort_unfinished", "dumps", "error_event", "json_safe", "merge", "sse", "until_disconnect"]
+__all__ = ["DONE", "abort_unfinished", "dumps", "error_event", "json_safe", "merge", "sse", "sse_stream", "until_disconnect"]
 
 DONE = b"data: [DONE]\n\n"
 T = TypeVar("T")
@@ -98,3 +99,30 @@ def abort_unfinished(streams: Sequence[RequestStream], abort: Callable[[str], No
     for s in streams:
         if s.final is None:
             abort(s.rid)
+
+
+async def sse_stream(streams: Sequence[RequestStream], abort: Callable[[str], None],
+                     event: Callable[[int, ReqOutput], bytes | None],
+                     tail: Callable[[], Iterable[bytes]] = tuple) -> AsyncIterator[bytes]:
+    """The events of ``streams`` in arrival order: ``event(i, out)`` for each output of request ``i`` (None: nothing
+    to send), a failed request's error event in its place (indexed when several requests share the stream), then
+    ``tail()``'s events once every request has finished, then ``DONE``. An engine that dies ends the stream with
+    its error event and ``DONE``; however the stream ends, its unfinished requests are aborted."""
+    many = len(streams) > 1
+    try:
+        async for i, out in merge(streams):
+            failed = failure_of(out)
+            if failed is not None:
+                yield error_event(failed[1], failed[0], i if many else None)
+                continue
+            body = event(i, out)
+            if body is not None:
+                yield body
+        for body in tail():
+            yield body
+        yield DONE
+    except EngineDeadError as e:
+        yield error_event(e)
+        yield DONE
+    finally:
+        abort_unfinished(streams, abort)

@@ -629,6 +629,7 @@ def build_checkpoint(name: str, out_dir: str) -> None:
     if recipe.kind == "distilled":
         from impl.testing.distill import build_distilled
 
+        assert recipe.distill_from is not None  # a distilled recipe names its target and its init
         target, init = recipe.distill_from
         target_recipe = _recipe(target)
         language_seed = target_recipe.seed if target_recipe.kind == "trained" else None

@@ -48,7 +48,7 @@ class OracleDrafter:
         if self.seed_logits is None:
             return [True] * len(reqs)
         with torch.no_grad():
-            top = self.seed_logits(torch.stack([r.spec_hidden for r in reqs])).argmax(dim=-1).tolist()
+            top = self.seed_logits(torch.stack([r.seed_hidden() for r in reqs])).argmax(dim=-1).tolist()
         ok = [not r.sampling_params.is_greedy or t == r.output_ids[-1] for t, r in zip(top, reqs)]
         self.bad_seeds += ok.count(False)
         return ok

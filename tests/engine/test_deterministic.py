@@ -17,10 +17,7 @@ from impl.args.check import check_server_args
 from impl.args.platform import Platform
 from impl.args.resolution import resolutions_of
 from impl.args.server_args import ServerArgs
-from impl.engine.deterministic import first_copy, pad_lone_row_batch
-from impl.forward_batch import RowSpan, pack_forward_batch
 from impl.kernels.cpu_fused import linear as cpu_linear
-from impl.model.outputs import LogitsOutput
 from impl.testing.checkpoints import tiny_checkpoint
 
 FLAG = "--enable-deterministic-inference"
@@ -115,16 +112,3 @@ def test_no_refusal_hook_runs_without_the_flag():
     args = ServerArgs(model_path=tiny_checkpoint("e2b"), decode_attention_backend="torch_native")
     check_server_args(args, platform=Platform.cpu())
     assert "handle_deterministic_attention_backend" not in {r.source for r in resolutions_of(args)}
-
-
-def test_lone_row_batch_runs_as_two_copies_and_returns_the_first():
-    fb = pack_forward_batch([RowSpan(3, 41, [17], torch.tensor([90]))], "cpu")
-    two = pad_lone_row_batch(fb)
-    assert two.input_ids.tolist() == [17, 17] and two.positions.tolist() == [41, 41]
-    assert two.req_pool_indices.tolist() == [3, 3] and two.out_cache_loc.tolist() == [90, 90]
-    assert two.seq_lens_cpu == [42, 42] and two.logits_indices.tolist() == [0, 1] and two.logits_lens_cpu == [1, 1]
-    assert two.forward_mode == fb.forward_mode
-    out = LogitsOutput(logits=torch.tensor([[1.0, 2.0], [1.0, 2.0]]), hidden_states=torch.zeros(2, 4),
-                       cross_decoder_rows=2)
-    got = first_copy(out, 1)
-    assert got.logits.tolist() == [[1.0, 2.0]] and got.hidden_states.shape == (1, 4) and got.cross_decoder_rows == 1

@@ -291,3 +291,51 @@ def test_record_says_which_route_serves_which_layer(monkeypatch):
     assert model.layers[shared[0]].mlp.down_proj.weight.is_meta and not model.layers[0].mlp.down_proj.weight.is_meta
     got = _run_session(model)
     assert all(bool(v.isfinite().all()) for v in got.values())
+
+
+class _RowsSeen:
+    """Stands in for the extension and the attention backend: records how many rows each call gets; every output
+    row is a function of its own input row only (as the kernels' rows are)."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, int]] = []
+
+    def attn_pre(self, h, *args):
+        self.calls.append(("attn_pre", int(h.shape[0])))
+        return h * 2, h[:, :0], h[:, :0]
+
+    def forward(self, q, k, v, layer, fb):
+        self.calls.append(("attention", int(q.shape[0])))
+        return q + 1
+
+    def decoder_post(self, h, out, *args):
+        self.calls.append(("decoder_post", int(h.shape[0])))
+        assert out.shape[0] == h.shape[0]
+        return h + out
+
+
+@pytest.mark.parametrize("rows,fast_prefill,batch_invariant,kernel_rows", [
+    (1, False, False, 1),  # batch-1 decode: the one-row kernel
+    (1, True, False, 2),  # fast prefill's lone LM-head row: as among the extend batch's rows
+    (3, True, False, 3),
+    (1, False, True, 2),  # --enable-deterministic-inference: every lone row
+    (2, False, True, 2),
+])
+def test_a_lone_row_runs_the_kernels_as_two_and_attends_once(rows, fast_prefill, batch_invariant, kernel_rows):
+    """oneDNN's one-row linear rounds unlike its multi-row kernel: where a lone row must get the bits it gets in a
+    larger batch, the fused layer runs its kernels on two copies; the attention backend still sees the one row, and
+    one row comes back."""
+    from types import SimpleNamespace
+
+    seen = _RowsSeen()
+    att = SimpleNamespace(owns_kv=False, layer=None)
+    w = SimpleNamespace(input_norm=None, post_attention_norm=None, pre_feedforward_norm=None, post_feedforward_norm=None,
+                        ple=None, scalar=1.0, eps=1e-6)
+    f = SimpleNamespace(qkv_proj=None, head_norm=None, q_heads=1, o_proj=None, gate_up=(), down=None, ple_gate=None,
+                        ple_proj=None, onednn=False)
+    layer = cpu_fused_transform.FusedLayerForward(seen, SimpleNamespace(self_attn=att), w, f, batch_invariant)
+    h = torch.arange(rows * 4, dtype=torch.float32).view(rows, 4)
+    cos = sin = torch.ones(rows, 1, 4)
+    out = layer(h, cos, sin, None, SimpleNamespace(fast_prefill=fast_prefill, attn_backend=seen))
+    assert seen.calls == [("attn_pre", kernel_rows), ("attention", rows), ("decoder_post", kernel_rows)]
+    assert torch.equal(out, h + h * 2 + 1)

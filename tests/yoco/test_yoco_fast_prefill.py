@@ -118,27 +118,21 @@ def test_triton_back_half_metadata():
     assert all(torch.equal(a, b) for a, b in zip(before, kv.get_kv_buffer(0))), "building metadata writes no KV"
 
 
-def test_a_lone_lm_head_row_runs_twice_as_two_one_row_queries():
-    """yoco.pad_lone_row: one selected row is computed twice (oneDNN's single-row linear rounds unlike its multi-row
-    kernel, which flag off always gets); the backend gives each copy the lone row's metadata, unsplit (the keys
-    summed in the extend kernel's order)."""
-    rows, counts, twice = yoco.pad_lone_row(torch.tensor([6]), [1])
-    assert rows.tolist() == [6, 6] and counts == [2] and twice
-    many, counts, twice = yoco.pad_lone_row(torch.tensor([2, 5]), [1, 1])
-    assert many.tolist() == [2, 5] and counts == [1, 1] and not twice
+def test_a_lone_lm_head_row_is_one_unsplit_decode_query():
+    """One selected row is the decode kernel's one query over its request's whole context, unsplit (its keys summed in
+    the extend kernel's order, as flag off sums them). That its matmuls get two rows (oneDNN's one-row kernel rounds
+    unlike its multi-row one) is the CPU linear route's business: cpu_fused.transform.FusedLayerForward."""
     cfg = engine(False).model_config
     kv = TokenToKVPool(cfg, 256, torch.float32, "cpu")
     pool = ReqToTokenPool(4, 128, "cpu")
     fb = _batch([5], [3], [1], pool, logits_rows=[2], logits_lens=[1])
     be = TritonAttnBackend(cfg, kv, pool, "cpu")
     be.init_forward_metadata(fb)
-    be.init_cross_decoder_metadata(fb, rows.new_tensor([2, 2]), [2], lone_row_twice=True)
+    be.init_cross_decoder_metadata(fb, torch.tensor([2]), [1])
     md = be.cross_metadata
-    assert md.use_decode_kernel and md.qo_indptr.tolist() == [0, 1, 2] and md.q_positions.tolist() == [7, 7]
-    assert md.kv_indptr.tolist() == [0, 8, 16] and md.kv_indices.tolist() == 2 * pool.req_to_token[1, :8].tolist()
-    assert md.num_kv_splits.tolist() == [1, 1]  # unsplit
-    with pytest.raises(ValueError, match="lone_row_twice"):
-        be.init_cross_decoder_metadata(fb, torch.tensor([2]), [1], lone_row_twice=True)
+    assert md.use_decode_kernel and md.qo_indptr.tolist() == [0, 1] and md.q_positions.tolist() == [7]
+    assert md.kv_indptr.tolist() == [0, 8] and md.kv_indices.tolist() == pool.req_to_token[1, :8].tolist()
+    assert md.num_kv_splits.tolist() == [1]  # unsplit
 
 
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "one-by-one"])

@@ -160,24 +160,53 @@ class FloatLayerForward:
         return h.mul_(w.scalar)
 
 
-class FusedLayerForward:
-    """``FloatLayerForward`` as two fused CPU kernels around the attention backend."""
+def _twice(t: torch.Tensor) -> torch.Tensor:
+    """[1, ...] -> [2, ...]: the lone row and its copy."""
+    return torch.cat([t, t])
 
-    def __init__(self, ext: ModuleType, layer: Any, w: LayerWeights, f: FusedWeights):
-        self.ext, self.layer, self.w, self.f = ext, layer, w, f
+
+class FusedLayerForward:
+    """``FloatLayerForward`` as two fused CPU kernels around the attention backend.
+
+    A lone row (one-row ``h``) runs the kernels on two copies of itself when ``pads_lone_row(fb)``: oneDNN's
+    linear takes another kernel for a single row (a gemv) whose rounding differs from its multi-row kernel,
+    and the multi-row kernel's rows do not depend on how many rows it gets (bit-identical for 2 to 2048 rows
+    of a prepacked bf16 weight). So a row gets the bits it gets inside any larger batch:
+
+    * with fast prefill (``fb.fast_prefill``), the cross-decoder's only LM-head row: flag off computes that row
+      among every row of the extend batch (always two or more), so greedy ids and logprobs stay identical on
+      full-size weights too (a pure decode batch is not fast prefill and keeps the one-row kernel);
+    * with ``batch_invariant`` (--enable-deterministic-inference), every lone row (batch-1 decode, a 1-token
+      chunk), so a request's rows do not depend on what shares its forwards.
+
+    The copy costs one row's arithmetic (the weights are read once either way). Only the matmuls see it: the
+    attention backend gets the one row (each copy would be the same one-row query), and the copy is dropped."""
+
+    def __init__(self, ext: ModuleType, layer: Any, w: LayerWeights, f: FusedWeights, batch_invariant: bool = False):
+        self.ext, self.layer, self.w, self.f, self.batch_invariant = ext, layer, w, f, batch_invariant
+
+    def pads_lone_row(self, h: torch.Tensor, fb: ForwardBatch) -> bool:
+        return int(h.shape[0]) == 1 and (self.batch_invariant or bool(fb.fast_prefill))
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ple: torch.Tensor | None,
                  fb: ForwardBatch) -> torch.Tensor:
         w, f, att = self.w, self.f, self.layer.self_attn
+        pad = self.pads_lone_row(h, fb)
+        if pad:  # [1, ...] -> [2, ...]; the kernels' row-local work gives both copies the same bits
+            h, cos, sin, ple = _twice(h), _twice(cos), _twice(sin), None if ple is None else _twice(ple)
         q, k, v = self.ext.attn_pre(h, w.input_norm, f.qkv_proj, f.head_norm, cos, sin, f.q_heads, w.eps, f.onednn)
+        if pad:
+            q, k, v = q[:1], k[:1], v[:1]
         if not att.owns_kv:
             k = v = None
         out = fb.attn_backend.forward(q, k, v, att.layer, fb)  # [n, H * D]; att.layer read now (the assistant rebinds it)
         p = w.ple
-        return self.ext.decoder_post(
-            h, out, f.o_proj, w.post_attention_norm, w.pre_feedforward_norm, f.gate_up, f.down, w.post_feedforward_norm,
-            None if p is None else ple, f.ple_gate, f.ple_proj, None if p is None else p.norm, w.scalar, w.eps, f.onednn,
+        h = self.ext.decoder_post(
+            h, _twice(out) if pad else out, f.o_proj, w.post_attention_norm, w.pre_feedforward_norm, f.gate_up, f.down,
+            w.post_feedforward_norm, None if p is None else ple, f.ple_gate, f.ple_proj, None if p is None else p.norm,
+            w.scalar, w.eps, f.onednn,
         )
+        return h[:1] if pad else h
 
 
 class LinearForward:
@@ -385,8 +414,9 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
     """Install the fastest applicable forward on each decoder layer of ``model`` (in place; parameter names
     are untouched; prepacked weights replace their parameters). Returns the record of what it installed.
     ``batch_invariant`` (--enable-deterministic-inference): the bf16 linears outside the fused layers and the
-    LM head take the row kernel at every row count (the fused layers' prepacked oneDNN matmuls give a row
-    the same result for any batch of two or more rows; the engine never runs a batch of one)."""
+    LM head take the row kernel at every row count, and the fused layers run a lone row as two (their
+    prepacked oneDNN matmuls give a row the same result for any batch of two or more rows:
+    ``FusedLayerForward``)."""
     before = storage_bytes(model)
     layers = [m for m in model.modules() if is_decoder_layer(m)]
     paths: list[str] = []
@@ -436,7 +466,7 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
                     w = replace(w, ple=replace(w.ple, gate=g.ple_gate, proj=g.ple_proj))  # hold no plain copy
                 packed += sum(t.numel() * t.element_size() for t in g.linear_weights())
                 _release_packed(m)
-            m.forward = FusedLayerForward(ext, m, w, g)
+            m.forward = FusedLayerForward(ext, m, w, g, batch_invariant)
             held += [t for t in (w.input_norm, w.post_attention_norm, w.pre_feedforward_norm, w.post_feedforward_norm,
                                  g.head_norm, None if w.ple is None else w.ple.norm) if t is not None]
     ext = cpu_fused.load()
