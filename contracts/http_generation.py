@@ -120,6 +120,18 @@ def parity_batched(subject) -> None:
     note(f"compared {len(ps)} prompts x {NEW_TOKENS} greedy token ids, one batched request per server")
 
 
+def _flush_prefix_cache(url: str) -> bool:
+    """Empty the server's prefix cache (SGLang's POST /flush_cache, vLLM's /reset_prefix_cache where served);
+    False when it has neither (or refused)."""
+    for path in ("/flush_cache", "/reset_prefix_cache"):
+        try:
+            if httpx.post(url + path, timeout=TIMEOUT).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+    return False
+
+
 @contract(
     "HTTP-PARITY-ONE-BY-ONE",
     "Through HTTP, each of 8 token-id prompts sent alone (one /v1/completions request after another) gives the same "
@@ -138,7 +150,10 @@ def parity_one_by_one(subject) -> None:
     for flag, url in urls.items():
         if flag is False and urls[True] == urls[False]:
             continue  # one server: compared once
+        flushed = _flush_prefix_cache(url)  # else the batch would only extend cached prompts by their last token
         batched = completions(url, ps, NEW_TOKENS)
+        if not flushed:
+            note(f"{url}: no /flush_cache: the batch may have hit prompts the one-by-one requests cached")
         _same(f"flag {'on' if flag else 'off'}, alone vs batched", alone[flag], batched, ("alone", "batched"), ps,
               project=True)
     note(f"compared {len(ps)} prompts x {NEW_TOKENS} greedy token ids, alone on both servers and batched on each")
