@@ -222,7 +222,7 @@ def _server_info_hides_flag() -> None:
     _set(Engine, "get_server_info", info)
 
 
-@mutant("HTTP-PARITY-FAST-PREFILL")
+@mutant("HTTP-PARITY-FAST-PREFILL", "HTTP-PARITY-BATCHED", "HTTP-PROMPT-LOGPROBS-FAST-PREFILL")
 class FastPrefillShiftsLogits(HttpMutant):
     """With fast prefill on, the prefill forward returns logits shifted by one token id."""
 
@@ -242,6 +242,107 @@ def _fast_prefill_shifts_logits() -> None:
         return out
 
     _set(ModelRunner, "forward", forward)
+
+
+def _shift_logits(when: Callable[[Any], bool]) -> None:
+    """Prefill / decode forwards for which ``when(forward_batch)`` holds return logits shifted by one token id."""
+    from impl.engine.model_runner import ModelRunner
+
+    orig = ModelRunner.forward
+
+    def forward(self, fb):
+        out = orig(self, fb)
+        if when(fb):
+            out.logits = out.logits.roll(1, dims=-1)
+        return out
+
+    _set(ModelRunner, "forward", forward)
+
+
+@mutant("HTTP-PARITY-ONE-BY-ONE", "HTTP-PARITY-BATCHED")
+class BatchedFastPrefillShiftsLogits(HttpMutant):
+    """With fast prefill on, a prefill forward of more than one request returns logits shifted by one token id
+    (a request alone is right)."""
+
+    ONLY_WITH = FLAG
+
+
+@breaks("BatchedFastPrefillShiftsLogits")
+def _batched_fast_prefill_shifts_logits() -> None:
+    _shift_logits(lambda fb: fb.fast_prefill and fb.batch_size > 1)
+
+
+@mutant("HTTP-GREEDY-MATCHES-TRANSFORMERS")
+class LogitsShifted(HttpMutant):
+    """Every forward (prefill and decode, flag on or off) returns logits shifted by one token id."""
+
+
+@breaks("LogitsShifted")
+def _logits_shifted() -> None:
+    _shift_logits(lambda fb: True)
+
+
+@mutant("HTTP-SEEDED-SAMPLING-REPEATS")
+class SeedIgnored(HttpMutant):
+    """A request's seed is ignored: every request samples from a generator seeded at random."""
+
+
+@breaks("SeedIgnored")
+def _seed_ignored() -> None:
+    import random
+
+    import torch
+
+    from impl.engine import engine
+
+    orig = engine.expand_requests
+
+    def expand(*a, **kw):
+        reqs = orig(*a, **kw)
+        for r in reqs:
+            r.generator = torch.Generator().manual_seed(random.getrandbits(62))
+        return reqs
+
+    _set(engine, "expand_requests", expand)
+
+
+@mutant("HTTP-KV-FREED")
+class FinishedRequestsKeepKv(HttpMutant):
+    """A finished request's KV slots are neither cached nor freed (its req_to_token row is)."""
+
+
+@breaks("FinishedRequestsKeepKv")
+def _finished_requests_keep_kv() -> None:
+    from impl.engine.kv_lifecycle import KVLifecycle
+
+    def release(self, req):
+        if req.req_pool_idx is not None:
+            if self.tree is not None:
+                self.tree.dec_lock_ref(req.last_node, req.swa_lock)
+            self._forget(req)
+
+    _set(KVLifecycle, "release", release)
+
+
+@mutant("HTTP-PREFIX-HIT-INVARIANT")
+class PrefixHitLastSlotWrong(HttpMutant):
+    """On a prefix-cache hit the last cached position reads the first position's KV slot."""
+
+
+@breaks("PrefixHitLastSlotWrong")
+def _prefix_hit_last_slot_wrong() -> None:
+    from impl.engine.kv_lifecycle import KVLifecycle
+
+    orig = KVLifecycle.admit
+
+    def admit(self, req):
+        ok = orig(self, req)
+        if ok and req.prefix_len > 1:
+            row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+            row[req.prefix_len - 1] = row[0]
+        return ok
+
+    _set(KVLifecycle, "admit", admit)
 
 
 @mutant("HTTP-STRUCTURED-OUTPUT-VALID")
