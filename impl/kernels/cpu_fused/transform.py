@@ -160,15 +160,51 @@ class FloatLayerForward:
         return h.mul_(w.scalar)
 
 
+class WidenOnce:
+    """Float32 copies of the per-forward tables every fused layer reads (the RoPE cos / sin of a layer type, the
+    per-layer inputs [T, L, P]), made once per forward instead of once per layer by each kernel: with a bf16
+    model every layer received the same bf16 tables (a layer's PLE input is a slice of one table) and widened
+    them again (2 RoPE + 1 PLE ``aten::_to_copy`` per layer). The widened values equal the kernel's own
+    widening, so outputs are unchanged. One instance is shared by a model's fused layers; a source is
+    recognised by identity and version (it is held, so its id cannot be reused while cached)."""
+
+    MAX_HELD = 8  # sources per forward: 2 tables per layer type, the PLE table, the cross-decoder's gathered ones
+
+    def __init__(self) -> None:
+        self._held: list[tuple[torch.Tensor, int, torch.Tensor]] = []  # (source, its _version, float32 copy)
+        self._fb_id = 0
+
+    def __call__(self, t: torch.Tensor | None, fb: ForwardBatch) -> torch.Tensor | None:
+        if t is None or t.dtype == torch.float32:
+            return t
+        if id(fb) != self._fb_id:  # a new forward: drop the last one's copies
+            self._held.clear()
+            self._fb_id = id(fb)
+        base = t if t._base is None else t._base
+        if not base.is_contiguous() or base.storage_offset() != 0:
+            return t.float()
+        for src, ver, wide in self._held:
+            if src is base and ver == base._version:
+                break
+        else:
+            wide = base.float()  # contiguous: the same strides as base, so t's view maps onto it
+            if len(self._held) >= self.MAX_HELD:
+                self._held.pop(0)
+            self._held.append((base, base._version, wide))
+        return wide if t is base else wide.as_strided(t.size(), t.stride(), t.storage_offset())
+
+
 class FusedLayerForward:
     """``FloatLayerForward`` as two fused CPU kernels around the attention backend."""
 
-    def __init__(self, ext: ModuleType, layer: Any, w: LayerWeights, f: FusedWeights):
+    def __init__(self, ext: ModuleType, layer: Any, w: LayerWeights, f: FusedWeights, widen: WidenOnce | None = None):
         self.ext, self.layer, self.w, self.f = ext, layer, w, f
+        self.widen = widen or WidenOnce()
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ple: torch.Tensor | None,
                  fb: ForwardBatch) -> torch.Tensor:
         w, f, att = self.w, self.f, self.layer.self_attn
+        cos, sin, ple = self.widen(cos, fb), self.widen(sin, fb), self.widen(ple, fb)
         q, k, v = self.ext.attn_pre(h, w.input_norm, f.qkv_proj, f.head_norm, cos, sin, f.q_heads, w.eps, f.onednn)
         if not att.owns_kv:
             k = v = None
@@ -427,6 +463,7 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
             sized = [True] * len(fused)
         else:
             plan = cpu_linear.plan(dtype) if any(sized) else cpu_linear.small_weights_plan(dtype)
+        widen = WidenOnce()  # shared: each table is widened once per forward
         for (m, w, f, ext), ok in zip(fused, sized):
             mode = plan.mode if ok else "mkl"
             modes[id(m)] = mode
@@ -436,7 +473,7 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
                     w = replace(w, ple=replace(w.ple, gate=g.ple_gate, proj=g.ple_proj))  # hold no plain copy
                 packed += sum(t.numel() * t.element_size() for t in g.linear_weights())
                 _release_packed(m)
-            m.forward = FusedLayerForward(ext, m, w, g)
+            m.forward = FusedLayerForward(ext, m, w, g, widen)
             held += [t for t in (w.input_norm, w.post_attention_norm, w.pre_feedforward_norm, w.post_feedforward_norm,
                                  g.head_norm, None if w.ple is None else w.ple.norm) if t is not None]
     ext = cpu_fused.load()
