@@ -33,9 +33,11 @@ and with fast prefill the cross-decoder's own RoPE tables and gathered per-layer
 from __future__ import annotations
 
 import pytest
+import torch
 from torch.profiler import ProfilerActivity, profile
 
 from impl.engine.engine import Engine
+from impl.kernels.cpu_fused.transform import WidenOnce
 from impl.testing.checkpoints import tiny_checkpoint
 
 PROMPT = [(i * 7) % 200 + 3 for i in range(200)]
@@ -81,3 +83,19 @@ def test_to_copy_per_forward_does_not_grow(dtype, fast):
     prefill, decode = BOUNDS[(dtype, fast)]
     assert counts["prefill"] <= prefill, f"prefill forward: {counts['prefill']} aten::_to_copy, bound {prefill}"
     assert counts["decode"] <= decode, f"decode forward: {counts['decode']} aten::_to_copy, bound {decode}"
+
+
+def test_widen_once_widens_each_table_once():
+    """The fused layers' shared widening: a layer's slice of one bf16 table maps onto one float32 copy with
+    the slice's strides and values; inference tensors (no version counter) are served too."""
+    widen, fb = WidenOnce(), object()
+    table = torch.randn(5, 3, 4).to(torch.bfloat16)  # [T, L, P]
+    a, b = widen(table[:, 1], fb), widen(table[:, 2], fb)
+    assert torch.equal(a, table[:, 1].float()) and torch.equal(b, table[:, 2].float())
+    assert a.stride() == table[:, 1].stride()
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    cos = torch.randn(5, 4).to(torch.bfloat16)
+    assert torch.equal(widen(cos[:, None, :], fb), cos[:, None, :].float())
+    with torch.inference_mode():
+        x = torch.randn(4, 2).to(torch.bfloat16)
+        assert torch.equal(widen(x[:, 1], object()), x[:, 1].float())

@@ -183,14 +183,15 @@ class WidenOnce:
         base = t if t._base is None else t._base
         if not base.is_contiguous() or base.storage_offset() != 0:
             return t.float()
+        version = 0 if base.is_inference() else base._version  # inference tensors keep no version counter
         for src, ver, wide in self._held:
-            if src is base and ver == base._version:
+            if src is base and ver == version:
                 break
         else:
             wide = base.float()  # contiguous: the same strides as base, so t's view maps onto it
             if len(self._held) >= self.MAX_HELD:
                 self._held.pop(0)
-            self._held.append((base, base._version, wide))
+            self._held.append((base, version, wide))
         return wide if t is base else wide.as_strided(t.size(), t.stride(), t.storage_offset())
 
 
