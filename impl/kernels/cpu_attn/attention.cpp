@@ -382,10 +382,23 @@ void run_items(int64_t n, const F& body) {
   });
 }
 
+// Read where it lies: int32 index tensors (indptrs, kv_indices) are widened element by element, not through
+// a converted copy per layer (an aten::_to_copy each).
 std::vector<int64_t> as_i64(const torch::Tensor& t, const char* what) {
   TORCH_CHECK(t.dim() == 1 && !t.is_floating_point(), what, " must be a 1-D integer tensor");
-  auto c = t.to(torch::kInt64).contiguous();
-  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  std::vector<int64_t> out(t.numel());
+  const int64_t stride = t.stride(0);
+  if (t.scalar_type() == torch::kInt32) {
+    const int32_t* p = t.data_ptr<int32_t>();
+    for (int64_t i = 0; i < t.numel(); ++i) out[i] = p[i * stride];
+  } else if (t.scalar_type() == torch::kInt64) {
+    const int64_t* p = t.data_ptr<int64_t>();
+    for (int64_t i = 0; i < t.numel(); ++i) out[i] = p[i * stride];
+  } else {
+    auto c = t.to(torch::kInt64).contiguous();
+    std::copy(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel(), out.begin());
+  }
+  return out;
 }
 
 inline bool is_fp8(at::ScalarType t) { return t == torch::kFloat8_e4m3fn || t == torch::kFloat8_e5m2; }

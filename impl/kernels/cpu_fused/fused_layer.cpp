@@ -171,8 +171,10 @@ std::vector<torch::Tensor> attn_pre(torch::Tensor h, torch::Tensor w_in, torch::
       }
     }
   });
-  if (dtype != torch::kFloat32) return {q.to(dtype), k.to(dtype), v.to(dtype)};
-  return {q, k, v};
+  if (dtype == torch::kFloat32) return {q, k, v};
+  // a KV-shared layer's k / v are empty: made in h's dtype, not converted
+  auto in_dtype = [&](const torch::Tensor& t) { return t.numel() ? t.to(dtype) : torch::empty(t.sizes(), t.options().dtype(dtype)); };
+  return {q.to(dtype), in_dtype(k), in_dtype(v)};
 }
 
 // Everything after the attention kernel:

@@ -160,6 +160,41 @@ class FloatLayerForward:
         return h.mul_(w.scalar)
 
 
+class WidenOnce:
+    """Float32 copies of the per-forward tables every fused layer reads (the RoPE cos / sin of a layer type, the
+    per-layer inputs [T, L, P]), made once per forward instead of once per layer by each kernel: with a bf16
+    model every layer received the same bf16 tables (a layer's PLE input is a slice of one table) and widened
+    them again (2 RoPE + 1 PLE ``aten::_to_copy`` per layer). The widened values equal the kernel's own
+    widening, so outputs are unchanged. One instance is shared by a model's fused layers; a source is
+    recognised by identity and version (it is held, so its id cannot be reused while cached)."""
+
+    MAX_HELD = 8  # sources per forward: 2 tables per layer type, the PLE table, the cross-decoder's gathered ones
+
+    def __init__(self) -> None:
+        self._held: list[tuple[torch.Tensor, int, torch.Tensor]] = []  # (source, its _version, float32 copy)
+        self._fb_id = 0
+
+    def __call__(self, t: torch.Tensor | None, fb: ForwardBatch) -> torch.Tensor | None:
+        if t is None or t.dtype == torch.float32:
+            return t
+        if id(fb) != self._fb_id:  # a new forward: drop the last one's copies
+            self._held.clear()
+            self._fb_id = id(fb)
+        base = t if t._base is None else t._base
+        if not base.is_contiguous() or base.storage_offset() != 0:
+            return t.float()
+        version = 0 if base.is_inference() else base._version  # inference tensors keep no version counter
+        for src, ver, wide in self._held:
+            if src is base and ver == version:
+                break
+        else:
+            wide = base.float()  # contiguous: the same strides as base, so t's view maps onto it
+            if len(self._held) >= self.MAX_HELD:
+                self._held.pop(0)
+            self._held.append((base, version, wide))
+        return wide if t is base else wide.as_strided(t.size(), t.stride(), t.storage_offset())
+
+
 def _twice(t: torch.Tensor) -> torch.Tensor:
     """[1, ...] -> [2, ...]: the lone row and its copy."""
     return torch.cat([t, t])
@@ -182,8 +217,10 @@ class FusedLayerForward:
     The copy costs one row's arithmetic (the weights are read once either way). Only the matmuls see it: the
     attention backend gets the one row (each copy would be the same one-row query), and the copy is dropped."""
 
-    def __init__(self, ext: ModuleType, layer: Any, w: LayerWeights, f: FusedWeights, batch_invariant: bool = False):
+    def __init__(self, ext: ModuleType, layer: Any, w: LayerWeights, f: FusedWeights, batch_invariant: bool = False,
+                 widen: WidenOnce | None = None):
         self.ext, self.layer, self.w, self.f, self.batch_invariant = ext, layer, w, f, batch_invariant
+        self.widen = widen or WidenOnce()
 
     def pads_lone_row(self, h: torch.Tensor, fb: ForwardBatch) -> bool:
         return int(h.shape[0]) == 1 and (self.batch_invariant or bool(fb.fast_prefill))
@@ -191,6 +228,7 @@ class FusedLayerForward:
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ple: torch.Tensor | None,
                  fb: ForwardBatch) -> torch.Tensor:
         w, f, att = self.w, self.f, self.layer.self_attn
+        cos, sin, ple = self.widen(cos, fb), self.widen(sin, fb), self.widen(ple, fb)
         pad = self.pads_lone_row(h, fb)
         if pad:  # [1, ...] -> [2, ...]; the kernels' row-local work gives both copies the same bits
             h, cos, sin, ple = _twice(h), _twice(cos), _twice(sin), None if ple is None else _twice(ple)
@@ -457,6 +495,7 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
             sized = [True] * len(fused)
         else:
             plan = cpu_linear.plan(dtype) if any(sized) else cpu_linear.small_weights_plan(dtype)
+        widen = WidenOnce()  # shared: each table is widened once per forward
         for (m, w, f, ext), ok in zip(fused, sized):
             mode = plan.mode if ok else "mkl"
             modes[id(m)] = mode
@@ -466,7 +505,7 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
                     w = replace(w, ple=replace(w.ple, gate=g.ple_gate, proj=g.ple_proj))  # hold no plain copy
                 packed += sum(t.numel() * t.element_size() for t in g.linear_weights())
                 _release_packed(m)
-            m.forward = FusedLayerForward(ext, m, w, g, batch_invariant)
+            m.forward = FusedLayerForward(ext, m, w, g, batch_invariant, widen)
             held += [t for t in (w.input_norm, w.post_attention_norm, w.pre_feedforward_norm, w.post_feedforward_norm,
                                  g.head_norm, None if w.ple is None else w.ple.norm) if t is not None]
     ext = cpu_fused.load()
