@@ -86,7 +86,9 @@ def gguf_path(out_dir: str, model: str, quant: str) -> str:
 
 def convert(cache: str, model: str, gguf_dir: str, quants=QUANTS) -> dict[str, str]:
     """The GGUFs of ``model`` (made once each): bf16 by the converter, the rest by llama-quantize from it."""
-    src, bin_dir = source_dir(cache), build(cache)
+    src = source_dir(cache)
+    if not os.path.isdir(src):
+        build(cache)  # fetches the source
     os.makedirs(gguf_dir, exist_ok=True)
     bf16 = gguf_path(gguf_dir, model, "bf16")
     if not os.path.exists(bf16):
@@ -99,7 +101,7 @@ def convert(cache: str, model: str, gguf_dir: str, quants=QUANTS) -> dict[str, s
             continue
         path = gguf_path(gguf_dir, model, q)
         if not os.path.exists(path):
-            subprocess.run([os.path.join(bin_dir, "llama-quantize"), bf16, path + ".part", q.upper(), str(THREADS)],
+            subprocess.run([os.path.join(build(cache), "llama-quantize"), bf16, path + ".part", q.upper(), str(THREADS)],
                            check=True)
             os.replace(path + ".part", path)
         out[q] = path

@@ -17,7 +17,7 @@ SLICE = 1 << 24  # elements per slice: ~200 MB of temporaries
 
 def main(argv: list[str]) -> None:
     src, args = argv[0], argv[1:]
-    sys.path.insert(0, os.path.join(src, "gguf-py"))
+    sys.path[:0] = [src, os.path.join(src, "gguf-py")]  # the script imports its conversion package and gguf
     import numpy as np
     from gguf import quants
 
