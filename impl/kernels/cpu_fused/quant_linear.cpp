@@ -13,8 +13,14 @@
 //
 // W8A16 / W4A16 are bound by the bytes of weight read per decode step: the row kernel reads each weight
 // row once per call and widens its codes to float32 in registers (one group's partial sums scaled at the
-// group's end). Above kQuantRowKernelMaxRows rows, blocks of rows are dequantized to float32 (~2 MB, once
-// per call) for ATen's mm, as the bf16 weights' widened GEMM does (linear.cpp).
+// group's end). On AVX2 the widening is what limits it (2 cores cannot widen int4 codes as fast as memory
+// delivers them with a plain widening chain), so the AVX2 kernels spend as few instructions per code as
+// they can: W8A16 reads 4 weight rows per pass (one x load feeds 4 FMAs); W4A16 splits 64 nibbles with
+// two byte ops, spreads them to int32 lanes with one vpshufb per 8 codes (x is permuted once per call into
+// that order), and folds the zero point into a per-group sum of x (sum (q - z) x = sum q x - z sum x, the
+// sums of x computed once per call), so the inner loop is spread, convert, FMA. Above
+// kQuantRowKernelMaxRows rows, blocks of rows are dequantized to float32 (~2 MB, once per call, vectorised)
+// for ATen's mm, as the bf16 weights' widened GEMM does (linear.cpp).
 
 #include "quant_linear.h"
 
@@ -101,34 +107,140 @@ inline void wo_tile(const float* x, int64_t ldx, const uint8_t* w, int64_t rowB,
     for (int r = 0; r < R; ++r) out[m * ldo + r] = hsum(tot[r][m]);
 }
 
-#if defined(__AVX512F__)
-constexpr int kWoRows = 4, kWoTile = 2;
-#else
-constexpr int kWoRows = 2, kWoTile = 2;  // 4 accumulators + 4 (W4: lo / hi) weight vectors of 16 ymm
+#if defined(__AVX2__) && defined(__FMA__)
+#define QUANT_AVX2_ROWS 1
+
+inline float hsum8(__m256 v) {
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
+}
+
+// W4A16 on AVX2, R weight rows x MT rows of x. x arrives permuted (w4_permute_x) and with its per-group sums
+// xs [MT, G] (ldxs apart). Each output keeps two accumulators (codes alternate between them), the same for
+// every MT, so a row's result never depends on how many rows share its tile.
+template <int R, int MT>
+inline void w4_tile_avx2(const float* xp, int64_t ldx, const float* xs, int64_t ldxs, const uint8_t* w, int64_t rowB,
+                         const QuantView& q, float* out, int64_t ldo) {
+  const int64_t g = q.g, half = g / 2;
+  const __m256i m4 = _mm256_set1_epi8(15);
+  // spread[k]: bytes 4k..4k+3 of each 128-bit lane into the low bytes of its 4 int32 lanes
+  __m256i spread[4];
+  for (int k = 0; k < 4; ++k)
+    spread[k] = _mm256_setr_epi8(4 * k, -1, -1, -1, 4 * k + 1, -1, -1, -1, 4 * k + 2, -1, -1, -1, 4 * k + 3, -1, -1, -1,
+                                 4 * k, -1, -1, -1, 4 * k + 1, -1, -1, -1, 4 * k + 2, -1, -1, -1, 4 * k + 3, -1, -1, -1);
+  __m256 tot[R][MT];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MT; ++m) tot[r][m] = _mm256_setzero_ps();
+  for (int64_t gi = 0; gi < q.G; ++gi) {
+    const uint8_t* blk = w + gi * q.B;
+    const float* xg = xp + gi * g;
+    __m256 acc[R][MT][2];
+    for (int r = 0; r < R; ++r)
+      for (int m = 0; m < MT; ++m) acc[r][m][0] = acc[r][m][1] = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 32 <= half; j += 32) {  // 64 codes: bytes j..j+31, low nibbles then high nibbles
+      const float* xj = xg + 2 * j;
+      for (int r = 0; r < R; ++r) {
+        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + r * rowB + j));
+        const __m256i nib[2] = {_mm256_and_si256(b, m4), _mm256_and_si256(_mm256_srli_epi16(b, 4), m4)};
+        for (int k = 0; k < 8; ++k) {
+          const __m256 wv = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(nib[k / 4], spread[k % 4]));
+          for (int m = 0; m < MT; ++m) acc[r][m][k % 2] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xj + m * ldx + 8 * k), acc[r][m][k % 2]);
+        }
+      }
+    }
+    if (j < half) {  // 32 codes (groups of 32, 96, ...): bytes j..j+15 in both lanes, spread in natural order
+      const float* xj = xg + 2 * j;
+      const __m256i tail[2] = {
+          _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1),
+          _mm256_setr_epi8(8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1, 12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15, -1, -1, -1)};
+      for (int r = 0; r < R; ++r) {
+        const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + r * rowB + j)));
+        const __m256i nib[2] = {_mm256_and_si256(b, m4), _mm256_and_si256(_mm256_srli_epi16(b, 4), m4)};
+        for (int k = 0; k < 4; ++k) {
+          const __m256 wv = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(nib[k / 2], tail[k % 2]));
+          for (int m = 0; m < MT; ++m) acc[r][m][k % 2] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xj + m * ldx + 8 * k), acc[r][m][k % 2]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256 s = _mm256_set1_ps(load_f32(blk + r * rowB + half));
+      const __m256 z = _mm256_set1_ps(load_f32(blk + r * rowB + half + 4));
+      for (int m = 0; m < MT; ++m) {
+        // sum (q - z) x: every lane takes an eighth of z * sum x (exact: a power of two)
+        const __m256 a = _mm256_fnmadd_ps(z, _mm256_set1_ps(xs[m * ldxs + gi] * 0.125f), _mm256_add_ps(acc[r][m][0], acc[r][m][1]));
+        tot[r][m] = _mm256_fmadd_ps(s, a, tot[r][m]);
+      }
+    }
+  }
+  for (int m = 0; m < MT; ++m)
+    for (int r = 0; r < R; ++r) out[m * ldo + r] = hsum8(tot[r][m]);
+}
+
+// x [M, K] -> xp [M, K] in w4_tile_avx2's order (per group, per 64 codes at byte j: the x of the low
+// nibbles in vpshufb-spread order, then those of the high nibbles; a 32-code tail keeps natural order) and
+// xs [M, G]: each group's sum of x (in input order, so it depends on x's row alone).
+void w4_permute_x(const float* x, int64_t M, const QuantView& q, float* xp, float* xs) {
+  const int64_t g = q.g, half = g / 2;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t gi = 0; gi < q.G; ++gi) {
+      const float* src = x + m * q.K + gi * g;
+      float* dst = xp + m * q.K + gi * g;
+      float sum = 0.f;
+      for (int64_t k = 0; k < g; ++k) sum += src[k];
+      xs[m * q.G + gi] = sum;
+      int64_t j = 0;
+      for (; j + 32 <= half; j += 32)
+        for (int h = 0; h < 2; ++h)
+          for (int k = 0; k < 4; ++k)
+            for (int i = 0; i < 8; ++i) dst[2 * j + 32 * h + 8 * k + i] = src[h * half + j + (i / 4) * 16 + 4 * k + i % 4];
+      for (; j < half; j += 16)
+        for (int h = 0; h < 2; ++h)
+          for (int i = 0; i < 16; ++i) dst[2 * j + 16 * h + i] = src[h * half + j + i];
+    }
+  }
+}
 #endif
 
+// Weight rows per pass: W8A16 4 (8 accumulators + 4 weight vectors of AVX2's 16 ymm at 2 x rows); W4A16 2
+// (its AVX2 tile keeps two accumulators per output).
+template <QuantKind Kd>
+constexpr int kWoRows = Kd == QuantKind::kW8A16 ? 4 : 2;
+constexpr int kWoTile = 2;
+
+// x: [M, K] float32 (W4A16 on AVX2: permuted, with xs its group sums [M, G]).
 template <QuantKind Kd, int R>
-inline void wo_rows(const float* x, int64_t M, const uint8_t* w, const QuantView& q, float* out, int64_t N) {
+inline void wo_rows(const float* x, const float* xs, int64_t M, const uint8_t* w, const QuantView& q, float* out, int64_t N) {
   const int64_t rowB = q.G * q.B, K = q.K;
   int64_t m = 0;
+#if defined(QUANT_AVX2_ROWS)
+  if constexpr (Kd == QuantKind::kW4A16) {  // tiles of 2 x rows take one weight row at a time (16 ymm)
+    for (; m + kWoTile <= M; m += kWoTile)
+      for (int r = 0; r < R; ++r) w4_tile_avx2<1, kWoTile>(x + m * K, K, xs + m * q.G, q.G, w + r * rowB, rowB, q, out + m * N + r, N);
+    for (; m < M; ++m) w4_tile_avx2<R, 1>(x + m * K, K, xs + m * q.G, q.G, w, rowB, q, out + m * N, N);
+    return;
+  }
+#endif
   for (; m + kWoTile <= M; m += kWoTile) wo_tile<Kd, R, kWoTile>(x + m * K, K, w, rowB, q, out + m * N, N);
   for (; m < M; ++m) wo_tile<Kd, R, 1>(x + m * K, K, w, rowB, q, out + m * N, N);
 }
 
 template <QuantKind Kd>
-void wo_row_kernel(const float* x, int64_t M, const QuantView& q, float* out) {
+void wo_row_kernel(const float* x, const float* xs, int64_t M, const QuantView& q, float* out) {
+  constexpr int R = kWoRows<Kd>;
   const int64_t N = q.N, rowB = q.G * q.B;
-  const int64_t blocks = N / kWoRows;
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, rowB * kWoRows));
+  const int64_t blocks = N / R;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, rowB * R));
   auto body = [&](int64_t lo, int64_t hi) {
-    for (int64_t b = lo; b < hi; ++b) wo_rows<Kd, kWoRows>(x, M, q.data + b * kWoRows * rowB, q, out + b * kWoRows, N);
+    for (int64_t b = lo; b < hi; ++b) wo_rows<Kd, R>(x, xs, M, q.data + b * R * rowB, q, out + b * R, N);
   };
   if (at::get_num_threads() == 1 || blocks <= grain) {
     body(0, blocks);
   } else {
     at::parallel_for(0, blocks, grain, body);
   }
-  for (int64_t n = blocks * kWoRows; n < N; ++n) wo_rows<Kd, 1>(x, M, q.data + n * rowB, q, out + n, N);
+  for (int64_t n = blocks * R; n < N; ++n) wo_rows<Kd, 1>(x, xs, M, q.data + n * rowB, q, out + n, N);
 }
 
 // Rows [n0, n0 + nb) of dequant(w) into dst [nb, K] float32.
@@ -141,16 +253,25 @@ void dequant_rows(const QuantView& q, int64_t n0, int64_t nb, float* dst) {
       for (int64_t gi = 0; gi < q.G; ++gi) {
         const uint8_t* blk = row + gi * q.B;
         float* dg = d + gi * q.g;
+        // the reference's arithmetic lane by lane ((q - z) * s, q * s: no FMA), so the same bits
         if (q.kind == QuantKind::kW4A16) {
           const int64_t half = q.g / 2;
           const float s = load_f32(blk + half), z = load_f32(blk + half + 4);
-          for (int64_t j = 0; j < half; ++j) {
+          const vfloat vs = vsplat(s), vz = vsplat(z);
+          int64_t j = 0;
+          for (; j + kVec <= half; j += kVec) {
+            const vi32 b = vload_u8(blk + j);
+            vstore(dg + j, (__builtin_convertvector(b & 15, vfloat) - vz) * vs);
+            vstore(dg + half + j, (__builtin_convertvector(b >> 4, vfloat) - vz) * vs);
+          }
+          for (; j < half; ++j) {
             dg[j] = (static_cast<float>(blk[j] & 15) - z) * s;
             dg[half + j] = (static_cast<float>(blk[j] >> 4) - z) * s;
           }
         } else {
           const float s = load_f32(blk + q.g);
-          for (int64_t k = 0; k < q.g; ++k) dg[k] = static_cast<float>(static_cast<int8_t>(blk[k])) * s;
+          const vfloat vs = vsplat(s);
+          for (int64_t k = 0; k < q.g; k += kVec) vstore(dg + k, vload_i8(blk + k) * vs);  // g: a multiple of 32
         }
       }
     }
@@ -354,9 +475,16 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w) {
   auto xf = x.to(torch::kFloat32).contiguous();
   if (M > kQuantRowKernelMaxRows && q.N * q.K >= kQuantSmallWeightElems) return dequant_mm(xf, q);
   if (q.kind == QuantKind::kW4A16) {
-    wo_row_kernel<QuantKind::kW4A16>(xf.data_ptr<float>(), M, q, out.data_ptr<float>());
+#if defined(QUANT_AVX2_ROWS)
+    auto xp = torch::empty_like(xf);
+    auto xs = torch::empty({M, q.G}, xf.options());
+    w4_permute_x(xf.data_ptr<float>(), M, q, xp.data_ptr<float>(), xs.data_ptr<float>());
+    wo_row_kernel<QuantKind::kW4A16>(xp.data_ptr<float>(), xs.data_ptr<float>(), M, q, out.data_ptr<float>());
+#else
+    wo_row_kernel<QuantKind::kW4A16>(xf.data_ptr<float>(), nullptr, M, q, out.data_ptr<float>());
+#endif
   } else {
-    wo_row_kernel<QuantKind::kW8A16>(xf.data_ptr<float>(), M, q, out.data_ptr<float>());
+    wo_row_kernel<QuantKind::kW8A16>(xf.data_ptr<float>(), nullptr, M, q, out.data_ptr<float>());
   }
   return out;
 }
