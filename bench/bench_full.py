@@ -38,7 +38,7 @@ import threading
 import time
 
 from bench.bench_peer import Result, Server, ensure_vllm, free_port, one_request
-from bench.docs_section import replace_section
+from bench.docs_section import print_section
 from bench.machine import copy_bandwidth, cpu_description, min_seconds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -207,7 +207,9 @@ def _info(srv: Server) -> dict:
         return {}
 
 
-def run_server(srv: Server, vocab: int, args, log_dir: str) -> dict:
+def start_sampled(srv: Server, log_dir: str, timeout: float) -> tuple[float, list[RssSampler]]:
+    """Start ``srv``, its process tree's RSS sampled from its first moment: (seconds until it answered, a list
+    holding the sampler once the process existed)."""
     t0 = time.time()
     srv.proc = None
     sampler_box: list[RssSampler] = []
@@ -220,9 +222,14 @@ def run_server(srv: Server, vocab: int, args, log_dir: str) -> dict:
 
     w = threading.Thread(target=watch, daemon=True)
     w.start()
-    srv.start(log_dir, args.startup_timeout)
+    srv.start(log_dir, timeout)
     load_s = time.time() - t0
     w.join()
+    return load_s, sampler_box
+
+
+def run_server(srv: Server, vocab: int, args, log_dir: str) -> dict:
+    load_s, sampler_box = start_sampled(srv, log_dir, args.startup_timeout)
     out: dict = {"name": srv.name, "load_s": load_s}
     try:
         model = srv.model_id()
@@ -470,10 +477,7 @@ def main(argv=None) -> int:
     elif args.phase in ("ours", "vllm"):
         phase_servers(args.phase, args)
     else:
-        section = report(args)
-        print(section)
-        if args.write_docs:
-            replace_section(section)
+        print_section(report(args), args.write_docs)
     return 0
 
 

@@ -29,7 +29,7 @@ import tarfile
 import threading
 import time
 
-from bench.bench_full import RssSampler, prompts_of
+from bench.bench_full import prompts_of, start_sampled
 from bench.bench_peer import Server, free_port
 from bench.machine import cpu_description, cpu_flags
 
@@ -165,20 +165,7 @@ def concurrent(bin_dir: str, gguf: str, vocab: int, seed: int, log_dir: str, tim
     port = free_port()
     srv = Server(f"llama.cpp {os.path.basename(gguf)}", [os.path.join(bin_dir, "llama-server"), "-m", gguf, "-t", str(THREADS),
                  "-np", "4", "-c", str(4 * 1040), "--host", "127.0.0.1", "--port", str(port), "--no-webui"], {}, port)
-    t0 = time.time()
-    box: list[RssSampler] = []
-
-    def watch() -> None:
-        while srv.proc is None and time.time() - t0 < 60:
-            time.sleep(0.05)
-        if srv.proc is not None:
-            box.append(RssSampler(srv.proc.pid))
-
-    w = threading.Thread(target=watch, daemon=True)
-    w.start()
-    srv.start(log_dir, timeout)
-    load_s = time.time() - t0
-    w.join()
+    load_s, box = start_sampled(srv, log_dir, timeout)
     try:
         completion(srv.url, prompts_of(99, [16], vocab)[0], 2, time.perf_counter(), {})  # warm-up
         res = [{} for _ in range(4)]

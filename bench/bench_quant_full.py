@@ -31,7 +31,7 @@ import time
 from bench import bench_llamacpp
 from bench.bench_full import measure_limits, model_costs, our_server, run_server, warm_page_cache
 from bench.bench_peer import free_port
-from bench.docs_section import replace_section
+from bench.docs_section import print_section
 from bench.machine import cpu_kind, min_seconds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -238,10 +238,7 @@ def main(argv=None) -> int:
     elif args.phase == "llamacpp":
         phase_llamacpp(args)
     else:
-        section = report(args)
-        print(section)
-        if args.write_docs:
-            replace_section(section)
+        print_section(report(args), args.write_docs)
     return 0
 
 

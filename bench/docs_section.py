@@ -37,3 +37,10 @@ def replace_section(text: str, path: str = BENCHMARKS_MD) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(doc)
     os.replace(tmp, path)
+
+
+def print_section(text: str, write: bool, path: str = BENCHMARKS_MD) -> None:
+    """Print a script's section; with ``write`` (its ``--write-docs``) also put it into ``path``."""
+    print(text)
+    if write:
+        replace_section(text, path)
