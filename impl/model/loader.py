@@ -25,7 +25,7 @@ from torch import nn
 
 from impl.config.model_config import ModelConfig
 from impl.envs import envs
-from impl.model.safetensors_io import TensorEntry, map_tensor, mappable, read_ahead, read_index, read_into
+from impl.model.safetensors_io import FileRows, TensorEntry, map_tensor, mappable, read_ahead, read_index, read_into
 from impl.quant.base import QuantScheme
 from impl.quant.loading import QuantTargets, TargetLoader, install_reference_forwards, plan_targets, quantize_lm_head
 
@@ -258,6 +258,7 @@ def load_weights(model, plan: WeightPlan, config: ModelConfig) -> None:
             raise ValueError(f"checkpoint tensor {entry.name!r} fills {name!r}, which another tensor already filled")
         if name in plan.mapped:
             mod._parameters[attr] = nn.Parameter(map_tensor(entry), requires_grad=False)
+            mod.file_rows = FileRows(entry)  # the gathers' path: copies rows out of the page cache, maps nothing
             read_ahead(entry)  # into the page cache in the background: no disk read per cold row later
         else:
             read_into(entry, current.data)

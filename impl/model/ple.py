@@ -28,7 +28,10 @@ def per_layer_inputs(
 ) -> torch.Tensor:  # [T, L, P]
     p = table.weight.shape[1] // num_layers
     # a table narrower than the model dtype (loader.WeightPlan) is widened row by row, then scaled
-    tok = table(input_ids).to(embeds.dtype) * torch.tensor(math.sqrt(p), dtype=embeds.dtype)
+    # a table mapped from the checkpoint (loader.WeightPlan) gathers through its FileRows: same values, no pages
+    # of the mapping made resident
+    rows = getattr(table, "file_rows", None)
+    tok = (rows(input_ids) if rows is not None else table(input_ids)).to(embeds.dtype) * torch.tensor(math.sqrt(p), dtype=embeds.dtype)
     tok = tok.view(-1, num_layers, p)
     proj = projection(embeds) * (embeds.shape[-1] ** -0.5)
     proj = norm(proj.view(-1, num_layers, p))

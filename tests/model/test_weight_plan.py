@@ -135,6 +135,26 @@ def test_a_mapped_table_is_read_into_the_page_cache_in_the_background(tmp_path):
     assert torch.equal(safetensors_io.map_tensor(entry), t)
 
 
+def test_file_rows_gather_what_the_map_holds_without_mapping_it(tmp_path, bf16_ckpt):
+    path = str(tmp_path / "t.safetensors")
+    t = torch.randn(300, 24).to(torch.bfloat16)
+    save_file({"pad": torch.zeros(3, dtype=torch.int8), "t": t}, path)  # "t" starts at an odd offset
+    entry = next(e for e in safetensors_io.read_header(path) if e.name == "t")
+    rows = safetensors_io.FileRows(entry)
+    ids = torch.tensor([[5, 299, 0], [5, 17, 42]])
+    assert torch.equal(rows(ids), t[ids]) and rows(ids).shape == (2, 3, 24)
+    assert rows(torch.tensor([], dtype=torch.long)).shape == (0, 24)
+    for bad in (300, -1):
+        with pytest.raises(IndexError, match="outside"):
+            rows(torch.tensor([1, bad]))
+    # the model's mapped PLE table gathers through its FileRows (the logits equal the in-memory table's:
+    # test_mapping_off_loads_the_same_values_into_memory)
+    model = load_model(bf16_ckpt, dtype="float32")
+    table = model.embed_tokens_per_layer
+    ids = torch.tensor(prompt(20, 3))
+    assert torch.equal(table.file_rows(ids), table.weight[ids])
+
+
 def test_corrupt_safetensors_files_are_named(tmp_path):
     path = str(tmp_path / "x.safetensors")
     save_file({"w": torch.randn(64, 64)}, path)
