@@ -189,7 +189,8 @@ def prompt_logprobs(url: str, prompt: list[int], top: int = 1) -> list[float]:
     out = []
     for j, (tok, row) in enumerate(zip(prompt[1:], rows[1:]), start=1):
         entry = (row or {}).get(str(tok))
-        require(entry is not None, f"prompt logprob {j} does not score the prompt's token {tok}: {row}")
+        if entry is None:
+            raise violation(f"prompt logprob {j} does not score the prompt's token {tok}: {row}")
         out.append(float(entry["logprob"]))
     return out
 
