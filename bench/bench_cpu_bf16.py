@@ -30,7 +30,7 @@ import time
 import torch
 
 from bench.bench_yoco import prefill_flops
-from bench.machine import cpu_description
+from bench.machine import cpu_description, min_seconds
 
 
 def gemm_rate(cfg, rows: int = 1024, reps: int = 3) -> dict[str, float]:
@@ -49,13 +49,7 @@ def gemm_rate(cfg, rows: int = 1024, reps: int = 3) -> dict[str, float]:
         for n, k in shapes:
             x, w = torch.randn(rows, k), torch.randn(n, k)
             f = (lambda: torch.mm(x, w.t())) if name == "mm" else (lambda p=cpu_linear.pack(w): lin(x, p, None, "none", [], ""))
-            f()
-            best = float("inf")
-            for _ in range(reps):
-                t = time.perf_counter()
-                f()
-                best = min(best, time.perf_counter() - t)
-            secs += best
+            secs += min_seconds(f, reps)
             flops += 2.0 * rows * n * k
         out[name] = flops / secs / 1e9
     return out

@@ -110,7 +110,9 @@ def convert(cache: str, model: str, gguf_dir: str, quants=QUANTS) -> dict[str, s
 
 def decode_bytes(cache: str, gguf: str) -> tuple[int, dict[str, int]]:
     """Bytes one batch-1 decode step reads (every tensor but the gathered tables) and bytes per tensor type."""
-    sys.path.insert(0, os.path.join(source_dir(cache), "gguf-py"))
+    gguf_py = os.path.join(source_dir(cache), "gguf-py")
+    if gguf_py not in sys.path:
+        sys.path.insert(0, gguf_py)
     from gguf import GGUFReader  # llama.cpp's own reader, from its source tree
 
     total, by_type = 0, {}
