@@ -134,7 +134,7 @@ bench-quant: $(STAMP)
 # Q8_0 / Q4_0 GGUFs of the same checkpoint (e2b-full-wc, 9 GB, built on first use). llama.cpp is built from the
 # source vendored in llama-cpp-python 0.3.36's sdist into .cache/llamacpp (~10 min on 2 cores, once); the GGUFs
 # take ~17 GB of disk. FORMATS / FLAGS narrow our runs (e.g. FORMATS=int4wo-128 FLAGS=on).
-FORMATS ?= bf16,int8dq,int8wo,int4wo-128
+FORMATS ?= bf16,int8dq,int8wo,int4wo-128,8da4w-128
 FLAGS ?= off,on
 bench-quant-full: $(STAMP)
 	$(LOCK_X) $(PY) -m bench.bench_quant_full --phase ours --formats $(FORMATS) --flags $(FLAGS)

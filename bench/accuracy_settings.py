@@ -44,6 +44,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("weights-w8a16", F32, (*F32, "--torchao-config", "int8wo"), "int8 weights per channel (W8A16) vs float32"),
     Setting("weights-w4a16", F32, (*F32, "--torchao-config", "int4wo-32"),
             "int4 weights in groups of 32, asymmetric (W4A16) vs float32"),
+    Setting("weights-w4a8", F32, (*F32, "--torchao-config", "8da4w-32"),
+            "int4 weights in groups of 32, asymmetric, int8 activations per group (W4A8) vs float32"),
 )}
 
-DEFAULT_SETTINGS = ("kv-fp8_e4m3", "kv-fp8_e5m2", "weights-bf16", "weights-w8a8", "weights-w8a16", "weights-w4a16")
+DEFAULT_SETTINGS = ("kv-fp8_e4m3", "kv-fp8_e5m2", "weights-bf16", "weights-w8a8", "weights-w8a16", "weights-w4a16",
+                    "weights-w4a8")

@@ -31,7 +31,8 @@ from impl.quant.pack import pack
 
 HIDDEN, LAYERS, SHARED, HEADS, PLE, VOCAB, INTER = 1536, 35, 20, 8, 256, 262144, 6144
 FORMATS = {"bf16": None, "w8a8 (int8dq)": WeightFormat("w8a8"), "w8a16 (int8wo)": WeightFormat("w8a16"),
-           "w4a16 (int4wo-128)": WeightFormat("w4a16", 128, symmetric=False)}
+           "w4a16 (int4wo-128)": WeightFormat("w4a16", 128, symmetric=False),
+           "w4a8 (8da4w-128)": WeightFormat("w4a8", 128, symmetric=False)}
 
 
 def e2b_linears() -> list[tuple[int, int]]:
@@ -57,6 +58,13 @@ class Row:
     prefill_gops: float  # a 512-row MLP GEMM pair
 
 
+def _head(fmt: WeightFormat | None) -> WeightFormat | None:
+    """The LM head's format beside ``fmt`` (impl/quant/config.py: W8A8 beside the activation-quantized formats)."""
+    if fmt is None:
+        return None
+    return WeightFormat("w8a8") if fmt.kind in ("w8a8", "w4a8") else WeightFormat("w8a16")
+
+
 def _weights(fmt: WeightFormat | None, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     ws = []
@@ -64,7 +72,7 @@ def _weights(fmt: WeightFormat | None, seed: int = 0) -> list[torch.Tensor]:
     plan = cpu_linear.plan(torch.bfloat16)
     for i, (n, k) in enumerate(shapes):
         w = (torch.randn(n, k, generator=g, dtype=torch.bfloat16) * 0.02)
-        f = fmt if i < len(shapes) - 1 else (WeightFormat("w8a16") if fmt is not None else None)  # the LM head's
+        f = fmt if i < len(shapes) - 1 else _head(fmt)
         if f is not None:
             w = pack(w, f)
         elif plan.mode == "packed" and i < len(shapes) - 1:

@@ -1,7 +1,7 @@
 """Issue 32: fast prefill stays exact with quantized weights.
 
-QUANT-PARITY: for every weight format the engine serves (int8 W8A8, int8 and int4 weight-only, quantized while
-the checkpoint loads: ``--torchao-config``) and both KV dtypes (the model's and fp8_e4m3), greedy tokens and
+QUANT-PARITY: for every weight format the engine serves (int8 W8A8, int8 and int4 weight-only, int4 weights with
+int8 activations, quantized while the checkpoint loads: ``--torchao-config``) and both KV dtypes (the model's and fp8_e4m3), greedy tokens and
 logprobs with ``--kv-sharing-fast-prefill`` equal those without it (logprobs within the PARITY contracts'
 float32 bound), whole prompts and chunked, batched and one by one. The flag changes how many rows the
 cross-decoder runs on; a quantized kernel whose result for a row depended on the rows beside it (an
@@ -16,14 +16,15 @@ from contracts.base import contract
 from contracts.yoco_engine import FLAG, LOGPROB_TOL, MODEL, _argv, _compare, prompts
 from contracts.subject import GenRequest
 
-FORMATS = (("--torchao-config", "int8dq"), ("--torchao-config", "int8wo"), ("--torchao-config", "int4wo-32"))
+FORMATS = (("--torchao-config", "int8dq"), ("--torchao-config", "int8wo"), ("--torchao-config", "int4wo-32"),
+           ("--torchao-config", "8da4w-32"))
 KV = ((), ("--kv-cache-dtype", "fp8_e4m3"))
 LENGTHS = [1, 5, 9, 16, 17, 33, 41, 64]
 
 
 @contract(
     "QUANT-PARITY",
-    "With quantized weights (int8 W8A8, int8 and int4 weight-only) and both KV dtypes, greedy tokens with the flag "
+    "With quantized weights (int8 W8A8, int8 and int4 weight-only, int4 W4A8) and both KV dtypes, greedy tokens with the flag "
     f"on equal those with it off and logprobs agree within {LOGPROB_TOL} (whole prompts and chunked, batched and "
     "one by one).",
     "seeds/000 PR-B: per-prompt parity test; issue 32: fast prefill stays exact in every weight format",

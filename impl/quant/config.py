@@ -7,12 +7,15 @@ Rules (each violation is a ValueError naming the flag and the fix, raised before
   name that method (``compressed-tensors``, or ``w8a8_int8`` for a W8A8 one); ``--torchao-config`` cannot
   re-quantize it;
 * on a float checkpoint, ``--torchao-config`` quantizes while loading: ``int8dq`` (W8A8), ``int8wo``
-  (W8A16), ``int4wo-<group>`` (W4A16, asymmetric, group 32/64/128/256), as SGLang's names say;
+  (W8A16), ``int4wo-<group>`` (W4A16, asymmetric, group 32/64/128/256), as SGLang's names say, and ``8da4w-<group>``
+  (torchao's name for int8 dynamic activations with int4 weights: the same int4 codes as ``int4wo``, the
+  activations quantized per row and group, W4A8);
   ``--quantization w8a8_int8`` is the same as ``int8dq``;
 * every other SGLang quantization method or torchao config is refused with the list of supported ones;
 * quantized weights run on CPU (the fused kernels); CUDA is refused.
 
-``IMPL_QUANT_LM_HEAD=0`` keeps the LM head in the float embedding's dtype (default: an int8 W8A16 copy).
+``IMPL_QUANT_LM_HEAD=0`` keeps the LM head in the float embedding's dtype (default: an int8 copy, W8A8 with the
+activation-quantized formats W8A8 / W4A8, else W8A16).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ QUANTIZATION_KNOWN = (
     "modelopt_fp4", "petit_nvfp4", "w8a8_fp8", "moe_wna16", "qoq", "w4afp8", "mxfp4", "mxfp8", "auto-round",
     "quark", "fbgemm_fp8", "blockwise_int8",
 ) + QUANTIZATION_SUPPORTED
-TORCHAO_SUPPORTED = ("int8dq", "int8wo") + tuple(f"int4wo-{g}" for g in INT4_GROUPS)
+TORCHAO_SUPPORTED = ("int8dq", "int8wo") + tuple(f"int4wo-{g}" for g in INT4_GROUPS) + tuple(f"8da4w-{g}" for g in INT4_GROUPS)
 
 
 def _supported() -> str:
@@ -43,16 +46,20 @@ def _torchao_format(value: str) -> WeightFormat:
         return WeightFormat("w8a8")
     if value == "int8wo":
         return WeightFormat("w8a16")
-    m = re.fullmatch(r"int4wo-(\d+)", value)
-    if m and int(m.group(1)) in INT4_GROUPS:
-        return WeightFormat("w4a16", int(m.group(1)), symmetric=False)
+    m = re.fullmatch(r"(int4wo|8da4w)-(\d+)", value)
+    if m and int(m.group(2)) in INT4_GROUPS:
+        return WeightFormat("w4a16" if m.group(1) == "int4wo" else "w4a8", int(m.group(2)), symmetric=False)
     raise ValueError(f"--torchao-config {value!r} is not supported here; supported: {', '.join(TORCHAO_SUPPORTED)} "
-                     f"(int4wo takes a group size of {', '.join(map(str, INT4_GROUPS))}). Unset it to serve the "
+                     f"(int4wo and 8da4w take a group size of {', '.join(map(str, INT4_GROUPS))}). Unset it to serve the "
                      "checkpoint's own weights.")
 
 
-def _lm_head() -> WeightFormat | None:
-    return LM_HEAD_FORMAT if envs.IMPL_QUANT_LM_HEAD.get() else None
+def _lm_head(fmt: WeightFormat) -> WeightFormat | None:
+    """The LM head's copy: int8 per channel; with activation-quantized decoder formats (W8A8, W4A8) its
+    activations are quantized per row too (the W8A8 kernel reads the same bytes faster), else W8A16."""
+    if not envs.IMPL_QUANT_LM_HEAD.get():
+        return None
+    return WeightFormat("w8a8") if fmt.kind in ("w8a8", "w4a8") else LM_HEAD_FORMAT
 
 
 def resolve_scheme(quantization: str | None, torchao_config: str | None, quantization_config: Mapping[str, Any] | None,
@@ -77,16 +84,17 @@ def resolve_scheme(quantization: str | None, torchao_config: str | None, quantiz
         if quantization == "w8a8_int8" and fmt.kind != "w8a8":
             raise ValueError(f"--quantization w8a8_int8 names W8A8 int8, but the checkpoint holds {fmt.name()}; use "
                              "--quantization compressed-tensors or leave it unset.")
-        scheme = QuantScheme(fmt, f"checkpoint ({method})", prequantized=True, lm_head=_lm_head())
+        scheme = QuantScheme(fmt, f"checkpoint ({method})", prequantized=True, lm_head=_lm_head(fmt))
     elif quantization == "compressed-tensors":
         raise ValueError("--quantization compressed-tensors needs a checkpoint whose config.json has a compressed-tensors "
                          "quantization_config; this one has none. To quantize a float checkpoint while loading use "
                          f"--torchao-config ({', '.join(TORCHAO_SUPPORTED)}) or --quantization w8a8_int8.")
     elif quantization == "w8a8_int8":
-        scheme = QuantScheme(WeightFormat("w8a8"), "--quantization w8a8_int8", prequantized=False, lm_head=_lm_head())
+        w8a8 = WeightFormat("w8a8")
+        scheme = QuantScheme(w8a8, "--quantization w8a8_int8", prequantized=False, lm_head=_lm_head(w8a8))
     elif torchao_config:
-        scheme = QuantScheme(_torchao_format(torchao_config), f"--torchao-config {torchao_config}", prequantized=False,
-                             lm_head=_lm_head())
+        fmt = _torchao_format(torchao_config)
+        scheme = QuantScheme(fmt, f"--torchao-config {torchao_config}", prequantized=False, lm_head=_lm_head(fmt))
     if scheme is not None and device_type != "cpu":
         raise ValueError(f"quantized weights ({scheme.describe()}) run on CPU only here (the fused CPU kernels); use "
                          "--device cpu or serve the float checkpoint.")

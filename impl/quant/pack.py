@@ -42,7 +42,7 @@ def pack_rows(w: torch.Tensor, fmt: WeightFormat) -> torch.Tensor:
     q = q.to(torch.uint8)
     half = g // 2
     nib = q[..., :half] | (q[..., half:] << 4)  # [n, G, g / 2]
-    return torch.cat([nib, _as_bytes(s), _as_bytes(z)], dim=2).contiguous()
+    return torch.cat([nib, _as_bytes(s), _as_bytes(z)], dim=2).view(fmt.torch_dtype).contiguous()
 
 
 def pack(w: torch.Tensor, fmt: WeightFormat) -> torch.Tensor:
@@ -76,4 +76,4 @@ def from_codes(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | 
         z = zeros.float().reshape(n, groups, 1)
     half = g // 2
     nib = q[..., :half] | (q[..., half:] << 4)
-    return torch.cat([nib, _as_bytes(s), _as_bytes(z)], dim=2).contiguous()
+    return torch.cat([nib, _as_bytes(s), _as_bytes(z)], dim=2).view(fmt.torch_dtype).contiguous()

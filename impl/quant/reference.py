@@ -2,7 +2,9 @@
 
 ``linear(x, w, k)`` is x @ dequant(w)^T in float32 for the weight-only kinds; for W8A8 the activations are
 quantized per row as ``quantize_rows`` says and the dot products are exact integers, scaled as
-``(float(acc) * s_w) * s_x`` (the kernel's order: W8A8 results match it bit for bit).
+``(float(acc) * s_w) * s_x`` (the kernel's order: W8A8 results match it bit for bit); for W4A8 per row and
+group (``quantize_groups``), each group's integer dot product corrected by its zero point and scaled, the
+groups summed (in float64 here: the kernel's float order differs in the last bits).
 """
 
 from __future__ import annotations
@@ -46,12 +48,39 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, s
 
 
+def quantize_groups(x: torch.Tensor, g: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """W4A8's activations: x [M, K] -> (int8 codes [M, K], float32 scales [M, G], int32 code sums [M, G]), per row
+    and group of ``g`` inputs as ``quantize_rows`` does per row."""
+    m, k = x.shape
+    q, s = quantize_rows(x.float().reshape(m * (k // g), g))
+    q = q.reshape(m, k)
+    return q, s.reshape(m, k // g), q.reshape(m, k // g, g).sum(dim=2, dtype=torch.int32)
+
+
+def _w4a8(x: torch.Tensor, w: torch.Tensor, g: int) -> torch.Tensor:
+    """sum over groups of (sum q xq - z sum xq) * (s * s_x) (the kernel sums in another float order)."""
+    n, groups, _ = w.shape
+    b = w.view(torch.uint8)
+    half = g // 2
+    nib = b[..., :half]
+    codes = torch.cat([nib & 15, nib >> 4], dim=2).double()  # [N, G, g]
+    s = _floats(b[..., half : half + 4]).reshape(n, groups).double()
+    z = _floats(b[..., half + 4 : half + 8]).reshape(n, groups).double()
+    xq, xs, xsum = quantize_groups(x, g)
+    xg = xq.double().reshape(-1, groups, g)  # [M, G, g]
+    dots = torch.einsum("mgk,ngk->mng", xg, codes)  # exact integers
+    val = (dots - z[None] * xsum.double()[:, None, :]) * (s[None] * xs.double()[:, None, :])
+    return val.sum(dim=2).float()
+
+
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ dequant(w)^T -> float32 [M, N] (any weight: a float one is a plain matmul in float32)."""
     k = x.shape[-1]
     fmt = format_of(w, k)
     if fmt is None:
         return x.float() @ w.float().t()
+    if fmt.kind == "w4a8":
+        return _w4a8(x, w, fmt.group_size)
     if fmt.kind != "w8a8":
         return x.float() @ dequantize(w, k).t()
     xq, xs = quantize_rows(x)

@@ -18,6 +18,7 @@ def _check(*argv: str, platform: Platform | None = None) -> ServerArgs:
 @pytest.mark.parametrize("argv,kind", [
     (("--torchao-config", "int8dq"), "w8a8"), (("--torchao-config", "int8wo"), "w8a16"),
     (("--torchao-config", "int4wo-128"), "w4a16"), (("--quantization", "w8a8_int8"), "w8a8"),
+    (("--torchao-config", "8da4w-128"), "w4a8"), (("--torchao-config", "8da4w-32"), "w4a8"),
 ])
 def test_accepted(argv, kind):
     args = _check(*argv)
@@ -30,6 +31,7 @@ def test_accepted(argv, kind):
     (("--quantization", "int3"), r"not a known quantization method"),
     (("--torchao-config", "fp8wo"), r"--torchao-config 'fp8wo' is not supported here; supported: int8dq, int8wo, int4wo-32"),
     (("--torchao-config", "int4wo-100"), r"group size of 32, 64, 128, 256"),
+    (("--torchao-config", "8da4w"), r"int4wo and 8da4w take a group size of 32, 64, 128, 256"),
     (("--quantization", "w8a8_int8", "--torchao-config", "int8wo"), r"both quantize the weights; give one"),
     (("--quantization", "compressed-tensors"), r"needs a checkpoint whose config.json has a compressed-tensors quantization_config"),
     (("--torchao-config", "int8dq", "--enable-deterministic-inference", "--dtype", "bfloat16"), r"--enable-deterministic-inference is implemented for bf16 weights"),

@@ -10,8 +10,10 @@ from impl.kernels import cpu_fused
 from impl.quant import pack, reference
 from impl.quant.base import WeightFormat, format_of
 
-FORMATS = [WeightFormat("w8a8"), WeightFormat("w8a16"), WeightFormat("w4a16", 32), WeightFormat("w4a16", 128, False)]
-IDS = ["w8a8", "w8a16", "w4a16-g32-sym", "w4a16-g128-asym"]
+FORMATS = [WeightFormat("w8a8"), WeightFormat("w8a16"), WeightFormat("w4a16", 32), WeightFormat("w4a16", 128, False),
+           WeightFormat("w4a8", 32), WeightFormat("w4a8", 64, False), WeightFormat("w4a8", 128, False), WeightFormat("w4a8", 256)]
+IDS = ["w8a8", "w8a16", "w4a16-g32-sym", "w4a16-g128-asym", "w4a8-g32-sym", "w4a8-g64-asym", "w4a8-g128-asym",
+       "w4a8-g256-sym"]
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +26,7 @@ def ext():
 
 # (M, K, N): small weights (row kernel at every row count), a weight above the small-weight floor (the
 # dequantized GEMM above 16 rows), an output count that leaves a row-block tail
-SHAPES = [(1, 128, 96), (3, 256, 130), (16, 256, 67), (17, 512, 200), (40, 256, 257)]
+SHAPES = [(1, 256, 96), (3, 256, 130), (16, 256, 67), (17, 512, 200), (40, 256, 257)]
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
@@ -40,7 +42,7 @@ def test_kernel_matches_reference(ext, fmt, m, k, n):
     ref, got = reference.linear(x, p), ext.quant_linear(x, p)
     if fmt.kind == "w8a8":
         assert torch.equal(got, ref)  # exact integer dot products, the same epilogue
-    else:
+    else:  # W4A8: exact integer group sums, the reference sums the groups in float64
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)
     # bf16 activations are widened first (exactly)
     torch.testing.assert_close(ext.quant_linear(x.bfloat16(), p), reference.linear(x.bfloat16().float(), p), rtol=1e-5, atol=1e-4)
@@ -49,9 +51,9 @@ def test_kernel_matches_reference(ext, fmt, m, k, n):
 @pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
 def test_rows_do_not_depend_on_the_call(ext, fmt):
     """A row's result is the same alone, among 16 rows, and among 40 (the cross-decoder with and without fast
-    prefill): exact for W8A8; for the weight-only kinds on weights under the small-weight floor."""
+    prefill): exact for W8A8 and W4A8; for the weight-only kinds on weights under the small-weight floor."""
     g = torch.Generator().manual_seed(1)
-    w, x = torch.randn(96, 128, generator=g), torch.randn(40, 128, generator=g)
+    w, x = torch.randn(96, 256, generator=g), torch.randn(40, 256, generator=g)
     p = pack.pack(w, fmt)
     full = ext.quant_linear(x, p)
     for rows in (slice(0, 1), slice(5, 21), slice(3, 5)):
@@ -66,6 +68,40 @@ def test_quantize_rows_matches_reference(ext):
     rq, rs = reference.quantize_rows(x)
     assert torch.equal(q, rq) and torch.equal(s, rs)
     assert int(q.abs().max()) == 127 and float(s[4]) == 0.0
+
+
+def test_w4a8_rows_are_exact_at_every_size(ext):
+    """W4A8 runs one integer kernel at every row count and weight size (decode's 4-row passes, prefill's 2 x 2
+    tiles, row-block tails): a row's bits never depend on the call, even on a weight above the small-weight
+    floor (where the weight-only kinds switch to the dequantized GEMM)."""
+    g = torch.Generator().manual_seed(5)
+    p = pack.pack(torch.randn(333, 512, generator=g), WeightFormat("w4a8", 128, False))
+    x = torch.randn(37, 512, generator=g)
+    full = ext.quant_linear(x, p)
+    for rows in (slice(0, 1), slice(36, 37), slice(1, 4), slice(10, 27)):
+        assert torch.equal(ext.quant_linear(x[rows], p), full[rows])
+    torch.testing.assert_close(full, reference.linear(x, p), rtol=1e-5, atol=1e-4)
+
+
+def test_quantize_groups_matches_reference(ext):
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(9, 256, generator=g) * torch.logspace(-3, 3, 9)[:, None]
+    x[2, 128:] = 0.0  # an all-zero group: zero codes, zero scale, zero sum
+    q, s, sums = ext.quantize_groups(x, 128)
+    rq, rs, rsums = reference.quantize_groups(x, 128)
+    assert torch.equal(q, rq) and torch.equal(s, rs) and torch.equal(sums, rsums)
+    assert s.shape == (9, 2) and float(s[2, 1]) == 0.0 and int(sums[2, 1]) == 0
+
+
+def test_w4a8_is_close_to_the_float_product():
+    """W4A8 differs from W4A16 (the same codes) only by the activations' int8 rounding: well under 1% of the
+    output's scale."""
+    g = torch.Generator().manual_seed(7)
+    w, x = torch.randn(64, 512, generator=g), torch.randn(8, 512, generator=g)
+    p16, p8 = pack.pack(w, WeightFormat("w4a16", 128, False)), pack.pack(w, WeightFormat("w4a8", 128, False))
+    assert torch.equal(p16.view(torch.int8), p8)  # the same bytes
+    y16, y8 = reference.linear(x, p16), reference.linear(x, p8)
+    assert float((y8 - y16).abs().max() / y16.abs().max()) < 0.01
 
 
 def test_quantization_error_is_small():

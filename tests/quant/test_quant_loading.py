@@ -54,8 +54,10 @@ def test_compressed_tensors_weights_are_served_as_stored(scheme):
         assert torch.equal(reference.dequantize(w, k), expect), name
         checked += 1
     assert checked == 4
-    # the tied LM head reads an int8 copy; the embedding it is tied to stays float (gathers)
-    assert model.lm_head_quant.dtype == torch.uint8 and model.embed_tokens.weight.dtype == torch.float32
+    # the tied LM head reads an int8 copy (W8A8 beside W8A8 layers, else W8A16); the embedding it is tied to
+    # stays float (gathers)
+    head = torch.int8 if scheme == "W8A8" else torch.uint8
+    assert model.lm_head_quant.dtype == head and model.embed_tokens.weight.dtype == torch.float32
 
 
 def test_int4_packing_matches_compressed_tensors():
@@ -73,7 +75,8 @@ def test_compressed_tensors_checkpoint_serves(scheme):
         assert all(len(o["output_ids"]) == 4 for o in out)
         info = e.get_server_info()
         kind = "w8a8" if scheme == "W8A8" else "w4a16"
-        assert info["quantization"]["format"] == kind and info["quantization"]["lm_head"] == "w8a16"
+        head = "w8a8" if scheme == "W8A8" else "w8a16"  # activation-quantized formats quantize the head's too
+        assert info["quantization"]["format"] == kind and info["quantization"]["lm_head"] == head
         assert info["cpu_kernels"]["weight_dtype"] == kind and info["cpu_kernels"]["layers"] == {"fused": 35}
         line = next(x for x in info["startup_log"] if x.startswith("Quantized weights: "))
         assert "checkpoint (compressed-tensors" in line and "GB of weights read per decode step" in line
@@ -84,7 +87,7 @@ def test_compressed_tensors_checkpoint_serves(scheme):
 def test_on_the_fly_int4_reads_fewer_bytes_than_float():
     path = tiny_checkpoint("e2b")
     byts = {}
-    for cfg in ({}, {"torchao_config": "int4wo-32"}, {"torchao_config": "int8dq"}):
+    for cfg in ({}, {"torchao_config": "int4wo-32"}, {"torchao_config": "int8dq"}, {"torchao_config": "8da4w-32"}):
         e = Engine(path, random_seed=0, **cfg)
         try:
             q = e.get_server_info()["quantization"]
@@ -94,6 +97,7 @@ def test_on_the_fly_int4_reads_fewer_bytes_than_float():
             e.shutdown()
     assert byts["float"] is None
     assert byts["int4wo-32"] < byts["int8dq"]
+    assert byts["8da4w-32"] == byts["int4wo-32"]  # the same bytes, int8 activations
 
 
 def test_ignored_modules_keep_float_weights(tmp_path):

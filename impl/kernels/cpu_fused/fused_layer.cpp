@@ -303,6 +303,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_linear", &cpu_fused::quant_linear, "x @ dequant(w)^T in float32 (quant_linear.h)", release(),
         py::arg("x"), py::arg("w"));
   m.def("quantize_rows", &cpu_fused::quantize_rows, "W8A8's per-row activation quantization", release(), py::arg("x"));
+  m.def("quantize_groups", &cpu_fused::quantize_groups, "W4A8's per-row, per-group activation quantization", release(),
+        py::arg("x"), py::arg("g"));
   m.def("quant_dequant", &cpu_fused::quant_dequant, "a quantized weight as float32 [N, K]", release(), py::arg("w"),
         py::arg("k"));
   m.def("simd_isa", &cpu_fused::simd_isa, "the SIMD width the kernels were compiled for");

@@ -50,6 +50,18 @@ inline float load_f32(const uint8_t* p) {
   return f;
 }
 
+// Decode's row kernels read a few weight rows at a time, group by group: a stride within a few KB that the
+// hardware prefetcher follows poorly (measured on one Zen 3 core, 24576 x 1536: W4A8 4.8 GB/s without, 8.1
+// with; W8A8 5.2 -> 11.0). Each pass asks for the rows kPrefetchRows ahead into L2.
+constexpr int64_t kPrefetchRows = 16;
+
+inline void prefetch_rows(const QuantView& q, int64_t rowB, int64_t n, int64_t rows) {
+  const int64_t hi = std::min(q.N, n + rows);
+  if (n >= hi) return;
+  const char* p = reinterpret_cast<const char*>(q.data + n * rowB);
+  for (int64_t o = 0; o < (hi - n) * rowB; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
+}
+
 // ---- weight-only kinds: the row kernel ------------------------------------------------------------------
 
 // out[m, n] for R weight rows (rowB bytes apart) and MT rows of x (ldx apart). Per group, one accumulator
@@ -233,7 +245,10 @@ void wo_row_kernel(const float* x, const float* xs, int64_t M, const QuantView& 
   const int64_t blocks = N / R;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, rowB * R));
   auto body = [&](int64_t lo, int64_t hi) {
-    for (int64_t b = lo; b < hi; ++b) wo_rows<Kd, R>(x, xs, M, q.data + b * R * rowB, q, out + b * R, N);
+    for (int64_t b = lo; b < hi; ++b) {
+      if (M <= kWoTile) prefetch_rows(q, rowB, b * R + kPrefetchRows, R);
+      wo_rows<Kd, R>(x, xs, M, q.data + b * R * rowB, q, out + b * R, N);
+    }
   };
   if (at::get_num_threads() == 1 || blocks <= grain) {
     body(0, blocks);
@@ -254,7 +269,7 @@ void dequant_rows(const QuantView& q, int64_t n0, int64_t nb, float* dst) {
         const uint8_t* blk = row + gi * q.B;
         float* dg = d + gi * q.g;
         // the reference's arithmetic lane by lane ((q - z) * s, q * s: no FMA), so the same bits
-        if (q.kind == QuantKind::kW4A16) {
+        if (q.kind == QuantKind::kW4A16 || q.kind == QuantKind::kW4A8) {
           const int64_t half = q.g / 2;
           const float s = load_f32(blk + half), z = load_f32(blk + half + 4);
           const vfloat vs = vsplat(s), vz = vsplat(z);
@@ -361,6 +376,7 @@ void w8a8_kernel(const int8_t* xq, const float* xs, int64_t M, const QuantView& 
       const int64_t mt = std::min<int64_t>(kI8Tile, M - m);
       int64_t n = n0;
       for (; n + kI8Rows <= n1; n += kI8Rows) {
+        if (M <= kI8Tile) prefetch_rows(q, rowB, n + kPrefetchRows, kI8Rows);
         int32_t acc[kI8Tile][kI8Rows];
         const uint8_t* w = q.data + n * rowB;
         switch (mt) {
@@ -391,6 +407,134 @@ void w8a8_kernel(const int8_t* xq, const float* xs, int64_t M, const QuantView& 
   }
 }
 
+// ---- W4A8: int4 codes x int8 activations, exact integer dot products per group -------------------------
+
+// out[m, r] for R weight rows and MT rows of x. xq: int8 codes [MT, K] (ldx apart), xs / xsum: each row's
+// group scales and code sums [MT, G] (ldg apart). Per group the dot product of codes is an exact integer:
+// vpmaddubsw multiplies the unsigned codes (0..15) by the signed x codes (|x| <= 127) into 16-bit pair sums
+// of at most 3810, and a group of 256 adds 8 of them per lane (30480 < 32767: no saturation) before one
+// vpmaddwd widens them to int32. Per lane, (float(acc) - z * sum xq / 8) is exact (integers below 2^24), then
+// scaled by s * s_x into the running vector; the lanes are summed last. Every step is fixed by the layout
+// alone (never by R, MT or the other rows), so any row count gives a row the same bits.
+template <int R, int MT>
+inline void w4a8_tile(const int8_t* xq, int64_t ldx, const float* xs, const int32_t* xsum, int64_t ldg,
+                      const uint8_t* w, int64_t rowB, const QuantView& q, float* out, int64_t ldo) {
+  const int64_t g = q.g, half = g / 2;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  const __m128i m4h = _mm_set1_epi8(15);
+  __m256 tot[R][MT];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MT; ++m) tot[r][m] = _mm256_setzero_ps();
+  for (int64_t gi = 0; gi < q.G; ++gi) {
+    const uint8_t* blk = w + gi * q.B;
+    const int8_t* xg = xq + gi * g;
+    __m256i acc[R][MT];
+    if (half >= 32) {
+      for (int r = 0; r < R; ++r)
+        for (int m = 0; m < MT; ++m) acc[r][m] = _mm256_setzero_si256();
+      for (int64_t j = 0; j < half; j += 32) {  // codes j..j+31 (low nibbles) and half+j.. (high nibbles)
+        __m256i xl[MT], xh[MT];
+        for (int m = 0; m < MT; ++m) {
+          xl[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + m * ldx + j));
+          xh[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + m * ldx + half + j));
+        }
+        for (int r = 0; r < R; ++r) {
+          const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + r * rowB + j));
+          const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+          for (int m = 0; m < MT; ++m)
+            acc[r][m] = _mm256_add_epi16(acc[r][m], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl[m]), _mm256_maddubs_epi16(hi, xh[m])));
+        }
+      }
+    } else {  // groups of 32: 16 bytes, low nibbles codes 0..15 and high nibbles 16..31: x in natural order
+      __m256i xv[MT];
+      for (int m = 0; m < MT; ++m) xv[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + m * ldx));
+      for (int r = 0; r < R; ++r) {
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + r * rowB));
+        const __m256i wv = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4h), _mm_and_si128(b, m4h));
+        for (int m = 0; m < MT; ++m) acc[r][m] = _mm256_maddubs_epi16(wv, xv[m]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const float s = load_f32(blk + r * rowB + half), z = load_f32(blk + r * rowB + half + 4);
+      for (int m = 0; m < MT; ++m) {
+        const float zc = z * static_cast<float>(xsum[m * ldg + gi]) * 0.125f;  // exact: small integers / 8
+        const __m256 a = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r][m], ones)), _mm256_set1_ps(zc));
+        tot[r][m] = _mm256_fmadd_ps(_mm256_set1_ps(s * xs[m * ldg + gi]), a, tot[r][m]);
+      }
+    }
+  }
+  for (int m = 0; m < MT; ++m)
+    for (int r = 0; r < R; ++r) out[m * ldo + r] = hsum8(tot[r][m]);
+#else
+  // 8 lanes as the AVX2 path keeps them: lane l of a group takes the pair sums of its 16-bit lanes 2l, 2l+1
+  for (int m = 0; m < MT; ++m)
+    for (int r = 0; r < R; ++r) {
+      float tot[8] = {};
+      for (int64_t gi = 0; gi < q.G; ++gi) {
+        const uint8_t* blk = w + r * rowB + gi * q.B;
+        const int8_t* xg = xq + m * ldx + gi * g;
+        int32_t lane[8] = {};
+        for (int64_t k = 0; k < g; ++k) {  // code k: byte k % half, nibble k / half; 32-byte step position
+          const int64_t j = k % half, pos = half >= 32 ? j % 32 : j + 16 * (k / half);
+          const int code = k < half ? (blk[j] & 15) : (blk[j] >> 4);
+          lane[pos / 4] += code * xg[k];
+        }
+        const float s = load_f32(blk + half), z = load_f32(blk + half + 4);
+        const float zc = z * static_cast<float>(xsum[m * ldg + gi]) * 0.125f;
+        for (int l = 0; l < 8; ++l) tot[l] = std::fma(s * xs[m * ldg + gi], static_cast<float>(lane[l]) - zc, tot[l]);
+      }
+      float a[4], b2[2];
+      for (int l = 0; l < 4; ++l) a[l] = tot[l] + tot[l + 4];
+      b2[0] = a[0] + a[2];
+      b2[1] = a[1] + a[3];
+      out[m * ldo + r] = b2[0] + b2[1];
+    }
+#endif
+}
+
+constexpr int64_t kW4A8BlockRows = 64;  // weight rows kept in L2 while every x row passes over them
+
+void w4a8_kernel(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t M, const QuantView& q, float* out) {
+  const int64_t N = q.N, K = q.K, G = q.G, rowB = q.G * q.B;
+  auto rows_block = [&](int64_t n0, int64_t n1) {
+    if (M == 1) {  // decode: 4 weight rows per pass, one x row
+      int64_t n = n0;
+      for (; n + 4 <= n1; n += 4) {
+        prefetch_rows(q, rowB, n + kPrefetchRows, 4);
+        w4a8_tile<4, 1>(xq, K, xs, xsum, G, q.data + n * rowB, rowB, q, out + n, N);
+      }
+      for (; n < n1; ++n) w4a8_tile<1, 1>(xq, K, xs, xsum, G, q.data + n * rowB, rowB, q, out + n, N);
+      return;
+    }
+    int64_t m = 0;
+    for (; m + 2 <= M; m += 2) {
+      int64_t n = n0;
+      for (; n + 2 <= n1; n += 2)
+        w4a8_tile<2, 2>(xq + m * K, K, xs + m * G, xsum + m * G, G, q.data + n * rowB, rowB, q, out + m * N + n, N);
+      for (; n < n1; ++n)
+        w4a8_tile<1, 2>(xq + m * K, K, xs + m * G, xsum + m * G, G, q.data + n * rowB, rowB, q, out + m * N + n, N);
+    }
+    for (; m < M; ++m) {
+      int64_t n = n0;
+      for (; n + 4 <= n1; n += 4)
+        w4a8_tile<4, 1>(xq + m * K, K, xs + m * G, xsum + m * G, G, q.data + n * rowB, rowB, q, out + m * N + n, N);
+      for (; n < n1; ++n)
+        w4a8_tile<1, 1>(xq + m * K, K, xs + m * G, xsum + m * G, G, q.data + n * rowB, rowB, q, out + m * N + n, N);
+    }
+  };
+  const int64_t blocks = (N + kW4A8BlockRows - 1) / kW4A8BlockRows;
+  auto body = [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; ++b) rows_block(b * kW4A8BlockRows, std::min(N, (b + 1) * kW4A8BlockRows));
+  };
+  if (at::get_num_threads() == 1 || blocks == 1) {
+    body(0, blocks);
+  } else {
+    at::parallel_for(0, blocks, 1, body);
+  }
+}
+
+
 }  // namespace
 
 bool is_quantized(const torch::Tensor& w) {
@@ -405,8 +549,11 @@ QuantView quant_view(const torch::Tensor& w, int64_t K) {
   const int64_t g = K / G;
   TORCH_CHECK(g % kGroupMultiple == 0, "quantization groups must be a multiple of ", kGroupMultiple, " inputs, got ", g);
   QuantKind kind;
-  if (w.scalar_type() == torch::kInt8) {
-    TORCH_CHECK(G == 1 && B == g + 4, "a W8A8 weight is [N, 1, K + 4] for inputs of width ", K);
+  if (w.scalar_type() == torch::kInt8 && B == g / 2 + 8) {
+    kind = QuantKind::kW4A8;
+  } else if (w.scalar_type() == torch::kInt8) {
+    TORCH_CHECK(G == 1 && B == g + 4, "an int8 quantized weight is W8A8 [N, 1, K + 4] or W4A8 [N, G, g / 2 + 8] for "
+                "inputs of width ", K, "; got [", N, ", ", G, ", ", B, "]");
     kind = QuantKind::kW8A8;
   } else if (B == g + 4) {
     kind = QuantKind::kW8A16;
@@ -423,7 +570,7 @@ bool takes_inputs(const torch::Tensor& w, int64_t K) {
   const int64_t G = w.size(1), B = w.size(2);
   if (G <= 0 || K % G != 0) return false;
   const int64_t g = K / G;
-  return B == g + 4 || (w.scalar_type() == torch::kUInt8 && B == g / 2 + 8);
+  return B == g + 4 || B == g / 2 + 8;
 }
 
 std::vector<torch::Tensor> quantize_rows(const torch::Tensor& x) {
@@ -461,6 +608,48 @@ std::vector<torch::Tensor> quantize_rows(const torch::Tensor& x) {
   return {q, s};
 }
 
+std::vector<torch::Tensor> quantize_groups(const torch::Tensor& x, int64_t g) {
+  TORCH_CHECK(x.dim() == 2, "quantize_groups takes x [M, K]");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(g > 0 && K % g == 0, "quantize_groups: width ", K, " is not a multiple of the group size ", g);
+  auto xf = x.to(torch::kFloat32).contiguous();
+  const int64_t G = K / g;
+  auto q = torch::empty({M, K}, xf.options().dtype(torch::kInt8));
+  auto s = torch::empty({M, G}, xf.options());
+  auto sums = torch::empty({M, G}, xf.options().dtype(torch::kInt32));
+  const float* xp = xf.data_ptr<float>();
+  int8_t* qp = q.data_ptr<int8_t>();
+  float* sp = s.data_ptr<float>();
+  int32_t* up = sums.data_ptr<int32_t>();
+  auto body = [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {  // i: one (row, group)
+      const float* xr = xp + i * g;
+      int8_t* qr = qp + i * g;
+      float amax = 0.f;
+      for (int64_t k = 0; k < g; ++k) amax = std::max(amax, std::fabs(xr[k]));
+      const float sc = amax / 127.f;
+      sp[i] = sc;
+      int32_t sum = 0;
+      if (amax == 0.f) {
+        std::memset(qr, 0, g);
+      } else {
+        for (int64_t k = 0; k < g; ++k) {
+          const float v = std::nearbyint(xr[k] / sc);  // round half to even (the default rounding mode)
+          qr[k] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
+          sum += qr[k];
+        }
+      }
+      up[i] = sum;
+    }
+  };
+  if (at::get_num_threads() == 1 || M * G < 256) {
+    body(0, M * G);
+  } else {
+    at::parallel_for(0, M * G, 64, body);
+  }
+  return {q, s, sums};
+}
+
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w) {
   TORCH_CHECK(x.dim() == 2, "quant_linear takes x [M, K]");
   const QuantView q = quant_view(w, x.size(1));
@@ -470,6 +659,11 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w) {
   if (q.kind == QuantKind::kW8A8) {
     auto qs = quantize_rows(x);
     w8a8_kernel(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), M, q, out.data_ptr<float>());
+    return out;
+  }
+  if (q.kind == QuantKind::kW4A8) {  // one integer kernel at every row count
+    auto qs = quantize_groups(x, q.g);
+    w4a8_kernel(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), qs[2].data_ptr<int32_t>(), M, q, out.data_ptr<float>());
     return out;
   }
   auto xf = x.to(torch::kFloat32).contiguous();

@@ -10,6 +10,10 @@
 //   * uint8 tensor, B = g + 4: W8A16. g int8 codes (stored as bytes), then float32 s: w = q * s.
 //   * uint8 tensor, B = g / 2 + 8: W4A16. Byte j < g / 2 holds code j in its low nibble and code j + g / 2
 //     in its high nibble (unsigned 0..15), then float32 s and float32 z: w = (q - z) * s.
+//   * int8 tensor, B = g / 2 + 8: W4A8. W4A16's bytes, with activations quantized per row and per group of g
+//     inputs at run time (`quantize_groups`): each group's dot product of codes is an exact integer,
+//     ((float(sum q xq) - z * float(sum xq)) * (s * s_x)) summed over the groups in order (as llama.cpp's
+//     Q4_0 x Q8_0), so a row's result never depends on the other rows of the call.
 // The two uint8 kinds are told apart by K (x's width): B == g + 4 or B == g / 2 + 8 (never both for g > 8).
 #pragma once
 
@@ -17,7 +21,7 @@
 
 namespace cpu_fused {
 
-enum class QuantKind { kW8A8, kW8A16, kW4A16 };
+enum class QuantKind { kW8A8, kW8A16, kW4A16, kW4A8 };
 
 struct QuantView {
   QuantKind kind;
@@ -46,6 +50,10 @@ constexpr int64_t kQuantRowKernelMaxRows = 16;
 // W8A8's activation quantization: x [M, K] -> (int8 codes [M, K], float32 scales [M]); per row
 // s = max|x| / 127, q = round_half_even(x / s) (all zeros when the row is).
 std::vector<torch::Tensor> quantize_rows(const torch::Tensor& x);
+
+// W4A8's activation quantization: x [M, K] -> (int8 codes [M, K], float32 scales [M, G], int32 code sums
+// [M, G]) for groups of g inputs: per row and group s = max|x| / 127, q = round_half_even(x / s).
+std::vector<torch::Tensor> quantize_groups(const torch::Tensor& x, int64_t g);
 
 // dequant(w) as float32 [N, K] (tests and the reference).
 torch::Tensor quant_dequant(const torch::Tensor& w, int64_t K);
