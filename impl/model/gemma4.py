@@ -101,7 +101,10 @@ class Gemma4ForCausalLM(nn.Module):
         # The table may be narrower than the model dtype (a bf16 table under --dtype float32, see
         # loader.WeightPlan): the gathered rows are widened exactly, then scaled in the model dtype. The
         # scale is rounded to that dtype first, as the reference does (sqrt(1536) in bf16 != in fp32).
-        rows = self.embed_tokens(input_ids).to(self.dtype)
+        # A table mapped from the checkpoint (loader.WeightPlan) gathers through its FileRows (no pages of the
+        # mapping made resident).
+        file_rows = getattr(self.embed_tokens, "file_rows", None)
+        rows = (file_rows(input_ids) if file_rows is not None else self.embed_tokens(input_ids)).to(self.dtype)
         return rows * torch.tensor(math.sqrt(self.config.hidden_size), dtype=self.dtype)
 
     def per_layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor | None:

@@ -20,7 +20,7 @@ from torch import nn
 from impl.quant import reference
 from impl.quant.base import QuantScheme, WeightFormat
 from impl.quant.checkpoint import SUFFIXES, Assembler, ignored
-from impl.quant.pack import pack
+from impl.quant.pack import ROW_CHUNK, pack, pack_rows
 
 logger = logging.getLogger("impl.model")
 
@@ -144,7 +144,16 @@ def quantize_lm_head(model: nn.Module, fmt: WeightFormat) -> torch.Tensor | None
     w = head()
     if w.dim() != 2 or not fmt.applies_to(w.shape[1]) or w.device.type != "cpu":
         return None
-    packed = pack(w, fmt)
+    rows = getattr(getattr(model, "embed_tokens", None), "file_rows", None)
+    if rows is not None and tuple(w.shape) == (rows.num_rows, rows.cols):
+        # a mapped embedding (loader.WeightPlan): packed from the file in blocks of rows, so no page of its
+        # mapping becomes resident (reading the mapped tensor whole would put all of it in the RSS)
+        packed = torch.empty(fmt.packed_shape(*w.shape), dtype=fmt.torch_dtype)
+        for lo in range(0, rows.num_rows, ROW_CHUNK):
+            hi = min(lo + ROW_CHUNK, rows.num_rows)
+            packed[lo:hi] = pack_rows(rows.block(lo, hi), fmt)
+    else:
+        packed = pack(w, fmt)
     model.lm_head_quant = packed
     model.project_to_vocab = lambda h: reference.linear(h.reshape(-1, h.shape[-1]), packed)
     return packed

@@ -113,3 +113,22 @@ def test_ignored_modules_keep_float_weights(tmp_path):
     # per_layer_projection (8 inputs) cannot be int8 per channel in groups of 32: the writer listed it in ignore
     assert any("per_layer_projection" in x for x in cfg["quantization_config"]["ignore"])
     assert QuantScheme(WeightFormat("w8a8"), "x", False).describe().startswith("w8a8")
+
+
+def test_quantized_head_maps_the_embedding(monkeypatch):
+    """With a packed LM head the tied embedding is only gathered: it is mapped from the checkpoint (as the
+    per-layer-embedding table) and gathered through its FileRows, the head packed from the file in blocks of
+    rows. The head's bytes and the embedded rows equal those of a model that loads the table into memory."""
+    path = tiny_checkpoint("e2b")
+    scheme = resolve_scheme(None, "8da4w-32", None)
+    mapped = load_model(path, "float32", quant=scheme)
+    assert "embed_tokens.weight" in mapped.weight_plan.mapped and hasattr(mapped.embed_tokens, "file_rows")
+    monkeypatch.setenv("IMPL_MMAP_EMBEDDINGS", "0")
+    loaded = load_model(path, "float32", quant=scheme)
+    assert "embed_tokens.weight" not in loaded.weight_plan.mapped
+    assert torch.equal(mapped.lm_head_quant, loaded.lm_head_quant)
+    ids = torch.tensor([0, 5, 17, 5, mapped.config.vocab_size - 1])
+    assert torch.equal(mapped.embed(ids), loaded.embed(ids))
+    # a float LM head is the embedding itself, read whole every step: kept in memory
+    plain = load_model(path, "float32", quant=QuantScheme(WeightFormat("w8a8"), "test", False, lm_head=None))
+    assert "embed_tokens.weight" not in plain.weight_plan.mapped
