@@ -36,7 +36,8 @@ class DecodeSchedule:
         items = []
         for req in self.make_room():
             start = req.kv_len
-            items.append(BatchItem(req, start, 1, self.kv.extend(req, 1), req.logits_rows(start, 1)))
+            rows = req.logits_rows(start, 1)
+            items.append(BatchItem(req, start, 1, self.kv.extend(req, 1), rows))
         return items
 
     def make_room(self) -> list[Req]:
