@@ -5,9 +5,9 @@ outside (in process for the engine, or in a server process through
 ``python -m contracts.fault_injection [launch_server args]``). A request whose
 rid contains ``fault-<stage>`` raises at that stage:
 
-* ``logprobs``: assembling its prompt logprobs (``Scheduler._prompt_logprobs``);
-* ``sampler``: sampling its row (``impl.engine.scheduler.sample``; the whole batched call raises);
-* ``stop``: stop checking after a token (``Scheduler._check_finished``);
+* ``logprobs``: assembling its prompt logprobs (``OutputProcessor._prompt_logprobs``);
+* ``sampler``: sampling its row (``impl.engine.output_processor.sample``; the whole batched call raises);
+* ``stop``: stop checking after a token (``OutputProcessor._check_finished``);
 * ``detok``: building its outputs on the detokenizer stage (``impl.engine.detokenizer_stage.build_output``);
 * ``forward``: the forward pass of the first batch that holds it (the whole batch fails);
 * ``verify`` / ``draft`` (speculative decoding): the first verify forward / draft round that holds it
@@ -41,12 +41,12 @@ def stage_of(rid: str | None) -> str | None:
 
 def _patches() -> list[tuple[Any, str, Any]]:
     import impl.engine.detokenizer_stage as stage_mod
-    import impl.engine.scheduler as sched_mod
+    import impl.engine.output_processor as output_mod
+    from impl.engine.scheduler import Scheduler
     from impl.engine.kv_lifecycle import KVLifecycle
     from impl.engine.model_runner import ModelRunner
     from impl.engine.speculative.draft import FrozenKVDrafter
 
-    Scheduler = sched_mod.Scheduler
     marked: dict[int, Any] = {}  # id(req.origin_input_ids) -> req, for marked requests (keeps the list alive)
     forward_failed: set[str] = set()  # rids whose forward / verify / draft fault has fired (once each)
     integrity_armed: list[bool] = [False]
@@ -61,14 +61,15 @@ def _patches() -> list[tuple[Any, str, Any]]:
             marked[id(req.origin_input_ids)] = req
         return orig_add(self, req)
 
-    orig_logprobs = Scheduler._prompt_logprobs
+    OutputProcessor = output_mod.OutputProcessor
+    orig_logprobs = OutputProcessor._prompt_logprobs
 
     def prompt_logprobs(self, it, rows):
         if stage_of(it.req.rid) == "logprobs":
             raise boom("logprobs", it.req.rid)
         return orig_logprobs(self, it, rows)
 
-    orig_sample = sched_mod.sample
+    orig_sample = output_mod.sample
 
     def sample(logits, rows, eos_ids):
         for row in rows:
@@ -77,7 +78,7 @@ def _patches() -> list[tuple[Any, str, Any]]:
                 raise boom("sampler", req.rid)
         return orig_sample(logits, rows, eos_ids)
 
-    orig_check = Scheduler._check_finished
+    orig_check = OutputProcessor._check_finished
 
     def check_finished(self, req, tok):
         if stage_of(req.rid) == "stop":
@@ -125,9 +126,9 @@ def _patches() -> list[tuple[Any, str, Any]]:
 
     return [
         (Scheduler, "add_request", add_request),
-        (Scheduler, "_prompt_logprobs", prompt_logprobs),
-        (sched_mod, "sample", sample),
-        (Scheduler, "_check_finished", check_finished),
+        (OutputProcessor, "_prompt_logprobs", prompt_logprobs),
+        (output_mod, "sample", sample),
+        (OutputProcessor, "_check_finished", check_finished),
         (stage_mod, "build_output", build_output),
         (ModelRunner, "forward", forward),
         (FrozenKVDrafter, "draft", draft),

@@ -170,5 +170,5 @@ def test_a_stale_name_is_reported(stale):
 def test_existing_names_of_each_kind_pass():
     assert problems("`impl/engine/engine.py:Engine.submit` `impl/server/app.py:_add_routes.generate` "
                     "`impl/server/intake.py:_POOL` `impl/engine/request_handle.py:RequestHandle.queue` "
-                    "`impl/engine/scheduler.py:Scheduler.inbox` `Scheduler.fail_batch` `Engine.scheduler_torch_threads` "
+                    "`impl/engine/scheduler.py:Scheduler.inbox` `SWARadixCache.all_slots` `Engine.scheduler_torch_threads` "
                     "`impl/model` `impl/forward_batch.py`") == []

@@ -159,11 +159,7 @@ class FailedRequestNeverAnswered(_FaultsPatched):
 
     def patches(self):
         def fail_request(self, req, exc, stage, status=500, message=None):
-            if req is self.chunked_req:
-                self.chunked_req = None
-            for q in (self.running, self.waiting):
-                if req in q:
-                    q.remove(req)
+            self.queues.remove(req)
             self.kv.discard(req)
             req.finished_reason = FinishReason("abort", message="failed", status_code=status)  # never emitted
 
@@ -178,9 +174,14 @@ class FaultAbortsEveryRequest(_FaultsPatched):
 
     def patches(self):
         orig = _orig("impl.engine.fault_isolation", "FaultIsolation.fail_request")
+        from impl.engine.req import FinishReason
 
         def fail_request(self, req, exc, stage, status=500, message=None):
             orig(self, req, exc, stage, status, message)
-            self.abort_request(None)  # what the engine loop used to do: abort everything in flight
+            # what the engine loop used to do: abort everything in flight
+            for r in list(self.queues.waiting) + self.queues.live:
+                self.queues.remove(r)
+                self.kv.release(r)
+                self.finish(r, FinishReason("abort", message="aborted by request"))
 
         return {"impl.engine.fault_isolation:FaultIsolation.fail_request": fail_request}

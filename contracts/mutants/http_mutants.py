@@ -352,9 +352,9 @@ class GrammarMaskOneTokenLate(HttpMutant):
 
 @breaks("GrammarMaskOneTokenLate")
 def _grammar_mask_one_token_late() -> None:
-    from impl.engine.scheduler import Scheduler
+    from impl.engine.output_processor import OutputProcessor
 
-    orig = Scheduler.grammar_masks
+    orig = OutputProcessor.grammar_masks
     previous: dict[int, Any] = {}
 
     def late(self, reqs):
@@ -363,7 +363,7 @@ def _grammar_mask_one_token_late() -> None:
         previous.update({id(r): m.clone() for r, m in zip(reqs, masks) if m is not None})
         return out
 
-    _set(Scheduler, "grammar_masks", late)
+    _set(OutputProcessor, "grammar_masks", late)
 
 
 @breaks("InjectedFaults")

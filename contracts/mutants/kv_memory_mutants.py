@@ -69,8 +69,8 @@ class SwaFreesInsideWindow(PatchedSubject):
     """A request gives back the sliding-window slot of a token still inside its window (one too many)."""
 
     def patches(self):
-        orig = original("impl.engine.kv_lifecycle", "KVLifecycle.window_start")
-        return {"impl.engine.kv_lifecycle:KVLifecycle.window_start": lambda self, req: orig(self, req) + 1}
+        orig = original("impl.engine.kv_pools", "HybridSWAPool.window_start")
+        return {"impl.engine.kv_pools:HybridSWAPool.window_start": lambda self, req: orig(self, req) + 1}
 
 
 @mutant("KV-SWA-OUTPUTS-AND-INTEGRITY")
@@ -105,7 +105,7 @@ class SwaWindowFromKvLen(PatchedSubject):
             last = req.kv_len - 1 if req.kv_len > req.prefix_len else req.kv_len
             return max(0, last - self.window + 1)
 
-        return {"impl.engine.kv_lifecycle:KVLifecycle.window_start": window_start}
+        return {"impl.engine.kv_pools:HybridSWAPool.window_start": window_start}
 
 
 @mutant("KV-SWA-OUTPUTS-AND-INTEGRITY")
@@ -114,7 +114,7 @@ class SwaPreemptionLeaksWindow(PatchedSubject):
     pairings without returning those slots to the sliding-window free list."""
 
     def patches(self):
-        orig = original("impl.engine.scheduler", "Scheduler.retract")
+        orig = original("impl.engine.decode_schedule", "DecodeSchedule.retract")
 
         def retract(self, req):
             alloc = self.kv.allocator
@@ -130,7 +130,7 @@ class SwaPreemptionLeaksWindow(PatchedSubject):
             finally:
                 del alloc.free_swa
 
-        return {"impl.engine.scheduler:Scheduler.retract": retract}
+        return {"impl.engine.decode_schedule:DecodeSchedule.retract": retract}
 
 
 # ---- the request cap (SGLang's SWARequestCapPoolConfigurator) --------------------------------------------
@@ -156,4 +156,4 @@ class SwaNoEagerEviction(PatchedSubject):
     """Without the radix cache a request keeps the sliding-window KV of tokens that left its window (no
     per-chunk or per-interval free): under the request cap it outgrows its cap and the pool runs short."""
 
-    PATCHES = {"impl.engine.kv_lifecycle:KVLifecycle.maybe_evict_swa": lambda self, req: None}
+    PATCHES = {"impl.engine.kv_pools:HybridSWAPool.maybe_evict_swa": lambda self, req: None}

@@ -7,7 +7,7 @@ buffers hold ``capacity`` rows (the slots ``req_to_token`` names), sliding layer
 allocated token takes one slot of each, paired by the allocator's ``full_to_swa`` map
 (``impl/cache/allocator.py:SWATokenSlotAllocator``); sliding layers read and write their rows through
 it (``slot_map``). Tokens that left every sliding layer's window give their sliding-window slot back
-while their full slot stays (``KVLifecycle.release_out_of_window``); the radix cache keeps such
+while their full slot stays (``HybridSWAPool.release_out_of_window``, ``impl/engine/kv_pools.py``); the radix cache keeps such
 prefixes as tombstones (``impl/cache/swa_radix_cache.py``). KV-shared layers own nothing, as before.
 
 ``--disable-hybrid-swa-memory`` (or a model without both layer types) keeps the one pool of

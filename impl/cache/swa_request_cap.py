@@ -4,7 +4,7 @@ must hold (SGLang's ``SWARequestCapPoolConfigurator`` and ``compute_swa_request_
 Request cap (``SWARequestCap``): chosen, as in SGLang, when ``--max-running-requests`` is given, the radix
 cache is off (``--disable-radix-cache``) and chunked prefill is on. No cached prefix keeps sliding-window
 KV then, and every request frees the tokens that left its window as it goes
-(``KVLifecycle.maybe_evict_swa``: each prefill chunk, and every ``eviction_interval`` tokens of decoding), so
+(``HybridSWAPool.maybe_evict_swa`` in ``impl/engine/kv_pools.py``: each prefill chunk, and every ``eviction_interval`` tokens of decoding), so
 a request never holds more than
 
     per_request = window + eviction_interval x draft_tokens + page + decode_alloc
@@ -16,7 +16,7 @@ flight (no overlap scheduler). The sliding-window pool gets exactly
     tokens = per_request x max_running_requests + chunks_in_flight x chunked_prefill_size + page
 
 and the rest of the KV budget goes to the full-attention pool (``request_cap_budget``); the ratio is not
-used. Admission (``KVLifecycle.swa_cap_admits``) keeps the worst cases of the admitted requests within the
+used. Admission (``HybridSWAPool.admits``) keeps the worst cases of the admitted requests within the
 sliding-window pool, so it is never over-committed: a decode step always finds its slots. (A prefill chunk takes
 what is free, and its tokens below the window are freed before the next step; the cap's chunk term lets it take
 a whole chunk while every admitted request is at its worst case.) Otherwise the ratio sizes it

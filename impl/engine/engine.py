@@ -52,7 +52,8 @@ from impl.engine.output import ReqOutput, SGLangDicts, sglang_dict
 from impl.engine.req import Req
 from impl.engine.step_lock import StepLock
 from impl.engine.request_handle import RequestHandle
-from impl.engine.scheduler import Scheduler, SchedulerConfig
+from impl.engine.scheduler import Scheduler
+from impl.engine.scheduler_config import SchedulerConfig
 from impl.engine.speculative import build_spec_worker
 
 logger = logging.getLogger("impl.engine")

@@ -24,11 +24,12 @@ The promises (README, "What the server promises under faults"):
 from __future__ import annotations
 
 import logging
-from collections import deque
+import time
 from typing import Any, Callable, Sequence, TypeVar
 
 from impl.engine.kv_lifecycle import KVLifecycle
-from impl.engine.req import FinishReason, Req
+from impl.engine.req import FinishReason, Req, ReqState
+from impl.engine.req_queues import ReqQueues
 
 logger = logging.getLogger("impl.engine")
 
@@ -45,20 +46,25 @@ def describe(exc: BaseException) -> str:
 
 
 class FaultIsolation:
-    """Mixed into ``Scheduler`` (uses its waiting / running / chunked_req / kv / _finish / check_integrity)."""
+    """The scheduler's failure handling over its queues and KV; also where every request gets its final output
+    (``finish``), so the one-final-output promise has one home."""
 
-    unhealthy: str | None = None
-    # the scheduler's state, set by Scheduler.__init__
-    waiting: deque[Req]
-    running: list[Req]
-    chunked_req: Req | None
-    kv: KVLifecycle
+    def __init__(self, queues: ReqQueues, kv: KVLifecycle):
+        self.queues = queues
+        self.kv = kv
+        self.unhealthy: str | None = None  # set once by a failed integrity check
 
-    def _finish(self, req: Req, reason: FinishReason) -> None:
-        raise NotImplementedError  # Scheduler's
+    def finish(self, req: Req, reason: FinishReason) -> None:
+        """``req`` is done (finished, aborted or failed): its final output goes out."""
+        req.finished_reason = reason
+        req.state = ReqState.FINISHED
+        req.finished_time = time.perf_counter()
+        self.emit(req)
 
     def check_integrity(self) -> None:
-        raise NotImplementedError  # Scheduler's
+        """KV ownership over the live requests (``KVLifecycle.check_integrity``); idle: no row or lock left."""
+        q = self.queues
+        self.kv.check_integrity(q.live, idle=not (q.running or q.chunked_req))
 
     # ---- one request ----------------------------------------------------------------
     def fail_request(self, req: Req, exc: BaseException | None, stage: str, status: int = 500,
@@ -71,17 +77,12 @@ class FaultIsolation:
                          describe(exc), exc_info=exc)
         if message is None:
             message = f"internal error during {stage}: {describe(exc) if exc else 'unknown'}; this request was stopped"
-        if req is self.chunked_req:
-            self.chunked_req = None
-        if req in self.running:
-            self.running.remove(req)
-        if req in self.waiting:
-            self.waiting.remove(req)
+        self.queues.remove(req)
         try:
             self.kv.discard(req)
         except Exception as e:  # noqa: BLE001 - a broken KV state is caught by the integrity check
             logger.error("freeing the KV of failed request %s raised %s", req.rid, describe(e))
-        self._finish(req, FinishReason("abort", message=message, status_code=status))
+        self.finish(req, FinishReason("abort", message=message, status_code=status))
 
     def emit(self, req: Req) -> None:
         """Deliver ``req``'s output; if building it fails, fail the request (its final output still goes out)."""
@@ -135,10 +136,10 @@ class FaultIsolation:
     def recover_from_step_failure(self, exc: BaseException, consecutive: int) -> None:
         """A step raised outside the forward (a scheduling bug): fail what it may concern, escalate on repeats."""
         msg = f"internal error in the scheduler ({describe(exc)}); this request was stopped"
-        for r in list(self.running) + ([self.chunked_req] if self.chunked_req else []):
+        for r in self.queues.live:
             self.fail_request(r, None, "scheduling", message=msg)
         if consecutive >= FAIL_WAITING_AFTER:
-            for r in list(self.waiting):
+            for r in list(self.queues.waiting):
                 self.fail_request(r, None, "scheduling", message=msg)
         if consecutive >= UNHEALTHY_AFTER:
             self.mark_unhealthy(f"the scheduler step failed {consecutive} times in a row: {describe(exc)}")
@@ -159,7 +160,8 @@ class FaultIsolation:
             return
         self.unhealthy = reason
         logger.error("engine unhealthy: %s; failing every request until the server is restarted", reason)
-        for r in list(self.waiting) + list(self.running) + ([self.chunked_req] if self.chunked_req else []):
+        q = self.queues
+        for r in list(q.waiting) + list(q.running) + ([q.chunked_req] if q.chunked_req else []):
             self.refuse_unhealthy(r)
 
     def refuse_unhealthy(self, req: Req) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from impl.forward_batch import ForwardBatch, ForwardMode, RowSpan, pack_forward_batch
+from impl.forward_batch import ForwardBatch, ForwardMode, RowSpan, WorkCounters, pack_forward_batch
 from impl.engine.req import Req
 
 
@@ -36,6 +36,22 @@ class BatchItem:
 @dataclass
 class ScheduleBatch:
     items: list[BatchItem]
+    cached_tokens: int = 0  # cached prefix tokens the requests admitted for this forward reuse
+
+    @property
+    def is_pure_decode(self) -> bool:
+        return all(it.is_decode_step for it in self.items)
+
+    @property
+    def has_decode(self) -> bool:
+        return any(it.is_decode_step for it in self.items)
+
+    def work_counters(self) -> WorkCounters:
+        return WorkCounters(
+            prefill_tokens=sum(it.n for it in self.items if not it.is_decode_step),
+            decode_tokens=sum(1 for it in self.items if it.is_decode_step),
+            cached_tokens=self.cached_tokens,
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -50,3 +66,9 @@ class ScheduleBatch:
         spans = [RowSpan(it.req.req_pool_idx, it.start, it.req.fill_ids[it.start : it.start + it.n], it.out_cache_loc,
                          it.logits_rows) for it in self.items]
         return pack_forward_batch(spans, device, mode=self.forward_mode)
+
+
+@dataclass(frozen=True)
+class SpeculativeRound:
+    """The scheduler's other answer when no prefill is scheduled and a decode worker is on: advance the
+    running requests by one draft + verify round (``DecodeWorker.run_round``) instead of one forward."""

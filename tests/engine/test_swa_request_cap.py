@@ -12,7 +12,9 @@ from impl.cache.allocator import SWATokenSlotAllocator
 from impl.cache.swa_request_cap import SWARequestCap
 from impl.engine.intake import IntakePolicy, validate_req
 from impl.engine.kv_lifecycle import KVLifecycle
-from impl.engine.scheduler import Scheduler, SchedulerConfig
+from impl.engine.kv_pools import HybridSWAPool
+from impl.engine.scheduler import Scheduler
+from impl.engine.scheduler_config import SchedulerConfig
 
 W, INTERVAL, RUNNING, CHUNK, MAX_LEN = 4, 8, 3, 6, 128
 PROMPTS = [[2 + (7 * i + i * i) % 13 for i in range(n)] for n in (5, 23, 11, 30, 2)]
@@ -72,7 +74,7 @@ def test_without_eviction_requests_outgrow_the_cap(monkeypatch):
     """The check above can fail: without the frees as requests go (nothing reclaims under the cap), requests hold
     their whole context, beyond the cap, and the pool the cap sized runs short: requests are preempted (a
     request longer than the pool is preempted over and over)."""
-    monkeypatch.setattr(KVLifecycle, "maybe_evict_swa", lambda self, req: None)
+    monkeypatch.setattr(HybridSWAPool, "maybe_evict_swa", lambda self, req: None)
     sched, cap = _scheduler()
     _, peak = _drive(sched, new_tokens=60, steps=300)
     assert peak > cap.per_request and sched.num_retractions > 0

@@ -20,7 +20,8 @@ from impl.model.outputs import LogitsOutput
 from impl.engine.intake import IntakePolicy, validate_req
 from impl.engine.kv_lifecycle import KVLifecycle
 from impl.engine.req import Req
-from impl.engine.scheduler import Scheduler, SchedulerConfig
+from impl.engine.scheduler import Scheduler
+from impl.engine.scheduler_config import SchedulerConfig
 from impl.sampling.sampling_params import SamplingParams
 
 VOCAB = 16

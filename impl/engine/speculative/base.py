@@ -36,7 +36,7 @@ from impl.model.outputs import LogitsOutput
 if TYPE_CHECKING:
     from impl.engine.kv_lifecycle import KVLifecycle
     from impl.engine.schedule_batch import ScheduleBatch
-    from impl.engine.scheduler import SchedulerConfig
+    from impl.engine.scheduler_config import SchedulerConfig
 
 T = TypeVar("T")
 
