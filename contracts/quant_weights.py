@@ -22,13 +22,10 @@ LENGTHS = [1, 5, 9, 16, 17, 33, 41, 64]
 
 
 @contract(
-    "QUANT-PARITY",
-    "With quantized weights (int8 W8A8, int8 and int4 weight-only) and both KV dtypes, greedy tokens with the flag "
+    "QUANT-PARITY", "seeds/000 PR-B: per-prompt parity test; issue 32: fast prefill stays exact in every weight format", rules=("F13", "F15"), needs=("engine",),
+    rule="With quantized weights (int8 W8A8, int8 and int4 weight-only) and both KV dtypes, greedy tokens with the flag "
     f"on equal those with it off and logprobs agree within {LOGPROB_TOL} (whole prompts and chunked, batched and "
     "one by one).",
-    "seeds/000 PR-B: per-prompt parity test; issue 32: fast prefill stays exact in every weight format",
-    rules=("F13", "F15"),
-    needs=("engine",),
     stricter=f"logprobs agree within {LOGPROB_TOL} in every quantized format",
 )
 def quant_parity(subject) -> None:

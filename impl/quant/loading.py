@@ -146,7 +146,7 @@ def quantize_lm_head(model: nn.Module, fmt: WeightFormat) -> torch.Tensor | None
         return None
     packed = pack(w, fmt)
     model.lm_head_quant = packed
-    model.project_to_vocab = lambda h: reference.linear(h.reshape(-1, h.shape[-1]), packed)
+    setattr(model, "project_to_vocab", lambda h: reference.linear(h.reshape(-1, h.shape[-1]), packed))  # the instance's own
     return packed
 
 
