@@ -142,7 +142,7 @@ bench-quant-full: $(STAMP)
 	$(PY) -m bench.bench_quant_full --phase report --write-docs
 
 bench-full: $(STAMP)
-	$(LOCK_X) $(PY) -m impl.testing.checkpoints e2b-full
+	$(LOCK_X) $(PY) -m impl.checkpoint_factory.checkpoints e2b-full
 	$(LOCK_X) $(PY) -m bench.bench_full --phase ours
 	$(LOCK_X) $(PY) -m bench.bench_full --phase vllm --flags off
 	$(LOCK_X) $(PY) -m bench.bench_full --phase vllm --flags on

@@ -63,6 +63,6 @@ def subject(request):
 @pytest.fixture(scope="session")
 def tiny_checkpoint():
     """tiny_checkpoint(name) -> path of a cached, deterministic HF checkpoint."""
-    from impl.testing.checkpoints import tiny_checkpoint as build
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint as build
 
     return build

@@ -138,8 +138,8 @@ def teacher_forced(engine, prompts: list[list[int]], paths: list[list[int]], voc
 
 def prompts_for(model: str, path: str, n: int, seed: int, vocab: int) -> tuple[list[list[int]], str]:
     """(prompts, how they were drawn): sentences of a trained checkpoint's language, else random ids."""
-    from impl.testing.checkpoints import TINY_CHECKPOINTS
-    from impl.testing.markov_language import FIRST_ID, yardstick_prompts
+    from impl.checkpoint_factory.checkpoints import TINY_CHECKPOINTS
+    from impl.checkpoint_factory.markov_language import FIRST_ID, yardstick_prompts
 
     recipe = TINY_CHECKPOINTS.get(model)
     if recipe is not None and recipe.kind == "trained":
@@ -225,7 +225,7 @@ def section(model: str, results: list[SettingResult], command: str, cpu: str, pr
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.accuracy", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="e2b_markov", help="checkpoint name (impl.testing.checkpoints) or folder")
+    ap.add_argument("--model", default="e2b_markov", help="checkpoint name (impl.checkpoint_factory.checkpoints) or folder")
     ap.add_argument("--settings", default=",".join(DEFAULT_SETTINGS),
                     help=f"comma-separated names of {sorted(SETTINGS)}; empty with --candidate-args")
     ap.add_argument("--reference-args", default=None, help="an ad-hoc setting: the reference's server args")
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.docs_section import replace_section
     from bench.machine import cpu_description
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     torch.set_num_threads(args.threads)
     settings = [SETTINGS[s] for s in args.settings.split(",") if s]

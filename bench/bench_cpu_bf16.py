@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     from impl.config.model_config import ModelConfig
     from impl.kernels.cpu_fused import linear as cpu_linear
-    from impl.testing.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
 
     path = tiny_checkpoint(args.model) if args.model in TINY_CHECKPOINTS else args.model
     cfg = ModelConfig.from_pretrained(path)

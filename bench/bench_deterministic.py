@@ -23,7 +23,7 @@ from bench.machine import cpu_description
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.bench_deterministic", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="e2b-full", help="checkpoint name (impl.testing.checkpoints) or folder")
+    ap.add_argument("--model", default="e2b-full", help="checkpoint name (impl.checkpoint_factory.checkpoints) or folder")
     ap.add_argument("--prompt", type=int, default=1024)
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds after one untimed warm-up round")
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     from impl import Engine
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     path = args.model if os.path.isdir(args.model) else tiny_checkpoint(args.model)
     engines = {d: Engine(path, kv_sharing_fast_prefill=True, enable_deterministic_inference=d,

@@ -43,7 +43,7 @@ def child(root: str, num_requests: int, output_len: int) -> dict:
 
     import impl
     from impl import Engine
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     assert os.path.abspath(impl.__file__).startswith(os.path.abspath(root)), impl.__file__
     torch.set_num_threads(1)

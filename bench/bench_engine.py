@@ -159,7 +159,7 @@ def run_hf_padded(path: str, reqs, args) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="e2b", help="tiny checkpoint name (impl.testing.checkpoints) or a folder")
+    ap.add_argument("--model", default="e2b", help="tiny checkpoint name (impl.checkpoint_factory.checkpoints) or a folder")
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--min-prompt", type=int, default=128)
     ap.add_argument("--max-prompt", type=int, default=1024)
@@ -178,7 +178,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-hf", action="store_true", help="run only our engine (with --attention-backends)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from impl.testing.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
 
     path = tiny_checkpoint(args.model) if args.model in TINY_CHECKPOINTS else args.model
     reqs = workload(args)

@@ -293,7 +293,7 @@ def warm_page_cache(path: str) -> float:
 
 
 def phase_servers(who: str, args) -> None:
-    from impl.testing.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
 
     path = tiny_checkpoint(args.model) if args.model in TINY_CHECKPOINTS else args.model
     from impl.config.model_config import ModelConfig
@@ -364,7 +364,7 @@ def report(args) -> str:
     lines = [SECTION, "",
              f"Command: `make bench-full` (`bench/bench_full.py`: `--phase ours`, `--phase vllm`, `--phase report "
              f"--write-docs`, each server phase under `flock -x` on the shared machine). Checkpoint `e2b-full` "
-             "(`impl/testing/checkpoints.py`: the published E2B text shape at full size, vocabulary 262144, PLE 262144 x "
+             "(`impl/checkpoint_factory/checkpoints.py`: the published E2B text shape at full size, vocabulary 262144, PLE 262144 x "
              "8960, 4.63 B parameters, bf16, seeded random weights). Both servers with their default flags and "
              f"dtype (bf16, the checkpoint's), {THREADS} threads (vLLM: `VLLM_CPU_OMP_THREADS_BIND=0-1`); one "
              f"server at a time. CPU: {lim['cpu']}.", "",
@@ -457,7 +457,7 @@ def plot(runs: dict, pp_bound, tg_bound: float) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--phase", choices=("limits", "ours", "vllm", "report"), required=True)
-    ap.add_argument("--model", default="e2b-full", help="checkpoint name (impl.testing.checkpoints) or folder")
+    ap.add_argument("--model", default="e2b-full", help="checkpoint name (impl.checkpoint_factory.checkpoints) or folder")
     ap.add_argument("--flags", default="off,on")
     ap.add_argument("--server-args", default="", help="extra flags for our server (e.g. --attention-backend triton)")
     ap.add_argument("--vllm-args", default="", help="extra flags for vLLM (its default --gpu-memory-utilization 0.92 "

@@ -45,7 +45,7 @@ SECTION = "## KV memory: the hybrid sliding-window pool and fp8 KV caches"
 
 
 def model_path(name: str) -> str:
-    from impl.testing.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
 
     return tiny_checkpoint(name) if name in TINY_CHECKPOINTS else name
 
@@ -53,11 +53,11 @@ def model_path(name: str) -> str:
 def model_config(name: str):
     """(ModelConfig, where its config.json came from) for the capacity table, which needs no weights: a built
     checkpoint's config.json, or, for a recipe not built yet (e2b-full: 9 GB), the config.json its recipe writes
-    (``impl/testing/checkpoints.py``), written to a temporary folder and read back."""
+    (``impl/checkpoint_factory/checkpoints.py``), written to a temporary folder and read back."""
     import tempfile
 
     from impl.config.model_config import ModelConfig
-    from impl.testing.checkpoints import TINY_CHECKPOINTS, checkpoint_dir
+    from impl.checkpoint_factory.checkpoints import TINY_CHECKPOINTS, checkpoint_dir
 
     if name not in TINY_CHECKPOINTS:
         return ModelConfig.from_pretrained(name), f"{name}/config.json"
@@ -67,13 +67,13 @@ def model_config(name: str):
     with tempfile.TemporaryDirectory(prefix=f"bench-kv-{name}-") as folder:
         _write_recipe_config(name, folder)
         mc = ModelConfig.from_pretrained(folder)
-    return mc, f"the config.json of the {name} recipe (impl/testing/checkpoints.py; {os.path.basename(built)} not built)"
+    return mc, f"the config.json of the {name} recipe (impl/checkpoint_factory/checkpoints.py; {os.path.basename(built)} not built)"
 
 
 def _write_recipe_config(name: str, folder: str) -> None:
     """The config.json checkpoint ``name``'s builder writes, without its weights."""
-    from impl.testing import full_size
-    from impl.testing.checkpoints import TINY_CHECKPOINTS, rewrite_published_config_form
+    from impl.checkpoint_factory import full_size
+    from impl.checkpoint_factory.checkpoints import TINY_CHECKPOINTS, rewrite_published_config_form
 
     recipe = TINY_CHECKPOINTS[name]
     if recipe.kind == "streamed":
@@ -85,7 +85,7 @@ def _write_recipe_config(name: str, folder: str) -> None:
         cfg.architectures, cfg.dtype = ["Gemma4ForCausalLM"], recipe.dtype
         cfg.save_pretrained(folder)
     else:
-        raise ValueError(f"{name}: a {recipe.kind} recipe; build it (impl.testing.checkpoints) for its config")
+        raise ValueError(f"{name}: a {recipe.kind} recipe; build it (impl.checkpoint_factory.checkpoints) for its config")
     if recipe.published_config_form:
         rewrite_published_config_form(os.path.join(folder, "config.json"), recipe.text_config)
 
@@ -565,7 +565,7 @@ def _merged(path: str, speed: dict, ab: dict, speed_models: list[str], cmd: str)
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="e2b-dims", help="checkpoint names (impl.testing.checkpoints) or folders")
+    ap.add_argument("--models", default="e2b-dims", help="checkpoint names (impl.checkpoint_factory.checkpoints) or folders")
     ap.add_argument("--kv-gib", type=float, default=8.0, help="the KV budget of the capacity table")
     ap.add_argument("--contexts", default="8192,32768")
     ap.add_argument("--decode-tokens", type=int, default=32)

@@ -222,13 +222,13 @@ def run(args) -> None:
 def resolve_model(name: str) -> str:
     if os.path.isdir(name):
         return name
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     return tiny_checkpoint(name)  # built on first use (the full-size ones take minutes and ~9 GB)
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--model", default="e2b-full-wc", help="checkpoint name (impl.testing.checkpoints) or folder")
+    ap.add_argument("--model", default="e2b-full-wc", help="checkpoint name (impl.checkpoint_factory.checkpoints) or folder")
     ap.add_argument("--quants", default=",".join(QUANTS))
     ap.add_argument("--reps", type=int, default=2, help="llama-bench repetitions (-r)")
     ap.add_argument("--seed", type=int, default=0)

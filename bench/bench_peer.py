@@ -302,7 +302,7 @@ def referee(path: str, prompts: list[list[int]], a: dict, b: dict, limit: int = 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="e2b_bench,e2b_bench_wide",
-                    help="tiny checkpoint names (impl.testing.checkpoints) or folders")
+                    help="tiny checkpoint names (impl.checkpoint_factory.checkpoints) or folders")
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--min-prompt", type=int, default=128)
     ap.add_argument("--max-prompt", type=int, default=1024)
@@ -319,7 +319,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-referee", dest="referee", action="store_false",
                     help="skip judging greedy divergences with transformers in float64")
     args = ap.parse_args(argv)
-    from impl.testing.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
 
     exe = ensure_vllm(args.vllm_venv)
     reqs = workload(args)

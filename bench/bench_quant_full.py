@@ -2,7 +2,7 @@
 Q4_0 GGUFs of the same checkpoint, one server at a time (``make bench-quant-full``; a benchmark, not a test).
 
 Checkpoint ``e2b-full-wc`` (the published E2B text shape at full size, vocabulary 262,144, bf16, well-conditioned
-weights: ``impl/testing/checkpoints.py``) by default: llama.cpp's converter takes its Gemma-style tokenizer, and
+weights: ``impl/checkpoint_factory/checkpoints.py``) by default: llama.cpp's converter takes its Gemma-style tokenizer, and
 its greedy tokens mean something. Figures as ``bench/bench_full.py`` takes them for ours (pp512, pp1024,
 tg128 through the server; (a) 4 concurrent 1024-token prompts + 16 new tokens; peak RSS of the process tree) and
 as llama.cpp's users take them for llama.cpp (``llama-bench``; ``llama-server`` for (a)): see

@@ -1,7 +1,7 @@
 """Speculative decoding (FROZEN_KV_MTP) vs plain decoding, same run, same prompts (not a test).
 
 Target: ``e2b_markov``, the tiny E2B-shaped checkpoint trained on a seeded synthetic Markov
-language (``impl/testing/markov_language.py``); prompts are sentences of that language (held out:
+language (``impl/checkpoint_factory/markov_language.py``); prompts are sentences of that language (held out:
 other seeds than the target's training and the draft's distillation data). Engines (float32,
 greedy, EOS ignored), built once each:
 * ``base``: no speculation;
@@ -89,8 +89,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
 
     from impl import Engine
-    from impl.testing.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
-    from impl.testing.markov_language import language_for
+    from impl.checkpoint_factory.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
+    from impl.checkpoint_factory.markov_language import language_for
 
     target, draft = tiny_checkpoint("e2b_markov"), tiny_checkpoint("assistant_markov")
     language = language_for(target, TINY_CHECKPOINTS["e2b_markov"].seed)

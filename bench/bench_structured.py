@@ -1,7 +1,7 @@
 """What constrained decoding costs at Gemma-4's vocabulary size (not a test).
 
 At 262,144 entries (the tiny tokenizer widened to that size, byte-level pieces, as
-``impl/testing/full_size.py`` does) this measures, on the scheduler thread's path:
+``impl/checkpoint_factory/full_size.py`` does) this measures, on the scheduler thread's path:
 
 * the token table (once per engine) and grammar compile times: a typical schema, the largest
   the limits allow (an enum of 1,024, objects nested to the depth limit), a regex and an EBNF grammar;
@@ -61,7 +61,7 @@ def main() -> int:
     from impl.model.tokenizer import Tokenizer
     from impl.sampling.sampler import SampleRow, sample
     from impl.sampling.sampling_params import SamplingParams
-    from impl.testing.tokenizer_factory import train_tokenizer, widen_tokenizer
+    from impl.checkpoint_factory.tokenizer_factory import train_tokenizer, widen_tokenizer
 
     tok = Tokenizer(path="widened", backend=widen_tokenizer(train_tokenizer(), VOCAB))
     backend = GrammarBackend(tok, VOCAB, [1, 5])

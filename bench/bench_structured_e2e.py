@@ -23,7 +23,7 @@ SCHEMA = json.dumps({"type": "object", "properties": {"text": {"type": "string",
 def _path(model: str) -> str:
     if os.path.isdir(model):
         return model
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     return tiny_checkpoint(model)
 

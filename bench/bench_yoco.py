@@ -433,7 +433,7 @@ def render_section(args, notes: str, cmd: str, rows, gens, names, acc: Accuracy,
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="e2b", help="tiny checkpoint name (impl.testing.checkpoints) or a folder")
+    ap.add_argument("--model", default="e2b", help="tiny checkpoint name (impl.checkpoint_factory.checkpoints) or a folder")
     ap.add_argument("--lengths", default="128,256,512,1024", help="comma-separated prompt lengths for the prefill sweep")
     ap.add_argument("--reps", type=int, default=3, help="prefill runs per flag and length (median)")
     ap.add_argument("--short-reps", type=int, default=5, help="prefill runs per flag for lengths <= --short-max")
@@ -463,7 +463,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
 
     from impl import Engine
-    from impl.testing.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
 
     path = tiny_checkpoint(args.model) if args.model in TINY_CHECKPOINTS else args.model
     longest = max(lengths + gen_lengths)

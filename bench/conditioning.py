@@ -1,7 +1,7 @@
 """The three conditioning figures of a full-size recipe, on a reduced copy built in memory (float32).
 
-The reduced copy keeps the recipe's widths and init (``impl/testing/full_size.py``'s per-tensor draws: the same
-values a built checkpoint holds for the same names and shapes) on fewer layers (``--layers``: ``impl/testing/reduced.py``, the E2B pattern
+The reduced copy keeps the recipe's widths and init (``impl/checkpoint_factory/full_size.py``'s per-tensor draws: the same
+values a built checkpoint holds for the same names and shapes) on fewer layers (``--layers``: ``impl/checkpoint_factory/reduced.py``, the E2B pattern
 cut to that length, the last two KV-shared) and optionally a smaller vocabulary (``--vocab``).
 Prints, on random-id prompts:
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from impl.testing.checkpoints import TINY_CHECKPOINTS, CheckpointRecipe
-from impl.testing.reduced import reduced
+from impl.checkpoint_factory.checkpoints import TINY_CHECKPOINTS, CheckpointRecipe
+from impl.checkpoint_factory.reduced import reduced
 
 TOP = 10
 
@@ -45,7 +45,7 @@ def build_model(recipe: CheckpointRecipe):
     draws them)."""
     from transformers import Gemma4ForCausalLM
 
-    from impl.testing import full_size
+    from impl.checkpoint_factory import full_size
 
     cfg = full_size.hf_config(recipe)
     model = Gemma4ForCausalLM(cfg).eval()
@@ -121,7 +121,7 @@ def measure(model, vocab: int, length: int, prompts: int, margin_prompts: int, s
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.conditioning", description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", default="e2b-full-wc", help="a streamed full-size recipe of impl.testing.checkpoints")
+    ap.add_argument("--recipe", default="e2b-full-wc", help="a streamed full-size recipe of impl.checkpoint_factory.checkpoints")
     ap.add_argument("--layers", type=int, default=7, help="layers of the reduced copy (default 7; 0: all)")
     ap.add_argument("--vocab", type=int, default=None, help="vocabulary of the reduced copy (default: the recipe's)")
     ap.add_argument("--length", type=int, default=1024, help="prompt tokens of figures 1 and 2")
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override one of the recipe's init scales (impl/testing/well_conditioned.py DEFAULTS)")
+                    help="override one of the recipe's init scales (impl/checkpoint_factory/well_conditioned.py DEFAULTS)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     recipe = TINY_CHECKPOINTS[args.recipe]

@@ -41,7 +41,7 @@ def launch_command(srv) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="e2b_bench", help="tiny checkpoint name (impl.testing.checkpoints) or a folder")
+    ap.add_argument("--model", default="e2b_bench", help="tiny checkpoint name (impl.checkpoint_factory.checkpoints) or a folder")
     ap.add_argument("--report", default=REPORT)
     ap.add_argument("--notes", default=NOTES)
     ap.add_argument("--context-length", type=int, default=2048)
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--startup-timeout", type=float, default=1200)
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --), e.g. -k HTTP")
     args = ap.parse_args(argv)
-    from impl.testing.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
 
     exe = ensure_vllm(args.vllm_venv)
     path = tiny_checkpoint(args.model) if args.model in TINY_CHECKPOINTS else args.model

@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     else:
         from bench.serving.campaign import refusal
         from contracts.adapters import impl_http
-        from impl.testing.checkpoints import tiny_checkpoint
+        from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
         lines = launch_lines(args.model_path, tiny_checkpoint("assistant"))
         for name in args.configs.split(","):

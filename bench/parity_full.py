@@ -6,7 +6,7 @@ random ids (the last two cross the 512-token sliding window): the first generate
 greedy ids equal. Then bf16 against transformers' bf16, reported (the same figures, no threshold). One model in
 memory at a time (transformers float32 at full size needs ~20 GB; ``free -g`` first, one process at a time).
 
-``--layers N`` / ``--vocab V`` run it on a reduced copy of the recipe (``impl/testing/reduced.py``: the same
+``--layers N`` / ``--vocab V`` run it on a reduced copy of the recipe (``impl/checkpoint_factory/reduced.py``: the same
 widths and init, written on first use), to try it before the full model. Exit status 1 when a float32 check fails.
 
 ``python -m bench.parity_full [--model e2b-full-wc] [--layers 7] [--write-docs]``
@@ -122,7 +122,7 @@ def table(rows: list[Row], tol: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.parity_full", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="e2b-full-wc", help="a streamed recipe of impl.testing.checkpoints, or a folder")
+    ap.add_argument("--model", default="e2b-full-wc", help="a streamed recipe of impl.checkpoint_factory.checkpoints, or a folder")
     ap.add_argument("--layers", type=int, default=None, help="a reduced copy with this many layers (5, 7, 10, ...)")
     ap.add_argument("--vocab", type=int, default=None, help="a reduced copy with this vocabulary")
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.docs_section import replace_section
     from bench.machine import cpu_description
     from impl.config.model_config import ModelConfig
-    from impl.testing.reduced import reduced_checkpoint
+    from impl.checkpoint_factory.reduced import reduced_checkpoint
 
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     if os.path.isdir(args.model):

@@ -1,7 +1,7 @@
 """The contract layer: behaviour rules as executable checks against any subject.
 
 A ``Contract`` is one rule: an id (``FLAG-DEFAULT-OFF``), the rule in one
-sentence, its source (seed file and section), the rule ids of
+sentence (the check's docstring), its source (seed file and section), the rule ids of
 ``docs/rules.md`` it covers, the subject capabilities it needs, and a
 ``check(subject)`` that raises ``ContractViolation`` with a message a user can
 act on. Contracts know nothing of ``impl``: they talk to a ``Subject``.
@@ -113,6 +113,19 @@ class CommandLineRefused(Exception):
         self.argv = list(argv)
         self.message = message
         super().__init__(f"{message} (command line: {' '.join(self.argv)})")
+
+
+def without_options(argv: Iterable[str], prefix: str) -> list[str]:
+    """``argv`` less every option that starts with ``prefix`` and its value (``--opt value``; ``--opt=value``)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a.startswith(prefix):
+            skip = "=" not in a
+        else:
+            out.append(a)
+    return out
 
 
 @dataclass(frozen=True)
@@ -313,23 +326,33 @@ def current_contract_id() -> str:
     return cid
 
 
+def _docstring_rule(fn: Callable[[Any], None]) -> str:
+    """A check's docstring as one line: the rule it states (lines joined by one space)."""
+    text = " ".join(line.strip() for line in (fn.__doc__ or "").strip().splitlines())
+    if not text:
+        raise ValueError(f"contract {fn.__name__} states no rule: give it a docstring (or rule=...)")
+    return text
+
+
 def contract(
     id: str,
-    rule: str,
     source: str,
     rules: Iterable[str],
     needs: Iterable[str] = ("args",),
     note: str = "",
     stricter: str = "",
     options: Iterable[str] = (),
+    rule: str | None = None,
 ) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
     """Register ``check(subject)`` as a contract; the decorated name runs it through ``Contract.run``.
+    The rule it checks is the check's docstring (``rule``: a text computed at import, e.g. an f-string).
     Inside, ``require(cond, message)`` or ``raise violation(message)`` fails it."""
 
     def deco(fn: Callable[[Any], None]) -> Callable[[Any], None]:
         if id in _REGISTRY:
             raise ValueError(f"duplicate contract id {id}")
-        c = Contract(id, rule, source, tuple(rules), frozenset(needs), fn, note, stricter, tuple(options))
+        text = rule if rule is not None else _docstring_rule(fn)
+        c = Contract(id, text, source, tuple(rules), frozenset(needs), fn, note, stricter, tuple(options))
         _REGISTRY[id] = c
 
         @functools.wraps(fn)

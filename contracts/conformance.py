@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from contracts import verdicts
-from contracts.base import ContractViolation, get_contract
+from contracts.base import ContractViolation, get_contract, without_options
 from contracts.verdicts import HARNESS_ERROR, Outcome
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -54,7 +54,7 @@ class Recorder:
         if "subject" not in getattr(item, "fixturenames", ()):
             return  # a test of the checkout itself (the catalogue, the reports), not of the subject
         if report.when == "call" or (report.when == "setup" and not report.passed):
-            notes = [v for k, v in report.user_properties if k == "contract_note"]
+            notes = [str(v) for k, v in report.user_properties if k == "contract_note"]
             outcome = _outcome(item, report, call, notes)
         elif report.when == "teardown" and report.failed:
             outcome = Outcome(HARNESS_ERROR, f"teardown: {_first_line(report.longreprtext)}")
@@ -142,15 +142,7 @@ def _first_line(text: str) -> str:
 
 
 def _command(config: pytest.Config) -> str:
-    args, skip = [], False
-    for a in config.invocation_params.args:
-        if skip:
-            skip = False
-        elif a.startswith("--conformance-"):
-            skip = "=" not in a
-        else:
-            args.append(a)
-    return "pytest " + " ".join(args)
+    return "pytest " + " ".join(without_options(config.invocation_params.args, "--conformance-"))
 
 
 def cpu_model() -> str:

@@ -15,8 +15,9 @@ fails when this file is stale. Rule ids refer to [rules.md](rules.md). `pytest s
 contract against the subject given by `--subject` (default `impl`) and proves each one fails against
 its mutants.
 
-Writing one: any module of `contracts/` registers `@contract(id, rule, source, rules, needs)` over a
-`check(subject)`; inside, `require(cond, message)` or `raise violation(message)` fails the contract
+Writing one: any module of `contracts/` registers `@contract(id, source, rules, needs)` over a
+`check(subject)` whose docstring states the rule (`rule=...` for a text computed at import, an f-string);
+inside, `require(cond, message)` or `raise violation(message)` fails the contract
 being run (`Contract.run` sets its id in a context variable). `contracts/expect.py` holds the
 accept / reject expectations (`expect_accepted`, `expect_rejected`, `must_accept`, `must_reject`).
 Any module of `contracts/mutants/` registers mutants with `@mutant(*contract_ids)`; the seed-004 ones

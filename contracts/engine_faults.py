@@ -36,18 +36,13 @@ def _failed(final, rid: str, status: int) -> None:
             f"request {rid} must fail with an abort finish reason carrying status {status} and a message, got {fr}")
 
 
-@contract(
-    "ENGINE-FAULT-ONE-FINAL",
-    "Every submitted request gets exactly one final output. A failure while handling one request (prompt-logprob "
-    "assembly, sampling, stop checking, output building) fails only that request (abort, status 500, a message); "
-    "the others finish with the tokens of a fault-free run; a failed forward fails only its batch; KV is free "
-    "afterwards and the engine stays healthy. A failed KV integrity check makes the engine unhealthy: it says why "
-    "and answers every later request with status 503 instead of looping.",
-    SOURCE,
-    rules=("R1",),
-    needs=("faults",),
-)
+@contract("ENGINE-FAULT-ONE-FINAL", SOURCE, rules=("R1",), needs=("faults",))
 def one_final_output(subject) -> None:
+    """Every submitted request gets exactly one final output. A failure while handling one request (prompt-logprob
+    assembly, sampling, stop checking, output building) fails only that request (abort, status 500, a message);
+    the others finish with the tokens of a fault-free run; a failed forward fails only its batch; KV is free
+    afterwards and the engine stays healthy. A failed KV integrity check makes the engine unhealthy: it says why
+    and answers every later request with status 503 instead of looping."""
     path = subject.tiny_model("e2b")
     argv = ["--model-path", path, "--attention-backend", "torch_native"]
     reqs = _reqs(path)

@@ -69,12 +69,9 @@ def _greedy(prompts, n=NEW_TOKENS):
 
 
 @contract(
-    "ENGINE-GREEDY-MATCHES-TRANSFORMERS",
-    "Greedy output of the engine for a batch of mixed prompt lengths equals transformers' greedy decoding on "
+    "ENGINE-GREEDY-MATCHES-TRANSFORMERS", f"{SOURCE}; issue 4 (Gemma-4 in PyTorch), item 6", rules=("E1", "M1"), needs=("engine",),
+    rule="Greedy output of the engine for a batch of mixed prompt lengths equals transformers' greedy decoding on "
     f"the same checkpoint, token for token, up to the first near tie (top-2 gap < {TIE_GAP}).",
-    f"{SOURCE}; issue 4 (Gemma-4 in PyTorch), item 6",
-    rules=("E1", "M1"),
-    needs=("engine",),
 )
 def greedy_matches_transformers(subject) -> None:
     for name in ("e2b", "k_eq_v", "moe", "noshare"):
@@ -84,14 +81,9 @@ def greedy_matches_transformers(subject) -> None:
         _compare_to_reference(path, ps, out.outputs, f"{name}, batched")
 
 
-@contract(
-    "ENGINE-OUTPUTS-INVARIANT",
-    "Radix-cache hits, chunked prefill and preemption under a tiny KV budget leave greedy outputs unchanged.",
-    SOURCE,
-    rules=("E2",),
-    needs=("engine",),
-)
+@contract("ENGINE-OUTPUTS-INVARIANT", SOURCE, rules=("E2",), needs=("engine",))
 def outputs_invariant(subject) -> None:
+    """Radix-cache hits, chunked prefill and preemption under a tiny KV budget leave greedy outputs unchanged."""
     path = subject.tiny_model("e2b")
     ps = _prompts(path, lengths=[30, 12, 45, 7], seed=6)
     base_argv = ["--model-path", path, "--attention-backend", "torch_native"]
@@ -119,14 +111,9 @@ def outputs_invariant(subject) -> None:
         require(got == want, f"{what}: greedy outputs changed: {got} vs {want}")
 
 
-@contract(
-    "ENGINE-SEEDED-SAMPLING-REPEATS",
-    "Sampling with a per-request seed repeats exactly, alone or batched with other requests.",
-    SOURCE,
-    rules=("E3",),
-    needs=("engine",),
-)
+@contract("ENGINE-SEEDED-SAMPLING-REPEATS", SOURCE, rules=("E3",), needs=("engine",))
 def seeded_sampling_repeats(subject) -> None:
+    """Sampling with a per-request seed repeats exactly, alone or batched with other requests."""
     path = subject.tiny_model("e2b")
     ps = _prompts(path, lengths=[10, 20, 5], seed=7)
     argv = ["--model-path", path, "--attention-backend", "torch_native"]
@@ -141,14 +128,9 @@ def seeded_sampling_repeats(subject) -> None:
     require(c != a, "different seeds gave identical samples for every prompt: the seed is not used")
 
 
-@contract(
-    "ENGINE-KV-FREED",
-    "After every request finishes, all KV slots are free (or held only by the evictable prefix cache).",
-    SOURCE,
-    rules=("E4",),
-    needs=("engine",),
-)
+@contract("ENGINE-KV-FREED", SOURCE, rules=("E4",), needs=("engine",))
 def kv_freed(subject) -> None:
+    """After every request finishes, all KV slots are free (or held only by the evictable prefix cache)."""
     path = subject.tiny_model("e2b")
     ps = _prompts(path, lengths=[30, 12, 45, 7], seed=8)
     for flags in ((), ("--disable-radix-cache",), ("--max-total-tokens", "80", "--chunked-prefill-size", "16")):
@@ -157,14 +139,11 @@ def kv_freed(subject) -> None:
 
 
 @contract(
-    "TRITON-GREEDY-PARITY",
-    "The triton attention backend gives the same greedy tokens as torch_native on every tiny checkpoint, "
-    "including prompts longer than the sliding window and decode steps crossing it.",
-    "issue 6 (Triton kernels and the triton attention backend), acceptance",
-    rules=("T1",),
-    needs=("engine",),
+    "TRITON-GREEDY-PARITY", "issue 6 (Triton kernels and the triton attention backend), acceptance", rules=("T1",), needs=("engine",),
 )
 def triton_greedy_parity(subject) -> None:
+    """The triton attention backend gives the same greedy tokens as torch_native on every tiny checkpoint, including
+    prompts longer than the sliding window and decode steps crossing it."""
     for name in ("e2b", "k_eq_v", "moe", "noshare"):
         path = subject.tiny_model(name)
         ps = _prompts(path, lengths=[5, 14, 23, 40], seed=9)  # window 16: 14 + 12 new tokens crosses it

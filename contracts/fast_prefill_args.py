@@ -66,13 +66,10 @@ def _mentions_fast_prefill(text: str) -> bool:
 
 
 @contract(
-    "FLAG-DEFAULT-OFF",
-    "ServerArgs has a kv_sharing_fast_prefill field that is False unless the user asks for it.",
-    f"{SEED}, File table (server_args.py) and Behaviour: 'Default: off'",
-    rules=("F1",),
-    options=ONLY_FLAG,
+    "FLAG-DEFAULT-OFF", f"{SEED}, File table (server_args.py) and Behaviour: 'Default: off'", rules=("F1",), options=ONLY_FLAG,
 )
 def flag_default_off(subject) -> None:
+    """ServerArgs has a kv_sharing_fast_prefill field that is False unless the user asks for it."""
     require_option(subject, FLAG)
     # The command line an operator types has a model (SGLang's parser requires --model-path): the default is
     # what a model path and no other flag gives.
@@ -85,11 +82,8 @@ def flag_default_off(subject) -> None:
 
 
 @contract(
-    "FLAG-CLI-PARSE",
-    f"{FLAG} on the command line parses to kv_sharing_fast_prefill=True; without it, False.",
-    f"{SEED}, File table: argparse --kv-sharing-fast-prefill (store_true)",
-    rules=("F2",),
-    options=ONLY_FLAG,
+    "FLAG-CLI-PARSE", f"{SEED}, File table: argparse --kv-sharing-fast-prefill (store_true)", rules=("F2",), options=ONLY_FLAG,
+    rule=f"{FLAG} on the command line parses to kv_sharing_fast_prefill=True; without it, False.",
 )
 def flag_cli_parse(subject) -> None:
     require_option(subject, FLAG)
@@ -100,12 +94,9 @@ def flag_cli_parse(subject) -> None:
 
 
 @contract(
-    "FLAG-ARGPARSE-REGISTERED",
-    f"{FLAG} is registered with argparse as a boolean switch (store_true; a BooleanOptionalAction, which adds "
+    "FLAG-ARGPARSE-REGISTERED", f"{SEED}, File table: argparse --kv-sharing-fast-prefill (store_true)", rules=("F3",), options=ONLY_FLAG,
+    rule=f"{FLAG} is registered with argparse as a boolean switch (store_true; a BooleanOptionalAction, which adds "
     "--no-..., is the same switch) with help text naming what it does.",
-    f"{SEED}, File table: argparse --kv-sharing-fast-prefill (store_true)",
-    rules=("F3",),
-    options=ONLY_FLAG,
 )
 def flag_argparse_registered(subject) -> None:
     require_option(subject, FLAG)
@@ -123,13 +114,10 @@ def flag_argparse_registered(subject) -> None:
 
 
 @contract(
-    "FLAG-MODELCONFIG-PLUMBING",
-    "ModelConfig takes kv_sharing_fast_prefill and ModelConfig.from_server_args passes the flag through.",
-    f"{SEED}, File table (model_config.py): kwarg on ModelConfig.init, from_server_args plumbs the flag",
-    rules=("F4",),
-    options=ONLY_FLAG,
+    "FLAG-MODELCONFIG-PLUMBING", f"{SEED}, File table (model_config.py): kwarg on ModelConfig.init, from_server_args plumbs the flag", rules=("F4",), options=ONLY_FLAG,
 )
 def flag_modelconfig_plumbing(subject) -> None:
+    """ModelConfig takes kv_sharing_fast_prefill and ModelConfig.from_server_args passes the flag through."""
     require_option(subject, FLAG)
     on = subject.check(argv_for(E2B, FLAG))
     off = subject.check(argv_for(E2B))
@@ -153,13 +141,10 @@ _OFF_CASES = [
 
 
 @contract(
-    "FLAG-OFF-NOOP",
-    "With the flag off nothing changes: no fast-prefill rule rejects, resolves, or logs anything, for any model.",
-    f"{SEED}, Behaviour: 'Default: off. No effect on any existing deployment.'",
-    rules=("F5",),
-    options=ONLY_FLAG,
+    "FLAG-OFF-NOOP", f"{SEED}, Behaviour: 'Default: off. No effect on any existing deployment.'", rules=("F5",), options=ONLY_FLAG,
 )
 def flag_off_noop(subject) -> None:
+    """With the flag off nothing changes: no fast-prefill rule rejects, resolves, or logs anything, for any model."""
     require_option(subject, FLAG)
     for argv in _OFF_CASES:
         with case(" ".join(argv[2:]) or "a model path alone"):
@@ -186,15 +171,10 @@ def flag_off_noop(subject) -> None:
     require(diff == {FIELD}, f"turning the flag on must change only {FIELD} in the resolved args; changed {sorted(diff)}")
 
 
-@contract(
-    "FLAG-ON-STARTUP-LOG",
-    "Flag on + Gemma-4 + triton + num_kv_shared_layers > 0 logs one INFO line "
-    "'KV-sharing fast prefill enabled for ... (num_kv_shared_layers=N)' (the seed's words and the count).",
-    f"{SEED}, Behaviour: 'logs ... at startup'",
-    rules=("F6",),
-    options=ONLY_FLAG,
-)
+@contract("FLAG-ON-STARTUP-LOG", f"{SEED}, Behaviour: 'logs ... at startup'", rules=("F6",), options=ONLY_FLAG)
 def flag_on_startup_log(subject) -> None:
+    """Flag on + Gemma-4 + triton + num_kv_shared_layers > 0 logs one INFO line 'KV-sharing fast prefill enabled for
+    ... (num_kv_shared_layers=N)' (the seed's words and the count)."""
     require_option(subject, FLAG)
     for model, n in ((E2B, 20), (E4B, 18), ("gemma-4-E2B-mm", 20)):
         with case(model):
@@ -211,13 +191,11 @@ def _startup_line(subject, model: str, n: int) -> None:
 
 
 @contract(
-    "VAL-REJECT-NON-GEMMA4",
-    "Flag on with a model that is not Gemma-4 is a ValueError at startup naming the flag, the model type and the fix.",
-    f"{SEED}, Behaviour: 'When set on a non-Gemma-4 model ... clear ValueError at startup'",
-    rules=("F7",),
-    options=ONLY_FLAG,
+    "VAL-REJECT-NON-GEMMA4", f"{SEED}, Behaviour: 'When set on a non-Gemma-4 model ... clear ValueError at startup'", rules=("F7",), options=ONLY_FLAG,
 )
 def reject_non_gemma4(subject) -> None:
+    """Flag on with a model that is not Gemma-4 is a ValueError at startup naming the flag, the model type and the
+    fix."""
     require_option(subject, FLAG)
     for model, mtype in (("Llama-3.1-8B-Instruct", "llama"), ("Qwen2.5-7B-Instruct", "qwen2"), ("DeepSeek-V3", "deepseek_v3"), (ASSISTANT, "gemma4_assistant")):
         with case(mtype):
@@ -226,13 +204,11 @@ def reject_non_gemma4(subject) -> None:
 
 
 @contract(
-    "VAL-REJECT-NON-TRITON",
-    "Flag on with a prefill (or general) attention backend other than triton is a ValueError naming the backend flag.",
-    f"{SEED}, Behaviour: 'When set ... with a non-triton backend ... clear ValueError at startup'",
-    rules=("F8",),
-    options=BACKEND_OPTIONS,
+    "VAL-REJECT-NON-TRITON", f"{SEED}, Behaviour: 'When set ... with a non-triton backend ... clear ValueError at startup'", rules=("F8",), options=BACKEND_OPTIONS,
 )
 def reject_non_triton(subject) -> None:
+    """Flag on with a prefill (or general) attention backend other than triton is a ValueError naming the backend
+    flag."""
     require_option(subject, FLAG)
     for flag in ("--attention-backend", "--prefill-attention-backend"):
         for backend in ("torch_native", "flashinfer", "fa3"):
@@ -246,13 +222,10 @@ def reject_non_triton(subject) -> None:
 
 
 @contract(
-    "RES-UNSET-BACKEND-TRITON",
-    "Flag on with no attention backend given resolves the backend to triton as a declared, logged resolution.",
-    f"{SEED}, Behaviour: triton-backend pin (Gemma-4 branch validators)",
-    rules=("F8",),
-    options=BACKEND_OPTIONS,
+    "RES-UNSET-BACKEND-TRITON", f"{SEED}, Behaviour: triton-backend pin (Gemma-4 branch validators)", rules=("F8",), options=BACKEND_OPTIONS,
 )
 def unset_backend_resolves_triton(subject) -> None:
+    """Flag on with no attention backend given resolves the backend to triton as a declared, logged resolution."""
     require_option(subject, FLAG)
     out = flag_keeps(subject, argv_for(E2B, FLAG), f"{FLAG} on E2B with no backend given")
     expect_equal(out.user.get("attention_backend"), None, "the user's attention_backend (resolving view)")
@@ -268,13 +241,10 @@ def unset_backend_resolves_triton(subject) -> None:
 
 
 @contract(
-    "VAL-REJECT-NO-SHARED-LAYERS",
-    "Flag on with a model whose num_kv_shared_layers == 0 is a ValueError naming the flag and num_kv_shared_layers.",
-    f"{SEED}, Behaviour: 'When set ... with num_kv_shared_layers == 0: clear ValueError at startup'",
-    rules=("F9",),
-    options=ONLY_FLAG,
+    "VAL-REJECT-NO-SHARED-LAYERS", f"{SEED}, Behaviour: 'When set ... with num_kv_shared_layers == 0: clear ValueError at startup'", rules=("F9",), options=ONLY_FLAG,
 )
 def reject_no_shared_layers(subject) -> None:
+    """Flag on with a model whose num_kv_shared_layers == 0 is a ValueError naming the flag and num_kv_shared_layers."""
     require_option(subject, FLAG)
     flag_refuses(subject, argv_for(DENSE31B, FLAG, "--attention-backend", "triton"), f"{FLAG} on {DENSE31B} (0 shared layers)",
                  (FLAG, "num_kv_shared_layers"))
@@ -293,36 +263,27 @@ def _reject_algo(subject, algo: str) -> None:
 
 
 @contract(
-    "VAL-REJECT-EAGLE",
-    "Flag on with --speculative-algorithm EAGLE is a ValueError (EAGLE needs per-token logits).",
-    f"{SEED}, Behaviour: 'When set with --speculative-algorithm EAGLE or EAGLE3: clear ValueError'",
-    rules=("F10",),
-    options=SPEC_OPTIONS,
+    "VAL-REJECT-EAGLE", f"{SEED}, Behaviour: 'When set with --speculative-algorithm EAGLE or EAGLE3: clear ValueError'", rules=("F10",), options=SPEC_OPTIONS,
 )
 def reject_eagle(subject) -> None:
+    """Flag on with --speculative-algorithm EAGLE is a ValueError (EAGLE needs per-token logits)."""
     _reject_algo(subject, "EAGLE")
 
 
 @contract(
-    "VAL-REJECT-EAGLE3",
-    "Flag on with --speculative-algorithm EAGLE3 is a ValueError (EAGLE3 needs per-token logits).",
-    f"{SEED}, Behaviour: 'When set with --speculative-algorithm EAGLE or EAGLE3: clear ValueError'",
-    rules=("F11",),
-    options=SPEC_OPTIONS,
+    "VAL-REJECT-EAGLE3", f"{SEED}, Behaviour: 'When set with --speculative-algorithm EAGLE or EAGLE3: clear ValueError'", rules=("F11",), options=SPEC_OPTIONS,
 )
 def reject_eagle3(subject) -> None:
+    """Flag on with --speculative-algorithm EAGLE3 is a ValueError (EAGLE3 needs per-token logits)."""
     _reject_algo(subject, "EAGLE3")
 
 
 @contract(
-    "SPEC-NEXTN-ACCEPTED",
-    "Flag on with --speculative-algorithm NEXTN and a Gemma-4 assistant draft is accepted and promoted to "
-    "FROZEN_KV_MTP with an INFO line.",
-    f"{SEED}, Behaviour: 'When set with --speculative-algorithm NEXTN (which Gemma-4 promotes to FROZEN_KV_MTP ...): accepted'",
-    rules=("F12",),
-    options=SPEC_OPTIONS,
+    "SPEC-NEXTN-ACCEPTED", f"{SEED}, Behaviour: 'When set with --speculative-algorithm NEXTN (which Gemma-4 promotes to FROZEN_KV_MTP ...): accepted'", rules=("F12",), options=SPEC_OPTIONS,
 )
 def nextn_accepted(subject) -> None:
+    """Flag on with --speculative-algorithm NEXTN and a Gemma-4 assistant draft is accepted and promoted to
+    FROZEN_KV_MTP with an INFO line."""
     require_option(subject, FLAG)
     for flags in ((FLAG,), (FLAG, "--attention-backend", "triton"), ()):
         with case(" ".join(flags) or "without the flag"):
@@ -335,14 +296,11 @@ def nextn_accepted(subject) -> None:
 
 
 @contract(
-    "SPEC-NEXTN-NEEDS-ASSISTANT",
-    "NEXTN with a draft that is not a Gemma-4 assistant (or no draft) is a ValueError saying NEXTN is implemented "
-    "only as FROZEN_KV_MTP.",
-    f"{SEED}, Behaviour: NEXTN promoted to FROZEN_KV_MTP for the assistant draft",
-    rules=("F12",),
-    options=SPEC_OPTIONS,
+    "SPEC-NEXTN-NEEDS-ASSISTANT", f"{SEED}, Behaviour: NEXTN promoted to FROZEN_KV_MTP for the assistant draft", rules=("F12",), options=SPEC_OPTIONS,
 )
 def nextn_needs_assistant(subject) -> None:
+    """NEXTN with a draft that is not a Gemma-4 assistant (or no draft) is a ValueError saying NEXTN is implemented
+    only as FROZEN_KV_MTP."""
     require_option(subject, FLAG)
     for draft in ("Llama-3.1-8B-Instruct", E2B, None):
         with case(f"draft {draft}"):

@@ -90,16 +90,11 @@ def _completions_stream_equals_nonstream(api) -> None:
         note("the server returns no output token ids on /v1/completions: texts and finish reasons compared")
 
 
-@contract(
-    "HTTP-STREAM-EQUALS-NONSTREAM",
-    "A greedy request streamed gives the same text, token ids and finish reason as the same request not streamed "
-    "(SGLang /generate: every cumulative text is a prefix of the final one; OpenAI routes: the joined deltas), "
-    "stop strings included.",
-    SOURCE,
-    rules=("H1",),
-    needs=("http",),
-)
+@contract("HTTP-STREAM-EQUALS-NONSTREAM", SOURCE, rules=("H1",), needs=("http",))
 def stream_equals_nonstream(subject) -> None:
+    """A greedy request streamed gives the same text, token ids and finish reason as the same request not streamed
+    (SGLang /generate: every cumulative text is a prefix of the final one; OpenAI routes: the joined deltas), stop
+    strings included."""
     url = subject.base_url(ARGV_OFF)
     api = discover(url)
     if api.native:
@@ -149,15 +144,10 @@ def _finish_reasons_per_index(events: list[dict[str, Any]], route: str) -> dict[
     return seen
 
 
-@contract(
-    "HTTP-ONE-FINISH-REASON",
-    "Every streamed request (and every choice of an n > 1 stream) gets exactly one chunk with a non-null "
-    "finish_reason, as its last chunk, and the stream ends with data: [DONE] and nothing after it.",
-    SOURCE,
-    rules=("H2",),
-    needs=("http",),
-)
+@contract("HTTP-ONE-FINISH-REASON", SOURCE, rules=("H2",), needs=("http",))
 def one_finish_reason(subject) -> None:
+    """Every streamed request (and every choice of an n > 1 stream) gets exactly one chunk with a non-null
+    finish_reason, as its last chunk, and the stream ends with data: [DONE] and nothing after it."""
     url = subject.base_url(ARGV_OFF)
     api = discover(url)
     model = api.model
@@ -186,16 +176,11 @@ def one_finish_reason(subject) -> None:
 # ---------------------------------------------------------------- H3
 
 
-@contract(
-    "HTTP-USAGE-EXACT",
-    "Token accounting is exact: prompt_tokens is the prompt's token count, completion_tokens the generated tokens "
-    "(summed over n choices, the prompt counted once), total their sum; streamed usage equals non-stream usage; "
-    "logprobs have one entry per generated token.",
-    SOURCE,
-    rules=("H3",),
-    needs=("http",),
-)
+@contract("HTTP-USAGE-EXACT", SOURCE, rules=("H3",), needs=("http",))
 def usage_exact(subject) -> None:
+    """Token accounting is exact: prompt_tokens is the prompt's token count, completion_tokens the generated tokens
+    (summed over n choices, the prompt counted once), total their sum; streamed usage equals non-stream usage;
+    logprobs have one entry per generated token."""
     url = subject.base_url(ARGV_OFF)
     api = discover(url)
     model = api.model
@@ -238,7 +223,8 @@ def usage_exact(subject) -> None:
                                                 stream_options={"include_usage": True}, extra_body={"ignore_eos": True}):
         if chunk.usage is not None:
             streamed = chunk.usage
-    require(streamed is not None, "/v1/chat/completions stream with include_usage sent no usage chunk")
+    if streamed is None:
+        raise violation("/v1/chat/completions stream with include_usage sent no usage chunk")
     require((streamed.prompt_tokens, streamed.completion_tokens, streamed.total_tokens)
             == (ref.usage.prompt_tokens, ref.usage.completion_tokens, ref.usage.total_tokens),
             f"/v1/chat/completions: streamed usage {streamed} != non-stream usage {ref.usage}")
@@ -314,20 +300,15 @@ def _error_message(r: httpx.Response) -> str | None:
         return None
 
 
-@contract(
-    "HTTP-BAD-INPUT-400",
-    "Malformed or invalid requests (bad JSON, wrong types, both or neither of text/input_ids, empty prompt, prompt "
-    "over the context, max_new_tokens < 0, temperature < 0, top_p outside (0, 1], unknown model, token ids outside "
-    "the vocabulary) get an HTTP 4xx (400; 404 for an unknown model and 422 are accepted too) with "
-    "{\"error\": {\"message\"}} naming the field, never a 500, and the server keeps serving. On SGLang's native "
-    "dialect the model name 'unknown' (what sglang-router puts in a chat request that has none) means no model "
-    "given: it and an absent model are served. Behind sglang-router, a request the router itself rejects (its "
-    "typed parse: a 400 or 422 with a plain-text reason) never reaches a worker and is accepted as such.",
-    SOURCE,
-    rules=("H4",),
-    needs=("http",),
-)
+@contract("HTTP-BAD-INPUT-400", SOURCE, rules=("H4",), needs=("http",))
 def bad_input_400(subject) -> None:
+    """Malformed or invalid requests (bad JSON, wrong types, both or neither of text/input_ids, empty prompt, prompt
+    over the context, max_new_tokens < 0, temperature < 0, top_p outside (0, 1], unknown model, token ids outside
+    the vocabulary) get an HTTP 4xx (400; 404 for an unknown model and 422 are accepted too) with {"error":
+    {"message"}} naming the field, never a 500, and the server keeps serving. On SGLang's native dialect the model
+    name 'unknown' (what sglang-router puts in a chat request that has none) means no model given: it and an
+    absent model are served. Behind sglang-router, a request the router itself rejects (its typed parse: a 400 or
+    422 with a plain-text reason) never reaches a worker and is accepted as such."""
     url = subject.base_url(ARGV_OFF)
     api = discover(url)
     gateway = gateway_of(url)
@@ -383,17 +364,12 @@ def _histogram_count(samples, name: str | None) -> float | None:
     return None if name is None else total(samples, name + "_count")
 
 
-@contract(
-    "HTTP-METRICS",
-    "GET /metrics serves Prometheus text with prompt and generation token counters, TTFT / TPOT / e2e histograms, "
-    "running and waiting requests, KV usage, cache hit rate and rows skipped by fast prefill (this project's "
-    "counter, asked of SGLang-named metrics only), in the server's own names (sglang:*, vllm:*); one finished "
-    "request moves the token counters by exactly its token counts and each histogram by one.",
-    SOURCE,
-    rules=("H8",),
-    needs=("http",),
-)
+@contract("HTTP-METRICS", SOURCE, rules=("H8",), needs=("http",))
 def metrics_contract(subject) -> None:
+    """GET /metrics serves Prometheus text with prompt and generation token counters, TTFT / TPOT / e2e histograms,
+    running and waiting requests, KV usage, cache hit rate and rows skipped by fast prefill (this project's
+    counter, asked of SGLang-named metrics only), in the server's own names (sglang:*, vllm:*); one finished
+    request moves the token counters by exactly its token counts and each histogram by one."""
     url = subject.base_url(ARGV_OFF)
     api = discover(url)
     names = api.metrics

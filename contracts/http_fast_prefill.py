@@ -58,17 +58,12 @@ def _flag_from_metrics(urls: dict[bool, str]) -> None:
         note("one server: its report is checked for consistency only (give --subject-fast-prefill)")
 
 
-@contract(
-    "HTTP-SERVER-INFO-FLAG",
-    "GET /get_server_info reports the resolved kv_sharing_fast_prefill flag (true only when launched with "
-    "--kv-sharing-fast-prefill, and then with the triton prefill backend) and the declared resolutions with their "
-    "source; /get_model_info agrees. A server without those routes that exports its resolved cache config as a "
-    "metric (vLLM's vllm:cache_config_info) is held to the flag there: true only on the server launched with it.",
-    SOURCE,
-    rules=("H7",),
-    needs=("http",),
-)
+@contract("HTTP-SERVER-INFO-FLAG", SOURCE, rules=("H7",), needs=("http",))
 def server_info_flag(subject) -> None:
+    """GET /get_server_info reports the resolved kv_sharing_fast_prefill flag (true only when launched with
+    --kv-sharing-fast-prefill, and then with the triton prefill backend) and the declared resolutions with their
+    source; /get_model_info agrees. A server without those routes that exports its resolved cache config as a
+    metric (vLLM's vllm:cache_config_info) is held to the flag there: true only on the server launched with it."""
     urls = {launched: subject.base_url(argv) for launched, argv in ((True, ARGV_ON), (False, ARGV_OFF))}
     if any(discover(u).server_info is None or discover(u).model_info is None for u in urls.values()):
         _flag_from_metrics(urls)
@@ -114,15 +109,10 @@ def _outputs(url: str, prompts: list[list[int]], tokens: int) -> tuple[list[Any]
     return batch, chat.choices[0].message.content
 
 
-@contract(
-    "HTTP-PARITY-FAST-PREFILL",
-    "Greedy outputs through HTTP are the same with --kv-sharing-fast-prefill on and off (a batch through /generate "
-    "and a chat completion), and the flag-on server really skipped cross-decoder rows.",
-    SOURCE,
-    rules=("H9", "F15"),
-    needs=("http",),
-)
+@contract("HTTP-PARITY-FAST-PREFILL", SOURCE, rules=("H9", "F15"), needs=("http",))
 def parity_fast_prefill(subject) -> None:
+    """Greedy outputs through HTTP are the same with --kv-sharing-fast-prefill on and off (a batch through /generate
+    and a chat completion), and the flag-on server really skipped cross-decoder rows."""
     prompts = [prompt_ids(20, 5), prompt_ids(21, 9), prompt_ids(22, 13)]
     url_on, url_off = subject.base_url(ARGV_ON), subject.base_url(ARGV_OFF)
     two = url_on != url_off  # one server at a URL (or a gateway without /metrics): parity only

@@ -103,13 +103,10 @@ PARITY_LENGTHS = [1, 3, 9, 16, 17, 33, 64, 90]  # 1-token prompts, below / at / 
 
 
 @contract(
-    "HTTP-PARITY-BATCHED",
-    "Through HTTP, a batch of 8 token-id prompts of mixed lengths (1 to 90 tokens) sent in one /v1/completions "
+    "HTTP-PARITY-BATCHED", f"{SEED}; {SOURCE}", rules=("F15",), needs=("http",),
+    rule="Through HTTP, a batch of 8 token-id prompts of mixed lengths (1 to 90 tokens) sent in one /v1/completions "
     f"request gives the same greedy token ids ({NEW_TOKENS} each) from the server launched with "
     "--kv-sharing-fast-prefill as from the one without it.",
-    f"{SEED}; {SOURCE}",
-    rules=("F15",),
-    needs=("http",),
 )
 def parity_batched(subject) -> None:
     urls = _urls(subject)
@@ -133,13 +130,10 @@ def _flush_prefix_cache(url: str) -> bool:
 
 
 @contract(
-    "HTTP-PARITY-ONE-BY-ONE",
-    "Through HTTP, each of 8 token-id prompts sent alone (one /v1/completions request after another) gives the same "
+    "HTTP-PARITY-ONE-BY-ONE", f"{SEED}; {SOURCE}", rules=("F15",), needs=("http",),
+    rule="Through HTTP, each of 8 token-id prompts sent alone (one /v1/completions request after another) gives the same "
     f"greedy token ids ({NEW_TOKENS} each) with --kv-sharing-fast-prefill on as off, and on each server the same "
     "ids as when the prompts are batched in one request.",
-    f"{SEED}; {SOURCE}",
-    rules=("F15",),
-    needs=("http",),
     stricter="greedy outputs do not depend on the batch (alone equals batched on each server)",
 )
 def parity_one_by_one(subject) -> None:
@@ -196,13 +190,10 @@ def prompt_logprobs(url: str, prompt: list[int], top: int = 1) -> list[float]:
 
 
 @contract(
-    "HTTP-PROMPT-LOGPROBS-FAST-PREFILL",
-    "Through HTTP, prompt logprobs (every prompt token's, for 3 prompts of 5, 20 and 37 tokens) are served by the "
+    "HTTP-PROMPT-LOGPROBS-FAST-PREFILL", f"{SEED}: rows that feed the LM head include every prompt-logprob row; {SOURCE}", rules=("F13", "F15"), needs=("http",),
+    rule="Through HTTP, prompt logprobs (every prompt token's, for 3 prompts of 5, 20 and 37 tokens) are served by the "
     f"server launched with --kv-sharing-fast-prefill, not refused, and equal the flag-off server's within "
     f"{LOGPROB_TOL} (native /generate; else /v1/completions with prompt_logprobs 1 and 0).",
-    f"{SEED}: rows that feed the LM head include every prompt-logprob row; {SOURCE}",
-    rules=("F13", "F15"),
-    needs=("http",),
     stricter="prompt logprobs with the flag on are computed (and equal), not refused",
 )
 def prompt_logprobs_fast_prefill(subject) -> None:
@@ -224,16 +215,11 @@ def prompt_logprobs_fast_prefill(subject) -> None:
 # ---------------------------------------------------------------- seeded sampling
 
 
-@contract(
-    "HTTP-SEEDED-SAMPLING-REPEATS",
-    "Through HTTP, sampling (temperature 1) with a per-request seed repeats exactly: the same 3 seeded requests "
-    "sent again, one after another, and all at once give the same token ids; other seeds give other samples. On "
-    "each server (flag off and on).",
-    f"issue 5 (engine core), item 7; {SOURCE}",
-    rules=("E3",),
-    needs=("http",),
-)
+@contract("HTTP-SEEDED-SAMPLING-REPEATS", f"issue 5 (engine core), item 7; {SOURCE}", rules=("E3",), needs=("http",))
 def seeded_sampling_repeats(subject) -> None:
+    """Through HTTP, sampling (temperature 1) with a per-request seed repeats exactly: the same 3 seeded requests
+    sent again, one after another, and all at once give the same token ids; other seeds give other samples. On
+    each server (flag off and on)."""
     ps = _prompts(4, [10, 20, 5])
     seeded = [{"temperature": 1.0, "seed": 100 + i} for i in range(len(ps))]
     others = [{"temperature": 1.0, "seed": 900 + i} for i in range(len(ps))]
@@ -256,6 +242,7 @@ def _kv_usage(api: ServerApi) -> tuple[float, int]:
     """(KV usage 0..1, running + waiting requests) from the server's /metrics."""
     m = scrape(api.url)
     names = api.metrics
+    assert names is not None, "the contract refuses a server without metrics before it reads them"
     busy = (total(m, names.running) or 0) + (total(m, names.waiting) or 0)
     return total(m, names.kv_usage) or 0.0, int(busy)
 
@@ -283,17 +270,12 @@ def _settled(api: ServerApi, seconds: float = 5.0) -> tuple[float, int]:
     return usage, busy
 
 
-@contract(
-    "HTTP-KV-FREED",
-    "Through HTTP, once every request has finished (a batch of 4 in one request, 3 sent at once, one long streamed "
-    "request) the server's KV-usage metric (sglang:token_usage, vllm:kv_cache_usage_perc) is back to 0 within "
-    "seconds (slots held only by the evictable prefix cache count as free), after showing KV in use while a "
-    "request ran. On each server.",
-    f"issue 5 (engine core), item 7; {SOURCE}",
-    rules=("E4",),
-    needs=("http",),
-)
+@contract("HTTP-KV-FREED", f"issue 5 (engine core), item 7; {SOURCE}", rules=("E4",), needs=("http",))
 def kv_freed(subject) -> None:
+    """Through HTTP, once every request has finished (a batch of 4 in one request, 3 sent at once, one long streamed
+    request) the server's KV-usage metric (sglang:token_usage, vllm:kv_cache_usage_perc) is back to 0 within
+    seconds (slots held only by the evictable prefix cache count as free), after showing KV in use while a request
+    ran. On each server."""
     for url in _servers(subject):
         api = _ids_api(url)
         if api.metrics is None:
@@ -331,17 +313,12 @@ def _prefix_caching_off(api: ServerApi) -> bool:
     return False
 
 
-@contract(
-    "HTTP-PREFIX-HIT-INVARIANT",
-    "Through HTTP, a 48-token prompt sent again (a full prefix-cache hit) and then a prompt sharing its first 40 "
-    "tokens (a partial hit) move the server's cached-token / prefix-hit counter and get the greedy token ids the "
-    "same prompts get cold: the repeat equals the first answer; with two servers each prompt's hit answer on one "
-    "equals its cold answer on the other (each server gets the pair in the other order).",
-    f"issue 5 (engine core), item 7; {SOURCE}",
-    rules=("E2",),
-    needs=("http",),
-)
+@contract("HTTP-PREFIX-HIT-INVARIANT", f"issue 5 (engine core), item 7; {SOURCE}", rules=("E2",), needs=("http",))
 def prefix_hit_invariant(subject) -> None:
+    """Through HTTP, a 48-token prompt sent again (a full prefix-cache hit) and then a prompt sharing its first 40
+    tokens (a partial hit) move the server's cached-token / prefix-hit counter and get the greedy token ids the
+    same prompts get cold: the repeat equals the first answer; with two servers each prompt's hit answer on one
+    equals its cold answer on the other (each server gets the pair in the other order)."""
     x = prompt_ids(6000, 48)
     y = x[:40] + prompt_ids(6001, 9)
     answers: list[dict[tuple[int, ...], list[int]]] = []
@@ -380,13 +357,10 @@ def prefix_hit_invariant(subject) -> None:
 
 
 @contract(
-    "HTTP-GREEDY-MATCHES-TRANSFORMERS",
-    f"Through HTTP, greedy token ids ({NEW_TOKENS} each) of 4 token-id prompts of mixed lengths batched in one "
+    "HTTP-GREEDY-MATCHES-TRANSFORMERS", f"issue 5 (engine core), item 7; issue 4 (Gemma-4 in PyTorch), item 6; {SOURCE}", rules=("E1", "M1"), needs=("http",),
+    rule=f"Through HTTP, greedy token ids ({NEW_TOKENS} each) of 4 token-id prompts of mixed lengths batched in one "
     "/v1/completions request equal transformers' greedy decoding (float32) of the served checkpoint folder, token "
     f"for token up to the first near tie (top-2 gap < {TIE_GAP}). On each server (flag off and on).",
-    f"issue 5 (engine core), item 7; issue 4 (Gemma-4 in PyTorch), item 6; {SOURCE}",
-    rules=("E1", "M1"),
-    needs=("http",),
 )
 def greedy_matches_transformers(subject) -> None:
     from contracts.engine_generation import reference_greedy

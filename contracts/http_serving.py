@@ -63,12 +63,9 @@ def _forwards(api: ServerApi) -> float | None:
 
 
 @contract(
-    "HTTP-CONCURRENT-STREAMS",
-    f"{NUM_CLIENTS} concurrent streaming clients all complete, each with the same greedy output ids as the same "
+    "HTTP-CONCURRENT-STREAMS", SOURCE, rules=("H5",), needs=("http",),
+    rule=f"{NUM_CLIENTS} concurrent streaming clients all complete, each with the same greedy output ids as the same "
     "prompt run alone, and the server batches them (far fewer forwards than generated tokens).",
-    SOURCE,
-    rules=("H5",),
-    needs=("http",),
 )
 def concurrent_streams(subject) -> None:
     api = discover(subject.base_url(ARGV_OFF))
@@ -107,6 +104,7 @@ class _Load:
 
 def _state(api: ServerApi) -> _Load:
     names = api.metrics
+    assert names is not None, "the contract refuses a server without metrics before it reads them"
     m = scrape(api.url)
     busy = (total(m, names.running) or 0) + (total(m, names.waiting) or 0)
     aborted = (total(m, names.aborted[0], **names.aborted[1]) or 0.0) if names.aborted else None
@@ -141,16 +139,11 @@ def _abort_problems(how: str, before: _Load, after: _Load, asked: int) -> list[s
     return problems
 
 
-@contract(
-    "HTTP-DISCONNECT-ABORTS",
-    "A client that disconnects (mid-stream, or while waiting for a non-streamed answer) aborts its request: within "
-    "seconds it is counted as aborted, nothing runs and no KV slot is held for it, and the server keeps serving "
-    "(observed through the server's own running-requests, KV-usage and aborted-requests metrics).",
-    SOURCE,
-    rules=("H6",),
-    needs=("http",),
-)
+@contract("HTTP-DISCONNECT-ABORTS", SOURCE, rules=("H6",), needs=("http",))
 def disconnect_aborts(subject) -> None:
+    """A client that disconnects (mid-stream, or while waiting for a non-streamed answer) aborts its request: within
+    seconds it is counted as aborted, nothing runs and no KV slot is held for it, and the server keeps serving
+    (observed through the server's own running-requests, KV-usage and aborted-requests metrics)."""
     url = subject.base_url(ARGV_OFF)
     api = discover(url)
     if api.metrics is None:

@@ -51,18 +51,13 @@ def _generate(url: str, kind: str, source: str) -> list[dict[str, Any]]:
     return r.json()
 
 
-@contract(
-    "HTTP-STRUCTURED-OUTPUT-VALID",
-    "On the tiny random-weight model, /generate with sampling_params json_schema, regex or ebnf (a batch, greedy) "
-    "and a chat completion with response_format json_schema give outputs that parse and validate against their "
-    "grammar and finish with 'stop'; the same requests give the same tokens with --kv-sharing-fast-prefill on and "
-    "off; a grammar that cannot compile is a 400 naming its field.",
-    SOURCE,
-    rules=("H10", "F15"),
-    needs=("http",),
-)
+@contract("HTTP-STRUCTURED-OUTPUT-VALID", SOURCE, rules=("H10", "F15"), needs=("http",))
 def structured_output_valid(subject) -> None:
     # one launch at a time (a mutant subject runs one server at a time): the flag-off server first
+    """On the tiny random-weight model, /generate with sampling_params json_schema, regex or ebnf (a batch, greedy)
+    and a chat completion with response_format json_schema give outputs that parse and validate against their
+    grammar and finish with 'stop'; the same requests give the same tokens with --kv-sharing-fast-prefill on and
+    off; a grammar that cannot compile is a 400 naming its field."""
     off = subject.base_url(ARGV_OFF)
     if not discover(off).native:
         # the rule is about SGLang's native sampling_params json_schema / regex / ebnf on /generate (with the chat

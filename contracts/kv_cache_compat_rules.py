@@ -31,10 +31,8 @@ STORAGE = ("--hicache-storage-backend", "file")
 
 
 @contract(
-    "HOST-POOL-PD-DECODE-ONLY",
-    f"{BACKUP}=host_pool is a ValueError unless --disaggregation-mode decode.",
-    FN,
-    rules=("K11",), options=OPTIONS,
+    "HOST-POOL-PD-DECODE-ONLY", FN, rules=("K11",), options=OPTIONS,
+    rule=f"{BACKUP}=host_pool is a ValueError unless --disaggregation-mode decode.",
 )
 def host_pool_decode_only(subject) -> None:
     for mode in ("null", "prefill"):
@@ -43,7 +41,9 @@ def host_pool_decode_only(subject) -> None:
     must_accept(subject, (BACKUP, "cpu_tensor"))
 
 
-@contract("HOST-POOL-NO-DCP", f"{BACKUP}=host_pool with --dcp-size > 1 is a ValueError.", FN, rules=("K12",), options=OPTIONS)
+@contract(
+    "HOST-POOL-NO-DCP", FN, rules=("K12",), options=OPTIONS, rule=f"{BACKUP}=host_pool with --dcp-size > 1 is a ValueError.",
+)
 def host_pool_no_dcp(subject) -> None:
     for size in ("2", "8"):
         must_reject(subject, (*HOST_POOL, *DECODE, "--dcp-size", size), (BACKUP, "host_pool", "--dcp-size"), types=VALUE_TYPES)
@@ -52,10 +52,8 @@ def host_pool_no_dcp(subject) -> None:
 
 
 @contract(
-    "HOST-POOL-PRIORITY-PREEMPTION",
-    f"{BACKUP}=host_pool with --enable-priority-scheduling needs --disable-priority-preemption (ValueError otherwise).",
-    FN,
-    rules=("K13",), options=OPTIONS,
+    "HOST-POOL-PRIORITY-PREEMPTION", FN, rules=("K13",), options=OPTIONS,
+    rule=f"{BACKUP}=host_pool with --enable-priority-scheduling needs --disable-priority-preemption (ValueError otherwise).",
 )
 def host_pool_priority(subject) -> None:
     must_reject(
@@ -68,15 +66,13 @@ def host_pool_priority(subject) -> None:
 
 
 @contract(
-    "HICACHE-VS-NO-RADIX",
-    "--enable-hierarchical-cache and --disable-radix-cache are mutually exclusive (ValueError naming both).",
-    FN,
-    rules=("K14",), options=OPTIONS,
+    "HICACHE-VS-NO-RADIX", FN, rules=("K14",), options=OPTIONS,
     note="The seed names the flags without leading dashes; ours uses --flag spelling. SGLang 0.5.23's "
     "handle_cache_compatibility adds rules the seed lacks (T-LRU radix eviction config, --swa-prefix-tails, and "
     "LMCache exclusivity with hierarchical cache / radix off / speculative / DP attention / DCP / PD).",
 )
 def hicache_vs_no_radix(subject) -> None:
+    """--enable-hierarchical-cache and --disable-radix-cache are mutually exclusive (ValueError naming both)."""
     must_reject(
         subject, ("--enable-hierarchical-cache", "--disable-radix-cache"),
         ("enable-hierarchical-cache", "disable-radix-cache", "mutually exclusive"), types=VALUE_TYPES,
@@ -86,10 +82,8 @@ def hicache_vs_no_radix(subject) -> None:
 
 
 @contract(
-    "DECODE-OFFLOAD-DECODE-SIDE",
-    f"{OFFLOAD} is a ValueError unless --disaggregation-mode decode.",
-    FN,
-    rules=("K15",), options=OPTIONS,
+    "DECODE-OFFLOAD-DECODE-SIDE", FN, rules=("K15",), options=OPTIONS,
+    rule=f"{OFFLOAD} is a ValueError unless --disaggregation-mode decode.",
 )
 def decode_offload_decode_side(subject) -> None:
     for mode in ("null", "prefill"):
@@ -98,10 +92,8 @@ def decode_offload_decode_side(subject) -> None:
 
 
 @contract(
-    "DECODE-OFFLOAD-NEEDS-STORAGE",
-    f"{OFFLOAD} without --hicache-storage-backend is a ValueError.",
-    FN,
-    rules=("K16",), options=OPTIONS,
+    "DECODE-OFFLOAD-NEEDS-STORAGE", FN, rules=("K16",), options=OPTIONS,
+    rule=f"{OFFLOAD} without --hicache-storage-backend is a ValueError.",
 )
 def decode_offload_needs_storage(subject) -> None:
     must_reject(subject, (OFFLOAD, *DECODE), (OFFLOAD.lstrip("-"), "hicache-storage-backend"), types=VALUE_TYPES)
@@ -110,10 +102,8 @@ def decode_offload_needs_storage(subject) -> None:
 
 
 @contract(
-    "DECODE-OFFLOAD-VS-HOST-POOL",
-    f"{OFFLOAD} and {BACKUP}=host_pool are mutually exclusive (both build a decode host pool).",
-    FN,
-    rules=("K17",), options=OPTIONS,
+    "DECODE-OFFLOAD-VS-HOST-POOL", FN, rules=("K17",), options=OPTIONS,
+    rule=f"{OFFLOAD} and {BACKUP}=host_pool are mutually exclusive (both build a decode host pool).",
 )
 def decode_offload_vs_host_pool(subject) -> None:
     must_reject(
@@ -124,14 +114,12 @@ def decode_offload_vs_host_pool(subject) -> None:
 
 
 @contract(
-    "SWA-RATIO-RANGE",
-    "The resolved --swa-full-tokens-ratio must lie in (0, 1.0]: 0, negatives and values above 1 are a ValueError.",
-    FN,
-    rules=("K18",), options=OPTIONS,
+    "SWA-RATIO-RANGE", FN, rules=("K18",), options=OPTIONS,
     note="SGLang 0.5.23 makes the field Optional (fallback 0.8) and reads the effective value with "
     "resolution_result; same range.",
 )
 def swa_ratio_range(subject) -> None:
+    """The resolved --swa-full-tokens-ratio must lie in (0, 1.0]: 0, negatives and values above 1 are a ValueError."""
     for bad in ("0", "0.0", "-0.25", "1.5", "1.0001"):
         must_reject(subject, ("--swa-full-tokens-ratio", bad), ("--swa-full-tokens-ratio", "(0, 1.0]"), types=VALUE_TYPES)
     for good in ("1.0", "1", "0.5", "0.001"):

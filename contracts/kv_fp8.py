@@ -86,8 +86,8 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
 
 
 @contract(
-    "KV-FP8-GREEDY-AGREEMENT",
-    f"On the trained tiny E2B checkpoint ({THRESHOLD_MODEL}, {YARDSTICK_PROMPTS} sentences of its language x "
+    "KV-FP8-GREEDY-AGREEMENT", f"{ISSUE}: greedy outputs with fp8 KV equal bf16 KV up to near-ties", rules=("V1", "V2"), needs=("engine",),
+    rule=f"On the trained tiny E2B checkpoint ({THRESHOLD_MODEL}, {YARDSTICK_PROMPTS} sentences of its language x "
     f"{YARDSTICK_TOKENS} greedy tokens, the accuracy yardstick's shape), greedy outputs with fp8 KV equal those with "
     "bf16 KV on at least " + ", ".join(f"{a.min_identical} (fp8_{n[4:]})" for n, a in AGREEMENT.items())
     + f" of {YARDSTICK_PROMPTS} prompts. On the well-conditioned random one ({AGREEMENT_MODEL}, {NEW_TOKENS} tokens, "
@@ -95,9 +95,6 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
     f"token and fp8's choice within {NEAR_TIE} nats in bf16's distribution; e5m2: in the first "
     f"{AGREEMENT['fp8_e5m2'].tie_steps} tokens), and tokens both choose keep their logprobs within "
     + " / ".join(f"{a.same_token_logprob}" for a in AGREEMENT.values()) + " nats.",
-    f"{ISSUE}: greedy outputs with fp8 KV equal bf16 KV up to near-ties",
-    rules=("V1", "V2"),
-    needs=("engine",),
     note=f"The random tiny checkpoints say nothing about agreement (module docstring). Thresholds: the yardstick's "
     f"figures on {THRESHOLD_MODEL} (docs/accuracy.md: e4m3 20 of 32, e5m2 15 of 32) less 4. Measured on "
     f"{AGREEMENT_MODEL}: e4m3 22 of 24 identical (divergences at 0.05 / 0.17 nats), e5m2 12 of 24 (its two mantissa "
@@ -116,8 +113,8 @@ def fp8_greedy_agreement(subject) -> None:
 
 def _agreement_on_trained(subject) -> None:
     """The yardstick's greedy agreement on THRESHOLD_MODEL against AGREEMENT's min_identical."""
-    from impl.testing.checkpoints import TINY_CHECKPOINTS
-    from impl.testing.markov_language import yardstick_prompts
+    from impl.checkpoint_factory.checkpoints import TINY_CHECKPOINTS
+    from impl.checkpoint_factory.markov_language import yardstick_prompts
 
     path = subject.tiny_model(THRESHOLD_MODEL)
     ps = yardstick_prompts(path, TINY_CHECKPOINTS[THRESHOLD_MODEL].seed, YARDSTICK_PROMPTS, seed=0)
@@ -166,13 +163,10 @@ def _agree_with_bf16(subject, ps, base, bf16_argv, bf16, scales: str) -> None:
 
 
 @contract(
-    "KV-FP8-YOCO-PARITY",
-    f"With fp8 KV (e4m3 and e5m2, per-layer scale {SCALES['parity']}), greedy tokens with {FLAG} on equal those with it "
+    "KV-FP8-YOCO-PARITY", f"{ISSUE}; seeds/000 PR-B: parity with the flag", rules=("V3", "F13", "F15"), needs=("engine",),
+    rule=f"With fp8 KV (e4m3 and e5m2, per-layer scale {SCALES['parity']}), greedy tokens with {FLAG} on equal those with it "
     "off and logprobs agree as in float32 (24 prompts batched; e4m3 also with chunked prefill and radix hits): the "
     "parity holds in every KV dtype.",
-    f"{ISSUE}; seeds/000 PR-B: parity with the flag",
-    rules=("V3", "F13", "F15"),
-    needs=("engine",),
 )
 def fp8_yoco_parity(subject) -> None:
     from contracts.yoco_engine import MODEL, prompts

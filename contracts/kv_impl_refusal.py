@@ -60,19 +60,17 @@ COMBINED = (
 
 
 @contract(
-    "IMPL-REFUSES-UNIMPLEMENTED",
-    "At launch, after validation, settings whose feature this engine does not implement (PD disaggregation, "
-    "hierarchical cache, LMCache, unified memory, page-major layout, HiSparse, context parallelism, DCP, TP/PP > 1, "
-    "non-triton/torch_native, linear-attention and Mamba backends, FP4/MXFP8 KV, prefill-only embedding, "
-    "speculative decoding other than FROZEN_KV_MTP, priority scheduling, prefill cuda-graph capture) stop it with "
-    "ONE ValueError naming every such flag; auto / bf16 / bfloat16 / fp8_e4m3 / fp8_e5m2 KV and the implemented "
-    "backends start.",
-    f"{SEED} (engine scope: issue 3, honest behaviour)",
-    rules=("K1", "K2", "K19", "K26", "K33", "K40"),
+    "IMPL-REFUSES-UNIMPLEMENTED", f"{SEED} (engine scope: issue 3, honest behaviour)", rules=("K1", "K2", "K19", "K26", "K33", "K40"),
     note="Engine-specific: the rule ids are the seed-004 settings families it refuses. fp8_e4m3 / fp8_e5m2 KV "
     "caches start since issue 25 (contracts KV-FP8-*); FP4 and MXFP8 stay refused.",
 )
 def impl_refuses_unimplemented(subject) -> None:
+    """At launch, after validation, settings whose feature this engine does not implement (PD disaggregation,
+    hierarchical cache, LMCache, unified memory, page-major layout, HiSparse, context parallelism, DCP, TP/PP > 1,
+    non-triton/torch_native, linear-attention and Mamba backends, FP4/MXFP8 KV, prefill-only embedding,
+    speculative decoding other than FROZEN_KV_MTP, priority scheduling, prefill cuda-graph capture) stop it with
+    ONE ValueError naming every such flag; auto / bf16 / bfloat16 / fp8_e4m3 / fp8_e5m2 KV and the implemented
+    backends start."""
     for flags, platform, model in ACCEPTED:
         err = subject.refuse(argv_for(model, *flags), platform)
         require(err is None, f"{list(flags)} on {platform} is implemented and must start; refused with {err}")

@@ -28,11 +28,9 @@ UMF = "--enable-unified-memory"
 
 
 @contract(
-    "UM-IMPLIES-PAGE-MAJOR",
-    f"{UMF} implies {PMF}: a declared resolution (the user's value stays False), and the page-major checks then "
+    "UM-IMPLIES-PAGE-MAJOR", FN, rules=("K33",), options=OPTIONS,
+    rule=f"{UMF} implies {PMF}: a declared resolution (the user's value stays False), and the page-major checks then "
     "apply without the user passing the flag.",
-    FN,
-    rules=("K33",), options=OPTIONS,
     note="SGLang's resolving_view is a live view that shows declarations, so the seed's guard after the declaration "
     "sees True; our resolving_view shows user values only, so that guard reads the resolved view.",
 )
@@ -55,10 +53,7 @@ def um_implies_page_major(subject) -> None:
 
 
 @contract(
-    "PAGE-MAJOR-NEEDS-UM",
-    f"{PMF} without {UMF} is refused (naming both flags).",
-    FN,
-    rules=("K34",), options=OPTIONS,
+    "PAGE-MAJOR-NEEDS-UM", FN, rules=("K34",), options=OPTIONS, rule=f"{PMF} without {UMF} is refused (naming both flags).",
 )
 def page_major_needs_um(subject) -> None:
     for platform in ("cpu", "hopper"):
@@ -67,11 +62,9 @@ def page_major_needs_um(subject) -> None:
 
 
 @contract(
-    "UM-UNIFORM-KV-ROWS",
-    f"{UMF} needs uniform K/V rows (head_dim == v_head_dim, and the same for sliding-window layers) unless the model "
+    "UM-UNIFORM-KV-ROWS", FN, rules=("K35",), options=OPTIONS,
+    rule=f"{UMF} needs uniform K/V rows (head_dim == v_head_dim, and the same for sliding-window layers) unless the model "
     "is MLA.",
-    FN,
-    rules=("K35",), options=OPTIONS,
     note="SGLang 0.5.23 moved this model gate to pool construction and instead narrows the backend allow-list for "
     "asymmetric K/V models to {triton, fa3, fa4}. Gemma-4's K/V rows are uniform per layer type (full 512/512, "
     "sliding 256/256): SGLang's head_dim is the full-attention width (our ModelConfig.global_head_dim).",
@@ -85,12 +78,7 @@ def um_uniform_kv_rows(subject) -> None:
 
 
 @contract(
-    "PAGE-MAJOR-BACKENDS",
-    "With the (implied) page-major layout, the resolved attention backends must be in the allow-list: MLA + unified "
-    "{triton, fa3, trtllm_mla, flashinfer, cutedsl_mla, tokenspeed_mla, flashmla}; MHA + unified {triton, fa3, fa4, "
-    "flashinfer, trtllm_mha}.",
-    FN,
-    rules=("K36",), options=OPTIONS,
+    "PAGE-MAJOR-BACKENDS", FN, rules=("K36",), options=OPTIONS,
     note="The seed's third branch (plain page-major: {triton}) is unreachable: page-major without unified memory is "
     "refused first (K34). SGLang 0.5.23 drops tokenspeed_mla from the MLA set, has no plain branch, and adds "
     "{triton, fa3, fa4} for asymmetric K/V models.",
@@ -98,6 +86,9 @@ def um_uniform_kv_rows(subject) -> None:
 def page_major_backends(subject) -> None:
     # On Blackwell (sm100), where every backend named here exists (trtllm_mla is Blackwell-only); the MHA lists on a
     # plain MHA model (Llama), which every listed backend serves (Gemma-4's own backend list would refuse fa3 first).
+    """With the (implied) page-major layout, the resolved attention backends must be in the allow-list: MLA + unified
+    {triton, fa3, trtllm_mla, flashinfer, cutedsl_mla, tokenspeed_mla, flashmla}; MHA + unified {triton, fa3, fa4,
+    flashinfer, trtllm_mha}."""
     for backend in ("triton", "fa3", "trtllm_mla", "flashinfer", "cutedsl_mla", "tokenspeed_mla", "flashmla"):
         must_accept(subject, (*UM, "--attention-backend", backend), model=DSV3, platform="sm100")
     for backend in ("fa4", "torch_native", "trtllm_mha"):
@@ -117,14 +108,10 @@ def page_major_backends(subject) -> None:
     )
 
 
-@contract(
-    "PAGE-MAJOR-LINEAR-DECODE",
-    "With the page-major layout the linear-attention decode backend (--linear-attn-decode-backend, else "
-    "--linear-attn-backend) is triton or flashinfer, plus cutedsl / helion on MLA (KDA-hybrid) models.",
-    FN,
-    rules=("K37",), options=OPTIONS,
-)
+@contract("PAGE-MAJOR-LINEAR-DECODE", FN, rules=("K37",), options=OPTIONS)
 def page_major_linear_decode(subject) -> None:
+    """With the page-major layout the linear-attention decode backend (--linear-attn-decode-backend, else
+    --linear-attn-backend) is triton or flashinfer, plus cutedsl / helion on MLA (KDA-hybrid) models."""
     for backend in ("triton", "flashinfer"):
         must_accept(subject, (*UM_TRITON, "--linear-attn-decode-backend", backend))
     for backend in ("flashkda", "cutedsl", "helion", "nvidia_kda"):
@@ -139,14 +126,12 @@ def page_major_linear_decode(subject) -> None:
 
 
 @contract(
-    "PAGE-MAJOR-LINEAR-PREFILL",
-    "With the page-major layout the linear-attention prefill backend (--linear-attn-prefill-backend, else "
-    "--linear-attn-backend) is triton or flashkda, plus cutedsl / helion on MLA (KDA-hybrid) models.",
-    FN,
-    rules=("K38",), options=OPTIONS,
+    "PAGE-MAJOR-LINEAR-PREFILL", FN, rules=("K38",), options=OPTIONS,
     note="SGLang 0.5.23 also allows flashinfer for prefill.",
 )
 def page_major_linear_prefill(subject) -> None:
+    """With the page-major layout the linear-attention prefill backend (--linear-attn-prefill-backend, else
+    --linear-attn-backend) is triton or flashkda, plus cutedsl / helion on MLA (KDA-hybrid) models."""
     for backend in ("triton", "flashkda"):
         must_accept(subject, (*UM_TRITON, "--linear-attn-prefill-backend", backend))
     for backend in ("flashinfer", "cutedsl", "helion"):
@@ -159,13 +144,9 @@ def page_major_linear_prefill(subject) -> None:
     must_reject(subject, (*mla, "--linear-attn-backend", "flashinfer"), ("flashinfer", "PREFILL"), model=DSV3)
 
 
-@contract(
-    "PAGE-MAJOR-MAMBA",
-    "With the page-major layout --mamba-backend must be unset or triton.",
-    FN,
-    rules=("K39",), options=OPTIONS,
-)
+@contract("PAGE-MAJOR-MAMBA", FN, rules=("K39",), options=OPTIONS)
 def page_major_mamba(subject) -> None:
+    """With the page-major layout --mamba-backend must be unset or triton."""
     must_reject(subject, (*UM_TRITON, "--mamba-backend", "flashinfer"), ("--mamba-backend", "flashinfer", "triton"))
     must_accept(subject, (*UM_TRITON, "--mamba-backend", "triton"))
     must_accept(subject, ("--attention-backend", "triton", "--mamba-backend", "flashinfer"))

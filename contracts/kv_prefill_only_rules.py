@@ -46,11 +46,9 @@ def _without(flags: tuple[str, ...], *drop: str) -> tuple[str, ...]:
 
 
 @contract(
-    "PREFILL-ONLY-AFTER-BACKEND-RESOLUTION",
-    f"{FLAG}'s backend rule sees the resolved attention backend: with no backend given, the platform default "
+    "PREFILL-ONLY-AFTER-BACKEND-RESOLUTION", f"{SEED} handle_prefill_only_disable_kv_cache", rules=("K9",), options=OPTIONS,
+    rule=f"{FLAG}'s backend rule sees the resolved attention backend: with no backend given, the platform default "
     "(triton on CUDA, torch_native on CPU for a plain model) is what is checked and named; a role backend alone is enough.",
-    f"{SEED} handle_prefill_only_disable_kv_cache",
-    rules=("K9",), options=OPTIONS,
     note="The seed asserts (AssertionError) that the resolved backend is not None, an internal ordering guard; "
     "ours raises RuntimeError. This contract observes the ordering through the resolved backend the rule names.",
 )
@@ -64,10 +62,8 @@ def prefill_only_after_backend_resolution(subject) -> None:
 
 
 @contract(
-    "PREFILL-ONLY-FA-BACKEND",
-    f"{FLAG} needs the fa3 or fa4 prefill backend: any other prefill backend is a ValueError naming it.",
-    f"{SEED} handle_prefill_only_disable_kv_cache",
-    rules=("K10",), options=OPTIONS,
+    "PREFILL-ONLY-FA-BACKEND", f"{SEED} handle_prefill_only_disable_kv_cache", rules=("K10",), options=OPTIONS,
+    rule=f"{FLAG} needs the fa3 or fa4 prefill backend: any other prefill backend is a ValueError naming it.",
 )
 def prefill_only_fa_backend(subject) -> None:
     # A plain MHA model (Llama), which every backend here serves: Gemma-4's own backend list would refuse some first.
@@ -97,10 +93,8 @@ def _precondition(subject, bad: tuple[str, ...], mentions: tuple[str, ...], plat
 
 
 @contract(
-    "PREFILL-ONLY-NEEDS-EMBEDDING",
-    f"{FLAG} without --is-embedding is a ValueError.",
-    ARGS_FN,
-    rules=("K40",), options=OPTIONS,
+    "PREFILL-ONLY-NEEDS-EMBEDDING", ARGS_FN, rules=("K40",), options=OPTIONS,
+    rule=f"{FLAG} without --is-embedding is a ValueError.",
     note="Hook order: SGLang 0.5.23 runs validate_prefill_only_disable_kv_cache_args early, before the attention "
     "backends resolve; it reads only user settings (and attn_cp_size, which nothing resolves here), so we run it "
     "first among the KV-cache hooks, after the backend default. K40-K47 are otherwise unchanged in 0.5.23.",
@@ -110,10 +104,8 @@ def prefill_only_needs_embedding(subject) -> None:
 
 
 @contract(
-    "PREFILL-ONLY-NO-FP4-KV",
-    f"{FLAG} with --kv-cache-dtype nvfp4 or fp4_mx_block16 is a ValueError.",
-    ARGS_FN,
-    rules=("K41",), options=OPTIONS,
+    "PREFILL-ONLY-NO-FP4-KV", ARGS_FN, rules=("K41",), options=OPTIONS,
+    rule=f"{FLAG} with --kv-cache-dtype nvfp4 or fp4_mx_block16 is a ValueError.",
 )
 def prefill_only_no_fp4(subject) -> None:
     for dtype in ("nvfp4", "fp4_mx_block16"):
@@ -123,7 +115,10 @@ def prefill_only_no_fp4(subject) -> None:
         )
 
 
-@contract("PREFILL-ONLY-NO-MXFP8-KV", f"{FLAG} with --kv-cache-dtype mxfp8 is a ValueError.", ARGS_FN, rules=("K42",), options=OPTIONS)
+@contract(
+    "PREFILL-ONLY-NO-MXFP8-KV", ARGS_FN, rules=("K42",), options=OPTIONS,
+    rule=f"{FLAG} with --kv-cache-dtype mxfp8 is a ValueError.",
+)
 def prefill_only_no_mxfp8(subject) -> None:
     _precondition(
         subject, (*PREFILL_ONLY_OK, "--kv-cache-dtype", "mxfp8"), ("--kv-cache-dtype", "mxfp8"),
@@ -132,10 +127,8 @@ def prefill_only_no_mxfp8(subject) -> None:
 
 
 @contract(
-    "PREFILL-ONLY-NO-CHUNKING",
-    f"{FLAG} needs --chunked-prefill-size -1 (unset or any other size is a ValueError).",
-    ARGS_FN,
-    rules=("K43",), options=OPTIONS,
+    "PREFILL-ONLY-NO-CHUNKING", ARGS_FN, rules=("K43",), options=OPTIONS,
+    rule=f"{FLAG} needs --chunked-prefill-size -1 (unset or any other size is a ValueError).",
 )
 def prefill_only_no_chunking(subject) -> None:
     unset = _without(PREFILL_ONLY_OK, "--chunked-prefill-size")
@@ -143,7 +136,9 @@ def prefill_only_no_chunking(subject) -> None:
     _precondition(subject, (*unset, "--chunked-prefill-size", "8192"), ("--chunked-prefill-size", "-1"))
 
 
-@contract("PREFILL-ONLY-NO-RADIX-CACHE", f"{FLAG} needs --disable-radix-cache.", ARGS_FN, rules=("K44",), options=OPTIONS)
+@contract(
+    "PREFILL-ONLY-NO-RADIX-CACHE", ARGS_FN, rules=("K44",), options=OPTIONS, rule=f"{FLAG} needs --disable-radix-cache.",
+)
 def prefill_only_no_radix(subject) -> None:
     _precondition(
         subject, _without(PREFILL_ONLY_OK, "--disable-radix-cache"), ("--disable-radix-cache",)
@@ -151,10 +146,8 @@ def prefill_only_no_radix(subject) -> None:
 
 
 @contract(
-    "PREFILL-ONLY-NO-ATTN-CP",
-    f"{FLAG} with a resolved --attn-cp-size > 1 is a ValueError; --attn-cp-size 1 is fine.",
-    ARGS_FN,
-    rules=("K45",), options=OPTIONS,
+    "PREFILL-ONLY-NO-ATTN-CP", ARGS_FN, rules=("K45",), options=OPTIONS,
+    rule=f"{FLAG} with a resolved --attn-cp-size > 1 is a ValueError; --attn-cp-size 1 is fine.",
 )
 def prefill_only_no_attn_cp(subject) -> None:
     for size in ("2", "4"):  # attention CP shards within tensor parallelism: --tp-size a multiple of it
@@ -162,13 +155,19 @@ def prefill_only_no_attn_cp(subject) -> None:
                       good=(*PREFILL_ONLY_OK, "--attn-cp-size", "1"), alone=("--tp-size", size, "--attn-cp-size", size))
 
 
-@contract("PREFILL-ONLY-NO-PREFILL-CP", f"{FLAG} with --enable-prefill-cp is a ValueError.", ARGS_FN, rules=("K46",), options=OPTIONS)
+@contract(
+    "PREFILL-ONLY-NO-PREFILL-CP", ARGS_FN, rules=("K46",), options=OPTIONS,
+    rule=f"{FLAG} with --enable-prefill-cp is a ValueError.",
+)
 def prefill_only_no_prefill_cp(subject) -> None:
     _precondition(subject, (*PREFILL_ONLY_OK, "--enable-prefill-cp"), ("--enable-prefill-cp",),
                   alone=("--enable-prefill-cp", "--cp-strategy", "zigzag"))
 
 
-@contract("PREFILL-ONLY-NO-HISPARSE", f"{FLAG} with --enable-hisparse is a ValueError.", ARGS_FN, rules=("K47",), options=OPTIONS)
+@contract(
+    "PREFILL-ONLY-NO-HISPARSE", ARGS_FN, rules=("K47",), options=OPTIONS,
+    rule=f"{FLAG} with --enable-hisparse is a ValueError.",
+)
 def prefill_only_no_hisparse(subject) -> None:
     _precondition(subject, (*PREFILL_ONLY_OK, "--enable-hisparse"), ("--enable-hisparse",),
                   alone=("--enable-hisparse",))

@@ -74,16 +74,13 @@ def _same_outputs(what: str, ref, got, logprobs: bool = True, tol: float = LOGPR
 
 
 @contract(
-    "KV-SWA-POOL-BUDGETS",
-    "By default (as in SGLang) an E2B-shaped model gets the hybrid pool: --max-total-tokens names the "
-    "full-attention budget and sliding-window layers get --swa-full-tokens-ratio (default 0.8; 0.25 given) times "
-    "it, as in SGLang; the startup log states bytes per token and tokens of each pool and the one-pool tokens of "
-    "the same bytes; KV-shared layers own nothing; --disable-hybrid-swa-memory keeps one pool of that budget.",
-    f"{ISSUE}: separate token budgets sized by --swa-full-tokens-ratio; seeds/004 K18 (the ratio's range)",
-    rules=("V4", "K18"),
-    needs=("engine",),
+    "KV-SWA-POOL-BUDGETS", f"{ISSUE}: separate token budgets sized by --swa-full-tokens-ratio; seeds/004 K18 (the ratio's range)", rules=("V4", "K18"), needs=("engine",),
 )
 def swa_pool_budgets(subject) -> None:
+    """By default (as in SGLang) an E2B-shaped model gets the hybrid pool: --max-total-tokens names the
+    full-attention budget and sliding-window layers get --swa-full-tokens-ratio (default 0.8; 0.25 given) times
+    it, as in SGLang; the startup log states bytes per token and tokens of each pool and the one-pool tokens of
+    the same bytes; KV-shared layers own nothing; --disable-hybrid-swa-memory keeps one pool of that budget."""
     one = 4000
     req = [GenRequest([5, 6, 7], max_new_tokens=1)]
     base = _pool_line(_run(subject, _argv(subject, "--max-total-tokens", str(one), ONE_POOL), req, "one pool"))
@@ -107,18 +104,16 @@ def swa_pool_budgets(subject) -> None:
 
 
 @contract(
-    "KV-SWA-OUTPUTS-AND-INTEGRITY",
-    "Under a tight budget (windows freed, prefixes evicted, requests preempted) the hybrid pool gives the one pool's "
-    "greedy tokens and logprobs: 24 prompts batched (also with fp8 KV and with fast prefill), chunked prefill, "
-    "preemption (a budget where decoding runs short), and "
-    "repeated prompts over the radix cache (prefixes whose window was freed matched only as far as still valid); the "
-    "engine stays healthy (its integrity check of both pools and every live window never fails).",
-    f"{ISSUE}: eviction, preemption, chunked prefill and the radix cache included; the integrity check covering both "
+    "KV-SWA-OUTPUTS-AND-INTEGRITY", rules=("V5",), needs=("engine",),
+    source=f"{ISSUE}: eviction, preemption, chunked prefill and the radix cache included; the integrity check covering both "
     "pools",
-    rules=("V5",),
-    needs=("engine",),
 )
 def swa_outputs_and_integrity(subject) -> None:
+    """Under a tight budget (windows freed, prefixes evicted, requests preempted) the hybrid pool gives the one
+    pool's greedy tokens and logprobs: 24 prompts batched (also with fp8 KV and with fast prefill), chunked
+    prefill, preemption (a budget where decoding runs short), and repeated prompts over the radix cache (prefixes
+    whose window was freed matched only as far as still valid); the engine stays healthy (its integrity check of
+    both pools and every live window never fails)."""
     from contracts.yoco_engine import LENGTHS
 
     ps = random_prompts(subject.tiny_model(MODEL), LENGTHS, seed=7)
@@ -154,15 +149,12 @@ def swa_outputs_and_integrity(subject) -> None:
 
 
 @contract(
-    "KV-SWA-SPECULATIVE",
-    "With speculative decoding (FROZEN_KV_MTP, a random draft whose drafts are rejected, and an oracle whose drafts "
-    "are accepted) on the hybrid pool under a tight budget, greedy tokens equal plain decoding's with one pool and "
-    "the engine stays healthy: rejected draft rows are freed from both pools.",
-    f"{ISSUE}: speculative decoding (rejected drafts freed from both pools)",
-    rules=("V5", "S1"),
-    needs=("engine",),
+    "KV-SWA-SPECULATIVE", f"{ISSUE}: speculative decoding (rejected drafts freed from both pools)", rules=("V5", "S1"), needs=("engine",),
 )
 def swa_speculative(subject) -> None:
+    """With speculative decoding (FROZEN_KV_MTP, a random draft whose drafts are rejected, and an oracle whose drafts
+    are accepted) on the hybrid pool under a tight budget, greedy tokens equal plain decoding's with one pool and
+    the engine stays healthy: rejected draft rows are freed from both pools."""
     from contracts.spec_decoding import LENGTHS, _spec
 
     ps = random_prompts(subject.tiny_model(MODEL), LENGTHS, seed=11)
@@ -174,15 +166,10 @@ def swa_speculative(subject) -> None:
         _healthy(subject, argv, f"draft {draft}")
 
 
-@contract(
-    "KV-SWA-LONGER-CONTEXT",
-    "In fewer KV bytes than a 250-token one pool (which refuses it) the hybrid pool (420 full-attention tokens, ratio "
-    "0.25) serves a 400-token context, with the greedy tokens one pool gives it with memory to spare.",
-    f"{ISSUE}: long context in little memory",
-    rules=("V6",),
-    needs=("engine",),
-)
+@contract("KV-SWA-LONGER-CONTEXT", f"{ISSUE}: long context in little memory", rules=("V6",), needs=("engine",))
 def swa_longer_context(subject) -> None:
+    """In fewer KV bytes than a 250-token one pool (which refuses it) the hybrid pool (420 full-attention tokens,
+    ratio 0.25) serves a 400-token context, with the greedy tokens one pool gives it with memory to spare."""
     p = random_prompts(subject.tiny_model(MODEL), [392], seed=3)[0]
     reqs = [GenRequest(p, max_new_tokens=8, return_logprob=True)]
     ref = _run(subject, _argv(subject, ONE_POOL), reqs, "one pool with memory to spare")

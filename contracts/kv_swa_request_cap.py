@@ -55,18 +55,16 @@ def _sizing(subject, argv, what: str) -> tuple[str, str, int, int]:
 
 
 @contract(
-    "KV-SWA-REQUEST-CAP-SIZING",
-    "With --max-running-requests, --disable-radix-cache and chunked prefill (SGLang's SWARequestCapPoolConfigurator) "
-    "the sliding-window pool holds max_running_requests x (window + 128 x draft tokens + 1 + decode allocation) + "
-    "chunk + 1 tokens (3 x 146 + 17 = 455 on the tiny e2b; 3 x 533 + 17 with 3 speculative steps) and "
-    "--max-total-tokens the full-attention pool; the startup log says 'request cap' and why. Without one of the "
-    "three (the radix cache on, --max-running-requests unset, --chunked-prefill-size -1) the ratio sizes it and the "
-    "log names what is missing; a --max-total-tokens too small for one request's worst case is refused at startup.",
-    f"{ISSUE}: the cap's sizing and its preconditions",
-    rules=("V7",),
-    needs=("engine",),
+    "KV-SWA-REQUEST-CAP-SIZING", f"{ISSUE}: the cap's sizing and its preconditions", rules=("V7",), needs=("engine",),
 )
 def swa_request_cap_sizing(subject) -> None:
+    """With --max-running-requests, --disable-radix-cache and chunked prefill (SGLang's
+    SWARequestCapPoolConfigurator) the sliding-window pool holds max_running_requests x (window + 128 x draft
+    tokens + 1 + decode allocation) + chunk + 1 tokens (3 x 146 + 17 = 455 on the tiny e2b; 3 x 533 + 17 with 3
+    speculative steps) and --max-total-tokens the full-attention pool; the startup log says 'request cap' and why.
+    Without one of the three (the radix cache on, --max-running-requests unset, --chunked-prefill-size -1) the
+    ratio sizes it and the log names what is missing; a --max-total-tokens too small for one request's worst case
+    is refused at startup."""
     from contracts.spec_decoding import _spec
 
     full = 2000
@@ -102,18 +100,15 @@ def swa_request_cap_sizing(subject) -> None:
 
 
 @contract(
-    "KV-SWA-REQUEST-CAP-HOLDS",
-    "Under the request cap (3 running, chunks of 16, a full-attention pool to spare) prompts of 120-200 tokens (40 new "
-    "tokens each) free their out-of-window sliding-window KV chunk by chunk, and a short prompt decoding 170 tokens "
-    "every 128 tokens, so the pool the cap sized is never short: no request is preempted, and greedy tokens and "
-    "logprobs equal one pool's; also with speculative decoding, and with a "
-    "full-attention pool that preempts (the cap's pool then min(cap, --max-total-tokens), admissions within it). The "
-    "engine stays healthy (both pools' integrity).",
-    f"{ISSUE}: the cap relies on eviction; integrity under eviction, preemption, chunked prefill and speculation",
-    rules=("V8", "V5"),
-    needs=("engine",),
+    "KV-SWA-REQUEST-CAP-HOLDS", f"{ISSUE}: the cap relies on eviction; integrity under eviction, preemption, chunked prefill and speculation", rules=("V8", "V5"), needs=("engine",),
 )
 def swa_request_cap_holds(subject) -> None:
+    """Under the request cap (3 running, chunks of 16, a full-attention pool to spare) prompts of 120-200 tokens (40
+    new tokens each) free their out-of-window sliding-window KV chunk by chunk, and a short prompt decoding 170
+    tokens every 128 tokens, so the pool the cap sized is never short: no request is preempted, and greedy tokens
+    and logprobs equal one pool's; also with speculative decoding, and with a full-attention pool that preempts
+    (the cap's pool then min(cap, --max-total-tokens), admissions within it). The engine stays healthy (both
+    pools' integrity)."""
     from contracts.spec_decoding import _spec
 
     ps = random_prompts(subject.tiny_model(MODEL), [200, 120, 170, 150, 9], seed=5)

@@ -55,10 +55,8 @@ PD = ("--disaggregation-mode", "decode")
 
 
 @contract(
-    "UM-PD-MOONCAKE",
-    f"{UMF} with PD disaggregation supports only the mooncake transfer backend.",
-    FN,
-    rules=("K19",), options=OPTIONS,
+    "UM-PD-MOONCAKE", FN, rules=("K19",), options=OPTIONS,
+    rule=f"{UMF} with PD disaggregation supports only the mooncake transfer backend.",
     note="SGLang 0.5.23 reads the allowed set from ServerArgs._unified_memory_pd_transfer_backends() (still "
     "{mooncake}) and also refuses mooncake with speculative decoding, plus decode-offload / host-pool sub-rules.",
 )
@@ -75,7 +73,7 @@ def um_pd_mooncake(subject) -> None:
     must_accept(subject, (*UM_TRITON, *PD, "--disaggregation-transfer-backend", "mooncake"))
 
 
-@contract("UM-PD-NO-PP", f"{UMF} with PD disaggregation needs --pp-size 1.", FN, rules=("K20",), options=OPTIONS)
+@contract("UM-PD-NO-PP", FN, rules=("K20",), options=OPTIONS, rule=f"{UMF} with PD disaggregation needs --pp-size 1.")
 def um_pd_no_pp(subject) -> None:
     must_reject(subject, (*UM_TRITON, *PD, "--pp-size", "2"), (UMF, "pipeline parallel"))
     must_accept(subject, (*UM_TRITON, "--pp-size", "2"))
@@ -83,13 +81,11 @@ def um_pd_no_pp(subject) -> None:
 
 
 @contract(
-    "UM-PD-LAZY-COMPACTION",
-    f"{UMF} with PD disaggregation refuses {LAZY_COMPACTION_ENV}=1 (lazy compaction is required).",
-    FN,
-    rules=("K21",), options=OPTIONS,
-    stricter="a switch value that is not a boolean is a ValueError naming the switch",
+    "UM-PD-LAZY-COMPACTION", FN, rules=("K21",), options=OPTIONS,
+    rule=f"{UMF} with PD disaggregation refuses {LAZY_COMPACTION_ENV}=1 (lazy compaction is required).",
     note=f"Our environment switch is {LAZY_COMPACTION_ENV} (SGLang: SGLANG_DISABLE_LAZY_COMPACTION); a value "
     "that is not a boolean is a ValueError naming it.",
+    stricter="a switch value that is not a boolean is a ValueError naming the switch",
 )
 def um_pd_lazy_compaction(subject) -> None:
     env_name = lazy_compaction_env(subject)
@@ -105,17 +101,17 @@ def um_pd_lazy_compaction(subject) -> None:
         raise violation(str(e).split("] ", 1)[1], project=True) from e
 
 
-@contract("UM-PD-NO-HISPARSE", f"{UMF} with PD disaggregation is not compatible with --enable-hisparse.", FN, rules=("K22",), options=OPTIONS)
+@contract(
+    "UM-PD-NO-HISPARSE", FN, rules=("K22",), options=OPTIONS,
+    rule=f"{UMF} with PD disaggregation is not compatible with --enable-hisparse.",
+)
 def um_pd_no_hisparse(subject) -> None:
     must_reject(subject, (*UM_TRITON, *PD, "--enable-hisparse"), (UMF, "--enable-hisparse"))
     must_accept(subject, (*UM_TRITON, "--enable-hisparse"))
 
 
 @contract(
-    "UM-SPEC-ALGORITHM",
-    f"{UMF} allows no speculative algorithm but DSPARK.",
-    FN,
-    rules=("K23",), options=OPTIONS,
+    "UM-SPEC-ALGORITHM", FN, rules=("K23",), options=OPTIONS, rule=f"{UMF} allows no speculative algorithm but DSPARK.",
     note="SGLang 0.5.23 also allows EAGLE, EAGLE3 and DFLASH (with their own backend and model conditions), and "
     "adds unified-memory rules the seed lacks (two-batch overlap, external cache linker, EAGLE with host_pool or "
     "hierarchical cache).",
@@ -129,10 +125,8 @@ def um_spec_algorithm(subject) -> None:
 
 
 @contract(
-    "UM-DSPARK-TOPK",
-    f"{UMF} + DSPARK needs --speculative-eagle-topk unset or 1 (a linear draft chain).",
-    FN,
-    rules=("K24",), options=OPTIONS,
+    "UM-DSPARK-TOPK", FN, rules=("K24",), options=OPTIONS,
+    rule=f"{UMF} + DSPARK needs --speculative-eagle-topk unset or 1 (a linear draft chain).",
     note="SGLang 0.5.23 checks --speculative-eagle-topk in {None, 1} for every algorithm, not only DSPARK.",
 )
 def um_dspark_topk(subject) -> None:
@@ -145,10 +139,8 @@ def um_dspark_topk(subject) -> None:
 
 
 @contract(
-    "UM-DSPARK-BACKENDS",
-    f"{UMF} + DSPARK needs prefill and decode backends within triton, trtllm_mla, cutedsl_mla, tokenspeed_mla.",
-    FN,
-    rules=("K25",), options=OPTIONS,
+    "UM-DSPARK-BACKENDS", FN, rules=("K25",), options=OPTIONS,
+    rule=f"{UMF} + DSPARK needs prefill and decode backends within triton, trtllm_mla, cutedsl_mla, tokenspeed_mla.",
     note="SGLang 0.5.23 allows {triton, trtllm_mla, cutedsl_mla, flashmla, flashinfer, fa3, fa4} for DSPARK "
     "(tokenspeed_mla dropped).",
 )
@@ -172,10 +164,8 @@ def um_dspark_backends(subject) -> None:
 
 
 @contract(
-    "UM-NO-HOST-TIERED-CACHE",
-    f"{UMF} is not compatible with --enable-hierarchical-cache or --enable-lmcache.",
-    FN,
-    rules=("K26",), options=OPTIONS,
+    "UM-NO-HOST-TIERED-CACHE", FN, rules=("K26",), options=OPTIONS,
+    rule=f"{UMF} is not compatible with --enable-hierarchical-cache or --enable-lmcache.",
     note="SGLang 0.5.23 refuses only --enable-lmcache in general (hierarchical cache only with EAGLE/EAGLE3).",
 )
 def um_no_host_tiered(subject) -> None:
@@ -185,10 +175,8 @@ def um_no_host_tiered(subject) -> None:
 
 
 @contract(
-    "UM-DCP-GATE",
-    f"{UMF} with --dcp-size > 1 runs the DCP checks; --dcp-size 1, or DCP without unified memory, does not.",
-    FN,
-    rules=("K27",), options=OPTIONS,
+    "UM-DCP-GATE", FN, rules=("K27",), options=OPTIONS,
+    rule=f"{UMF} with --dcp-size > 1 runs the DCP checks; --dcp-size 1, or DCP without unified memory, does not.",
 )
 def um_dcp_gate(subject) -> None:
     must_reject(subject, (*UM_TRITON, "--dcp-size", "2"), (UMF, "--dcp-size"), platform=GPU)
@@ -198,11 +186,9 @@ def um_dcp_gate(subject) -> None:
 
 
 @contract(
-    "UM-PREFILL-CUDA-GRAPH",
-    f"{UMF}: an explicit --cuda-graph-backend-prefill other than disabled is a ValueError; otherwise, where prefill "
+    "UM-PREFILL-CUDA-GRAPH", FN, rules=("K28",), options=OPTIONS,
+    rule=f"{UMF}: an explicit --cuda-graph-backend-prefill other than disabled is a ValueError; otherwise, where prefill "
     "capture would run (CUDA, no --disable-cuda-graph), it is disabled with a WARNING as a declared resolution.",
-    FN,
-    rules=("K28",), options=OPTIONS,
     note="We model the seed's cuda_graph_config through the resolved field cuda_graph_backend_prefill: unset, "
     "prefill capture defaults to on for CUDA (SGLang's default, 'breakable') and off on CPU or with "
     "--disable-cuda-graph; the resolution sets it to 'disabled'. This engine captures no graphs, so the "
@@ -246,10 +232,7 @@ def um_prefill_cuda_graph(subject) -> None:
 
 
 @contract(
-    "UM-DCP-MLA-ONLY",
-    f"{UMF} with --dcp-size > 1 supports MLA models only.",
-    DCP_FN,
-    rules=("K29",), options=OPTIONS,
+    "UM-DCP-MLA-ONLY", DCP_FN, rules=("K29",), options=OPTIONS, rule=f"{UMF} with --dcp-size > 1 supports MLA models only.",
 )
 def um_dcp_mla_only(subject) -> None:
     for model, backend in ((E2B, "triton"), (LLAMA, "triton"), (LLAMA, "flashinfer")):
@@ -259,10 +242,8 @@ def um_dcp_mla_only(subject) -> None:
 
 
 @contract(
-    "UM-DCP-NO-HYBRID-SWA",
-    f"{UMF} with --dcp-size > 1 does not support hybrid sliding-window models (even MLA ones).",
-    DCP_FN,
-    rules=("K30",), options=OPTIONS,
+    "UM-DCP-NO-HYBRID-SWA", DCP_FN, rules=("K30",), options=OPTIONS,
+    rule=f"{UMF} with --dcp-size > 1 does not support hybrid sliding-window models (even MLA ones).",
 )
 def um_dcp_no_hybrid_swa(subject) -> None:
     flags = (*UM, "--attention-backend", "flashinfer")
@@ -272,10 +253,8 @@ def um_dcp_no_hybrid_swa(subject) -> None:
 
 
 @contract(
-    "UM-DCP-NO-PD",
-    f"{UMF} with --dcp-size > 1 does not support PD disaggregation.",
-    DCP_FN,
-    rules=("K31",), options=OPTIONS,
+    "UM-DCP-NO-PD", DCP_FN, rules=("K31",), options=OPTIONS,
+    rule=f"{UMF} with --dcp-size > 1 does not support PD disaggregation.",
 )
 def um_dcp_no_pd(subject) -> None:
     flags = (*UM, "--attention-backend", "flashinfer", "--dcp-size", "2")
@@ -286,10 +265,8 @@ def um_dcp_no_pd(subject) -> None:
 
 
 @contract(
-    "UM-DCP-BACKENDS",
-    f"{UMF} with --dcp-size > 1 needs backends within flashinfer, trtllm_mla, cutedsl_mla, tokenspeed_mla.",
-    DCP_FN,
-    rules=("K32",), options=OPTIONS,
+    "UM-DCP-BACKENDS", DCP_FN, rules=("K32",), options=OPTIONS,
+    rule=f"{UMF} with --dcp-size > 1 needs backends within flashinfer, trtllm_mla, cutedsl_mla, tokenspeed_mla.",
     note="SGLang 0.5.23 drops tokenspeed_mla from this set.",
 )
 def um_dcp_backends(subject) -> None:

@@ -170,3 +170,15 @@ PREFILL_ONLY_OK = (
     "--attention-backend",
     "fa4",  # an FA backend Gemma-4 serves in SGLang (its Gemma-4 backends: trtllm_mha, triton, fa4, ...)
 )
+
+
+def triton_prefill_argv(model_path: str, *flags: str) -> list[str]:
+    """Prefill (extend and mixed batches, and a speculative verify) on triton, where fast prefill lives; pure decode
+    batches (and draft steps) on torch_native, the fast CPU path, flag or no flag."""
+    return ["--model-path", model_path, "--attention-backend", "triton", "--decode-attention-backend", "torch_native",
+            *flags]
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first step where two token lists differ (None: one is a prefix of the other)."""
+    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)

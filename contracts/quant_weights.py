@@ -1,8 +1,8 @@
 """Issue 32: fast prefill stays exact with quantized weights.
 
 QUANT-PARITY: for every weight format the engine serves (int8 W8A8, int8 and int4 weight-only, int4 weights with
-int8 activations, quantized while the checkpoint loads: ``--torchao-config``) and both KV dtypes (the model's and fp8_e4m3), greedy tokens and
-logprobs with ``--kv-sharing-fast-prefill`` equal those without it (logprobs within the PARITY contracts'
+int8 activations, quantized while the checkpoint loads: ``--torchao-config``) and both KV dtypes (the model's and
+fp8_e4m3), greedy tokens and logprobs with ``--kv-sharing-fast-prefill`` equal those without it (logprobs within the PARITY contracts'
 float32 bound), whole prompts and chunked, batched and one by one. The flag changes how many rows the
 cross-decoder runs on; a quantized kernel whose result for a row depended on the rows beside it (an
 activation scale per batch instead of per token) would break it. (Measured: the quantized kernels are
@@ -23,13 +23,12 @@ LENGTHS = [1, 5, 9, 16, 17, 33, 41, 64]
 
 
 @contract(
-    "QUANT-PARITY",
-    "With quantized weights (int8 W8A8, int8 and int4 weight-only, int4 W4A8) and both KV dtypes, greedy tokens with the flag "
+    "QUANT-PARITY", "seeds/000 PR-B: per-prompt parity test; issue 32: fast prefill stays exact in every weight format",
+    rules=("F13", "F15"), needs=("engine",),
+    rule="With quantized weights (int8 W8A8, int8 and int4 weight-only, int4 W4A8) and both KV dtypes, greedy tokens "
+    "with the flag "
     f"on equal those with it off and logprobs agree within {LOGPROB_TOL} (whole prompts and chunked, batched and "
     "one by one).",
-    "seeds/000 PR-B: per-prompt parity test; issue 32: fast prefill stays exact in every weight format",
-    rules=("F13", "F15"),
-    needs=("engine",),
     stricter=f"logprobs agree within {LOGPROB_TOL} in every quantized format",
 )
 def quant_parity(subject) -> None:

@@ -19,7 +19,7 @@ from collections import Counter
 
 from contracts.base import contract, require, violation
 from contracts.kv_accounting import generate_freeing_kv
-from contracts.models import random_prompts
+from contracts.models import first_difference, random_prompts, triton_prefill_argv
 from contracts.subject import GenRequest
 
 SOURCE = "issue 15 (speculative decoding with the Gemma-4 assistant)"
@@ -35,21 +35,20 @@ def _spec(subject, draft: str, *flags: str) -> list[str]:
     return ["--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", subject.tiny_model(draft), *flags]
 
 
+def _triton(subject, *flags: str) -> list[str]:
+    return triton_prefill_argv(subject.tiny_model(MODEL), *flags)
+
+
 def _torch_native(subject, *flags: str) -> list[str]:
     return ["--model-path", subject.tiny_model(MODEL), "--attention-backend", "torch_native", *flags]
-
-
-def _triton(subject, *flags: str) -> list[str]:
-    # Prefill (and verify) on triton, where fast prefill lives; decode and draft steps on torch_native.
-    return ["--model-path", subject.tiny_model(MODEL), "--attention-backend", "triton",
-            "--decode-attention-backend", "torch_native", *flags]
 
 
 def _same_tokens(what: str, ref, got) -> None:
     require(len(ref.outputs) == len(got.outputs), f"{what}: {len(got.outputs)} outputs, expected {len(ref.outputs)}")
     for i, (a, b) in enumerate(zip(ref.outputs, got.outputs)):
         if a.output_ids != b.output_ids:
-            step = next((k for k, (x, y) in enumerate(zip(a.output_ids, b.output_ids)) if x != y), min(len(a.output_ids), len(b.output_ids)))
+            step = first_difference(a.output_ids, b.output_ids)
+            step = min(len(a.output_ids), len(b.output_ids)) if step is None else step
             raise violation(
                 f"{what}: prompt {i}: tokens differ at step {step}: without speculation {a.output_ids}, with {b.output_ids}"
             )
@@ -61,13 +60,10 @@ def _expected_verifies(new_tokens: int, steps: int) -> int:
 
 
 @contract(
-    "SPEC-GREEDY-PARITY",
-    f"Greedy outputs with MTP (NEXTN -> FROZEN_KV_MTP, {STEPS}-token chains) equal those without, token for token, for "
+    "SPEC-GREEDY-PARITY", f"{SOURCE}: the loop, acceptance (greedy)", rules=("S1",), needs=("engine",),
+    rule=f"Greedy outputs with MTP (NEXTN -> FROZEN_KV_MTP, {STEPS}-token chains) equal those without, token for token, for "
     "24 prompts, batched and one by one, with a distilled, a random (every draft rejected) and an oracle draft (every "
     "draft accepted, so rounds are cut at max_new_tokens); the oracle's verify count proves every draft was accepted.",
-    f"{SOURCE}: the loop, acceptance (greedy)",
-    rules=("S1",),
-    needs=("engine",),
 )
 def spec_greedy_parity(subject) -> None:
     ps = random_prompts(subject.tiny_model(MODEL), LENGTHS, 11)
@@ -97,12 +93,9 @@ def spec_greedy_parity(subject) -> None:
 
 
 @contract(
-    "SPEC-FAST-PREFILL",
-    f"MTP with {FLAG} gives the same greedy tokens as MTP without it and as no speculation; with the flag on, verify "
+    "SPEC-FAST-PREFILL", f"{SOURCE}: with fast prefill on", rules=("S2",), needs=("engine",),
+    rule=f"MTP with {FLAG} gives the same greedy tokens as MTP without it and as no speculation; with the flag on, verify "
     "rows all run through the cross-decoder (every verify row feeds the LM head) while prefill batches keep the split.",
-    f"{SOURCE}: with fast prefill on",
-    rules=("S2",),
-    needs=("engine",),
 )
 def spec_fast_prefill(subject) -> None:
     # Few, short requests: on a CPU-only machine the triton kernels run interpreted (slow). The oracle draft
@@ -192,13 +185,10 @@ def two_sample_chi2(a: Counter, b: Counter, min_count: int = 10) -> tuple[float,
 
 
 @contract(
-    "SPEC-SAMPLING-DISTRIBUTION",
-    f"With temperature {TEMPERATURE} and top_k {TOP_K}, the tokens the first verify commits (positions 2 and 3) follow "
+    "SPEC-SAMPLING-DISTRIBUTION", f"{SOURCE}: acceptance (speculative sampling)", rules=("S3",), needs=("engine",),
+    rule=f"With temperature {TEMPERATURE} and top_k {TOP_K}, the tokens the first verify commits (positions 2 and 3) follow "
     f"the target's distribution: {SAMPLES} seeded samples with MTP and without pass a two-sample chi-square test at "
     f"false-alarm rate {ALPHA}, for the oracle and the distilled draft.",
-    f"{SOURCE}: acceptance (speculative sampling)",
-    rules=("S3",),
-    needs=("engine",),
 )
 def spec_sampling_distribution(subject) -> None:
     prompt = random_prompts(subject.tiny_model(MODEL), [6], 13)[0]
@@ -221,16 +211,11 @@ def spec_sampling_distribution(subject) -> None:
             )
 
 
-@contract(
-    "SPEC-KV-FREED",
-    "With MTP, after every request ends no KV slot is held (rejected draft rows are freed at once, a request "
-    "finishing mid-round frees its rows past its last token) and the radix cache passes its integrity check, "
-    "with the radix cache on and off and under a KV pool small enough to retract requests.",
-    f"{SOURCE}: rejected KV freed",
-    rules=("S4",),
-    needs=("engine",),
-)
+@contract("SPEC-KV-FREED", f"{SOURCE}: rejected KV freed", rules=("S4",), needs=("engine",))
 def spec_kv_freed(subject) -> None:
+    """With MTP, after every request ends no KV slot is held (rejected draft rows are freed at once, a request
+    finishing mid-round frees its rows past its last token) and the radix cache passes its integrity check, with
+    the radix cache on and off and under a KV pool small enough to retract requests."""
     ps = random_prompts(subject.tiny_model(MODEL), [30, 12, 45, 7, 19], 14)
     reqs = [GenRequest(p, max_new_tokens=10) for p in ps]
     reqs += [GenRequest(p, max_new_tokens=9, temperature=1.0, seed=i) for i, p in enumerate(ps)]

@@ -57,6 +57,9 @@ FLAG = "--kv-sharing-fast-prefill"
 MODEL = "e2b"  # tiny E2B-shaped checkpoint: 35 layers, 20 KV-shared
 PAIRS = 5  # on the process CPU clock (in process): single runs vary by +-20% on a shared VM
 PAIRS_WALL = 5  # on a wall clock (servers by URL): other jobs' load shows up, so more pairs
+# How each contract below judges, and whose thresholds they are
+JUDGED = f"median of {PAIRS} interleaved pairs ({PAIRS_WALL} by URL), measured again once before failing."
+OURS = "the seed measures the scenarios; the thresholds are this project's"
 
 # THRU-PREFILL-SPEEDUP: a PREFILL_LEN-token prompt, TTFT flag off / on. The saving 1 - on/off must reach
 # PREFILL_FRACTION of the FLOP bound's saving 1 - 1/bound. Measured in process at 512 tokens: about 0.76 of
@@ -156,14 +159,11 @@ def _median(xs: list[float | None], what: str) -> float:
 
 
 @contract(
-    "THRU-PREFILL-SPEEDUP",
-    f"On a {PREFILL_LEN}-token prompt, TTFT with the flag on is lower than with it off by at least "
+    "THRU-PREFILL-SPEEDUP", SOURCE, rules=("F16",), needs=("bench",),
+    rule=f"On a {PREFILL_LEN}-token prompt, TTFT with the flag on is lower than with it off by at least "
     f"{PREFILL_FRACTION:.0%} of the saving the model's prefill FLOP bound allows (1 - on/off >= "
-    f"{PREFILL_FRACTION} x (1 - 1/bound)); median of {PAIRS} interleaved pairs ({PAIRS_WALL} by URL), measured again once before failing.",
-    SOURCE,
-    rules=("F16",),
-    needs=("bench",),
-    stricter="the seed measures the scenarios; the thresholds are this project's",
+    f"{PREFILL_FRACTION} x (1 - 1/bound)); {JUDGED}",
+    stricter=OURS,
 )
 def prefill_speedup(subject) -> None:
     cfg = subject.model_config(_argv(subject, True))
@@ -185,14 +185,10 @@ def prefill_speedup(subject) -> None:
 
 
 @contract(
-    "THRU-DECODE-NO-REGRESSION",
-    f"On decode-dominated requests ({DECODE_REQS} one-token prompts, {DECODE_TOKENS} new tokens each), median TPOT "
-    f"with the flag on is at most {1 + DECODE_MARGIN:.2f}x flag off; median of {PAIRS} interleaved pairs ({PAIRS_WALL} by URL), measured "
-    "again once before failing.",
-    SOURCE,
-    rules=("F16",),
-    needs=("bench",),
-    stricter="the seed measures the scenarios; the thresholds are this project's",
+    "THRU-DECODE-NO-REGRESSION", SOURCE, rules=("F16",), needs=("bench",),
+    rule=f"On decode-dominated requests ({DECODE_REQS} one-token prompts, {DECODE_TOKENS} new tokens each), median TPOT "
+    f"with the flag on is at most {1 + DECODE_MARGIN:.2f}x flag off; {JUDGED}",
+    stricter=OURS,
 )
 def decode_no_regression(subject) -> None:
     cfg = subject.model_config(_argv(subject, False))
@@ -210,14 +206,11 @@ def decode_no_regression(subject) -> None:
 
 
 @contract(
-    "THRU-SUMM-SCENARIO",
-    f"The summarisation scenario (8k in / 1k out scaled by {SUMM_SCALE:g}: {round(8192 * SUMM_SCALE)} / "
+    "THRU-SUMM-SCENARIO", SOURCE, rules=("F16",), needs=("bench",),
+    rule=f"The summarisation scenario (8k in / 1k out scaled by {SUMM_SCALE:g}: {round(8192 * SUMM_SCALE)} / "
     f"{round(1024 * SUMM_SCALE)}, {SUMM_REQS} requests at once) has at least {1 + SUMM_MARGIN:.2f}x the output tok/s "
-    f"with the flag on as off; median of {PAIRS} interleaved pairs ({PAIRS_WALL} by URL), measured again once before failing.",
-    SOURCE,
-    rules=("F16",),
-    needs=("bench",),
-    stricter="the seed measures the scenarios; the thresholds are this project's",
+    f"with the flag on as off; {JUDGED}",
+    stricter=OURS,
 )
 def summ_scenario(subject) -> None:
     cfg = subject.model_config(_argv(subject, False))

@@ -9,7 +9,7 @@ difference.
 from __future__ import annotations
 
 from contracts.base import contract, require, violation
-from contracts.models import random_prompts
+from contracts.models import first_difference, random_prompts, triton_prefill_argv
 from contracts.subject import GenRequest
 
 SEED = "seeds/000 PR-B"
@@ -38,17 +38,14 @@ def prompts(model_path: str, lengths=LENGTHS, seed: int = 0) -> list[list[int]]:
 
 
 def _argv(subject, *flags: str) -> list[str]:
-    # Prefill (extend and mixed batches) on triton, where fast prefill lives; pure decode batches
-    # take the normal path either way, so they run on torch_native (the fast CPU path) in both.
-    return ["--model-path", subject.tiny_model(MODEL), "--attention-backend", "triton",
-            "--decode-attention-backend", "torch_native", *flags]
+    return triton_prefill_argv(subject.tiny_model(MODEL), *flags)
 
 
 def _compare(what: str, off, on) -> None:
     require(len(off.outputs) == len(on.outputs), f"{what}: {len(off.outputs)} outputs with the flag off, {len(on.outputs)} on")
     for i, (a, b) in enumerate(zip(off.outputs, on.outputs)):
         if a.output_ids != b.output_ids:
-            step = next((k for k, (x, y) in enumerate(zip(a.output_ids, b.output_ids)) if x != y), None)
+            step = first_difference(a.output_ids, b.output_ids)
             raise violation(f"{what}: prompt {i}: greedy tokens differ at step {step}: flag off {a.output_ids}, flag on {b.output_ids}"
             )
         for step, (la, lb) in enumerate(zip(a.output_logprobs, b.output_logprobs)):
@@ -68,12 +65,9 @@ def _compare(what: str, off, on) -> None:
 
 
 @contract(
-    "PARITY-GREEDY",
-    "For 24 prompts of varied lengths, batched and one by one, greedy tokens with the flag on equal those with it "
+    "PARITY-GREEDY", f"{SEED}: per-prompt parity test; PR-C: accuracy unchanged", rules=("F13", "F15", "F16"), needs=("engine",),
+    rule="For 24 prompts of varied lengths, batched and one by one, greedy tokens with the flag on equal those with it "
     f"off and output logprobs agree within {LOGPROB_TOL}; again (batched) served in bfloat16.",
-    f"{SEED}: per-prompt parity test; PR-C: accuracy unchanged",
-    rules=("F13", "F15", "F16"),
-    needs=("engine",),
     stricter="greedy outputs do not depend on the batch (batched and one by one) and logprobs agree within 1e-4",
 )
 def parity_greedy(subject) -> None:
@@ -86,14 +80,11 @@ def parity_greedy(subject) -> None:
 
 
 @contract(
-    "PARITY-EDGE-BATCHES",
-    "Chunked prefill (a chunk's last row is kept though not sampled), radix-cache hits and mixed prefill+decode "
-    "batches give the same greedy tokens and logprobs with the flag on as off, in float32 and in bfloat16.",
-    f"{SEED}: gather -> cross-decoder -> scatter over every batch shape",
-    rules=("F13", "F14", "F15"),
-    needs=("engine",),
+    "PARITY-EDGE-BATCHES", f"{SEED}: gather -> cross-decoder -> scatter over every batch shape", rules=("F13", "F14", "F15"), needs=("engine",),
 )
 def parity_edge_batches(subject) -> None:
+    """Chunked prefill (a chunk's last row is kept though not sampled), radix-cache hits and mixed prefill+decode
+    batches give the same greedy tokens and logprobs with the flag on as off, in float32 and in bfloat16."""
     ps = prompts(subject.tiny_model(MODEL), lengths=[1, 9, 40, 57, 33, 70], seed=1)
     # Chunked prefill: 16-token chunks, so later chunks attend to a cached prefix.
     reqs = [GenRequest(p, max_new_tokens=3, return_logprob=True) for p in ps]
@@ -111,15 +102,12 @@ def parity_edge_batches(subject) -> None:
 
 
 @contract(
-    "PARITY-PROMPT-LOGPROBS",
-    "Prompt logprobs (from logprob_start_len) are computed with the flag on, not rejected, and equal those with the flag off "
-    "(in float32 and in bfloat16).",
-    f"{SEED}: rows that feed the LM head include every prompt-logprob row",
-    rules=("F13", "F15"),
-    needs=("engine",),
+    "PARITY-PROMPT-LOGPROBS", f"{SEED}: rows that feed the LM head include every prompt-logprob row", rules=("F13", "F15"), needs=("engine",),
     stricter="prompt logprobs with the flag on are computed (and equal), not refused",
 )
 def parity_prompt_logprobs(subject) -> None:
+    """Prompt logprobs (from logprob_start_len) are computed with the flag on, not rejected, and equal those with the
+    flag off (in float32 and in bfloat16)."""
     ps = prompts(subject.tiny_model(MODEL), lengths=[5, 20, 37], seed=2)
     reqs = [GenRequest(p, max_new_tokens=2, return_logprob=True, logprob_start_len=s) for p, s in zip(ps, (0, 3, 30))]
     # Whole prompts, then 16-token chunks (later chunks attend to a cached prefix), in each dtype.
@@ -132,14 +120,12 @@ def parity_prompt_logprobs(subject) -> None:
 
 
 @contract(
-    "WORK-CROSS-DECODER-ROWS",
-    "On extend batches with the flag on, the cross-decoder (KV-shared layers) processes exactly the LM-head rows "
-    "(one per request, plus prompt-logprob rows) and the self-decoder every row; with the flag off both see every row.",
-    f"{SEED}: the last num_kv_shared_layers layers run only on the per-request last-extend-token rows",
-    rules=("F13",),
-    needs=("engine",),
+    "WORK-CROSS-DECODER-ROWS", f"{SEED}: the last num_kv_shared_layers layers run only on the per-request last-extend-token rows", rules=("F13",), needs=("engine",),
 )
 def work_cross_decoder_rows(subject) -> None:
+    """On extend batches with the flag on, the cross-decoder (KV-shared layers) processes exactly the LM-head rows
+    (one per request, plus prompt-logprob rows) and the self-decoder every row; with the flag off both see every
+    row."""
     ps = prompts(subject.tiny_model(MODEL), lengths=[3, 4, 2, 30, 17], seed=3)
     total = sum(len(p) for p in ps)
     reqs = [GenRequest(p, max_new_tokens=1) for p in ps]  # one prefill forward, nothing else

@@ -10,8 +10,8 @@ import threading
 import pytest
 import torch
 
-from impl.testing import checkpoints as ck
-from impl.testing.hf_quirks import assistant_kv_sharing_patch
+from impl.checkpoint_factory import checkpoints as ck
+from impl.checkpoint_factory.hf_quirks import assistant_kv_sharing_patch
 
 TEXT = ["e2b", "k_eq_v", "moe", "noshare"]
 ASSISTANTS = ["assistant", "assistant_ordered", "assistant_bench"]

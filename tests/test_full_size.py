@@ -1,4 +1,4 @@
-"""The streamed full-size checkpoint writer (impl/testing/full_size.py) and the e2b-full recipes.
+"""The streamed full-size checkpoint writer (impl/checkpoint_factory/full_size.py) and the e2b-full recipes.
 
 CI never builds e2b-full (9.3 GB): it checks the recipe's shape from the meta-device model, and the
 writer on the small streamed recipe ``e2b-mm``, whose file digest pins FORMAT_VERSION (the full-size
@@ -15,9 +15,9 @@ import random
 import pytest
 import torch
 
-from impl.testing import checkpoints as ck
-from impl.testing import full_size as fs
-from impl.testing.corpus import CORPUS
+from impl.checkpoint_factory import checkpoints as ck
+from impl.checkpoint_factory import full_size as fs
+from impl.checkpoint_factory.corpus import CORPUS
 
 
 def folder_digest(folder: str) -> str:
@@ -103,7 +103,7 @@ def test_full_size_build_refuses_a_disk_too_small(monkeypatch, tmp_path):
 
 @pytest.mark.slow  # a 262144-entry tokenizer
 def test_widened_tokenizer_has_exactly_262144_entries_and_round_trips():
-    from impl.testing.tokenizer_factory import BOS_ID, END_OF_TURN_ID, SPECIAL_TOKENS, train_tokenizer, widen_tokenizer
+    from impl.checkpoint_factory.tokenizer_factory import BOS_ID, END_OF_TURN_ID, SPECIAL_TOKENS, train_tokenizer, widen_tokenizer
 
     tok = widen_tokenizer(train_tokenizer(), 262144)
     assert tok.get_vocab_size(with_added_tokens=True) == 262144

@@ -152,11 +152,14 @@ def test_the_graph_reads_type_checking_imports():
 
 
 def test_the_server_takes_its_default_model_from_a_public_module():
-    """The production server's modules reach the checkpoint factory (a package named ``testing``) only through
-    ``impl.models_builtin``, the one public module that names the embedded default model."""
+    """The production server's modules reach the checkpoint factory only through ``impl.models_builtin``, the one
+    public module that names the embedded default model, and nothing that serves imports the test helpers
+    (``impl.testing``)."""
     graph = import_graph(with_function_imports=True)
     bad = sorted(f"{m} -> {t}" for m, edges in graph.items() if m.startswith(SERVER) or m == "impl.engine.engine"
-                 for t in edges if t.startswith("impl.testing"))
+                 for t in edges if t.startswith(("impl.testing", "impl.checkpoint_factory")))
+    bad += sorted(f"impl.checkpoint_factory -> {t}" for m, edges in graph.items()
+                  if m.startswith("impl.checkpoint_factory") for t in edges if t.startswith("impl.testing"))
     assert bad == []
     assert "impl.models_builtin" in graph["impl.server.runtime"]
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from impl.engine.detokenizer import IncrementalDetokenizer
 from impl.model.tokenizer import Tokenizer
-from impl.testing.tokenizer_factory import GEMMA_CHAT_TEMPLATE, write_tokenizer_files
+from impl.checkpoint_factory.tokenizer_factory import GEMMA_CHAT_TEMPLATE, write_tokenizer_files
 
 TEXTS = [
     "Hello world",

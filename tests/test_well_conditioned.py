@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from impl.testing import checkpoints as ck
-from impl.testing import full_size as fs
-from impl.testing import well_conditioned as wc
-from impl.testing.gemma_tokenizer import BYTE_PIECES, SPACE, train_gemma_tokenizer
-from impl.testing.reduced import reduced
-from impl.testing.tokenizer_factory import SPECIAL_TOKENS, widen_tokenizer
+from impl.checkpoint_factory import checkpoints as ck
+from impl.checkpoint_factory import full_size as fs
+from impl.checkpoint_factory import well_conditioned as wc
+from impl.checkpoint_factory.gemma_tokenizer import BYTE_PIECES, SPACE, train_gemma_tokenizer
+from impl.checkpoint_factory.reduced import reduced
+from impl.checkpoint_factory.tokenizer_factory import SPECIAL_TOKENS, widen_tokenizer
 
 
 def test_recipe_is_e2b_full_shape_on_demand_with_its_own_weights_and_tokenizer():

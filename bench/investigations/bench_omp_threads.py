@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args(argv)
     from impl import Engine
-    from impl.testing.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
 
     path = tiny_checkpoint(args.model) if args.model in TINY_CHECKPOINTS else args.model
     eng = Engine(path, dtype="float32", random_seed=0, context_length=2048, disable_radix_cache=True)

@@ -24,7 +24,7 @@ def main(argv=None) -> int:
 
     from bench.bench_engine import workload
     from impl import Engine
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fast-prefill", action="store_true", help="triton backend with the flag on (default: off, torch_native)")

@@ -44,7 +44,7 @@ class Config:
 
 def draft_model() -> str:
     """An MTP assistant checkpoint for e2b_bench when one exists, else the e2b one (the server decides)."""
-    from impl.testing import checkpoints as ck
+    from impl.checkpoint_factory import checkpoints as ck
 
     for name, target in getattr(ck, "ASSISTANT_TARGETS", {}).items():
         if target == "e2b_bench":
@@ -247,7 +247,7 @@ def git_commit() -> str:
 
 def main(argv=None) -> int:
     from bench.serving.presets import PRESETS
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     ap = argparse.ArgumentParser(prog="python -m bench.serving.campaign", description=__doc__.split("\n\n")[0])
     ap.add_argument("--scale", type=float, default=1 / 8)

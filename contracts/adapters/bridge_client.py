@@ -14,7 +14,10 @@ import os
 import subprocess
 import tempfile
 import threading
-from typing import Any
+from typing import Any, Mapping, Sequence
+
+from contracts.base import CommandLineRefused
+from contracts.subject import CheckOutcome, OptionInfo
 
 
 class BridgeError(RuntimeError):
@@ -34,11 +37,25 @@ class BridgedSubject:
     """An ``args`` subject whose answers come from ``bridge`` run by the Python of ``$<venv_variable>``."""
 
     capabilities = frozenset({"args"})
-    engine = "?"
+    engine = "?"  # the engine's name, as its project writes it
+    # Set from ``tag``, the engine's name in lower case (``sglang``): the bridge (``<tag>_bridge.py`` beside this
+    # file), the virtualenv (``$<TAG>_VENV``, else ``.cache/<tag>-venv``), the make target that builds it, and the
+    # prefix of the engine's environment switches (this project's ``YOCO_*`` are renamed to it).
+    tag = ""
     bridge = ""
     venv_variable = ""
     default_venv = ""
     make_target = ""
+    env_prefix = "YOCO_"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        here = os.path.dirname(os.path.abspath(__file__))
+        cls.bridge = os.path.join(here, f"{cls.tag}_bridge.py")
+        cls.venv_variable = f"{cls.tag.upper()}_VENV"
+        cls.default_venv = os.path.join(os.path.dirname(os.path.dirname(here)), ".cache", f"{cls.tag}-venv")
+        cls.make_target = f"make conformance-{cls.tag}"
+        cls.env_prefix = f"{cls.tag.upper()}_"
 
     def __init__(self, venv: str | None = None):
         self.venv = os.path.abspath(venv or os.environ.get(self.venv_variable) or self.default_venv)
@@ -81,6 +98,37 @@ class BridgedSubject:
             e = answer["bridge_error"]
             raise BridgeError(f"the {self.engine} bridge failed on {req}: {e['type']}: {e['message']}\n{e['where']}")
         return answer
+
+    def _answer(self, req: dict[str, Any], argv: Sequence[str]) -> dict[str, Any]:
+        """The bridge's answer to ``req`` about ``argv`` (what the engine was given); its refusal of the command line
+        raises ``CommandLineRefused``."""
+        answer = self._call(req)
+        if "refused" in answer:
+            raise CommandLineRefused(argv, answer["refused"])
+        return answer
+
+    def engine_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        """``env`` with this project's ``YOCO_*`` switches under the engine's own prefix."""
+        return {(self.env_prefix + k[len("YOCO_"):] if k.startswith("YOCO_") else k): v for k, v in (env or {}).items()}
+
+    @staticmethod
+    def outcome(answer: dict[str, Any], user: dict[str, Any] | None = None,
+                resolved: dict[str, Any] | None = None) -> CheckOutcome:
+        """A bridge's ``check`` answer as a ``CheckOutcome`` (``user`` / ``resolved``: the answer's, translated)."""
+        return CheckOutcome(
+            user=answer["user"] if user is None else user,
+            resolved=answer["resolved"] if resolved is None else resolved,
+            resolutions=[tuple(r) for r in answer["resolutions"]],
+            log=[tuple(r) for r in answer["log"]],
+            model_config=answer["model_config"],
+            error=rebuild_error(answer["error"]) if answer["error"] else None,
+        )
+
+    def cli_options(self) -> Mapping[str, OptionInfo]:
+        if self._options is None:
+            opts = self._call({"op": "options"})["options"]
+            self._options = {o["option"]: OptionInfo(o["option"], o["dest"], o["action"], o["default"], o["help"]) for o in opts}
+        return self._options
 
     def close(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

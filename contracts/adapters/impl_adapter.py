@@ -100,7 +100,7 @@ class ImplSubject:
         return run_with_faults(argv, runs)
 
     def tiny_model(self, name: str) -> str:
-        from impl.testing.checkpoints import tiny_checkpoint
+        from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
         if name == "assistant_oracle":  # see impl_engine.engine_for
             from impl.testing.oracle_draft import ORACLE_PREFIX

@@ -18,6 +18,7 @@ import time
 import uuid
 from typing import Any, Iterator, Sequence
 
+from contracts.base import without_options
 from contracts.logcapture import capture_logs
 from contracts.subject import GenOutput, GenRequest, GenResult, TimedOutput
 
@@ -62,29 +63,17 @@ def engine_for(argv: Sequence[str]) -> tuple[Any, list[tuple[str, str]]]:
             args.speculative_draft_model_path = draft[len(ORACLE_PREFIX):]
         given = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
         if given["model_path"] is None:  # as the launcher does (impl.server.runtime.build_engine), without its log line
-            from impl.testing.checkpoints import default_model_path
+            from impl.checkpoint_factory.checkpoints import default_model_path
 
             given["model_path"] = default_model_path()
         with capture_logs("impl") as log:
             engine = Engine(**given)
         if oracle:
             engine.spec_worker.drafter = OracleDrafter(
-                _greedy_continuation(_without_speculation(argv)), engine.runner.model.compute_logits
+                _greedy_continuation(without_options(argv, "--speculative-")), engine.runner.model.compute_logits
             )
         _ENGINES[key] = (engine, list(log))
     return _ENGINES[key]
-
-
-def _without_speculation(argv: Sequence[str]) -> list[str]:
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a.startswith("--speculative-"):
-            skip = "=" not in a
-        else:
-            out.append(a)
-    return out
 
 
 _CONTINUATIONS: dict[tuple[tuple[str, ...], tuple[int, ...], int], list[int]] = {}

@@ -24,13 +24,10 @@ import os
 import tempfile
 from typing import Any, Mapping, Sequence
 
-from contracts.adapters.bridge_client import BridgedSubject, rebuild_error
-from contracts.base import CommandLineRefused
-from contracts.subject import CheckOutcome, OptionInfo
+from contracts.adapters.bridge_client import BridgedSubject
+from contracts.subject import CheckOutcome
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BRIDGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_bridge.py")
-DEFAULT_VENV = os.path.join(REPO_ROOT, ".cache", "sglang-venv")
 MODEL_FLAGS = ("--model-path", "--model", "--speculative-draft-model-path")
 
 
@@ -74,43 +71,19 @@ def _translate(argv: Sequence[str]) -> list[str]:
 class SglangSubject(BridgedSubject):
     """SGLang's argument code as an ``args`` subject (no engine: SGLang's engine needs a GPU)."""
 
-    capabilities = frozenset({"args"})
-    env_prefix = "SGLANG_"
     engine = "SGLang"
-    bridge = BRIDGE
-    venv_variable = "SGLANG_VENV"
-    default_venv = DEFAULT_VENV
-    make_target = "make conformance-sglang"
+    tag = "sglang"
 
     def describe(self) -> str:
         self.cli_options()  # starts the bridge, which reports SGLang's version
-        return f"SGLang {self.version} (ServerArgs and its resolution pipeline, in process through {os.path.relpath(BRIDGE, REPO_ROOT)})"
+        return f"SGLang {self.version} (ServerArgs and its resolution pipeline, in process through {os.path.relpath(self.bridge, REPO_ROOT)})"
 
     # ---- args ------------------------------------------------------------------------
     def parse_args(self, argv: Sequence[str]) -> dict[str, Any]:
         argv = _translate(argv)
-        answer = self._call({"op": "parse", "argv": argv})
-        if "refused" in answer:
-            raise CommandLineRefused(argv, answer["refused"])
-        return answer["args"]
-
-    def cli_options(self) -> Mapping[str, OptionInfo]:
-        if self._options is None:
-            opts = self._call({"op": "options"})["options"]
-            self._options = {o["option"]: OptionInfo(o["option"], o["dest"], o["action"], o["default"], o["help"]) for o in opts}
-        return self._options
+        return self._answer({"op": "parse", "argv": argv}, argv)["args"]
 
     def check(self, argv: Sequence[str], platform: str = "cpu", env: Mapping[str, str] | None = None) -> CheckOutcome:
         argv = _translate(argv)
-        sg_env = {("SGLANG_" + k[len("YOCO_"):] if k.startswith("YOCO_") else k): v for k, v in (env or {}).items()}
-        answer = self._call({"op": "check", "argv": argv, "platform": platform, "env": sg_env})
-        if "refused" in answer:
-            raise CommandLineRefused(argv, answer["refused"])
-        return CheckOutcome(
-            user=answer["user"],
-            resolved=answer["resolved"],
-            resolutions=[tuple(r) for r in answer["resolutions"]],
-            log=[tuple(r) for r in answer["log"]],
-            model_config=answer["model_config"],
-            error=rebuild_error(answer["error"]) if answer["error"] else None,
-        )
+        return self.outcome(self._answer({"op": "check", "argv": argv, "platform": platform,
+                                          "env": self.engine_env(env)}, argv))

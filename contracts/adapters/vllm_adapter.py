@@ -22,31 +22,24 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping, Sequence
 
-from contracts.adapters.bridge_client import BridgedSubject, rebuild_error
+from contracts.adapters.bridge_client import BridgedSubject
 from contracts.adapters.vllm_options import refusal, resolved_in_sglang_terms, translate
 from contracts.base import CommandLineRefused, NotReached
-from contracts.subject import CheckOutcome, OptionInfo
+from contracts.subject import CheckOutcome
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BRIDGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_bridge.py")
-DEFAULT_VENV = os.path.join(REPO_ROOT, ".cache", "vllm-venv")
 
 
 class VllmSubject(BridgedSubject):
     """vLLM's argument code as an ``args`` subject (its engine is reached by URL: ``--subject http://...``)."""
 
-    capabilities = frozenset({"args"})
-    env_prefix = "VLLM_"
     engine = "vLLM"
-    bridge = BRIDGE
-    venv_variable = "VLLM_VENV"
-    default_venv = DEFAULT_VENV
-    make_target = "make conformance-vllm"
+    tag = "vllm"
 
     def describe(self) -> str:
         self.cli_options()  # starts the bridge, which reports vLLM's version
         return (f"vLLM {self.version} (EngineArgs -> create_engine_config, in process through "
-                f"{os.path.relpath(BRIDGE, REPO_ROOT)})")
+                f"{os.path.relpath(self.bridge, REPO_ROOT)})")
 
     def _vllm_argv(self, argv: Sequence[str]) -> list[str]:
         t = translate(argv)
@@ -58,34 +51,15 @@ class VllmSubject(BridgedSubject):
     # ---- args ------------------------------------------------------------------------
     def parse_args(self, argv: Sequence[str]) -> dict[str, Any]:
         vargv = self._vllm_argv(argv)
-        answer = self._call({"op": "parse", "argv": vargv})
-        if "refused" in answer:
-            raise CommandLineRefused(vargv, answer["refused"])
-        return answer["args"]
-
-    def cli_options(self) -> Mapping[str, OptionInfo]:
-        if self._options is None:
-            opts = self._call({"op": "options"})["options"]
-            self._options = {o["option"]: OptionInfo(o["option"], o["dest"], o["action"], o["default"], o["help"]) for o in opts}
-        return self._options
+        return self._answer({"op": "parse", "argv": vargv}, vargv)["args"]
 
     def check(self, argv: Sequence[str], platform: str = "cpu", env: Mapping[str, str] | None = None) -> CheckOutcome:
         vargv = self._vllm_argv(argv)
         if platform != "cpu":
             raise NotReached(f"the vllm subject runs vLLM's configuration on this machine's platform (the CPU); the "
                              f"case on {platform} needs vLLM on that GPU", "cuda", ["impl on CUDA"])
-        venv = {("VLLM_" + k[len("YOCO_"):] if k.startswith("YOCO_") else k): v for k, v in (env or {}).items()}
-        answer = self._call({"op": "check", "argv": vargv, "env": venv})
-        if "refused" in answer:
-            raise CommandLineRefused(vargv, answer["refused"])
+        answer = self._answer({"op": "check", "argv": vargv, "env": self.engine_env(env)}, vargv)
         user = answer["user"]
         spec = user.get("speculative_config")
         user = resolved_in_sglang_terms({**user, "speculative_method": spec.get("method") if isinstance(spec, dict) else None})
-        return CheckOutcome(
-            user=user,
-            resolved=resolved_in_sglang_terms(answer["resolved"]),
-            resolutions=[tuple(r) for r in answer["resolutions"]],
-            log=[tuple(r) for r in answer["log"]],
-            model_config=answer["model_config"],
-            error=rebuild_error(answer["error"]) if answer["error"] else None,
-        )
+        return self.outcome(answer, user, resolved_in_sglang_terms(answer["resolved"]))

@@ -57,7 +57,8 @@ class Platform:
         import torch
 
         if device in ("auto", "cuda") and torch.cuda.is_available():
-            return cls("cuda", tuple(torch.cuda.get_device_capability()), torch.cuda.get_device_name())
+            major, minor = torch.cuda.get_device_capability()
+            return cls("cuda", (major, minor), torch.cuda.get_device_name())
         if device == "cuda":
             raise ValueError("--device cuda was given but torch sees no CUDA device; use --device cpu or --device auto.")
         return cls.cpu()

@@ -40,7 +40,7 @@ rounding (the summation order differs), not bit for bit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch.nn import functional as F
@@ -105,7 +105,8 @@ class _Plan:
     window_rows: torch.Tensor | None = None  # [n'] rows of q run through windows (None: every row)
     bands: dict[int, list[_Band]] = field(default_factory=dict)  # per sliding window size, built on first use
     cross: bool = False  # YOCO cross-decoder plan
-    kv: dict[tuple, tuple] = field(default_factory=dict)  # (kv_layer_id, window[, "band"]) -> gathered K/V
+    # (kv_layer_id, window[, "band"]) -> gathered K/V: a (k, v) pair, or one per band / segment
+    kv: dict[tuple, Any] = field(default_factory=dict)
     _window_index: tuple | None = None
     _segments: list[_Segment] | None = None
 
@@ -294,24 +295,26 @@ class TorchNativeAttnBackend(AttentionBackend):
         if not plan.band_groups:
             return self._sliding_rows(q3, kv, plan, layer)
         n, h, d = q3.shape
-        key = (layer.kv_layer_id, layer.sliding_window, "band")
-        bands = self._bands(plan, self.req_to_token_pool.req_to_token, layer.sliding_window)
+        window, window_rows = layer.sliding_window, plan.window_rows
+        assert window is not None and window_rows is not None  # a sliding layer; a plan with bands splits its rows
+        key = (layer.kv_layer_id, window, "band")
+        bands = self._bands(plan, self.req_to_token_pool.req_to_token, window)
         if key not in plan.kv:
             plan.kv[key] = [_gather(kv, b.slots[None]) for b in bands]
-        if len(bands) == 1 and plan.window_rows.numel() == 0:
+        if len(bands) == 1 and window_rows.numel() == 0:
             kf, vf = plan.kv[key][0]
             return _attend_band(q3, bands[0], kf, vf, layer)
         out = torch.empty(n, h, d, dtype=torch.float32, device=q3.device)
         for b, (kf, vf) in zip(bands, plan.kv[key]):
             out[b.rows] = _attend_band(q3[b.rows], b, kf, vf, layer)
-        if plan.window_rows.numel():
-            rows = plan.window_rows
-            out[rows] = self._sliding_rows(q3.index_select(0, rows), kv, plan, layer)
+        if window_rows.numel():
+            out[window_rows] = self._sliding_rows(q3.index_select(0, window_rows), kv, plan, layer)
         return out
 
     def _sliding_rows(self, q3, kv: "_PoolKV", plan: _Plan, layer: AttentionLayer) -> torch.Tensor:
         """Each row (of ``plan.window_rows``) against its own window of keys: batched ``[n * Hkv, G, w]`` scores."""
         n, h, d = q3.shape
+        assert layer.sliding_window is not None  # a sliding layer
         win = self._window(plan, self.req_to_token_pool.req_to_token, layer.sliding_window)
         chunk = max(1, _WINDOW_CHUNK_ELEMS // (win.w * kv.k.shape[1] * kv.k.shape[2]))
         key = (layer.kv_layer_id, layer.sliding_window)

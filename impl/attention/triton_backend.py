@@ -61,6 +61,7 @@ class TritonAttnBackend(AttentionBackend):
         if self.forward_metadata is None or self._batch is not fb:
             self.init_forward_metadata(fb)
         fwd = self.forward_metadata
+        assert fwd is not None  # built just above
         # kv_indptr / kv_indices: the request's FULL context, prefix + every new token of this pass.
         # The producers (self-decoder layers) wrote all new tokens' K/V before the back half runs,
         # so the same keys as the forward metadata are valid; nothing is written (no out_cache_loc).

@@ -22,8 +22,20 @@ fp8 pools store ``value / scale`` (``get_kv_scales``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Protocol
 
 import torch
+
+
+class SlotAllocator(Protocol):
+    """The free KV slots (``allocator.py``: ``TokenSlotAllocator``; the hybrid pool's ``SWATokenSlotAllocator``, whose
+    ``free`` also gives back the paired sliding-window slots): what a prefix cache frees into."""
+
+    def available_size(self) -> int: ...
+
+    def alloc(self, n: int) -> torch.Tensor | None: ...
+
+    def free(self, slots: torch.Tensor) -> None: ...
 
 
 class TokenToKVPoolBase(ABC):

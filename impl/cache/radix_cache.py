@@ -20,7 +20,7 @@ from typing import Iterator
 
 import torch
 
-from impl.cache.allocator import TokenSlotAllocator
+from impl.cache.base import SlotAllocator
 
 
 @dataclass(eq=False)
@@ -64,7 +64,7 @@ class RadixCache:
     swa_evictable_size = 0
     swa_protected_size = 0
 
-    def __init__(self, allocator: TokenSlotAllocator):
+    def __init__(self, allocator: SlotAllocator):
         self.allocator = allocator
         self.reset()
 
@@ -149,7 +149,7 @@ class RadixCache:
         return upper
 
     # ---- locking ----------------------------------------------------------
-    def inc_lock_ref(self, node: TreeNode) -> int | None:
+    def inc_lock_ref(self, node: TreeNode | None) -> int | None:
         """Lock ``node``'s root path; returns a handle for ``dec_lock_ref`` (None here; the hybrid pool's
         tree also locks a window)."""
         while node is not self.root and node is not None:
@@ -160,7 +160,7 @@ class RadixCache:
             node = node.parent
         return None
 
-    def dec_lock_ref(self, node: TreeNode, swa_lock: int | None = None) -> None:
+    def dec_lock_ref(self, node: TreeNode | None, swa_lock: int | None = None) -> None:
         while node is not self.root and node is not None:
             if node.lock_ref <= 0:
                 raise AssertionError("dec_lock_ref on an unlocked node (unbalanced lock/unlock)")

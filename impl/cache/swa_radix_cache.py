@@ -132,7 +132,7 @@ class SWARadixCache(RadixCache):
         return new
 
     # ---- locking ----------------------------------------------------------
-    def inc_lock_ref(self, node: TreeNode) -> int | None:
+    def inc_lock_ref(self, node: TreeNode | None) -> int | None:
         """Lock ``node``'s root path (full layers) and the nodes of its last ``W - 1`` tokens (the window);
         returns the window lock's id for ``dec_lock_ref``."""
         super().inc_lock_ref(node)
@@ -151,7 +151,7 @@ class SWARadixCache(RadixCache):
             top.swa_boundary = next(self._ids)
         return top.swa_boundary
 
-    def dec_lock_ref(self, node: TreeNode, swa_lock: int | None = None) -> None:
+    def dec_lock_ref(self, node: TreeNode | None, swa_lock: int | None = None) -> None:
         if swa_lock is not None:
             x = node
             while True:
@@ -189,6 +189,7 @@ class SWARadixCache(RadixCache):
         self.evictable_size -= len(leaf.key)
         if not leaf.swa_tombstone:
             self.swa_evictable_size -= len(leaf.key)
+        assert leaf.parent is not None  # a leaf is never the root
         del leaf.parent.children[leaf.key[0]]
         return len(leaf.key)
 

@@ -80,7 +80,9 @@ def build_output(em: Emission) -> ReqOutput:
         if req.stop_text_pos is not None and not sp.no_stop_trim:
             text = text[: req.stop_text_pos]
     else:
-        text = hold_stop_prefix(detok.text if owned_here else em.text, sp.stop)
+        text = detok.text if owned_here else em.text
+        assert text is not None  # with stop strings the scheduler thread sends the cumulative text
+        text = hold_stop_prefix(text, sp.stop)
     if text.startswith(h.sent_text):
         delta = text[len(h.sent_text) :]
         h.sent_text = text

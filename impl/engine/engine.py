@@ -191,12 +191,15 @@ class Engine:
             raise InvalidRequest("pass exactly one of prompt or input_ids", "input_ids")
         if prompt is not None:
             single = isinstance(prompt, str)
-            prompts = [prompt] if single else list(prompt)
-            if not all(isinstance(p, str) for p in prompts):
+            given: list[object] = [prompt] if isinstance(prompt, str) else list(prompt)
+            texts = [p for p in given if isinstance(p, str)]
+            if len(texts) != len(given):
                 raise InvalidRequest("prompt must be a string or a list of strings", "prompt")
-            return [self.encode_prompt(p) for p in prompts], single
-        single = not input_ids or not isinstance(input_ids[0], (list, tuple))
-        return ([list(input_ids)] if single else [list(x) for x in input_ids]), single
+            return [self.encode_prompt(p) for p in texts], single
+        assert input_ids is not None  # exactly one of the two was given
+        rows: list[Any] = list(input_ids)
+        single = not rows or not isinstance(rows[0], (list, tuple))
+        return ([rows] if single else [list(x) for x in rows]), single
 
     def expand_requests(self, input_ids: Sequence[Sequence[int]], *args: Any, grammar_field: str | None = None,
                         **kwargs: Any) -> list[Req]:
@@ -371,7 +374,7 @@ class Engine:
             num_waiting_reqs=len(sched.waiting),
             kv_tokens_total=sched.kv.capacity - 1,  # slot 0 is the reserved pad slot
             kv_tokens_available=sched.kv.full_available(),
-            swa_tokens_total=sched.kv.allocator.swa_capacity - 1 if sched.kv.hybrid else 0,
+            swa_tokens_total=alloc.swa_capacity - 1 if isinstance(alloc := sched.kv.allocator, SWATokenSlotAllocator) else 0,
             swa_tokens_available=sched.kv.swa_available() if sched.kv.hybrid else 0,
             max_running_requests=cfg.max_running_requests,
             chunked_prefill_size=cfg.chunked_prefill_size,

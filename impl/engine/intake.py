@@ -39,7 +39,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from impl.engine.req import Req
-from impl.sampling.sampling_params import SamplingParams
+from impl.sampling.sampling_params import SamplingError, SamplingParams
 
 logger = logging.getLogger("impl.engine")
 
@@ -56,15 +56,6 @@ class InvalidRequest(ValueError):
         super().__init__(message)
         self.field = field
         self.sampling_field = sampling_field
-
-
-# SamplingParams' fields, longest first: SamplingParams.verify opens each refusal with the field it is about.
-_SAMPLING_FIELDS = sorted((f.name for f in dataclasses.fields(SamplingParams)), key=len, reverse=True)
-
-
-def _sampling_field(message: str) -> str | None:
-    """The SamplingParams field a refusal of ``SamplingParams.from_dict`` is about (None: the params as a whole)."""
-    return next((name for name in _SAMPLING_FIELDS if message.startswith(name + " ")), None)
 
 
 @dataclass(frozen=True)
@@ -155,7 +146,7 @@ def _sampling(value: SamplingParams | Mapping[str, Any] | None, policy: IntakePo
     try:
         return SamplingParams.from_dict(value, policy.vocab_size), explicit
     except (ValueError, TypeError) as e:
-        raise InvalidRequest(str(e), "sampling_params", _sampling_field(str(e))) from None
+        raise InvalidRequest(str(e), "sampling_params", e.field if isinstance(e, SamplingError) else None) from None
 
 
 def expand_requests(

@@ -123,6 +123,7 @@ class ModelRunner:
         self.limits = RunnerLimits(max_running, max_req_len)
         self.req_to_token_pool = ReqToTokenPool(max_running, max_req_len + 1, device)
         prefill_name, decode_name = attention_backends_of(server_args)
+        assert prefill_name is not None and decode_name is not None  # resolved arguments name both
         self.prefill_backend = create_attention_backend(
             prefill_name, model_config, self.token_to_kv_pool, self.req_to_token_pool, device
         )

@@ -50,7 +50,7 @@ class Logprobs:
     """Logprob entries of one emission: those new since the request's previous emission."""
 
     input_token_logprobs: list[LogprobPair]
-    output_token_logprobs: list[LogprobPair]
+    output_token_logprobs: list[tuple[float, int]]  # an output token always has its logprob
     input_top_logprobs: list[TopEntry]
     output_top_logprobs: list[TopEntry]
     top_logprobs_num: int
@@ -116,7 +116,8 @@ class SGLangDicts:
             meta["ttft"] = out.ttft
         lp = out.logprobs_delta
         if lp is not None:
-            new = (lp.input_token_logprobs, lp.output_token_logprobs, lp.input_top_logprobs, lp.output_top_logprobs)
+            new: tuple[list[Any], list[Any], list[Any], list[Any]] = (
+                lp.input_token_logprobs, lp.output_token_logprobs, lp.input_top_logprobs, lp.output_top_logprobs)
             if not self.incremental_logprobs:
                 for acc, entries in zip(self._logprobs, new):
                     acc.extend(entries)

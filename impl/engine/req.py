@@ -134,6 +134,12 @@ class Req:
         self.fill_ids.append(tok)
 
     @property
+    def pool_idx(self) -> int:
+        """``req_pool_idx``, which a request that holds KV (one in a batch) has."""
+        assert self.req_pool_idx is not None, f"request {self.rid} holds no req_to_token row"
+        return self.req_pool_idx
+
+    @property
     def seq_len(self) -> int:
         return len(self.fill_ids)
 

@@ -63,7 +63,7 @@ class ScheduleBatch:
 
     def to_forward_batch(self, device: torch.device) -> ForwardBatch:
         """Each item's rows ``fill_ids[start : start + n]``, packed by the one packer."""
-        spans = [RowSpan(it.req.req_pool_idx, it.start, it.req.fill_ids[it.start : it.start + it.n], it.out_cache_loc,
+        spans = [RowSpan(it.req.pool_idx, it.start, it.req.fill_ids[it.start : it.start + it.n], it.out_cache_loc,
                          it.logits_rows) for it in self.items]
         return pack_forward_batch(spans, device, mode=self.forward_mode)
 

@@ -124,6 +124,7 @@ class Gemma4AssistantForCausalLM(nn.Module):
             layers.append(self._layer(i, kv, tc.num_hidden_layers + i, tc))
         self.attention_layers = layers
         for mod, al in zip(self.layers, layers):
+            assert isinstance(mod, Gemma4DecoderLayer)
             mod.self_attn.layer = al
             mod.layer_id = al.layer_id
         self.target_embed = target.embed

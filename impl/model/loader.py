@@ -123,12 +123,14 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def model_class(config: ModelConfig):
     if config.is_assistant:
-        from impl.model.assistant import Gemma4AssistantForCausalLM as cls
-    elif config.is_gemma4:
-        from impl.model.gemma4 import Gemma4ForCausalLM as cls
-    else:
-        raise ValueError(f"{config.model_path!r} is a {config.model_type!r} model; this engine serves Gemma-4 (gemma4, gemma4_text).")
-    return cls
+        from impl.model.assistant import Gemma4AssistantForCausalLM
+
+        return Gemma4AssistantForCausalLM
+    if config.is_gemma4:
+        from impl.model.gemma4 import Gemma4ForCausalLM
+
+        return Gemma4ForCausalLM
+    raise ValueError(f"{config.model_path!r} is a {config.model_type!r} model; this engine serves Gemma-4 (gemma4, gemma4_text).")
 
 
 def _head_copied(config: ModelConfig, quant: QuantScheme | None) -> bool:

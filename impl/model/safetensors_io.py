@@ -119,7 +119,7 @@ def read_index(paths: list[str]) -> list[TensorEntry]:
 
 def _bytes_view(t: torch.Tensor) -> memoryview:
     """A writable byte view of a contiguous CPU tensor's storage."""
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return t.reshape(-1).view(torch.uint8).numpy().data
 
 
 def read_into(entry: TensorEntry, dest: torch.Tensor) -> None:
@@ -140,7 +140,7 @@ def read_into(entry: TensorEntry, dest: torch.Tensor) -> None:
         for first in range(0, entry.numel, per_block):
             n = min(per_block, entry.numel - first)
             chunk = buf[: n * elsize]
-            _pread_full(fd, memoryview(chunk.numpy()), entry.start + first * elsize, entry.name)
+            _pread_full(fd, chunk.numpy().data, entry.start + first * elsize, entry.name)
             flat[first : first + n].copy_(chunk.view(entry.dtype))
     finally:
         os.close(fd)
@@ -199,7 +199,7 @@ class FileRows:
             bad = next((t for t in flat if not 0 <= t < self.num_rows), None)
             if bad is not None:
                 raise IndexError(f"row {bad} is outside {self.name!r} ({self.num_rows} rows)")
-            view = memoryview(out.view(torch.uint8).numpy()).cast("B")  # [len * row_bytes]
+            view = out.view(torch.uint8).numpy().data.cast("B")  # [len * row_bytes]
             rb, start, fd = self.row_bytes, self.start, self.fd
             for i, t in enumerate(flat):
                 if os.preadv(fd, [view[i * rb:(i + 1) * rb]], start + t * rb) != rb:

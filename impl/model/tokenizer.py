@@ -72,8 +72,9 @@ class Tokenizer:
             return v if isinstance(v, str) else None
 
         def token_id(tok: str | None, *fallbacks: Any) -> int | None:
-            if tok is not None and backend.token_to_id(tok) is not None:
-                return int(backend.token_to_id(tok))
+            found = backend.token_to_id(tok) if tok is not None else None
+            if found is not None:
+                return int(found)
             for fb in fallbacks:
                 ids = _as_ids(fb)
                 if ids:
@@ -82,8 +83,9 @@ class Tokenizer:
 
         bos, eos, pad, unk = token("bos_token"), token("eos_token"), token("pad_token"), token("unk_token")
         eos_ids: set[int] = set()
-        if eos is not None and backend.token_to_id(eos) is not None:
-            eos_ids.add(int(backend.token_to_id(eos)))
+        eos_id = backend.token_to_id(eos) if eos is not None else None
+        if eos_id is not None:
+            eos_ids.add(int(eos_id))
         eos_ids.update(_as_ids(gcfg.get("eos_token_id")))
         eos_ids.update(_as_ids(mcfg.get("eos_token_id")))
 

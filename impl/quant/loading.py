@@ -155,7 +155,7 @@ def quantize_lm_head(model: nn.Module, fmt: WeightFormat) -> torch.Tensor | None
     else:
         packed = pack(w, fmt)
     model.lm_head_quant = packed
-    model.project_to_vocab = lambda h: reference.linear(h.reshape(-1, h.shape[-1]), packed)
+    setattr(model, "project_to_vocab", lambda h: reference.linear(h.reshape(-1, h.shape[-1]), packed))  # the instance's own
     return packed
 
 

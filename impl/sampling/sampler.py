@@ -102,22 +102,23 @@ def _penalised(logits: torch.Tensor, rows: Sequence[SampleRow], eos_ids: Sequenc
     """``logits`` with each row's penalties, logit bias and token bitmask applied (a copy only when some row
     has one)."""
     pen = [i for i, r in enumerate(rows) if needs_penalties(r.params, len(r.output_ids))]
-    bias = [i for i, r in enumerate(rows) if r.params.logit_bias]
-    masked = [i for i, r in enumerate(rows) if r.token_bitmask is not None]
+    bias = [(i, r.params.logit_bias) for i, r in enumerate(rows) if r.params.logit_bias]
+    masks = [(i, r.token_bitmask) for i, r in enumerate(rows) if r.token_bitmask is not None]
+    masked = [i for i, _ in masks]
     if not (pen or bias or masked):
         return logits
     logits = logits.clone()
     for i in pen:
         apply_penalties(logits[i], rows[i].params, rows[i].prompt_ids, rows[i].output_ids, eos_ids)
-    for i in bias:
-        apply_logit_bias(logits[i], rows[i].params.logit_bias)
+    for i, b in bias:
+        apply_logit_bias(logits[i], b)
     if masked:
         from impl.constrained.bitmask import apply_bitmask
 
-        width = max(rows[i].token_bitmask.shape[-1] for i in masked)
+        width = max(m.shape[-1] for _, m in masks)
         bitmask = torch.full((len(rows), width), -1, dtype=torch.int32)
-        for i in masked:
-            bitmask[i, : rows[i].token_bitmask.shape[-1]] = rows[i].token_bitmask
+        for i, m in masks:
+            bitmask[i, : m.shape[-1]] = m
         apply_bitmask(logits, bitmask, masked)
     return logits
 

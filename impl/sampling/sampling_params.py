@@ -22,6 +22,53 @@ MAX_LOGIT_BIAS = 1024  # entries of one request's logit_bias
 LOGIT_BIAS_RANGE = 100.0
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values a float sampling field accepts: ``lo <= v`` (``lo < v`` when ``lo_open``) and ``v <= hi``."""
+
+    lo: float
+    hi: float | None = None  # None: no upper bound
+    lo_open: bool = False
+
+    def __contains__(self, v: float) -> bool:
+        if self.hi is None:  # a lower bound only: refused is what falls below it (as SGLang checks temperature)
+            return not (v <= self.lo if self.lo_open else v < self.lo)
+        return (v > self.lo if self.lo_open else v >= self.lo) and v <= self.hi
+
+    def describe(self) -> str:
+        """The range in words, as SGLang's messages say it: ``non-negative``, ``in (0, 1]``."""
+        if self.hi is None:
+            return "positive" if self.lo == 0 and self.lo_open else "non-negative" if self.lo == 0 else f"at least {self.lo}"
+        return f"in {'(' if self.lo_open else '['}{self.lo}, {self.hi}]"
+
+    def bounds(self) -> dict[str, float]:
+        """The range as pydantic ``Field`` bounds (the HTTP body models, ``impl/server/protocol.py``)."""
+        out = {"gt" if self.lo_open else "ge": self.lo}
+        if self.hi is not None:
+            out["le"] = self.hi
+        return out
+
+
+# The one statement of the float sampling fields' ranges: ``SamplingParams.verify`` checks them and the HTTP body
+# models publish them (OpenAPI) and check them first.
+SAMPLING_RANGES: dict[str, Range] = {
+    "temperature": Range(0),
+    "top_p": Range(0, 1, lo_open=True),
+    "min_p": Range(0, 1),
+    "frequency_penalty": Range(-2, 2),
+    "presence_penalty": Range(-2, 2),
+    "repetition_penalty": Range(0, 2, lo_open=True),
+}
+
+
+class SamplingError(ValueError):
+    """A refusal of one sampling field, ``field`` (SGLang's message, which opens with the field's name)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 @dataclass
 class SamplingParams:
     max_new_tokens: int = 128
@@ -92,51 +139,49 @@ class SamplingParams:
         def num(name: str, kinds: tuple[type, ...] = (int, float)) -> None:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, kinds):
-                raise ValueError(f"{name} must be a number, got {v!r}.")
+                raise SamplingError(name, f"{name} must be a number, got {v!r}.")
 
-        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
+        for name in SAMPLING_RANGES:
             num(name)
         for name in ("max_new_tokens", "min_new_tokens", "top_k", "n"):
             num(name, (int,))
-        if self.temperature < 0.0:
-            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
+
+        def in_range(name: str) -> None:
+            v, r = getattr(self, name), SAMPLING_RANGES[name]
+            if v not in r:
+                raise SamplingError(name, f"{name} must be {r.describe()}, got {v}.")
+
+        for name in ("temperature", "top_p", "min_p"):
+            in_range(name)
         if self.top_k < 1 and self.top_k != -1:
-            raise ValueError(f"top_k must be -1 (disable), or at least 1, got {self.top_k}.")
-        if not -2.0 <= self.frequency_penalty <= 2.0:
-            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
-        if not -2.0 <= self.presence_penalty <= 2.0:
-            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
-        if not 0.0 < self.repetition_penalty <= 2.0:
-            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}.")
+            raise SamplingError("top_k", f"top_k must be -1 (disable), or at least 1, got {self.top_k}.")
+        for name in ("frequency_penalty", "presence_penalty", "repetition_penalty"):
+            in_range(name)
         if self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be at least 0, got {self.max_new_tokens}.")
+            raise SamplingError("max_new_tokens", f"max_new_tokens must be at least 0, got {self.max_new_tokens}.")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}.")
+            raise SamplingError("min_new_tokens", f"min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}.")
         if self.n < 1:
-            raise ValueError(f"n must be at least 1, got {self.n}.")
+            raise SamplingError("n", f"n must be at least 1, got {self.n}.")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}.")
+            raise SamplingError("seed", f"seed must be an integer, got {self.seed!r}.")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}.")
+            raise SamplingError("stop", f"stop must be a string or a list of non-empty strings, got {self.stop!r}.")
         if not isinstance(self.stop_token_ids, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
         ):
-            raise ValueError(f"stop_token_ids must be a list of non-negative token ids, got {self.stop_token_ids!r}.")
+            raise SamplingError("stop_token_ids", f"stop_token_ids must be a list of non-negative token ids, got {self.stop_token_ids!r}.")
         if vocab_size is not None and any(t >= vocab_size for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be below the vocabulary size {vocab_size}, got {self.stop_token_ids}.")
+            raise SamplingError("stop_token_ids", f"stop_token_ids must be below the vocabulary size {vocab_size}, got {self.stop_token_ids}.")
         given = [k for k in ("json_schema", "regex", "ebnf") if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(f"Only one of regex, json_schema, or ebnf can be set, got {given}.")
         for k in given:
             if not isinstance(getattr(self, k), str) or not getattr(self, k):
-                raise ValueError(f"{k} must be a non-empty string.")
+                raise SamplingError(k, f"{k} must be a non-empty string.")
         if given and self.min_new_tokens > 0:
             # the grammar decides where the output ends: forcing tokens past its end leaves no allowed token
-            raise ValueError(f"min_new_tokens cannot be combined with {given[0]} (the grammar decides where the output "
+            raise SamplingError("min_new_tokens", f"min_new_tokens cannot be combined with {given[0]} (the grammar decides where the output "
                              "ends); drop min_new_tokens or make the grammar require the length.")
         if self.logit_bias is not None:
             _verify_logit_bias(self.logit_bias, vocab_size)
@@ -154,12 +199,12 @@ def _token_bias(d: Mapping[Any, Any]) -> dict[Any, Any]:
 
 def _verify_logit_bias(bias: Any, vocab_size: int | None) -> None:
     if not isinstance(bias, dict):
-        raise ValueError(f"logit_bias must be an object mapping token ids to biases, got {type(bias).__name__}.")
+        raise SamplingError("logit_bias", f"logit_bias must be an object mapping token ids to biases, got {type(bias).__name__}.")
     if len(bias) > MAX_LOGIT_BIAS:
-        raise ValueError(f"logit_bias has {len(bias)} entries; at most {MAX_LOGIT_BIAS} are allowed.")
+        raise SamplingError("logit_bias", f"logit_bias has {len(bias)} entries; at most {MAX_LOGIT_BIAS} are allowed.")
     for k, v in bias.items():
         if isinstance(k, bool) or not isinstance(k, int) or k < 0 or (vocab_size is not None and k >= vocab_size):
             bound = f"[0, {vocab_size})" if vocab_size is not None else "non-negative integers"
-            raise ValueError(f"logit_bias keys must be token ids in {bound}, got {k!r}.")
+            raise SamplingError("logit_bias", f"logit_bias keys must be token ids in {bound}, got {k!r}.")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not -LOGIT_BIAS_RANGE <= v <= LOGIT_BIAS_RANGE:
-            raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {v!r} for token {k}.")
+            raise SamplingError("logit_bias", f"logit_bias values must be numbers in [-100, 100], got {v!r} for token {k}.")

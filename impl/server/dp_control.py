@@ -44,6 +44,12 @@ class Replica:
     in_flight: int = 0
     served: int = 0
 
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """``client``, which the relay opens at the front's startup, before it serves a request."""
+        assert self.client is not None, f"rank {self.rank}: the relay has not opened its client"
+        return self.client
+
     def alive(self) -> bool:
         return self.proc.is_alive()
 

@@ -173,8 +173,8 @@ def _generate_route(ctrl: DataParallelController, path: str, limits: RequestLimi
 
         try:
             headers = {"content-type": request.headers.get("content-type", "application/json")}
-            req = r.client.build_request("POST", path, content=body, headers=headers)
-            upstream = await until_disconnect(request, r.client.send(req, stream=True), lambda: None)
+            req = r.http.build_request("POST", path, content=body, headers=headers)
+            upstream = await until_disconnect(request, r.http.send(req, stream=True), lambda: None)
             if upstream is None:  # the client left before the replica answered: the cancelled send closed it
                 release()
                 return Response(status_code=499)
@@ -217,7 +217,7 @@ def _copy_headers(resp: httpx.Response) -> dict[str, str]:
 
 async def _forward(r: Replica, method: str, path: str, body: bytes | None = None) -> Response:
     try:
-        resp = await r.client.request(method, path, content=body,
+        resp = await r.http.request(method, path, content=body,
                                       headers={"content-type": "application/json"} if body is not None else None)
     except httpx.HTTPError as e:
         return error_response(503, f"data-parallel rank {r.rank}: {type(e).__name__}: {e}")
@@ -226,14 +226,14 @@ async def _forward(r: Replica, method: str, path: str, body: bytes | None = None
 
 async def _status(r: Replica, path: str) -> int:
     try:
-        return (await r.client.get(path, timeout=10.0)).status_code
+        return (await r.http.get(path, timeout=10.0)).status_code
     except httpx.HTTPError:
         return 503
 
 
 async def _text(r: Replica, path: str) -> str | None:
     try:
-        resp = await r.client.get(path, timeout=10.0)
+        resp = await r.http.get(path, timeout=10.0)
     except httpx.HTTPError:
         return None
     return resp.text if resp.status_code == 200 else None
@@ -246,7 +246,7 @@ async def _gather_json(ctrl: DataParallelController, path: str) -> list[Any]:
         if not r.alive():
             return None
         try:
-            resp = await r.client.get(path, timeout=10.0)
+            resp = await r.http.get(path, timeout=10.0)
         except httpx.HTTPError:
             return None
         return resp.json() if resp.status_code == 200 else None

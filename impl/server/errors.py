@@ -12,7 +12,7 @@ unexpected onto that shape.
 from __future__ import annotations
 
 import logging
-from typing import Any, TypeVar
+from typing import Any, Mapping, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -38,7 +38,7 @@ class APIError(Exception):
 
 
 def error_response(status: int, message: str, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+                   headers: Mapping[str, str] | None = None) -> JSONResponse:
     kind = _ERROR_TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
     body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
     return JSONResponse(body, status_code=status, headers=headers)

@@ -110,6 +110,7 @@ class ServerMetrics:
             if hist is not None:
                 out.extend(hist.lines(name, labels))
             else:
+                assert value is not None, f"metric {name}: a value or a histogram"
                 out.append(f"{name}{{{labels}}} {_num(value)}")
 
         with self._lock:

@@ -41,7 +41,7 @@ def usage(sub: Submission, finals: list[ReqOutput]) -> dict[str, Any]:
     }
 
 
-def _output_logprobs(out: ReqOutput) -> tuple[list[tuple[float | None, int]], list[Any]]:
+def _output_logprobs(out: ReqOutput) -> tuple[list[tuple[float, int]], list[Any]]:
     """(token logprob pairs, top entries) of the output tokens new in ``out``."""
     lp = out.logprobs_delta
     if lp is None:
@@ -197,7 +197,8 @@ def _stream(aengine: AsyncEngine, call: Call, streams: list[RequestStream]) -> A
     def usage_event() -> list[bytes]:
         if not call.include_usage:
             return []
-        finals = [s.final for s in streams]  # every stream has finished
+        finals = [s.final for s in streams if s.final is not None]
+        assert len(finals) == len(streams)  # every stream has finished
         return [sse(call.envelope([], chunk=True, usage=usage(call.sub, finals)))]
 
     return sse_stream(streams, aengine.abort, event, usage_event)

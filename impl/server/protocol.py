@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from impl.constrained.limits import GrammarLimits
-from impl.sampling.sampling_params import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS
+from impl.sampling.sampling_params import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, SAMPLING_RANGES
 from impl.server.limits import RequestLimits
 
 I64_MAX = 2**63 - 1
@@ -48,6 +48,11 @@ def _integral(v: Any) -> Any:
 
 def Int(**range_: Any) -> Any:
     return Annotated[int, Field(**range_), BeforeValidator(_integral)]
+
+
+def Sampling(name: str) -> Any:
+    """A float sampling field: finite, in its range (``SAMPLING_RANGES``, what ``SamplingParams.verify`` checks)."""
+    return Annotated[float, Field(**SAMPLING_RANGES[name].bounds(), allow_inf_nan=False)]
 
 
 class _Body(BaseModel):
@@ -113,13 +118,13 @@ def request_models(lim: RequestLimits) -> RequestModels:
 
         max_new_tokens: Optional[NewTokensT] = None
         min_new_tokens: Optional[NewTokensT] = None
-        temperature: Optional[Annotated[float, Field(ge=0, allow_inf_nan=False)]] = None
-        top_p: Optional[Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]] = None
+        temperature: Optional[Sampling("temperature")] = None
+        top_p: Optional[Sampling("top_p")] = None
         top_k: Optional[TopKT] = None
-        min_p: Optional[Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]] = None
-        frequency_penalty: Optional[Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]] = None
-        presence_penalty: Optional[Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]] = None
-        repetition_penalty: Optional[Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)]] = None
+        min_p: Optional[Sampling("min_p")] = None
+        frequency_penalty: Optional[Sampling("frequency_penalty")] = None
+        presence_penalty: Optional[Sampling("presence_penalty")] = None
+        repetition_penalty: Optional[Sampling("repetition_penalty")] = None
         stop: Optional[StopT] = None
         stop_token_ids: Optional[StopIdsT] = None
         ignore_eos: Optional[bool] = None
@@ -209,17 +214,17 @@ def request_models(lim: RequestLimits) -> RequestModels:
         """Sampling fields shared by completions and chat (OpenAI names plus SGLang's extras)."""
 
         model: Optional[str] = None
-        temperature: Optional[Annotated[float, Field(ge=0, allow_inf_nan=False)]] = None
-        top_p: Optional[Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]] = None
+        temperature: Optional[Sampling("temperature")] = None
+        top_p: Optional[Sampling("top_p")] = None
         top_k: Optional[TopKT] = None
-        min_p: Optional[Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]] = None
+        min_p: Optional[Sampling("min_p")] = None
         n: NT = 1
         stop: Optional[StopT] = None
         stop_token_ids: Optional[StopIdsT] = None
         seed: Optional[SeedT] = None
-        presence_penalty: Optional[Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]] = None
-        frequency_penalty: Optional[Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]] = None
-        repetition_penalty: Optional[Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)]] = None
+        presence_penalty: Optional[Sampling("presence_penalty")] = None
+        frequency_penalty: Optional[Sampling("frequency_penalty")] = None
+        repetition_penalty: Optional[Sampling("repetition_penalty")] = None
         ignore_eos: bool = False
         skip_special_tokens: bool = True
         min_tokens: NewTokensT = 0

@@ -79,7 +79,7 @@ def uvicorn_config(app: Any, args: Any, uds: str | None = None) -> uvicorn.Confi
     """The server's uvicorn config from ``ServerArgs``: ``--host`` / ``--port``, or the Unix socket ``uds``."""
     where: dict[str, Any] = {"uds": uds} if uds is not None else {"host": args.host, "port": args.port}
     return uvicorn.Config(app, **where, log_config=None, log_level=args.log_level, access_log=bool(args.log_requests),
-                          timeout_keep_alive=args.timeout_keep_alive, timeout_graceful_shutdown=SHUTDOWN_GRACE_S + 5)
+                          timeout_keep_alive=args.timeout_keep_alive, timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S) + 5)  # whole seconds (uvicorn)
 
 
 async def serve(server: uvicorn.Server) -> None:

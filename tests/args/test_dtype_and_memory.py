@@ -15,7 +15,7 @@ from impl.args.resolution import resolutions_of
 from impl.args.server_args import ServerArgs
 from impl.cache import memory
 from impl.config.model_config import ModelConfig
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 from tests.helpers.model import bf16_copy
 
 

@@ -39,7 +39,7 @@ def test_a_setting_is_server_args_on_both_sides():
 def test_yardstick_on_the_tiny_model_aligns_the_teacher_forced_path_and_sees_fp8():
     """The reference's teacher-forced top-1 is its own greedy token at every position (the distributions line up
     with the path), and e5m2 KV on the random e2b has a KL above zero."""
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     path = tiny_checkpoint("e2b")
     prompts = [[2, 17, 40, 99, 3 + i] for i in range(3)]

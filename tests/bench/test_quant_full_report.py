@@ -8,7 +8,7 @@ import json
 
 from bench import bench_quant_full
 from bench.bench_llamacpp import cmake_options
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
 LIMITS = {"cpu": "Test CPU (avx2), 2 cores", "gemm_f32_flops": 1e11, "gemm_bf16_flops": 1e11, "copy_bytes_per_s": 2e10,
           "gemm_int8_ops": 2e11}

@@ -9,7 +9,7 @@ import re
 import jsonschema
 import pytest
 
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 from tests.helpers.engines import engine
 
 SCHEMA = {"type": "object", "properties": {"a": {"enum": ["xy", "z"]}, "b": {"type": "array", "items": {

@@ -9,7 +9,7 @@ from impl.constrained import bitmask as bm
 from impl.constrained.grammar import GrammarBackend, GrammarKey
 from impl.constrained.tokenizer_info import build_tokenizer_info
 from impl.model.tokenizer import Tokenizer
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
 
 def _byte_fallback_tokenizer() -> Tokenizer:

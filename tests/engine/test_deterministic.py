@@ -18,7 +18,7 @@ from impl.args.platform import Platform
 from impl.args.resolution import resolutions_of
 from impl.args.server_args import ServerArgs
 from impl.kernels.cpu_fused import linear as cpu_linear
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
 FLAG = "--enable-deterministic-inference"
 GREEDY = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}

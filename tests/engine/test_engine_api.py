@@ -106,7 +106,7 @@ def test_abort_during_stream_and_from_another_thread():
 
 def test_background_loop_serves_concurrent_submissions():
     from impl import Engine
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     eng = Engine(tiny_checkpoint("noshare"), dtype="float32")
     eng.start_background_loop()
@@ -129,7 +129,7 @@ def test_async_engine_generate():
     """The one async API: AsyncEngine.generate takes Engine.generate's arguments."""
     from impl import Engine
     from impl.server.async_engine import AsyncEngine
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     eng = Engine(tiny_checkpoint("noshare"), dtype="float32")
     aeng = AsyncEngine(eng)

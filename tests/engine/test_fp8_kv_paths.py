@@ -17,7 +17,7 @@ from impl import Engine
 from impl.cache import kv_pool
 from impl.cache.kv_quant import FP8_KV_CACHE_DTYPES
 from impl.kernels import cpu_attn
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 from tests.helpers.engines import prompts
 
 pytestmark = pytest.mark.skipif(cpu_attn.load() is None, reason="the compiled CPU attention kernels are unavailable")

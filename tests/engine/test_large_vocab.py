@@ -14,7 +14,7 @@ from impl.engine.detokenizer import IncrementalDetokenizer
 from impl.sampling import sampler
 from impl.sampling.sampler import SampleRow, sample, truncated_probs
 from impl.sampling.sampling_params import SamplingParams
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
 V = 262144
 

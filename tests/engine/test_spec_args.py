@@ -13,7 +13,7 @@ from impl.args.server_args import ServerArgs
 from impl.args.speculative import check_draft_matches_target
 from impl.args.unsupported import refuse_unimplemented
 from impl.config.model_config import ModelConfig
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
 
 def _check(**kw) -> ServerArgs:

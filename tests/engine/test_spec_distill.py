@@ -8,8 +8,8 @@ import torch
 from impl.forward_batch import pack_forward_batch
 from impl.model.assistant import draft_span
 from impl.model.loader import load_model
-from impl.testing import distill
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory import distill
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
 
 def test_dense_draft_step_equals_the_assistant_over_the_target_pool():

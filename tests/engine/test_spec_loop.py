@@ -10,7 +10,7 @@ import torch
 from impl.engine.speculative.acceptance import accept_greedy, accept_sampled
 from impl.sampling.sampler import SampleRow
 from impl.sampling.sampling_params import SamplingParams
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 from impl.testing.oracle_draft import OracleDrafter
 from tests.helpers.engines import engine, prompts
 

@@ -1,4 +1,4 @@
-"""The benchmark pair's synthetic language (impl/testing/markov_language.py) and its on-demand recipes.
+"""The benchmark pair's synthetic language (impl/checkpoint_factory/markov_language.py) and its on-demand recipes.
 
 The trained checkpoints themselves are built by ``make bench-spec`` only (about a minute): here the
 language's rules, the recipes, and a few training steps (the loss falls, the result is a checkpoint)."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import random
 
-from impl.testing import checkpoints as ck
-from impl.testing import markov_language as ml
+from impl.checkpoint_factory import checkpoints as ck
+from impl.checkpoint_factory import markov_language as ml
 
 
 def test_language_is_seeded_sparse_and_sentences_follow_it():

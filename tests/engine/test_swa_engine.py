@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from impl import Engine
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 from tests.helpers.engines import engine, prompts
 
 GREEDY = {"max_new_tokens": 20, "temperature": 0.0, "ignore_eos": True}

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
 # Tiny models on a shared 2-core machine: intra-op threads only contend (one decode step
 # is 10x slower with 2 threads under load). The lead may move this to the root conftest.

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from impl.model.loader import load_model
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
 TEXT_CONFIGS = ["e2b", "k_eq_v", "moe", "noshare"]
 SHARED_CONFIGS = ["e2b", "k_eq_v"]  # configs with KV-shared layers (YOCO applies)

@@ -89,7 +89,7 @@ def test_model_with_fused_kernels_meets_the_parity_bar(name, linear, monkeypatch
     from tests.helpers.model import hf_pair
 
     from impl.model.loader import load_model
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     if linear != "auto":
         if not cpu_linear.onednn_available():
@@ -188,7 +188,7 @@ def test_float_fast_path_is_bit_identical_to_the_model_file(monkeypatch):
     """Without the extension the transform installs FloatLayerForward, which must give the reference
     forward's logits bit for bit (only the per-op dispatch differs)."""
     from impl.model.loader import load_model
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     monkeypatch.setattr(cpu_fused, "load", lambda: None)
     fast = load_model(tiny_checkpoint("e2b"), dtype="float32")
@@ -275,7 +275,7 @@ def test_record_says_which_route_serves_which_layer(monkeypatch):
     import itertools
 
     from impl.model.loader import load_model
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     monkeypatch.setenv(cpu_linear.ENV, "packed")
     model = load_model(tiny_checkpoint("e2b"), dtype="float32")

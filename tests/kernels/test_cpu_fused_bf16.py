@@ -150,7 +150,7 @@ def test_transform_serves_a_bf16_model(linear, monkeypatch):
     from tests.helpers.session import Session
 
     from impl.model.loader import load_model
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     if linear == "packed":
         if not cpu_linear.onednn_bf16_available():

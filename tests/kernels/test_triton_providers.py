@@ -61,7 +61,7 @@ def test_failed_build_falls_back_to_the_reference_with_one_warning(monkeypatch, 
 
 def _engine(**kw):
     from impl import Engine
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     return Engine(tiny_checkpoint("e2b"), dtype="float32", random_seed=0, attention_backend="triton",
                   disable_radix_cache=True, **kw)
@@ -78,7 +78,7 @@ def test_engine_reports_the_provider_and_providers_agree(monkeypatch):
     the same metadata produce the same greedy tokens, flag on (YOCO back half) and off."""
     from contracts.yoco_engine import prompts
 
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     ps = prompts(tiny_checkpoint("e2b"), lengths=[3, 17, 40, 66])
     results = {}

@@ -12,8 +12,8 @@ import torch
 from impl.forward_batch import pack_forward_batch
 from impl.model.assistant import draft_span
 from impl.model.loader import load_model
-from impl.testing.checkpoints import tiny_checkpoint
-from impl.testing.hf_quirks import assistant_kv_sharing_patch
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.hf_quirks import assistant_kv_sharing_patch
 from tests.helpers.model import ours, prompt, tolerance
 from tests.helpers.session import Session
 

@@ -38,7 +38,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from impl.engine.engine import Engine
 from impl.kernels.cpu_fused.transform import WidenOnce
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
 PROMPT = [(i * 7) % 200 + 3 for i in range(200)]
 

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from impl.model.loader import load_model
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 from tests.helpers.model import ours, prompt
 from tests.helpers.session import Session
 

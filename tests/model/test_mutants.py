@@ -7,7 +7,7 @@ import pytest
 from impl.config.model_config import ModelConfig, RopeSpec
 from impl.model import ple, rope
 from impl.model.loader import load_model
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 from tests.helpers.model import hf_logits, prompt, tolerance
 from tests.helpers.session import Session
 

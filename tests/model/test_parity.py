@@ -93,7 +93,7 @@ def test_published_config_form_matches_transformers(tmp_path):
     import shutil
 
     from impl.model.loader import load_model
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     src, dst = tiny_checkpoint("e2b"), str(tmp_path / "e2b-published")
     shutil.copytree(src, dst)

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from impl.model import safetensors_io
 from impl.model.loader import MMAP_ENV, load_model
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 from tests.helpers.model import bf16_copy, prompt
 from tests.helpers.session import Session
 

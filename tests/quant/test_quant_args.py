@@ -6,7 +6,7 @@ import pytest
 
 from impl.args import Platform, ServerArgs, check_server_args
 from impl.quant.config import resolve_scheme
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
 
 def _check(*argv: str, platform: Platform | None = None) -> ServerArgs:

@@ -17,10 +17,10 @@ from impl.quant import reference
 from impl.quant.base import QuantScheme, WeightFormat
 from impl.quant.checkpoint import unpack_int4
 from impl.quant.config import resolve_scheme
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
 pytest.importorskip("compressed_tensors")
-from impl.testing.quantized import quantized_checkpoint  # noqa: E402
+from impl.checkpoint_factory.quantized import quantized_checkpoint  # noqa: E402
 
 PROMPTS = [[2, 5, 9, 11, 3, 7, 8, 1 + i] * (i + 1) for i in range(3)]
 

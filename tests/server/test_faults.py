@@ -136,7 +136,7 @@ def test_failed_batch_fails_only_that_batch(fault_url, route, stream):
 def mtp_fault_url():
     """A speculating fault-suite server running one request at a time, so a round holds only that request."""
     from contracts.adapters.impl_http import start
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     mtp = ["--prefill-attention-backend", "torch_native", "--speculative-algorithm", "NEXTN",
            "--speculative-draft-model-path", tiny_checkpoint("assistant"), "--max-running-requests", "1"]

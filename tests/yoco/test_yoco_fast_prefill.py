@@ -20,7 +20,7 @@ from impl.attention.triton_backend import TritonAttnBackend
 from impl.cache.kv_pool import ReqToTokenPool, TokenToKVPool
 from impl.forward_batch import ForwardBatch, ForwardMode, last_rows
 from impl.model import yoco
-from impl.testing.checkpoints import tiny_checkpoint
+from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
 
 @functools.lru_cache(maxsize=None)

@@ -55,8 +55,8 @@ def scales(init: Mapping[str, float]) -> dict[str, float]:
 def init_rule(pname: str, shape, init: Mapping[str, float]) -> tuple:
     """How tensor ``pname`` is drawn (the rule tuples of ``checkpoints.draw``, plus ``("constant", value)`` and
     ``("row_lognormal", std, tail)``: N(0, std^2) rows, row r times exp(tail * z_r))."""
-    from impl.testing.checkpoints import init_rule as base_rule
-    from impl.testing.checkpoints import leaf_module
+    from impl.checkpoint_factory.checkpoints import init_rule as base_rule
+    from impl.checkpoint_factory.checkpoints import leaf_module
 
     s = scales(init)
     leaf = leaf_module(pname)
@@ -81,7 +81,7 @@ def blocks(rule: tuple, shape, generator, block_elements: int):
     most ``block_elements`` (a row-wise rule: whole rows, at least one): what the streamed writer appends."""
     import torch
 
-    from impl.testing.checkpoints import draw as base_draw
+    from impl.checkpoint_factory.checkpoints import draw as base_draw
 
     numel = math.prod(shape)
     if rule[0] == "row_lognormal":

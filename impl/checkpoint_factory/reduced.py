@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 
-from impl.testing.checkpoints import TINY_CHECKPOINTS, CheckpointRecipe, _file_lock, cache_root, recipe_hash
+from impl.checkpoint_factory.checkpoints import TINY_CHECKPOINTS, CheckpointRecipe, _file_lock, cache_root, recipe_hash
 
 
 def reduced(recipe: CheckpointRecipe, layers: int | None, vocab: int | None = None) -> CheckpointRecipe:
@@ -43,8 +43,8 @@ def reduced(recipe: CheckpointRecipe, layers: int | None, vocab: int | None = No
 def reduced_checkpoint(name: str, layers: int | None, vocab: int | None = None, log=None) -> str:
     """The folder of recipe ``name`` reduced to ``layers`` / ``vocab`` (the full recipe when both are None),
     written on first use."""
-    from impl.testing import full_size
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory import full_size
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     if layers is None and vocab is None:
         return tiny_checkpoint(name)

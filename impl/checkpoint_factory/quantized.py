@@ -9,7 +9,7 @@ per-token int8 activations, ``int-quantized``; ``W4A16``: symmetric int4 groups 
 with the modules left in float (the tied LM head among them) in ``ignore``.
 
 Command line (on demand; never run by ``make test``):
-``python -m impl.testing.quantized SRC DST --scheme W8A8|W4A16 [--group-size 128]``.
+``python -m impl.checkpoint_factory.quantized SRC DST --scheme W8A8|W4A16 [--group-size 128]``.
 ``quantized_checkpoint(name, scheme)`` builds (once) and caches one from a tiny checkpoint for the tests.
 """
 
@@ -119,7 +119,7 @@ def write_compressed_tensors(src: str, dst: str, scheme: str, group: int = 128) 
 
 def quantized_checkpoint(name: str, scheme: str, group: int = 32) -> str:
     """Tiny checkpoint ``name`` written in compressed-tensors ``scheme`` (built once, cached beside it)."""
-    from impl.testing.checkpoints import tiny_checkpoint
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
     src = tiny_checkpoint(name)
     final = f"{src}-ct-{scheme.lower()}-g{group}"

@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 import os
 
-from impl.testing.corpus import CORPUS
-from impl.testing.tokenizer_factory import (
+from impl.checkpoint_factory.corpus import CORPUS
+from impl.checkpoint_factory.tokenizer_factory import (
     BOS_ID,
     SPECIAL_TOKENS,
     _write_json,

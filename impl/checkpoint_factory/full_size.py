@@ -74,6 +74,7 @@ def hf_config(recipe) -> Any:
                        audio_config=dict(recipe.towers["audio"]))
     cfg.architectures = ["Gemma4ForConditionalGeneration"]
     cfg.dtype = recipe.dtype
+    assert isinstance(cfg.text_config, Gemma4TextConfig)  # built from the dict above
     cfg.text_config.dtype = recipe.dtype
     return cfg
 
@@ -105,7 +106,7 @@ def _seed_of(seed: int, name: str) -> int:
 def tensor_blocks(spec: TensorSpec, seed: int, dtype, init: Mapping[str, float] | None = None) -> Iterator[bytes]:
     """The tensor's values in ``dtype``, as raw little-endian bytes, block by block (row-major). ``init`` (a
     streamed recipe's ``CheckpointRecipe.init``, non-empty): the well-conditioned rules
-    (``impl/testing/well_conditioned.py``) with those scales."""
+    (``impl/checkpoint_factory/well_conditioned.py``) with those scales."""
     import torch
 
     for block in tensor_values(spec, seed, init):
@@ -116,7 +117,7 @@ def tensor_values(spec: TensorSpec, seed: int, init: Mapping[str, float] | None 
     """The tensor's float32 values, flat and row-major, block by block (``tensor_blocks`` before rounding)."""
     import torch
 
-    from impl.testing.checkpoints import draw, init_rule
+    from impl.checkpoint_factory.checkpoints import draw, init_rule
 
     leaf = spec.value_name.rsplit(".", 1)[-1]
     if leaf.endswith("_min") or leaf.endswith("_max"):  # clippable-linear bounds: transformers' init (no clipping)
@@ -125,7 +126,7 @@ def tensor_values(spec: TensorSpec, seed: int, init: Mapping[str, float] | None 
         return
     g = torch.Generator().manual_seed(_seed_of(seed, spec.value_name))
     if init:
-        from impl.testing import well_conditioned
+        from impl.checkpoint_factory import well_conditioned
 
         yield from well_conditioned.blocks(well_conditioned.init_rule(spec.value_name, spec.shape, init), spec.shape,
                                            g, BLOCK_ELEMENTS)
@@ -185,8 +186,8 @@ def write_streamed(recipe, out_dir: str, seed: int | None = None, log=None) -> N
     """Write the streamed recipe ``recipe`` into the existing folder ``out_dir``."""
     import torch
 
-    from impl.testing.checkpoints import rewrite_published_config_form
-    from impl.testing.tokenizer_factory import write_tokenizer_files
+    from impl.checkpoint_factory.checkpoints import rewrite_published_config_form
+    from impl.checkpoint_factory.tokenizer_factory import write_tokenizer_files
 
     seed = recipe.seed if seed is None else seed
     dtype = _torch_dtype(recipe.dtype)
@@ -215,7 +216,7 @@ def write_streamed(recipe, out_dir: str, seed: int | None = None, log=None) -> N
     _scrub_version(os.path.join(out_dir, "config.json"))
     max_len, vocab = int(recipe.text_config["max_position_embeddings"]), int(recipe.text_config["vocab_size"])
     if recipe.tokenizer == "gemma":
-        from impl.testing.gemma_tokenizer import write_gemma_tokenizer_files
+        from impl.checkpoint_factory.gemma_tokenizer import write_gemma_tokenizer_files
 
         write_gemma_tokenizer_files(out_dir, model_max_length=max_len, vocab_size=vocab)
     else:

@@ -14,7 +14,7 @@ varied (fan-in scaled linears, norm scales near but not equal to 1,
 ``layer_scalar`` != 1, a spread-out MoE router) rather than transformers'
 near-degenerate 0.02 init.
 
-CLI: ``python -m impl.testing.checkpoints NAME...`` builds and prints paths.
+CLI: ``python -m impl.checkpoint_factory.checkpoints NAME...`` builds and prints paths.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from impl.envs import envs
-from impl.testing.corpus import CORPUS
-from impl.testing.tokenizer_factory import (
+from impl.checkpoint_factory.corpus import CORPUS
+from impl.checkpoint_factory.tokenizer_factory import (
     BOS_ID,
     EOS_ID,
     GEMMA_CHAT_TEMPLATE,
@@ -64,8 +64,8 @@ class CheckpointRecipe:
     empty for a text model. ``on_demand``: not built by ``build_all``.
     """
 
-    # "text" | "assistant" | "distilled" (an assistant trained on its target, impl/testing/distill.py) |
-    # "trained" (a text recipe trained on a synthetic Markov language, impl/testing/markov_language.py)
+    # "text" | "assistant" | "distilled" (an assistant trained on its target, impl/checkpoint_factory/distill.py) |
+    # "trained" (a text recipe trained on a synthetic Markov language, impl/checkpoint_factory/markov_language.py)
     kind: str
     text_config: Mapping[str, Any]
     assistant: Mapping[str, Any] = field(default_factory=dict)
@@ -83,13 +83,13 @@ class CheckpointRecipe:
     distill_from: tuple[str, str] | None = None
     # kind "trained": the random-weight recipe it starts from (same text_config); seed = the language's
     train_from: str | None = None
-    # kind "streamed" (impl/testing/full_size.py: written tensor by tensor, never held in memory):
+    # kind "streamed" (impl/checkpoint_factory/full_size.py: written tensor by tensor, never held in memory):
     # {"vision": ..., "audio": ...} configs of small towers for the multimodal layout
     # (Gemma4ForConditionalGeneration, text weights under model.language_model.*); empty: text layout
     towers: Mapping[str, Any] = field(default_factory=dict)
     # kind "text": multipliers on reinit_weights' scales ("post_norm": the post_* norms, "qk_norm": q_norm /
     # k_norm, "embed": the token embeddings); empty: the default init. Kind "streamed": non-empty selects the
-    # well-conditioned init (impl/testing/well_conditioned.py) with these of its scales changed
+    # well-conditioned init (impl/checkpoint_factory/well_conditioned.py) with these of its scales changed
     init: Mapping[str, float] = field(default_factory=dict)
     # kind "streamed": "byte_level" (tokenizer_factory.py, the tiny checkpoints' byte-level BPE) or "gemma"
     # (gemma_tokenizer.py: BPE with byte fallback and '\u2581' for spaces, the published tokenizer's form)
@@ -308,7 +308,7 @@ TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
         kind="trained",
         seed=12,
         on_demand=True,
-        description="the 'e2b' checkpoint trained on MarkovLanguage(512, seed 12) (impl/testing/markov_language.py): "
+        description="the 'e2b' checkpoint trained on MarkovLanguage(512, seed 12) (impl/checkpoint_factory/markov_language.py): "
         "predictable greedy continuations",
         text_config=_E2B_TEXT,
         train_from="e2b",
@@ -381,7 +381,7 @@ TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
         kind="streamed",
         seed=1,
         description="'e2b' text shape in the multimodal layout (Gemma4ForConditionalGeneration, small towers), "
-        "written by the streamed writer (impl/testing/full_size.py)",
+        "written by the streamed writer (impl/checkpoint_factory/full_size.py)",
         text_config=_E2B_TEXT,
         towers=_SMALL_TOWERS,
     ),
@@ -416,7 +416,7 @@ TINY_CHECKPOINTS: dict[str, CheckpointRecipe] = {
         "35 layers / 20 KV-shared, 4.63 B parameters, bf16 (9.3 GB), a 262144-entry tokenizer",
         text_config=_E2B_FULL_TEXT,
     ),
-    # e2b-full's shape with weights drawn so the model is well conditioned (impl/testing/well_conditioned.py):
+    # e2b-full's shape with weights drawn so the model is well conditioned (impl/checkpoint_factory/well_conditioned.py):
     # float32 rounding does not grow with the prompt, every layer matters, the next token is peaked. The
     # checkpoint `make parity-full` and the full-size accuracy yardstick run on; bench/conditioning.py measures it.
     "e2b-full-wc": CheckpointRecipe(
@@ -506,10 +506,10 @@ def _transformers_version() -> str:
 
 def _factory_sources() -> str:
     """Source of the modules that build checkpoints: any edit to them means new folders."""
-    import impl.testing.corpus as corpus_mod
-    import impl.testing.distill as distill_mod
-    import impl.testing.markov_language as markov_mod
-    import impl.testing.tokenizer_factory as tok_mod
+    import impl.checkpoint_factory.corpus as corpus_mod
+    import impl.checkpoint_factory.distill as distill_mod
+    import impl.checkpoint_factory.markov_language as markov_mod
+    import impl.checkpoint_factory.tokenizer_factory as tok_mod
 
     texts = []
     for mod_file in (__file__, tok_mod.__file__, corpus_mod.__file__, distill_mod.__file__, markov_mod.__file__):
@@ -526,7 +526,7 @@ def recipe_hash(name: str) -> str:
     (``full_size.py`` says what guards the version instead)."""
     recipe = _recipe(name)
     if recipe.kind == "streamed":
-        from impl.testing import full_size
+        from impl.checkpoint_factory import full_size
 
         files = {k: v for k, v in asdict(recipe).items() if k not in ("description", "on_demand")}  # not in the files
         if files["tokenizer"] == "byte_level":  # the field's default: the recipes written before it keep their key
@@ -617,17 +617,17 @@ def build_checkpoint(name: str, out_dir: str) -> None:
             "or pass --model-path to an existing HF checkpoint"
         ) from e
 
-    from impl.testing.hf_quirks import assistant_kv_sharing_patch
+    from impl.checkpoint_factory.hf_quirks import assistant_kv_sharing_patch
 
     recipe = _recipe(name)
     if recipe.kind == "streamed":
-        from impl.testing import full_size
+        from impl.checkpoint_factory import full_size
 
         full_size.check_room(recipe, out_dir)
         full_size.write_streamed(recipe, out_dir, log=lambda m: print(f"[{name}] {m}", file=sys.stderr, flush=True))
         return
     if recipe.kind == "distilled":
-        from impl.testing.distill import build_distilled
+        from impl.checkpoint_factory.distill import build_distilled
 
         assert recipe.distill_from is not None  # a distilled recipe names its target and its init
         target, init = recipe.distill_from
@@ -638,8 +638,9 @@ def build_checkpoint(name: str, out_dir: str) -> None:
         write_tokenizer_files(out_dir, model_max_length=int(recipe.text_config["max_position_embeddings"]))
         return
     if recipe.kind == "trained":
-        from impl.testing.markov_language import train_target
+        from impl.checkpoint_factory.markov_language import train_target
 
+        assert recipe.train_from is not None, f"the trained recipe {name!r} names the checkpoint it trains from"
         with _quiet_transformers():
             train_target(tiny_checkpoint(recipe.train_from), out_dir, recipe.seed)
         write_tokenizer_files(out_dir, model_max_length=int(recipe.text_config["max_position_embeddings"]))
@@ -650,6 +651,7 @@ def build_checkpoint(name: str, out_dir: str) -> None:
     saved_default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build in the stored dtype: no float32 copy of a large model
     try:
+        model: Gemma4ForCausalLM | Gemma4AssistantForCausalLM
         if recipe.kind == "text":
             model = Gemma4ForCausalLM(text_config)
         elif recipe.kind == "assistant":
@@ -786,7 +788,7 @@ def leaf_module(param_name: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     names = list(sys.argv[1:] if argv is None else argv)
     if not names:
-        print(f"usage: python -m impl.testing.checkpoints NAME... (names: {', '.join(TINY_CHECKPOINTS)}; or 'all')")
+        print(f"usage: python -m impl.checkpoint_factory.checkpoints NAME... (names: {', '.join(TINY_CHECKPOINTS)}; or 'all')")
         return 2
     if names == ["all"]:
         names = [n for n, r in TINY_CHECKPOINTS.items() if not r.on_demand]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from impl.testing.corpus import CORPUS
+from impl.checkpoint_factory.corpus import CORPUS
 
 # id order matters: it is the order the trainer assigns ids in.
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>")

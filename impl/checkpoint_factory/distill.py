@@ -201,7 +201,7 @@ def make_batch(traces: list[Trace], cfg: ModelConfig) -> Batch:
 def distill(target_path: str, init_path: str, seed: int, language_seed: int | None = None) -> dict[str, torch.Tensor]:
     """Train the assistant at ``init_path`` on ``target_path``'s greedy continuations; its state (our names).
     Prompts: uniform random tokens, or sentences of ``MarkovLanguage(vocab, language_seed)`` when given
-    (the language the target was trained on, ``impl/testing/markov_language.py``)."""
+    (the language the target was trained on, ``impl/checkpoint_factory/markov_language.py``)."""
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one reduction order: the build is deterministic
@@ -214,7 +214,7 @@ def distill(target_path: str, init_path: str, seed: int, language_seed: int | No
 def _distill(target_path: str, init_path: str, seed: int, language_seed: int | None) -> dict[str, torch.Tensor]:
     from impl import Engine
     from impl.model.loader import load_model
-    from impl.testing.markov_language import MarkovLanguage
+    from impl.checkpoint_factory.markov_language import MarkovLanguage
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
@@ -258,7 +258,7 @@ def build_distilled(out_dir: str, target_path: str, init_path: str, seed: int, l
     """Write the distilled assistant (HF format, float32) into ``out_dir``."""
     from transformers import Gemma4AssistantForCausalLM
 
-    from impl.testing.hf_quirks import assistant_kv_sharing_patch
+    from impl.checkpoint_factory.hf_quirks import assistant_kv_sharing_patch
     from impl.model.loader import text_name
 
     state = distill(target_path, init_path, seed, language_seed)
