@@ -101,8 +101,8 @@ def _contract(cid: str, check) -> Contract:
     return Contract(cid, "a rule", "here", ("H4",), frozenset({"http"}), check)
 
 
-def _post(subject, path: str) -> None:
-    httpx.post(subject.url + path, timeout=5).raise_for_status()
+def _post(http_subject: HttpSubject, path: str) -> None:
+    httpx.post(http_subject.url + path, timeout=5).raise_for_status()
 
 
 def _run(contract: Contract, subject) -> None:
