@@ -213,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds a contract waits for a dead server's restart (pytest --subject-restart-wait)")
     ap.add_argument("--dead-after", type=float, default=60,
                     help="a server whose /health fails this long while its process runs is restarted")
+    ap.add_argument("--optimization-level", default="0",
+                    help="vLLM's --optimization-level for every server ('' for vLLM's default): 0, no torch.compile, "
+                         "so a server starts in about a minute instead of compiling for 5-15 minutes on a shared "
+                         "2-core machine, which each restart after a crash would pay again; both servers alike")
     ap.add_argument("--no-prefix-cache-run", action="store_true",
                     help="skip the second pair of servers (prefix caching on) for the prefix-cache contracts")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --), e.g. -k HTTP")
@@ -226,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     servers = [vllm_server(exe, path, flag, free_port(), args) for flag in (False, True)]
     for srv in servers:
         srv.argv.append("--no-enable-prefix-caching")
+        srv.argv += ["--optimization-level", args.optimization_level] if args.optimization_level else []
     try:
         for srv in servers:  # one after the other: each first start compiles
             print(f"starting {srv.name} on {srv.url} (log in {os.path.relpath(log_dir, ROOT)})", flush=True)
@@ -239,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         for srv in servers:
             srv.name += " prefix cache on"
             srv.argv += ["--block-size", str(PREFIX_CACHE_BLOCK)]
+            srv.argv += ["--optimization-level", args.optimization_level] if args.optimization_level else []
         part = os.path.join(".cache", "conformance", "vllm-prefix-cache-run.md")
         try:
             for srv in servers:
