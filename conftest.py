@@ -35,6 +35,13 @@ def pytest_addoption(parser):
         help="with an http:// --subject: base URL of a second server launched with --kv-sharing-fast-prefill "
         "(the THRU contracts compare the two)",
     )
+    parser.addoption(
+        "--subject-restart-wait",
+        type=float,
+        default=0.0,
+        help="with an http:// --subject whose launcher restarts a server that died: seconds a contract waits for a "
+        "dead server to come back before it is inconclusive (contracts/liveness.py; bench/conformance_vllm.py)",
+    )
 
 
 pytest_plugins = ("contracts.conformance",)
@@ -57,7 +64,8 @@ def subject(request):
     from contracts.subject import CapabilityGuard
 
     return CapabilityGuard(make_subject(request.config.getoption("--subject"),
-                                        request.config.getoption("--subject-fast-prefill")))
+                                        request.config.getoption("--subject-fast-prefill"),
+                                        request.config.getoption("--subject-restart-wait")))
 
 
 @pytest.fixture(scope="session")

@@ -106,6 +106,12 @@ def outcome_of(run: Run, c: Contract) -> Outcome:
     return run.contracts.get(c.id, Outcome(NOT_RUN, "deselected (-k) or not collected"))
 
 
+def _launch_line(launch: str) -> str:
+    """A server's launch command; ``LABEL\tCOMMAND`` says which contracts or which run it served."""
+    label, sep, cmd = launch.partition("\t")
+    return f"- Server ({label}): `{cmd}`" if sep else f"- Server: `{launch}`"
+
+
 def render(run: Run, notes: dict[str, str]) -> str:
     contracts = all_contracts()
     figures = counts(run, contracts, notes)
@@ -118,7 +124,7 @@ def render(run: Run, notes: dict[str, str]) -> str:
         f"- Spec: `{run.spec_version}` (git describe --dirty), {run.date}",
         f"- Machine: {run.machine}",
         f"- Command: `{run.command}`",
-        *[f"- Server: `{cmd}`" for cmd in run.launches],
+        *[_launch_line(cmd) for cmd in run.launches],
         "",
         f"{HEADLINE_MARK}**{figures.headline()}**",
         "",

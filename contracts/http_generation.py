@@ -313,14 +313,19 @@ def _prefix_caching_off(api: ServerApi) -> bool:
     return False
 
 
+PREFIX_LEN, PREFIX_SHARED = 160, 136
+
+
 @contract("HTTP-PREFIX-HIT-INVARIANT", f"issue 5 (engine core), item 7; {SOURCE}", rules=("E2",), needs=("http",))
 def prefix_hit_invariant(subject) -> None:
-    """Through HTTP, a 48-token prompt sent again (a full prefix-cache hit) and then a prompt sharing its first 40
+    """Through HTTP, a 160-token prompt sent again (a full prefix-cache hit) and then a prompt sharing its first 136
     tokens (a partial hit) move the server's cached-token / prefix-hit counter and get the greedy token ids the
     same prompts get cold: the repeat equals the first answer; with two servers each prompt's hit answer on one
     equals its cold answer on the other (each server gets the pair in the other order)."""
-    x = prompt_ids(6000, 48)
-    y = x[:40] + prompt_ids(6001, 9)
+    # long enough for whole cache blocks of 64 tokens (vLLM-CPU's smallest for Gemma-4's hybrid KV cache: blocks of
+    # 32, grouped by the least common multiple of its layer groups' block sizes): a 48-token prompt never hit there
+    x = prompt_ids(6000, PREFIX_LEN)
+    y = x[:PREFIX_SHARED] + prompt_ids(6001, PREFIX_LEN - PREFIX_SHARED + 1)
     answers: list[dict[tuple[int, ...], list[int]]] = []
     for url, (first, second) in zip(_servers(subject), ((x, y), (y, x))):
         api = _ids_api(url)
@@ -335,16 +340,16 @@ def prefix_hit_invariant(subject) -> None:
         if moved <= 0:
             if _prefix_caching_off(api):
                 raise inconclusive(f"{url} runs with its prefix cache off (as launched): a repeated prompt and one "
-                                   f"sharing 40 tokens did not hit it ({HIT_COUNTERS[api.family]} moved {moved:g}); "
+                                   f"sharing {PREFIX_SHARED} tokens did not hit it ({HIT_COUNTERS[api.family]} moved {moved:g}); "
                                    f"the repeat's ids equal the first's: {again == cold}")
-            raise violation(f"{url}: a repeated 48-token prompt and one sharing 40 tokens moved "
+            raise violation(f"{url}: a repeated {PREFIX_LEN}-token prompt and one sharing {PREFIX_SHARED} tokens moved "
                             f"{HIT_COUNTERS[api.family]} by {moved:g}: no prefix-cache hit")
         require(again == cold, f"{url}: a repeated prompt's greedy ids changed on a prefix-cache hit: cold {cold}, "
                                f"hit {again}")
         answers.append({tuple(first): cold, tuple(second): partial})
     if len(answers) == 2:
         # server 0 got x cold and y with a partial hit; server 1 the other way round
-        for p, hit_on, what in ((y, 0, "the prompt sharing 40 tokens"), (x, 1, "the 48-token prompt")):
+        for p, hit_on, what in ((y, 0, f"the prompt sharing {PREFIX_SHARED} tokens"), (x, 1, f"the {PREFIX_LEN}-token prompt")):
             hit, cold = answers[hit_on][tuple(p)], answers[1 - hit_on][tuple(p)]
             require(hit == cold, f"{what}: greedy ids with a partial prefix-cache hit {hit}, cold on the other server "
                                  f"{cold}")

@@ -84,6 +84,19 @@ MODELS: dict[str, dict[str, Any]] = {
         "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
         "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
     },
+    # EAGLE / EAGLE3 draft heads for gemma-4-E2B-it (one Llama decoder layer at the target's hidden size and vocab):
+    # the vllm subject's translation of `--speculative-algorithm EAGLE` / `EAGLE3` without a draft
+    # (contracts/adapters/vllm_options.py), since vLLM's EAGLE needs a draft model where SGLang's rule does not.
+    "EAGLE-gemma-4-E2B-it": {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 262144, "hidden_size": 1536,
+        "intermediate_size": 4096, "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 1,
+        "max_position_embeddings": 131072,
+    },
+    "EAGLE3-gemma-4-E2B-it": {
+        "model_type": "llama", "architectures": ["LlamaForCausalLMEagle3"], "vocab_size": 262144, "hidden_size": 1536,
+        "intermediate_size": 4096, "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 1,
+        "max_position_embeddings": 131072,
+    },
     # Seed 004 (KV-cache rules): K and V rows of different widths (192 / 128), hybrid sliding window, not MLA.
     "MiMo-V2-Flash": {
         "model_type": "mimo_v2_flash", "architectures": ["MiMoV2FlashForCausalLM"], "vocab_size": 152576,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from contracts.base import all_contracts, collect_notes
+from contracts.liveness import watch_servers
 from contracts.subject import not_reached
 
 CONTRACTS = all_contracts()
@@ -17,7 +18,8 @@ def test_contract(contract, subject, record_property):
         raise not_reached(subject.name, missing)  # spec/conftest.py: a skip with the verdict
     with collect_notes() as notes:
         try:
-            contract.run(subject)
+            with watch_servers(contract, subject):  # a server that dies under the contract fails it (a crash)
+                contract.run(subject)
         finally:
             for text in notes:  # what the run could not check, for the conformance report
                 record_property("contract_note", text)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def make_subject(name: str, fast_prefill_url: str | None = None) -> Any:
+def make_subject(name: str, fast_prefill_url: str | None = None, restart_wait: float = 0.0) -> Any:
     if name == "impl":
         if fast_prefill_url:
             raise ValueError("--subject-fast-prefill pairs with an http:// --subject; the impl subject launches its own servers")
@@ -27,5 +27,5 @@ def make_subject(name: str, fast_prefill_url: str | None = None) -> Any:
     if name.startswith("http://") or name.startswith("https://"):
         from contracts.adapters.http_adapter import HttpSubject
 
-        return HttpSubject(name, fast_prefill_url)
+        return HttpSubject(name, fast_prefill_url, restart_wait)
     raise ValueError(f"unknown --subject {name!r}; use 'impl', 'sglang' (SGLang's argument code in its virtualenv), 'vllm' (vLLM's, in its own) or the base URL of a running server (http://host:port)")

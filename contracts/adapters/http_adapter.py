@@ -27,17 +27,27 @@ from contracts.sse_client import RequestFuncInput, openai_completions, sglang_ge
 from contracts.subject import GenRequest, TimedOutput
 
 FLAG = "--kv-sharing-fast-prefill"
+# httpx's errors of a server that closed or refused the connection (contracts.sse_client records "Name: message")
+TRANSPORT_ERRORS = frozenset({"ConnectError", "ReadError", "WriteError", "RemoteProtocolError", "LocalProtocolError",
+                              "CloseError", "NetworkError", "TransportError"})
 
 
 class HttpSubject:
-    def __init__(self, url: str, fast_prefill_url: str | None = None):
+    def __init__(self, url: str, fast_prefill_url: str | None = None, restart_wait: float = 0.0):
         self.url = url.rstrip("/")
         self.fast_prefill_url = fast_prefill_url.rstrip("/") if fast_prefill_url else None
+        # how long a dead server may take to come back: the launcher restarts it (--subject-restart-wait;
+        # contracts.liveness)
+        self.restart_wait = restart_wait
         self.name = f"http({self.url})" + (f"+fast-prefill({self.fast_prefill_url})" if self.fast_prefill_url else "")
         self.capabilities = frozenset({"http", "bench"} if self.fast_prefill_url else {"http"})
 
     def base_url(self, argv: Sequence[str]) -> str:
         return self.fast_prefill_url if (self.fast_prefill_url and FLAG in argv) else self.url
+
+    def watched_servers(self) -> list[str]:
+        """The servers whose death under a contract fails that contract (``contracts.liveness``)."""
+        return [self.url] + ([self.fast_prefill_url] if self.fast_prefill_url else [])
 
     def api(self, argv: Sequence[str] = ()) -> ServerApi:
         return discover(self.base_url(argv))
@@ -77,6 +87,10 @@ async def _timed(api: ServerApi, requests: Sequence[GenRequest]) -> list[TimedOu
             for r in requests
         ))
     bad = [o for o in outs if not o.success]
+    gone = [o for o in bad if o.error.split(":", 1)[0] in TRANSPORT_ERRORS]
+    if gone:  # the server stopped answering: a crash (contracts.base), not a harness error
+        raise httpx.TransportError(f"{'POST /generate' if api.native else 'POST /v1/completions'} at {api.url}: "
+                                   f"{len(gone)} of {len(outs)} requests lost the connection: {gone[0].error}")
     if bad:
         raise RuntimeError(f"{'POST /generate' if api.native else 'POST /v1/completions'} at {api.url} failed: {bad[0].error}")
     return [TimedOutput(o.ttft, o.latency, o.output_len, "wall") for o in outs]

@@ -26,6 +26,11 @@ BACKENDS = {
 # method "mtp", in vLLM).
 SPEC_METHODS = {"EAGLE": "eagle", "EAGLE3": "eagle3", "NEXTN": "mtp", "STANDALONE": "draft_model", "NGRAM": "ngram"}
 SPEC_TOKENS = 2  # num_speculative_tokens: vLLM requires it; the seed's rules do not depend on it
+# vLLM's EAGLE / EAGLE3 need a draft model ("num_speculative_tokens was provided but without speculative model"),
+# where SGLang's fast-prefill rule (F10 / F11) is decided before any draft is read: a command line with EAGLE and no
+# draft gets an EAGLE head for the target (a config-only fixture of contracts/models.py), which vLLM accepts
+# without the flag, so the flag's own decision is what the contract sees.
+EAGLE_DRAFTS = {"eagle": "EAGLE-gemma-4-E2B-it", "eagle3": "EAGLE3-gemma-4-E2B-it"}
 
 # Options spelled the same (a value or a switch) in both engines.
 SAME = {"--kv-sharing-fast-prefill": False, "--dtype": True, "--trust-remote-code": False, "--max-num-seqs": True}
@@ -90,6 +95,10 @@ def translate(argv: Sequence[str]) -> Translation:
             cfg: dict[str, object] = {"method": method, "num_speculative_tokens": SPEC_TOKENS}
             if spec.get("--speculative-draft-model-path"):
                 cfg["model"] = spec["--speculative-draft-model-path"]
+            elif method in EAGLE_DRAFTS:
+                from contracts.models import model_dir
+
+                cfg["model"] = model_dir(EAGLE_DRAFTS[method])
             out += ["--speculative-config", json.dumps(cfg)]
     return Translation(out, lacking, bad)
 
