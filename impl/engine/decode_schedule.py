@@ -37,7 +37,9 @@ class DecodeSchedule:
         for req in self.make_room():
             start = req.kv_len
             rows = req.logits_rows(start, 1)
-            items.append(BatchItem(req, start, 1, self.kv.extend(req, 1), rows))
+            slots = self.kv.extend(req, 1)
+            assert slots is not None, "make_room left every running request one slot"
+            items.append(BatchItem(req, start, 1, slots, rows))
         return items
 
     def make_room(self) -> list[Req]:

@@ -47,9 +47,10 @@ class SchedulePolicy:
         cached = 0
         while q.waiting and budget > 0 and len(q.running) + len(admitted) < self.config.max_running_requests:
             req = q.waiting[0]
-            n = self._admit(req, budget, first=not items, others=q.running + admitted, ratio=new_token_ratio)
-            if n is None:
+            size = self._admit(req, budget, first=not items, others=q.running + admitted, ratio=new_token_ratio)
+            if size is None:
                 break
+            n = size
             q.waiting.popleft()
             req.state = ReqState.RUNNING
             if not req.admitted_once:

@@ -213,7 +213,7 @@ class FileRows:
             raise IndexError(f"rows {lo}:{hi} are outside {self.name!r} ({self.num_rows} rows)")
         out = torch.empty(hi - lo, self.cols, dtype=self.dtype)
         if hi > lo:
-            view = memoryview(out.view(torch.uint8).numpy()).cast("B")
+            view = _bytes_view(out).cast("B")
             _pread_full(self.fd, view, self.start + lo * self.row_bytes, self.name)
         return out
 

@@ -29,7 +29,7 @@ class SampleRow:
     params: SamplingParams
     prompt_ids: Sequence[int]
     output_ids: Sequence[int]
-    generator: torch.Generator
+    generator: torch.Generator | None  # None: the global generator (tests that build a Req by hand)
     return_logprob: bool = False
     top_logprobs_num: int = 0
     token_bitmask: torch.Tensor | None = None  # [ceil(V / 32)] int32: the grammar's allowed tokens (None: all)
