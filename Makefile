@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve serve-cluster bench-cluster test test-fast spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-structured bench-peer bench-full bench-quant bench-quant-full bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm accuracy parity-full
+.PHONY: serve serve-cluster bench-cluster test test-fast spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-structured bench-peer bench-full bench-quant bench-quant-full profile-prefill bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm accuracy parity-full
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -140,6 +140,14 @@ bench-quant-full: $(STAMP)
 	$(LOCK_X) $(PY) -m bench.bench_quant_full --phase ours --formats $(FORMATS) --flags $(FLAGS)
 	$(LOCK_X) $(PY) -m bench.bench_quant_full --phase llamacpp
 	$(PY) -m bench.bench_quant_full --phase report --write-docs
+
+# Where one full-size forward's time goes (issue 33): a 1024-token prefill flag on and off and batch-1 decode steps,
+# per phase (attention inputs, attention, after attention, other linears, gathers, Python), against the machine's
+# bound measured in the same run; the section in docs/benchmarks.md under this CPU's kind. PROFILE_ARGS picks the
+# weights, e.g. PROFILE_ARGS='--server-args "--torchao-config 8da4w-128"'.
+PROFILE_ARGS ?=
+profile-prefill: $(STAMP)
+	$(LOCK_X) $(PY) -m bench.profile_step --model e2b-full-wc $(PROFILE_ARGS) --write-docs
 
 bench-full: $(STAMP)
 	$(LOCK_X) $(PY) -m impl.checkpoint_factory.checkpoints e2b-full

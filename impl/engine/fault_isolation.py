@@ -64,7 +64,7 @@ class FaultIsolation:
     def check_integrity(self) -> None:
         """KV ownership over the live requests (``KVLifecycle.check_integrity``); idle: no row or lock left."""
         q = self.queues
-        self.kv.check_integrity(q.live, idle=not (q.running or q.chunked_req))
+        self.kv.check_integrity(q.live, idle=not q.live)
 
     # ---- one request ----------------------------------------------------------------
     def fail_request(self, req: Req, exc: BaseException | None, stage: str, status: int = 500,
@@ -161,7 +161,7 @@ class FaultIsolation:
         self.unhealthy = reason
         logger.error("engine unhealthy: %s; failing every request until the server is restarted", reason)
         q = self.queues
-        for r in list(q.waiting) + list(q.running) + ([q.chunked_req] if q.chunked_req else []):
+        for r in list(q.waiting) + q.live:
             self.refuse_unhealthy(r)
 
     def refuse_unhealthy(self, req: Req) -> None:

@@ -48,11 +48,13 @@ class OutputProcessor:
             offset += k
         if to_sample:
             self._sample_and_commit(to_sample, logits[last_rows])
-        running = self.queues.running
+        q = self.queues
         for it in batch.items:  # requests that finished their prefill join the running ones
             r = it.req
-            if it.samples and not r.is_finished and r not in running:
-                running.append(r)
+            if r in q.prefilling:
+                q.prefilling.remove(r)
+            if it.samples and not r.is_finished and r not in q.running:
+                q.running.append(r)
 
     def _sample_and_commit(self, items: list[BatchItem], logits: torch.Tensor) -> None:
         """logits: [len(items), V], each item's last row."""

@@ -38,8 +38,9 @@ class SchedulePolicy:
             if n > 0:
                 items.append(self._extend_item(req, n))
                 budget -= n
-                if req.kv_len == req.seq_len:
+                if req.kv_len == req.seq_len:  # its last chunk: in flight until the forward's output
                     q.chunked_req = None
+                    q.prefilling.append(req)
             if q.chunked_req is not None:  # one chunked request at a time
                 return 0
         self._sort_waiting()
@@ -62,6 +63,7 @@ class SchedulePolicy:
             if req.kv_len < req.seq_len:
                 q.chunked_req = req
                 break
+            q.prefilling.append(req)
         return cached
 
     def _admit(self, req: Req, budget: int, first: bool, others: list[Req], ratio: float) -> int | None:
