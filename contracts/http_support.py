@@ -34,23 +34,30 @@ class SSE:
     after_done: int = 0  # events after [DONE] (must be 0)
     raw: list[str] = field(default_factory=list)
 
+    def feed(self, line: str) -> Any | None:
+        """Take one line of the stream; the JSON event it carries (also appended to ``events``), else None (a
+        blank line, ``[DONE]``, or anything after it, which is counted)."""
+        if not line.strip():
+            return None
+        self.raw.append(line)
+        if not line.startswith("data: "):
+            raise ValueError(f"an SSE line must start with 'data: ', got {line[:80]!r}")
+        data = line[len("data: "):]
+        if self.done:
+            self.after_done += 1
+            return None
+        if data == "[DONE]":
+            self.done = True
+            return None
+        ev = json.loads(data)
+        self.events.append(ev)
+        return ev
+
 
 def read_sse(lines: Iterable[str]) -> SSE:
     out = SSE()
     for line in lines:
-        if not line.strip():
-            continue
-        out.raw.append(line)
-        if not line.startswith("data: "):
-            raise ValueError(f"an SSE line must start with 'data: ', got {line[:80]!r}")
-        data = line[len("data: "):]
-        if out.done:
-            out.after_done += 1
-            continue
-        if data == "[DONE]":
-            out.done = True
-            continue
-        out.events.append(json.loads(data))
+        out.feed(line)
     return out
 
 

@@ -13,7 +13,6 @@ Loopback only.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from contracts.http_support import TIMEOUT
+from contracts.http_support import SSE, TIMEOUT
 
 RSS_BOUND_MB = 200.0
 
@@ -51,8 +50,7 @@ class Stream:
     texts: dict[int, str] = field(default_factory=dict)
     finishes: dict[int, int] = field(default_factory=dict)
     reasons: dict[int, str] = field(default_factory=dict)
-    done: bool = False
-    after_done: int = 0
+    sse: SSE = field(default_factory=SSE)  # the stream's framing: [DONE], events after it
     errors: list = field(default_factory=list)
     events: int = 0
 
@@ -101,16 +99,10 @@ async def _one(client: httpx.AsyncClient, url: str, route: str, body: dict, rid:
             rep.problems.append(f"{route} {rid}: status {r.status_code}: {r.text[:200]}")
             return
         async for line in r.aiter_lines():
-            if not line.strip():
+            ev = st.sse.feed(line)
+            if ev is None:
                 continue
-            data = line[len("data: "):]
-            if st.done:
-                st.after_done += 1
-                continue
-            if data == "[DONE]":
-                st.done = True
-                continue
-            st.add(route, json.loads(data))
+            st.add(route, ev)
             if action == "disconnect" and st.events >= cut_after:
                 rep.disconnected += 1
                 return  # leaving the block closes the connection mid-stream
@@ -119,8 +111,8 @@ async def _one(client: httpx.AsyncClient, url: str, route: str, body: dict, rid:
                 if a.status_code != 200:
                     rep.problems.append(f"abort {rid}: {a.status_code} {a.text[:200]}")
     n = len(ref)
-    if not st.done or st.after_done or st.errors:
-        rep.problems.append(f"{route} {rid}: done={st.done} after_done={st.after_done} errors={st.errors[:1]}")
+    if not st.sse.done or st.sse.after_done or st.errors:
+        rep.problems.append(f"{route} {rid}: done={st.sse.done} after_done={st.sse.after_done} errors={st.errors[:1]}")
         return
     if sorted(st.finishes) != list(range(n)) or set(st.finishes.values()) != {1}:
         rep.problems.append(f"{route} {rid}: finish reasons per choice {st.finishes}, expected one for each of {n}")
