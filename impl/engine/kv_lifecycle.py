@@ -161,8 +161,9 @@ class KVLifecycle:
         return self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len].to("cpu", torch.int64)
 
     def _forget(self, req: Req) -> None:
-        self.live.pop(req.req_pool_idx, None)
-        self.req_to_token_pool.free(req.req_pool_idx)
+        idx = req.pool_idx
+        self.live.pop(idx, None)
+        self.req_to_token_pool.free(idx)
         req.req_pool_idx, req.kv_len, req.prefix_len, req.last_node = None, 0, 0, None
         req.swa_evicted_len, req.swa_lock = 0, None
 

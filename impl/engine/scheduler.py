@@ -133,6 +133,7 @@ class Scheduler:
         if out is None:
             return True
         if self.spec is not None:
+            assert out.hidden_states is not None, "the target's forward returns its final-normed hidden rows"
             self.spec.after_forward(plan, out.hidden_states)
         if plan.has_decode:
             self.decode_step_done()

@@ -126,7 +126,7 @@ def rejection_residual(p: torch.Tensor, draft: int) -> torch.Tensor:
     return out
 
 
-def _draw_from(weights: torch.Tensor, generator: torch.Generator) -> int:
+def _draw_from(weights: torch.Tensor, generator: torch.Generator | None) -> int:
     """One token from unnormalised non-negative ``weights`` [V] (inverse CDF, the request's generator)."""
     cdf = torch.cumsum(weights, dim=-1)
     u = torch.rand(1, generator=generator, dtype=torch.float32) * cdf[-1]

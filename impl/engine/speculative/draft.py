@@ -38,7 +38,7 @@ class FrozenKVDrafter:
     def draft(self, reqs: Sequence[Req], steps: int) -> list[list[int]]:
         dev = self.runner.device
         hidden = torch.stack([r.seed_hidden() for r in reqs]).to(dev)  # [B, backbone]
-        fb = pack_forward_batch([draft_span(r.req_pool_idx, r.kv_len, r.output_ids[-1]) for r in reqs], dev,
+        fb = pack_forward_batch([draft_span(r.pool_idx, r.kv_len, r.output_ids[-1]) for r in reqs], dev,
                                 req_to_token_pool=self.runner.req_to_token_pool,
                                 token_to_kv_pool=self.runner.token_to_kv_pool, attn_backend=self.runner.decode_backend)
         out: list[torch.Tensor] = []

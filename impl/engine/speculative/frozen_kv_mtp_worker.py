@@ -133,6 +133,7 @@ class FrozenKVMTPWorker:
         out = sched.run_forward(fb, reqs)
         if out is None:  # the verify failed: the scheduler failed the round's requests and freed their KV
             return
+        assert out.hidden_states is not None, "the target's forward returns its final-normed hidden rows"
         self._commit(sched, reqs, drafts, out.logits, out.hidden_states)
 
     @staticmethod
@@ -181,7 +182,7 @@ class FrozenKVMTPWorker:
             start = r.kv_len
             slots = sched.kv.extend(r, 1 + len(d))
             assert slots is not None, "the round checked that the KV pool holds every verify row"
-            spans.append(RowSpan(r.req_pool_idx, start, [r.output_ids[-1], *d], slots))
+            spans.append(RowSpan(r.pool_idx, start, [r.output_ids[-1], *d], slots))
         rows = sum(sp.n for sp in spans)
         return pack_forward_batch(spans, sched.device, mode=ForwardMode.EXTEND, spec_verify=True,
                                   work=WorkCounters(decode_tokens=rows))
