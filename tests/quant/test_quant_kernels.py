@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
+from bench.machine import cpu_flags
 from impl.kernels import cpu_fused
 from impl.quant import pack, reference
 from impl.quant.base import WeightFormat, format_of
@@ -26,7 +29,9 @@ def ext():
 
 # (M, K, N): small weights (row kernel at every row count), a weight above the small-weight floor (the
 # dequantized GEMM above 16 rows), an output count that leaves a row-block tail
-SHAPES = [(1, 256, 96), (3, 256, 130), (16, 256, 67), (17, 512, 200), (40, 256, 257)]
+# dequantized GEMM above 16 rows), an output count that leaves a row-block tail, and W8A8's AMX tiles (from 32
+# rows, N a multiple of 32, K of 64; a partial 32-row block of x) where the CPU has them
+SHAPES = [(1, 256, 96), (3, 256, 130), (16, 256, 67), (17, 512, 200), (40, 256, 257), (45, 256, 64)]
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
@@ -123,3 +128,18 @@ def test_bad_layouts_are_refused(ext):
         ext.quant_linear(x, bad)
     with pytest.raises(ValueError, match="cannot take"):
         pack.pack(torch.randn(8, 48), WeightFormat("w8a8"))
+
+
+def test_w8a8_amx_tiles_give_the_row_kernels_bits(ext):
+    """From 32 rows W8A8 runs on AMX-int8 tiles where the CPU has them (``quant_w8a8_prefill_isa``): the same
+    exact int32 dot products and epilogue as the row kernel, so every row's bits match the row kernel's (each
+    row alone), over full and partial 32-row blocks and a K of several 64-code blocks."""
+    native_amx = "amx_int8" in cpu_flags() and ext.simd_isa() == "avx512" and os.environ.get("IMPL_CPU_AMX") != "0"
+    assert ext.quant_w8a8_prefill_isa() == ("amx_int8" if native_amx else "simd")
+    g = torch.Generator().manual_seed(5)
+    w, x = torch.randn(128, 384, generator=g), torch.randn(77, 384, generator=g) * 3
+    p = pack.pack(w, WeightFormat("w8a8"))
+    full = ext.quant_linear(x, p)
+    assert torch.equal(full, reference.linear(x, p))
+    for i in (0, 31, 32, 63, 64, 76):
+        assert torch.equal(ext.quant_linear(x[i : i + 1], p), full[i : i + 1])

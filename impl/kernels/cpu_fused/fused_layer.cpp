@@ -307,6 +307,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("g"));
   m.def("quant_dequant", &cpu_fused::quant_dequant, "a quantized weight as float32 [N, K]", release(), py::arg("w"),
         py::arg("k"));
+  m.def("quant_w8a8_prefill_isa", &cpu_fused::quant_w8a8_prefill_isa, "AMX-int8 tiles or SIMD for W8A8 from 32 rows");
   m.def("simd_isa", &cpu_fused::simd_isa, "the SIMD width the kernels were compiled for");
   m.def("bf16_row_kernel_max_rows", [] { return cpu_fused::kBf16RowKernelMaxRows; });
   m.def("attn_pre", &attn_pre, "input norm + projection + head norms + RoPE (CPU)", release(), py::arg("h"),

@@ -140,7 +140,13 @@ def plan(dtype: torch.dtype = torch.float32) -> LinearPlan:
 
 
 def quant_plan(fmt_name: str) -> LinearPlan:
-    """The plan of quantized fused layers (``fmt_name``: impl/quant/base.py ``WeightFormat.name()``)."""
+    """The plan of quantized fused layers (``fmt_name``: impl/quant/base.py ``WeightFormat.name()``); W8A8 names
+    the tiles its prefill runs on (AMX-int8 from 32 rows where the CPU has them, else the SIMD row kernel)."""
+    from impl.kernels import cpu_fused
+
+    ext = cpu_fused.load()
+    if ext is not None and fmt_name.startswith("w8a8"):
+        fmt_name += f", prefill on {'AMX-int8 tiles' if ext.quant_w8a8_prefill_isa() == 'amx_int8' else 'SIMD'}"
     return LinearPlan("quant", fmt_name, "quantized")
 
 

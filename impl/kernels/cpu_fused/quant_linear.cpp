@@ -30,9 +30,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "simd.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace cpu_fused {
 namespace {
@@ -407,6 +414,128 @@ void w8a8_kernel(const int8_t* xq, const float* xs, int64_t M, const QuantView& 
   }
 }
 
+// ---- W8A8 on AMX-int8 tiles (prefill) ---------------------------------------------------------------------
+//
+// The same exact int32 dot products as w8a8_kernel, from TDPBSSD (signed x signed bytes, int32 accumulation:
+// 16 x 16 outputs from 16 x 64 x-codes and 64 x 16 weight codes per instruction), then the same epilogue in
+// the same order, so a row gets the same bits whichever kernel ran it (fast prefill parity holds across the
+// switch). Used from kAmxMinRows rows, when N is a multiple of 32 and K of 64 (every E2B shape); a block of 32
+// weight rows is repacked per call into the tiles' pair-of-4 layout (32 x K bytes, in L2) and every 32-row
+// block of x passes over it. IMPL_CPU_AMX=0 turns it off (the tests compare both kernels).
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
+#define QUANT_AMX_INT8 1
+
+constexpr int64_t kAmxMinRows = 32;
+
+struct alignas(64) AmxTileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+bool amx_int8_enabled() {
+  static const bool ok = [] {
+    const char* env = std::getenv("IMPL_CPU_AMX");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    // Linux hands out the tile data state on request (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  }();
+  return ok;
+}
+
+// Tiles 0-3: C (int32 16 x 16) for x rows {0-15, 16-31} x weight rows {0-15, 16-31}; 4-5: A (x codes);
+// 6-7: B (weight codes, 16 rows of 4-code groups x 16 weight rows).
+inline void amx_config() {
+  AmxTileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// packed[kb][h][r][c * 4 + i] = w[n0 + 16 h + c][64 kb + 4 r + i]: the B tile of k-block kb, weight rows 16h..
+inline void amx_pack_b(const QuantView& q, int64_t n0, int8_t* packed) {
+  const int64_t K = q.K, KB = K / 64;
+  for (int64_t kb = 0; kb < KB; ++kb)
+    for (int h = 0; h < 2; ++h) {
+      int8_t* dst = packed + (kb * 2 + h) * 1024;
+      for (int c = 0; c < 16; ++c) {
+        const int8_t* src = reinterpret_cast<const int8_t*>(q.data + (n0 + 16 * h + c) * q.B) + kb * 64;
+        for (int r = 0; r < 16; ++r) {
+          int32_t word;
+          std::memcpy(&word, src + 4 * r, 4);
+          std::memcpy(dst + r * 64 + c * 4, &word, 4);
+        }
+      }
+    }
+}
+
+void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out) {
+  const int64_t N = q.N, K = q.K, KB = K / 64, rowB = q.B;
+  const int64_t blocks = N / 32, MB = (M + 31) / 32;
+  // x's codes in tile order, once per call: xt[mb][kb][32 rows][64 codes] (rows past M zero), so every A tile
+  // load reads 1 KB in a row
+  std::vector<int8_t> xt(static_cast<size_t>(MB * 32 * K), 0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t kb = 0; kb < KB; ++kb)
+      std::memcpy(xt.data() + ((m / 32) * KB + kb) * 2048 + (m % 32) * 64, xq + m * K + kb * 64, 64);
+  auto body = [&](int64_t lo, int64_t hi) {
+    amx_config();
+    std::vector<int8_t> packed(static_cast<size_t>(32 * K));
+    alignas(64) int32_t c[32][32];
+    for (int64_t b = lo; b < hi; ++b) {
+      const int64_t n0 = b * 32;
+      amx_pack_b(q, n0, packed.data());
+      alignas(64) float sw[32];
+      for (int j = 0; j < 32; ++j) sw[j] = load_f32(q.data + (n0 + j) * rowB + K);
+      for (int64_t mb = 0; mb < MB; ++mb) {
+        const int64_t m0 = mb * 32, mt = std::min<int64_t>(32, M - m0);
+        const int8_t* a = xt.data() + mb * KB * 2048;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t kb = 0; kb < KB; ++kb) {
+          _tile_loadd(4, a + kb * 2048, 64);
+          _tile_loadd(5, a + kb * 2048 + 1024, 64);
+          _tile_loadd(6, packed.data() + (kb * 2) * 1024, 64);
+          _tile_loadd(7, packed.data() + (kb * 2 + 1) * 1024, 64);
+          _tile_dpbssd(0, 4, 6);
+          _tile_dpbssd(1, 4, 7);
+          _tile_dpbssd(2, 5, 6);
+          _tile_dpbssd(3, 5, 7);
+        }
+        _tile_stored(0, &c[0][0], 128);
+        _tile_stored(1, &c[0][16], 128);
+        _tile_stored(2, &c[16][0], 128);
+        _tile_stored(3, &c[16][16], 128);
+        for (int64_t i = 0; i < mt; ++i) {  // w8a8_kernel's epilogue, term for term: (float(acc) * s_w) * s_x
+          const __m512 sx = _mm512_set1_ps(xs[m0 + i]);
+          float* o = out + (m0 + i) * N + n0;
+          for (int h = 0; h < 2; ++h) {
+            const __m512 a32 = _mm512_cvtepi32_ps(_mm512_load_si512(&c[i][16 * h]));
+            _mm512_storeu_ps(o + 16 * h, _mm512_mul_ps(_mm512_mul_ps(a32, _mm512_load_ps(sw + 16 * h)), sx));
+          }
+        }
+      }
+    }
+    _tile_release();
+  };
+  if (at::get_num_threads() == 1 || blocks == 1) {
+    body(0, blocks);
+  } else {
+    at::parallel_for(0, blocks, 1, body);
+  }
+}
+
+inline bool use_amx_w8a8(int64_t M, const QuantView& q) {
+  return M >= kAmxMinRows && q.N % 32 == 0 && q.K % 64 == 0 && amx_int8_enabled();
+}
+#endif
+
 // ---- W4A8: int4 codes x int8 activations, exact integer dot products per group -------------------------
 
 // out[m, r] for R weight rows and MT rows of x. xq: int8 codes [MT, K] (ldx apart), xs / xsum: each row's
@@ -658,6 +787,12 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w) {
   if (M == 0 || q.N == 0) return out;
   if (q.kind == QuantKind::kW8A8) {
     auto qs = quantize_rows(x);
+#if defined(QUANT_AMX_INT8)
+    if (use_amx_w8a8(M, q)) {
+      w8a8_amx(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), M, q, out.data_ptr<float>());
+      return out;
+    }
+#endif
     w8a8_kernel(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), M, q, out.data_ptr<float>());
     return out;
   }
@@ -681,6 +816,13 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w) {
     wo_row_kernel<QuantKind::kW8A16>(xf.data_ptr<float>(), nullptr, M, q, out.data_ptr<float>());
   }
   return out;
+}
+
+std::string quant_w8a8_prefill_isa() {
+#if defined(QUANT_AMX_INT8)
+  if (amx_int8_enabled()) return "amx_int8";
+#endif
+  return "simd";
 }
 
 torch::Tensor quant_dequant(const torch::Tensor& w, int64_t K) {

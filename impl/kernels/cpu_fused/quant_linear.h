@@ -19,6 +19,8 @@
 
 #include <torch/extension.h>
 
+#include <string>
+
 namespace cpu_fused {
 
 enum class QuantKind { kW8A8, kW8A16, kW4A16, kW4A8 };
@@ -57,5 +59,9 @@ std::vector<torch::Tensor> quantize_groups(const torch::Tensor& x, int64_t g);
 
 // dequant(w) as float32 [N, K] (tests and the reference).
 torch::Tensor quant_dequant(const torch::Tensor& w, int64_t K);
+
+// The tiles W8A8's prefill runs on from 32 rows: "amx_int8" (AMX-int8 tiles; IMPL_CPU_AMX=0 turns them off) or
+// "simd" (the row kernel, as at every row count).
+std::string quant_w8a8_prefill_isa();
 
 }  // namespace cpu_fused
