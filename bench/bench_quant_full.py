@@ -145,8 +145,10 @@ def report(args) -> str:
              "(2 threads), (a) by `llama-server -np 4` with its prompt cache off. 2 threads everywhere. "
              f"CPU: {cpu}.", "",
              f"Machine limits in the same run (measured before every server; the highest of each kept): copy bandwidth "
-             f"{bw / 1e9:.1f} GB/s, float32 GEMM {f32 / 1e9:.0f} GFLOP/s, bf16 GEMM {bf16 / 1e9:.0f} GFLOP/s (oneDNN's; "
-             "without native bf16 it emulates it, and our bf16 weights compute in float32), int8 GEMM "
+             f"{bw / 1e9:.1f} GB/s, float32 GEMM {f32 / 1e9:.0f} GFLOP/s, bf16 GEMM {bf16 / 1e9:.0f} GFLOP/s ("
+             + ("oneDNN's on the CPU's native bf16 instructions, which our bf16 weights use" if bf16 > f32 else
+                "oneDNN's; without native bf16 it emulates it, and our bf16 weights compute in float32")
+             + "), int8 GEMM "
              f"{i8 / 1e9:.0f} GOP/s (our W8A8 kernel at the same shapes). tg128's bound: the bytes of weights one "
              "batch-1 decode step reads (column 4) over the copy bandwidth.", "",
              "| system | weights | fast prefill | GB read per decode step | peak RSS (GB) | (a) median TTFT (s) | "

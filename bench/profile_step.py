@@ -29,7 +29,7 @@ import time
 from collections import defaultdict
 
 from bench.docs_section import print_section
-from bench.machine import copy_bandwidth, cpu_description, cpu_kind
+from bench.machine import cpu_description, cpu_kind
 
 SECTION = "## Where a full-size forward's time goes"
 PHASES = (
@@ -107,33 +107,25 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     path = resolve_model(args.model)
-    lim = measure_limits()
-    bw = copy_bandwidth(3)
+    limits = [measure_limits()]  # again after the runs: a shared machine's figures, the higher of each kept
     costs = model_costs(path, args.prompt)
     extra = ServerArgs.parse(["--model-path", path, *shlex.split(args.server_args)])
     kw = {k: getattr(extra, k) for k in ("torchao_config", "quantization", "dtype") if getattr(extra, k, None)}
     ids = [(7 + 31 * i) % 200_000 + 100 for i in range(args.prompt)]
     weights = args.server_args or "bf16 weights"
-    lines = [f"{SECTION}: {args.model}, {weights} ({cpu_kind()})", "",
-             f"Command: `python -m bench.profile_step --model {args.model} --prompt {args.prompt} --decode-steps "
-             f"{args.decode_steps}" + (f" --server-args \"{args.server_args}\"" if args.server_args else "") + "` "
-             f"(`make profile-prefill`). CPU: {cpu_description()}; {args.threads} threads. Machine limits in the same "
-             f"run: float32 GEMM {lim['gemm_f32_flops'] / 1e9:.0f} GFLOP/s, bf16 GEMM {lim['gemm_bf16_flops'] / 1e9:.0f} "
-             f"GFLOP/s, copy bandwidth {bw / 1e9:.1f} GB/s.", ""]
-    decode_bytes = None
+    runs: list[tuple[str, float, dict[str, float], str]] = []  # (title, wall, phases, "prefill on/off" / "decode")
+    decode_bytes = costs["decode_weight_bytes"]
     for flag in (True, False):
         eng = Engine(model_path=path, kv_sharing_fast_prefill=flag, random_seed=0, **kw)
         try:
             q = (eng.get_server_info().get("quantization") or {})
-            decode_bytes = q.get("decode_weight_bytes") or costs["decode_weight_bytes"]
+            decode_bytes = q.get("decode_weight_bytes") or decode_bytes
             sp = {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True}
             eng.generate(input_ids=ids[:64], sampling_params=sp)  # warm the lazy kernels
             eng.flush_cache()
             wall, ph = profile_run(lambda: eng.generate(input_ids=ids, sampling_params=sp))
-            flops = args.prompt * costs["flops_per_token_on" if flag else "flops_per_token_off"] + costs["lm_head_flops"]
-            rate = max(lim["gemm_f32_flops"], lim["gemm_bf16_flops"])
-            lines += _table(f"Prefill, {args.prompt} tokens, flag {'on' if flag else 'off'}", wall, ph, flops / rate,
-                            f"{flops / 1e12:.2f} TFLOP at the faster GEMM rate")
+            runs.append((f"Prefill, {args.prompt} tokens, flag {'on' if flag else 'off'}", wall, ph,
+                         "on" if flag else "off"))
             if flag:
                 n = args.decode_steps
                 eng.flush_cache()
@@ -141,11 +133,27 @@ def main(argv=None) -> int:
                 dsp = {"max_new_tokens": n + 1, "temperature": 0, "ignore_eos": True}
                 wall, ph = profile_run(lambda: eng.generate(input_ids=ids[:64], sampling_params=dsp))
                 # the first of the n + 1 tokens is the (cached) prompt's last row: counted as one more step
-                per = {k: v / (n + 1) for k, v in ph.items()}
-                lines += _table(f"Decode, batch 1, per step (mean of {n + 1} steps after a 64-token prompt)", wall / (n + 1),
-                                per, decode_bytes / bw, f"{decode_bytes / 1e9:.2f} GB of weights over the copy bandwidth")
+                runs.append((f"Decode, batch 1, per step (mean of {n + 1} steps after a 64-token prompt)",
+                             wall / (n + 1), {k: v / (n + 1) for k, v in ph.items()}, "decode"))
         finally:
             eng.shutdown()
+    limits.append(measure_limits())
+    f32 = max(lim["gemm_f32_flops"] for lim in limits)
+    bf16 = max(lim["gemm_bf16_flops"] for lim in limits)
+    bw = max(lim["copy_bytes_per_s"] for lim in limits)
+    lines = [f"{SECTION}: {args.model}, {weights} ({cpu_kind()})", "",
+             f"Command: `python -m bench.profile_step --model {args.model} --prompt {args.prompt} --decode-steps "
+             f"{args.decode_steps}" + (f" --server-args \"{args.server_args}\"" if args.server_args else "") + "` "
+             f"(`make profile-prefill`). CPU: {cpu_description()}; {args.threads} threads. Machine limits measured "
+             f"before and after the runs (the higher of each): float32 GEMM {f32 / 1e9:.0f} GFLOP/s, bf16 GEMM "
+             f"{bf16 / 1e9:.0f} GFLOP/s, copy bandwidth {bw / 1e9:.1f} GB/s.", ""]
+    for title, wall, ph, kind in runs:
+        if kind == "decode":
+            lines += _table(title, wall, ph, decode_bytes / bw,
+                            f"{decode_bytes / 1e9:.2f} GB of weights over the copy bandwidth")
+        else:
+            flops = args.prompt * costs[f"flops_per_token_{kind}"] + costs["lm_head_flops"]
+            lines += _table(title, wall, ph, flops / max(f32, bf16), f"{flops / 1e12:.2f} TFLOP at the faster GEMM rate")
     print_section("\n".join(lines), args.write_docs)
     return 0
 
