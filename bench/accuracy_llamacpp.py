@@ -16,7 +16,8 @@ prompts and metric code (``prompts_for``, ``score``):
   vocabulary size, ``post_sampling_probs`` false: llama-server then lists the softmax of the model's raw logits
   (``get_token_probabilities`` in ``tools/server/server-common.cpp``: before the sampler chain, so before the
   EOG bias and top_k), sorted, as ``top_logprobs``; a list shorter than the vocabulary is refused
-  (``accuracy.dense``).
+  (``accuracy.dense``). The one token such a request samples is forced by a logit bias to a whole-character
+  piece: llama-server drops a token's probabilities when its text ends inside a UTF-8 character (a byte piece).
 
 Every request runs without llama-server's prompt cache (``cache_prompt`` false, ``--cache-ram 0``): each one
 prefills its whole prompt (at most 112 tokens here, ~25 ms). With the cache on, a teacher-forced request that
@@ -207,7 +208,7 @@ def section(model: str, results: list[SettingResult], notes: list[str], command:
         "",
         table(results),
         "",
-        *notes,
+        "\n\n".join(notes),
         "",
     ])
 

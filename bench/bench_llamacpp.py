@@ -116,7 +116,8 @@ def decode_bytes(cache: str, gguf: str) -> tuple[int, dict[str, int]]:
         sys.path.insert(0, gguf_py)
     from gguf import GGUFReader  # llama.cpp's own reader, from its source tree
 
-    total, by_type = 0, {}
+    total = 0
+    by_type: dict[str, int] = {}
     for t in GGUFReader(gguf).tensors:
         if any(t.name.startswith(g) for g in GATHERED_ONLY):
             continue
@@ -171,7 +172,7 @@ def concurrent(bin_dir: str, gguf: str, vocab: int, seed: int, log_dir: str, tim
     load_s, box = start_sampled(srv, log_dir, timeout)
     try:
         completion(srv.url, prompts_of(99, [16], vocab)[0], 2, time.perf_counter(), {})  # warm-up
-        res = [{} for _ in range(4)]
+        res: list[dict] = [{} for _ in range(4)]
         start = time.perf_counter()
         threads = [threading.Thread(target=completion, args=(srv.url, p, 16, start, r))
                    for p, r in zip(prompts_of(seed, [1024] * 4, vocab), res)]
