@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve serve-cluster bench-cluster test test-fast spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-structured bench-peer bench-full bench-quant bench-quant-full profile-prefill bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm accuracy parity-full
+.PHONY: serve serve-cluster bench-cluster test test-fast spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-structured bench-peer bench-full bench-quant bench-quant-full profile-prefill bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm accuracy accuracy-llamacpp parity-full
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -169,6 +169,12 @@ bench-kv: $(STAMP)
 # first use, ~1 min); writes its table into docs/accuracy.md. ARGS: --settings, --model, --candidate-args ...
 accuracy: $(STAMP)
 	$(PY) -m bench.accuracy --write-docs $(ARGS)
+
+# llama.cpp on the same yardstick (not in CI): e2b_markov to an f32 GGUF, Q8_0 and Q4_0 (bench/bench_llamacpp.py's
+# build and conversion), each served by llama-server with 2 threads and measured against its f32 file, plus llama.cpp
+# f32 against our float32 engine; writes its section into docs/accuracy.md (~6 min on 2 cores).
+accuracy-llamacpp: $(STAMP)
+	$(PY) -m bench.accuracy_llamacpp --write-docs $(ARGS)
 
 # Our Engine (float32, fast prefill off and on; then bf16, reported) against transformers on the well-conditioned
 # full-size checkpoint e2b-full-wc (not in CI: 9.3 GB, built on first use in a few minutes; transformers float32

@@ -32,7 +32,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from bench.accuracy_settings import DEFAULT_SETTINGS, SETTINGS, Setting
 
@@ -168,17 +168,26 @@ def measure(setting: Setting, path: str, prompts: list[list[int]], new_tokens: i
         cache[tuple(ref_argv)] = greedy(ref, prompts, new_tokens)
     ref_paths = cache[tuple(ref_argv)]
     cand_paths = greedy(cand, prompts, new_tokens)
-    prefixes = [common_prefix(a, b) for a, b in zip(ref_paths, cand_paths)]
+    return score(setting, new_tokens, ref_paths, cand_paths, teacher_forced(ref, prompts, ref_paths, vocab),
+                 teacher_forced(cand, prompts, ref_paths, vocab))
+
+
+def score(setting: Setting, new_tokens: int, ref_paths: list[list[int]], cand_paths: list[list[int]],
+          ref_tf: Iterable[tuple[int, int, Sequence[float]]], cand_tf: Iterable[tuple[int, int, Sequence[float]]]
+          ) -> SettingResult:
+    """The figures of one setting from both sides' greedy paths and teacher-forced distributions (``ref_tf`` and
+    ``cand_tf`` yield (prompt index, position, logprobs over the vocabulary) along ``ref_paths``, in the same
+    order), whichever engine produced them."""
+    prefixes = [common_prefix(a, b) for a, b in zip(ref_paths, cand_paths, strict=True)]
     kls: list[float] = []
     tf_agree = ref_agree = 0
-    cand_tf = teacher_forced(cand, prompts, ref_paths, vocab)
-    for (i, t, lp_ref), (j, u, lp_cand) in zip(teacher_forced(ref, prompts, ref_paths, vocab), cand_tf, strict=True):
+    for (i, t, lp_ref), (j, u, lp_cand) in zip(ref_tf, cand_tf, strict=True):
         assert (i, t) == (j, u)
         kls.append(kl_divergence(lp_ref, lp_cand))
         tok = ref_paths[i][t]
         ref_agree += argmax(lp_ref) == tok
         tf_agree += argmax(lp_cand) == tok
-    n = len(prompts)
+    n = len(ref_paths)
     return SettingResult(
         setting=setting, prompts=n, new_tokens=new_tokens,
         identical=sum(p == new_tokens for p in prefixes) / n,

@@ -84,24 +84,25 @@ def gguf_path(out_dir: str, model: str, quant: str) -> str:
     return os.path.join(out_dir, f"{os.path.basename(model.rstrip('/'))}-{quant}.gguf")
 
 
-def convert(cache: str, model: str, gguf_dir: str, quants=QUANTS) -> dict[str, str]:
-    """The GGUFs of ``model`` (made once each): bf16 by the converter, the rest by llama-quantize from it."""
+def convert(cache: str, model: str, gguf_dir: str, quants=QUANTS, reference: str = "bf16") -> dict[str, str]:
+    """The GGUFs of ``model`` (made once each): ``reference`` (bf16, or f32 for a float32 checkpoint) by the
+    converter, the rest by llama-quantize from it."""
     src = source_dir(cache)
     if not os.path.isdir(src):
         build(cache)  # fetches the source
     os.makedirs(gguf_dir, exist_ok=True)
-    bf16 = gguf_path(gguf_dir, model, "bf16")
-    if not os.path.exists(bf16):
-        subprocess.run([sys.executable, "-m", "bench.llamacpp_convert", src, model, "--outtype", "bf16",
-                        "--outfile", bf16 + ".part"], cwd=ROOT, check=True)
-        os.replace(bf16 + ".part", bf16)
-    out = {"bf16": bf16}
+    ref = gguf_path(gguf_dir, model, reference)
+    if not os.path.exists(ref):
+        subprocess.run([sys.executable, "-m", "bench.llamacpp_convert", src, model, "--outtype", reference,
+                        "--outfile", ref + ".part"], cwd=ROOT, check=True)
+        os.replace(ref + ".part", ref)
+    out = {reference: ref}
     for q in quants:
-        if q == "bf16":
+        if q == reference:
             continue
         path = gguf_path(gguf_dir, model, q)
         if not os.path.exists(path):
-            subprocess.run([os.path.join(build(cache), "llama-quantize"), bf16, path + ".part", q.upper(), str(THREADS)],
+            subprocess.run([os.path.join(build(cache), "llama-quantize"), ref, path + ".part", q.upper(), str(THREADS)],
                            check=True)
             os.replace(path + ".part", path)
         out[q] = path
@@ -115,7 +116,8 @@ def decode_bytes(cache: str, gguf: str) -> tuple[int, dict[str, int]]:
         sys.path.insert(0, gguf_py)
     from gguf import GGUFReader  # llama.cpp's own reader, from its source tree
 
-    total, by_type = 0, {}
+    total = 0
+    by_type: dict[str, int] = {}
     for t in GGUFReader(gguf).tensors:
         if any(t.name.startswith(g) for g in GATHERED_ONLY):
             continue
@@ -170,7 +172,7 @@ def concurrent(bin_dir: str, gguf: str, vocab: int, seed: int, log_dir: str, tim
     load_s, box = start_sampled(srv, log_dir, timeout)
     try:
         completion(srv.url, prompts_of(99, [16], vocab)[0], 2, time.perf_counter(), {})  # warm-up
-        res = [{} for _ in range(4)]
+        res: list[dict] = [{} for _ in range(4)]
         start = time.perf_counter()
         threads = [threading.Thread(target=completion, args=(srv.url, p, 16, start, r))
                    for p, r in zip(prompts_of(seed, [1024] * 4, vocab), res)]

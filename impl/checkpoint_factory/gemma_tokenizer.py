@@ -57,8 +57,10 @@ def train_gemma_tokenizer(corpus: str = CORPUS, vocab_size: int = TRAINED_VOCAB)
 
 
 def write_gemma_tokenizer_files(folder: str, model_max_length: int, vocab_size: int) -> None:
-    """tokenizer.json (``vocab_size`` entries), tokenizer_config.json and generation_config.json into ``folder``."""
-    tok = widen_tokenizer(train_gemma_tokenizer(), vocab_size)
+    """tokenizer.json (``vocab_size`` entries), tokenizer_config.json and generation_config.json into ``folder``.
+
+    Trained to at most ``vocab_size`` entries (a tiny checkpoint's 512 is below ``TRAINED_VOCAB``), then widened."""
+    tok = widen_tokenizer(train_gemma_tokenizer(vocab_size=min(TRAINED_VOCAB, vocab_size)), vocab_size)
     with open(os.path.join(folder, "tokenizer.json"), "w", encoding="utf-8") as f:
         f.write(tok.to_str(pretty=True))
     _write_json(os.path.join(folder, "tokenizer_config.json"), tokenizer_config(model_max_length))
