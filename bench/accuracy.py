@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from bench.docs_section import replace_section
+    from bench.docs_section import print_section
     from bench.machine import cpu_description
     from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 
@@ -284,9 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - t0
     command = "python -m bench.accuracy " + shlex.join(argv if argv is not None else sys.argv[1:])
     text = section(model, results, command.strip(), cpu_description(), note, seconds)
-    print(text)
-    if args.write_docs:
-        replace_section(text, ACCURACY_MD)
+    print_section(text, args.write_docs, ACCURACY_MD)
     return 0
 
 

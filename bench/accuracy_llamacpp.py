@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from bench.docs_section import replace_section
+    from bench.docs_section import print_section
     from bench.machine import cpu_description
     from impl.checkpoint_factory.checkpoints import tiny_checkpoint
     from impl.checkpoint_factory.tokenizer_factory import GENERATION_EOS_IDS
@@ -306,9 +306,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(reference's own {r.reference_tf_top1:.4f})", flush=True)
     command = "python -m bench.accuracy_llamacpp " + shlex.join(argv if argv is not None else sys.argv[1:])
     text = section(model, results, notes, command.strip(), cpu_description(), note, seconds)
-    print(text)
-    if args.write_docs:
-        replace_section(text, ACCURACY_MD)
+    print_section(text, args.write_docs, ACCURACY_MD)
     return 0
 
 
