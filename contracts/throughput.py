@@ -48,7 +48,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from contracts.base import ContractViolation, contract, inconclusive, violation
+from contracts.base import ContractViolation, contract, inconclusive, note, violation
 from contracts.flops import flop_bound
 from contracts.subject import GenRequest, TimedOutput
 
@@ -131,17 +131,21 @@ def _interleaved(subject: Any, requests: list[GenRequest], figure: Callable[[lis
 on_measure: Callable[[Pairs], None] | None = None
 
 
-def _judge(measure: Callable[[], Pairs], ok: Callable[[Pairs], bool], explain: Callable[[Pairs], str]) -> None:
-    """Pass on the first good measurement; otherwise measure again once and fail with both."""
+def _judge(measure: Callable[[], Pairs], ok: Callable[[Pairs], bool], explain: Callable[[Pairs], str],
+           need: str = "") -> None:
+    """Pass on the first good measurement; otherwise measure again once and fail with both. A pass notes the
+    passing measurement (and ``need``, the threshold), so a report shows the figures of a pass too."""
     first = measure()
     if on_measure:
         on_measure(first)
     if ok(first):
+        note(first.show() + (f" ({need})" if need else ""))
         return
     second = measure()
     if on_measure:
         on_measure(second)
     if ok(second):
+        note(f"attempt 2: {second.show()}" + (f" ({need})" if need else "") + f"; attempt 1: {first.show()}")
         return
     evidence = f"{explain(second)}\n  attempt 1: {first.show()}\n  attempt 2: {second.show()}"
     singles = [Pairs(second.what, [a], [b], second.clock) for a, b in zip(second.off, second.on)]
@@ -181,6 +185,8 @@ def prefill_speedup(subject) -> None:
                    f"prompt; the FLOP bound {bound:.2f}x allows {1 - 1 / bound:.1%} and the contract requires "
                    f"{PREFILL_FRACTION:.0%} of that ({need:.1%}). Fast prefill must skip the cross-decoder's work on "
                    f"rows that do not feed the LM head, not only discard their results."),
+        f"required: a TTFT saving of {need:.1%}, i.e. the off/on median >= {1 / (1 - need):.2f}: "
+        f"{PREFILL_FRACTION:.0%} of the {1 - 1 / bound:.1%} the FLOP bound {bound:.2f}x allows",
     )
 
 
@@ -202,6 +208,7 @@ def decode_no_regression(subject) -> None:
         lambda p: on_over_off(p) <= 1 + DECODE_MARGIN,
         lambda p: (f"median TPOT with the flag on is {on_over_off(p):.2f}x flag off on decode-only requests (allowed "
                    f"{1 + DECODE_MARGIN:.2f}x): decode batches must take the normal path with fast prefill on."),
+        f"required: TPOT on/off <= {1 + DECODE_MARGIN:.2f}, i.e. the off/on median >= {1 / (1 + DECODE_MARGIN):.2f}",
     )
 
 
@@ -226,6 +233,7 @@ def summ_scenario(subject) -> None:
         lambda p: 1 / p.ratio >= 1 + SUMM_MARGIN,
         lambda p: (f"summarisation-shaped output tok/s with the flag on is {1 / p.ratio:.2f}x flag off (required "
                    f"{1 + SUMM_MARGIN:.2f}x): long prompts with short outputs must gain from fast prefill."),
+        f"required: tok/s on/off >= {1 + SUMM_MARGIN:.2f}, i.e. the off/on median <= {1 / (1 + SUMM_MARGIN):.3f}",
     )
 
 

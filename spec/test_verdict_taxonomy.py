@@ -95,3 +95,22 @@ def test_partial_pass_and_failures_outweigh_skips():
 
     with pytest.raises(Inconclusive, match="noisy"):
         _contract(none_judged).run(None)
+
+
+def test_a_throughput_pass_notes_its_figures_and_a_split_wall_clock_is_inconclusive():
+    from contracts.throughput import Pairs, _judge
+
+    def judge(pairs: list[Pairs]) -> list[str]:
+        with collect_notes() as notes:
+            _judge(lambda: pairs.pop(0), lambda p: p.ratio >= 1.2, lambda p: f"median {p.ratio:.2f}", "required: 1.2")
+        return notes
+
+    good = Pairs("TTFT (s)", [2.0, 2.0, 2.0], [1.0, 1.0, 1.0], "wall")
+    bad = Pairs("TTFT (s)", [1.0, 1.0, 1.0], [1.0, 1.0, 1.0], "wall")
+    assert judge([good]) == [f"{good.show()} (required: 1.2)"]
+    assert judge([bad, good])[0].startswith(f"attempt 2: {good.show()} (required: 1.2); attempt 1: {bad.show()}")
+    split = Pairs("TTFT (s)", [2.0, 1.0, 1.0], [1.0, 1.0, 1.0], "wall")
+    pairs = [bad, split]
+    check = _contract(lambda subject: _judge(lambda: pairs.pop(0), lambda p: p.ratio >= 1.2, str, "required: 1.2"))
+    with pytest.raises(Inconclusive, match="1 of 3 pairs pass"):
+        check.run(None)
