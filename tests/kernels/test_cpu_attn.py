@@ -57,7 +57,7 @@ def extend_shapes(draw):
     return draw_extend_shape(draw, [16, 32, 64, 80, 256, 512], lambda d: 40 if d <= 80 else 12, [1, 3, 8])
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30, deadline=None, derandomize=True)  # fixed examples: a red CI reproduces
 @given(extend_shapes())
 @example(dict(prefix_lens=[17, 0, 5], extend_lens=[1, 20, 1], num_kv_heads=2, num_heads=6, head_dim=80,
               dtype=torch.bfloat16, seed=3, scaling=1.0, window=7, logit_cap=None))  # mixed batch, GQA group 3

@@ -30,7 +30,7 @@ def selections(draw):
                 window=draw(st.one_of(st.none(), st.integers(1, 16)))), rows, draw(st.sampled_from(EXTEND_LAUNCHES))
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=12, deadline=None, derandomize=True)  # fixed examples: a red CI reproduces
 @given(selections())
 @pytest.mark.slow  # Triton interpreter
 def test_selected_rows_equal_the_full_pass_at_those_rows(shape_rows):

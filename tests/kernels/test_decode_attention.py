@@ -39,7 +39,7 @@ def decode_shapes(draw):
     ), [draw(st.integers(1, 4)) for _ in range(batch)], draw(st.sampled_from(DECODE_LAUNCHES))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, derandomize=True)  # fixed examples: a red CI reproduces
 @given(decode_shapes())
 @example((dict(prefix_lens=[0, 30], extend_lens=[1, 1], num_kv_heads=2, num_heads=6, head_dim=80,
                dtype=torch.bfloat16, seed=1, scaling=1.0, window=None, logit_cap=None), [4, 4], None))  # > keys

@@ -24,7 +24,7 @@ def extend_shapes(draw):
     return draw(st.sampled_from(EXTEND_LAUNCHES)), shape
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, derandomize=True)  # fixed examples: a red CI reproduces
 @given(extend_shapes())
 @example((None, dict(prefix_lens=[0], extend_lens=[1], num_kv_heads=1, num_heads=2, head_dim=512, dtype=torch.bfloat16,
                      seed=1, scaling=1.0, window=None, logit_cap=None)))  # Gemma full-layer head_dim, one token

@@ -126,7 +126,7 @@ def cross_batches(draw):
     return prefix, extend, starts, draw(st.integers(0, 999))
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=8, deadline=None, derandomize=True)  # fixed examples: a red CI reproduces
 @given(cross_batches())
 def test_cross_decoder_metadata_matches_torch_native_and_full_pass(case):
     prefix, extend, starts, seed = case
