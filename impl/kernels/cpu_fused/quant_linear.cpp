@@ -57,6 +57,17 @@ inline float load_f32(const uint8_t* p) {
   return f;
 }
 
+// body(lo, hi) over blocks [0, blocks): on this thread when there is one thread or at most `grain` blocks,
+// else split across threads `grain` blocks at a time (every row-block kernel below dispatches this way).
+template <typename F>
+inline void for_blocks(int64_t blocks, int64_t grain, const F& body) {
+  if (at::get_num_threads() == 1 || blocks <= grain) {
+    body(0, blocks);
+  } else {
+    at::parallel_for(0, blocks, grain, body);
+  }
+}
+
 // Decode's row kernels read a few weight rows at a time, group by group: a stride within a few KB that the
 // hardware prefetcher follows poorly (measured on one Zen 3 core, 24576 x 1536: W4A8 4.8 GB/s without, 8.1
 // with; W8A8 5.2 -> 11.0). Each pass asks for the rows kPrefetchRows ahead into L2.
@@ -257,11 +268,7 @@ void wo_row_kernel(const float* x, const float* xs, int64_t M, const QuantView& 
       wo_rows<Kd, R>(x, xs, M, q.data + b * R * rowB, q, out + b * R, N);
     }
   };
-  if (at::get_num_threads() == 1 || blocks <= grain) {
-    body(0, blocks);
-  } else {
-    at::parallel_for(0, blocks, grain, body);
-  }
+  for_blocks(blocks, grain, body);
   for (int64_t n = blocks * R; n < N; ++n) wo_rows<Kd, 1>(x, xs, M, q.data + n * rowB, q, out + n, N);
 }
 
@@ -407,11 +414,7 @@ void w8a8_kernel(const int8_t* xq, const float* xs, int64_t M, const QuantView& 
   auto body = [&](int64_t lo, int64_t hi) {
     for (int64_t b = lo; b < hi; ++b) rows_block(b * kI8BlockRows, std::min(N, (b + 1) * kI8BlockRows));
   };
-  if (at::get_num_threads() == 1 || blocks == 1) {
-    body(0, blocks);
-  } else {
-    at::parallel_for(0, blocks, 1, body);
-  }
+  for_blocks(blocks, 1, body);
 }
 
 // ---- W8A8 on AMX-int8 tiles (prefill) ---------------------------------------------------------------------
@@ -524,11 +527,7 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
     }
     _tile_release();
   };
-  if (at::get_num_threads() == 1 || blocks == 1) {
-    body(0, blocks);
-  } else {
-    at::parallel_for(0, blocks, 1, body);
-  }
+  for_blocks(blocks, 1, body);
 }
 
 inline bool use_amx_w8a8(int64_t M, const QuantView& q) {
@@ -656,11 +655,7 @@ void w4a8_kernel(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t
   auto body = [&](int64_t lo, int64_t hi) {
     for (int64_t b = lo; b < hi; ++b) rows_block(b * kW4A8BlockRows, std::min(N, (b + 1) * kW4A8BlockRows));
   };
-  if (at::get_num_threads() == 1 || blocks == 1) {
-    body(0, blocks);
-  } else {
-    at::parallel_for(0, blocks, 1, body);
-  }
+  for_blocks(blocks, 1, body);
 }
 
 
