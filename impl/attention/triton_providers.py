@@ -42,6 +42,7 @@ class KernelProvider:
     decode: Callable[..., torch.Tensor]  # decode_attention_fwd's signature, without the launch config
     split_policy: KVSplitPolicy  # how decode metadata splits each request's keys
     fill_units: int | None  # decode splits fill this many parallel units twice over (None: no fill limit)
+    isa: dict[str, str] | None = None  # compiled CPU kernels: the instructions each kernel runs on
 
     def startup_line(self) -> str:
         return f"Attention kernels: triton backend, {self.description}"
@@ -77,8 +78,10 @@ def select_provider(device: torch.device) -> KernelProvider:
     from impl.kernels import cpu_attn
 
     if cpu_attn.load() is not None:
-        return KernelProvider("cpu", "CPU kernels (compiled)", cpu_attn.extend_attention_fwd,
-                              cpu_attn.decode_attention_fwd, CPU_SPLIT_POLICY, torch.get_num_threads())
+        isa = cpu_attn.kernel_isa()
+        words = ", ".join(f"{k}: {v}" for k, v in isa.items())
+        return KernelProvider("cpu", f"CPU kernels (compiled; {words})", cpu_attn.extend_attention_fwd,
+                              cpu_attn.decode_attention_fwd, CPU_SPLIT_POLICY, torch.get_num_threads(), isa)
     reason = f"{cpu_attn.ENV_SWITCH}=0" if not cpu_attn.enabled_by_env() else cpu_attn.error()
     if want == "cpu":
         raise ValueError(f"{ENV_PROVIDER}=cpu but the compiled CPU attention kernels are unavailable ({reason}); "
@@ -127,11 +130,15 @@ def _decode_reference(q, o, k_buf, v_buf, q_positions, kv_indptr, kv_indices, nu
 
 
 def attention_kernels_of(prefill_backend, decode_backend) -> dict[str, dict[str, str | None]]:
-    """``/get_server_info``'s ``attention_kernels``: per role, the backend and (triton) its provider."""
-    return {
-        role: {"backend": b.name, "provider": getattr(getattr(b, "provider", None), "name", None)}
-        for role, b in (("prefill", prefill_backend), ("decode", decode_backend))
-    }
+    """``/get_server_info``'s ``attention_kernels``: per role, the backend, (triton) its provider and (compiled
+    CPU kernels) the instructions each kernel runs on."""
+    out: dict[str, dict] = {}
+    for role, b in (("prefill", prefill_backend), ("decode", decode_backend)):
+        provider = getattr(b, "provider", None)
+        out[role] = {"backend": b.name, "provider": getattr(provider, "name", None)}
+        if getattr(provider, "isa", None):
+            out[role]["isa"] = dict(provider.isa)
+    return out
 
 
 def kernel_startup_lines(prefill_backend, decode_backend) -> list[str]:

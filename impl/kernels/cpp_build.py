@@ -40,7 +40,8 @@ def march() -> str:
 
 def build_extension(prefix: str, source: str | list[str], cflags: list[str]) -> ModuleType:
     """``source``: one C++ file, or several (the first builds the module; headers beside them, ``*.h``
-    in the same folders, count for the hash too)."""
+    in the same folders, and the headers shared by every extension in ``impl/kernels/`` count for the hash
+    too)."""
     from torch.utils.cpp_extension import load as load_extension
 
     sources = [source] if isinstance(source, str) else list(source)
@@ -54,7 +55,8 @@ def build_extension(prefix: str, source: str | list[str], cflags: list[str]) -> 
         except ImportError as e:
             raise RuntimeError("ninja is not installed (pip install ninja)") from e
     text = b""
-    headers = sorted({os.path.join(d, n) for d in {os.path.dirname(p) for p in sources} for n in os.listdir(d) if n.endswith(".h")})
+    folders = {os.path.dirname(p) for p in sources} | {os.path.dirname(os.path.abspath(__file__))}
+    headers = sorted({os.path.join(d, n) for d in folders for n in os.listdir(d) if n.endswith(".h")})
     for path in sources + headers:
         with open(path, "rb") as f:
             text += f.read()

@@ -3,6 +3,10 @@ kernels under the interpreter, on the same metadata (tolerance rule: kernel_case
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from hypothesis import example, given, settings
@@ -13,6 +17,8 @@ from impl.kernels.decode_attention import decode_attention_fwd as triton_decode
 from impl.kernels.extend_attention import extend_attention_fwd as triton_extend
 from impl.kernels.triton_env import TRITON_INTERPRETED
 from tests.helpers.kernel_cases import assert_close_to_truth, draw_extend_shape, make_case, tolerance
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 pytestmark = [
     pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel tests here run on CPU tensors"),
@@ -177,3 +183,70 @@ def test_rows_attention_rejects_bad_slots_and_positions():
         cpu_attn.rows_attention(q, kv, kv, r2t.zero_(), torch.tensor([0]), torch.tensor([8]), 0, 1.0)
     with pytest.raises(RuntimeError, match="row_req 5 outside req_to_token's 2 rows"):
         cpu_attn.rows_attention(q, kv, kv, r2t, torch.tensor([5]), torch.tensor([1]), 0, 1.0)
+
+
+# ---- AMX-bf16 tiles (extend): bf16 queries over bf16 / fp8 pools, head_dim a multiple of 32 ----
+
+def _tiles_expected() -> bool:
+    from tests.kernels.test_cpu_avx2_paths import _cpu_flags
+
+    return ("amx_bf16" in _cpu_flags() and cpu_attn.load().simd_isa() == "avx512"
+            and os.environ.get("IMPL_CPU_AMX") != "0")
+
+
+def test_extend_isa_names_the_tiles_where_the_cpu_has_them():
+    """bf16 (and fp8 pools under bf16 queries) with head_dim % 32 == 0 run on AMX-bf16 tiles where the CPU and
+    the build have them; float32 queries and other head dims keep the SIMD kernels."""
+    ext = cpu_attn.load()
+    simd = ext.simd_isa()
+    tiles = "amx_bf16" if _tiles_expected() else simd
+    assert ext.extend_isa(torch.bfloat16, torch.bfloat16, 256) == tiles
+    assert ext.extend_isa(torch.bfloat16, torch.float8_e4m3fn, 512) == tiles
+    assert ext.extend_isa(torch.float32, torch.float32, 256) == simd
+    assert ext.extend_isa(torch.float32, torch.bfloat16, 256) == simd
+    assert ext.extend_isa(torch.bfloat16, torch.bfloat16, 80) == simd
+
+
+@pytest.mark.parametrize("head_dim,window,cap", [(256, 300, None), (512, None, 30.0), (64, 45, None)])
+def test_bf16_prompts_over_many_key_tiles_and_items(head_dim, window, cap):
+    """The tile path's own shapes: three requests (one with a cached prefix), two KV heads, prompts that span
+    several 128-key tiles and 16-row work items, a window that starts inside a tile."""
+    case = make_case([150, 0, 37], [20, 290, 131], 8, 2, head_dim, torch.bfloat16, seed=head_dim + 7,
+                     scaling=head_dim**-0.5, window=window, logit_cap=cap)
+    assert_close_to_truth(cpu_extend(case), case, torch.bfloat16)
+
+
+@pytest.mark.parametrize("window", [None, 100])
+def test_a_row_alone_gets_its_bits_among_all_rows(window):
+    """Fast prefill's selected rows: on the tiles a row's keys are cut on a fixed 128-key grid, so a row run
+    alone equals, bit for bit, the same row run among all rows (the SIMD kernels: within rounding)."""
+    case = make_case([40, 0], [260, 200], 8, 1, 256, torch.bfloat16, seed=11, scaling=256**-0.5, window=window)
+    rows = [[0, 131, 259], [77, 199]]
+    part = cpu_extend(case.select(rows))
+    full = cpu_extend(case)
+    starts = case.qo_indptr.tolist()
+    idx = torch.tensor([starts[b] + r for b, rs in enumerate(rows) for r in rs])
+    if cpu_attn.load().extend_isa(torch.bfloat16, torch.bfloat16, 256) == "amx_bf16":
+        assert torch.equal(part, full[idx])
+    else:
+        torch.testing.assert_close(part.float(), full[idx].float(), rtol=0, atol=_same_rows_tol(full, torch.bfloat16))
+
+
+@pytest.mark.skipif(not _tiles_expected(), reason="no AMX-bf16 on this CPU (or IMPL_CPU_AMX=0)")
+def test_tiles_and_simd_kernels_agree(tmp_path):
+    """IMPL_CPU_AMX=0 (a child process: the switch is read once) sends the same launch to the SIMD kernels;
+    both are within the tolerance of the truth, so within twice it of each other."""
+    case = make_case([30, 0], [100, 160], 8, 1, 512, torch.bfloat16, seed=5, scaling=512**-0.5, window=70)
+    torch.save(case, tmp_path / "case.pt")
+    code = ("import sys, torch; from tests.kernels.test_cpu_attn import cpu_extend; from impl.kernels import cpu_attn; "
+            "c = torch.load(sys.argv[1], weights_only=False); "
+            "assert cpu_attn.load().extend_isa(torch.bfloat16, torch.bfloat16, 512) != 'amx_bf16'; "
+            "torch.save(cpu_extend(c), sys.argv[2])")
+    env = dict(os.environ, IMPL_CPU_AMX="0")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "case.pt"), str(tmp_path / "simd.pt")], check=True,
+                   env=env, cwd=ROOT, timeout=600)
+    simd = torch.load(tmp_path / "simd.pt")
+    tiles = cpu_extend(case)
+    assert_close_to_truth(simd, case, torch.bfloat16)
+    assert_close_to_truth(tiles, case, torch.bfloat16)
+    assert_agree(tiles, simd, case, torch.bfloat16)

@@ -22,7 +22,11 @@ def test_auto_on_cpu_is_the_compiled_cpu_kernels(monkeypatch):
     monkeypatch.delenv(ENV_PROVIDER, raising=False)
     p = select_provider(CPU)
     assert p.name == "cpu" and p.extend is cpu_attn.extend_attention_fwd
-    assert p.startup_line() == "Attention kernels: triton backend, CPU kernels (compiled)"
+    simd = cpu_attn.load().simd_isa()
+    tiles = cpu_attn.load().extend_isa(torch.bfloat16, torch.bfloat16, 256)
+    extend = f"{tiles} (bf16 / fp8 KV with bf16 queries), {simd} otherwise" if tiles != simd else simd
+    assert p.isa == {"extend": extend, "decode": simd}
+    assert p.startup_line() == f"Attention kernels: triton backend, CPU kernels (compiled; extend: {extend}, decode: {simd})"
 
 
 @pytest.mark.parametrize("value,match", [("triton", "Triton compiles only for GPUs"), ("cuda", "is not one of auto, triton, cpu, interpreter, reference")])
@@ -89,8 +93,10 @@ def test_engine_reports_the_provider_and_providers_agree(monkeypatch):
             try:
                 info = engine.get_server_info()
                 name = "cpu" if provider == "auto" else "reference"
-                assert info["attention_kernels"] == {"prefill": {"backend": "triton", "provider": name},
-                                                     "decode": {"backend": "triton", "provider": name}}
+                want = {"backend": "triton", "provider": name}
+                if provider == "auto":
+                    want["isa"] = cpu_attn.kernel_isa()
+                assert info["attention_kernels"] == {"prefill": want, "decode": want}
                 expect = triton_providers.select_provider(CPU).startup_line()
                 assert engine.startup_log.count(expect) == 1, engine.startup_log
                 results[provider, flag] = _greedy(engine, ps)

@@ -41,6 +41,18 @@ load = EXTENSION.load
 error = EXTENSION.error
 
 
+def kernel_isa() -> dict[str, str]:
+    """The instructions each kernel runs on (the startup log and ``/get_server_info``): the extend kernel on
+    AMX-bf16 tiles for bfloat16 queries over a bfloat16 or fp8 pool (head_dim a multiple of 32) where the CPU
+    has AMX (``IMPL_CPU_AMX=0``: off), else the build's SIMD micro-kernels; decode always on the SIMD ones (a
+    decode item holds one query row per KV head's group, too few lanes for a 16-row tile)."""
+    ext = _ext()
+    simd = ext.simd_isa()
+    tiles = ext.extend_isa(torch.bfloat16, torch.bfloat16, 256)
+    extend = f"{tiles} (bf16 / fp8 KV with bf16 queries), {simd} otherwise" if tiles != simd else simd
+    return {"extend": extend, "decode": simd}
+
+
 def _ext() -> ModuleType:
     ext = load()
     if ext is None:

@@ -34,10 +34,13 @@
 #include <c10/util/Float8_e5m2.h>
 #include <immintrin.h>
 
+#include "../cpu_amx.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -368,6 +371,229 @@ void attend_keys(const TileArgs& a, const torch::Tensor& k_buf, const torch::Ten
   }
 }
 
+inline bool is_fp8(at::ScalarType t) { return t == torch::kFloat8_e4m3fn || t == torch::kFloat8_e5m2; }
+
+// ---------------------------------------------------------------- AMX-bf16 tiles (extend)
+//
+// Where the CPU has AMX-bf16 and the queries and the pool are bfloat16 (or fp8, whose values bf16 holds
+// exactly), the extend work items run Q K^T and P V as TDPBF16PS tile products (16 x 16 float32 outputs from
+// 16 x 32 bf16 A and 32 x 16 bf16 B per instruction, products exact, float32 accumulation). The softmax state
+// stays float32; P is rounded to bf16 for the P V product and the denominator sums the rounded P, so the
+// output is the convex combination the tiles computed.
+//
+// Each (request, KV head)'s visible keys are packed once per launch into the B tiles' layout (K^T in pairs of
+// dims, V in pairs of keys: 1 KB per tile), not once per work item, and every item reads its tiles in place.
+// Key tiles lie on a fixed grid (multiples of kAmxKeys from key 0, the first one started at the item's first
+// 32-key block): a lane's result depends only on its own query and visible keys, never on which rows share
+// its item, so a row computed alone (fast prefill's selected rows) gets the bits it gets among all rows.
+// IMPL_CPU_AMX=0 turns the path off (the SIMD kernels above then run every item).
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)
+#define ATTN_AMX_BF16 1
+
+constexpr int64_t kAmxKeys = 128;  // keys per tile of the online softmax (a multiple of 32)
+
+inline bool amx_bf16_enabled() { return cpu_amx::tiles_allowed(); }
+
+// One pool row as bf16 bits: a bf16 pool's row in place; an fp8 row through float32 (exact: bf16 holds every
+// e4m3 / e5m2 value, so its top 16 bits are the value).
+template <typename S>
+inline const uint16_t* bf16_row(const S* src, int64_t D, float* f32, uint16_t* tmp) {
+  if constexpr (std::is_same_v<S, at::BFloat16>) {
+    return reinterpret_cast<const uint16_t*>(src);
+  } else {
+    row_to_f32<S>(src, f32, D);
+    for (int64_t d = 0; d < D; ++d) {
+      uint32_t bits;
+      std::memcpy(&bits, f32 + d, 4);
+      tmp[d] = static_cast<uint16_t>(bits >> 16);
+    }
+    return tmp;
+  }
+}
+
+// Keys [k0, k0 + n) of one (request, KV head), packed: kp holds ceil(n / 16) blocks of D / 32 B tiles of K^T
+// (tile (kb, c): row r = dims 32c + 2r, 32c + 2r + 1, column = key 16 kb + col, as bf16 pairs); vp holds
+// ceil(n / 32) blocks of D / 16 B tiles of V (tile (kb, db): row r = keys 32 kb + 2r, +1, column = dim 16 db + d).
+// Keys past n are zero.
+struct AmxPacked {
+  int64_t k0 = 0, n = 0;
+  std::vector<uint32_t> kp;
+  std::vector<uint16_t> vp;
+};
+
+void amx_pack_alloc(int64_t k0, int64_t n, int64_t D, AmxPacked& out) {
+  out.k0 = k0;
+  out.n = n;
+  out.kp.assign(round_up(n, 32) * D / 2, 0u);
+  out.vp.assign(round_up(n, 32) * D, 0);
+}
+
+// Packs keys [k0 + j_lo, k0 + j_hi) (request slots `slots`, through the launch's slot map) into `out`.
+template <typename S>
+void amx_pack_keys(const PoolHead<S>& kh, const PoolHead<S>& vh, const int64_t* slots, const TileArgs& a,
+                   int64_t j_lo, int64_t j_hi, AmxPacked& out) {
+  const int64_t D = a.D, DC = D / 32;
+  thread_local std::vector<float> f32;
+  thread_local std::vector<uint16_t> tk, tv;
+  f32.resize(D);
+  tk.resize(D);
+  tv.resize(D);
+  for (int64_t j = j_lo; j < j_hi; ++j) {
+    int64_t slot = slots[out.k0 + j];
+    if (a.slot_map != nullptr) {
+      TORCH_CHECK(slot >= 0 && slot < a.map_len, "KV slot ", slot, " outside the slot map (", a.map_len, ")");
+      slot = a.slot_map[slot];
+    }
+    TORCH_CHECK(slot >= 0 && slot < kh.capacity, "KV slot ", slot, " outside the pool (capacity ", kh.capacity, ")");
+    const uint16_t* kr = bf16_row<S>(kh.base + slot * kh.row_stride, D, f32.data(), tk.data());
+    const uint16_t* vr = bf16_row<S>(vh.base + slot * vh.row_stride, D, f32.data(), tv.data());
+    uint32_t* kt = out.kp.data() + (j / 16) * DC * 256 + (j % 16);
+    for (int64_t c = 0; c < DC; ++c) {
+      for (int r = 0; r < 16; ++r) {
+        uint32_t pair;
+        std::memcpy(&pair, kr + 32 * c + 2 * r, 4);
+        kt[c * 256 + r * 16] = pair;
+      }
+    }
+    uint16_t* vt = out.vp.data() + (j / 32) * (D / 16) * 512 + ((j % 32) / 2) * 32 + (j % 2);
+    for (int64_t db = 0; db < D / 16; ++db) {
+      for (int d = 0; d < 16; ++d) vt[db * 512 + d * 2] = vr[16 * db + d];
+    }
+  }
+}
+
+inline float hmax(vfloat v) {
+  float m = v[0];
+  for (int i = 1; i < kVec; ++i) m = std::max(m, v[i]);
+  return m;
+}
+
+inline float hsum(vfloat v) {
+  float s = 0.f;
+  for (int i = 0; i < kVec; ++i) s += v[i];
+  return s;
+}
+
+// Work item on tiles: `lanes` query lanes (q: bf16 [LP, D], LP a multiple of 32, rows past `lanes` zero),
+// lane i sees keys [lo[i], hi[i]) of the packed keys; keys [key_lo, key_hi) cover every lane's.
+// st: softmax state of LP lanes (acc [LP, D]).
+void amx_attend(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64_t lanes, int64_t LP,
+                const int64_t* lo, const int64_t* hi, int64_t key_lo, int64_t key_hi, Softmax& st) {
+  const int64_t D = a.D, DC = D / 32, DB = D / 16;
+  thread_local std::vector<float> s;
+  thread_local std::vector<uint16_t> p;
+  s.resize(LP * kAmxKeys);
+  p.assign(LP * kAmxKeys, 0);
+  const vfloat ninf = vfloat{} + kNegInf;
+  cpu_amx::config_16x64();
+  for (int64_t t0 = std::max<int64_t>(pk.k0, key_lo / 32 * 32); t0 < key_hi;) {
+    const int64_t t1 = std::min(key_hi, (t0 / kAmxKeys + 1) * kAmxKeys), n = t1 - t0, np = round_up(n, 32);
+    const int64_t rel = t0 - pk.k0;  // a multiple of 32
+    // S [LP, np] = Q K^T
+    for (int64_t i0 = 0; i0 < LP; i0 += 32) {
+      for (int64_t j0 = 0; j0 < np; j0 += 32) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        const uint32_t* kb = pk.kp.data() + ((rel + j0) / 16) * DC * 256;
+        for (int64_t c = 0; c < DC; ++c) {
+          _tile_loadd(4, q + i0 * D + 32 * c, D * 2);
+          _tile_loadd(5, q + (i0 + 16) * D + 32 * c, D * 2);
+          _tile_loadd(6, kb + c * 256, 64);
+          _tile_loadd(7, kb + DC * 256 + c * 256, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+        float* sb = s.data() + i0 * kAmxKeys + j0;
+        _tile_stored(0, sb, kAmxKeys * 4);
+        _tile_stored(1, sb + 16, kAmxKeys * 4);
+        _tile_stored(2, sb + 16 * kAmxKeys, kAmxKeys * 4);
+        _tile_stored(3, sb + 16 * kAmxKeys + 16, kAmxKeys * 4);
+      }
+    }
+    // Online softmax along each lane's row; P rounded to bf16 (round to nearest even)
+    for (int64_t i = 0; i < lanes; ++i) {
+      float* sr = s.data() + i * kAmxKeys;
+      uint16_t* pr = p.data() + i * kAmxKeys;
+      const int32_t blo = static_cast<int32_t>(std::clamp<int64_t>(lo[i] - t0, 0, n));
+      const int32_t bhi = static_cast<int32_t>(std::clamp<int64_t>(hi[i] - t0, 0, n));
+      vfloat vmax = ninf;
+      for (int64_t j = 0; j < np; j += kVec) {
+        vfloat x = vload(sr + j) * a.scale;
+        if (a.cap > 0.f) x = a.cap - 2.f * a.cap / (vexp(x * (2.f / a.cap)) + 1.f);  // cap * tanh(s / cap)
+        vint jv = vint{} + static_cast<int32_t>(j);
+        for (int k = 0; k < kVec; ++k) jv[k] += k;
+        x = (jv >= blo) & (jv < bhi) ? x : ninf;
+        vstore(sr + j, x);
+        vmax = x > vmax ? x : vmax;
+      }
+      const float m_old = st.m[i], m_new = std::max(m_old, hmax(vmax));
+      if (m_new == kNegInf) {  // no visible key yet: P is zero, the state unchanged
+        std::fill(pr, pr + np, 0);
+        continue;
+      }
+      vfloat vsum = vfloat{};
+      for (int64_t j = 0; j < np; j += kVec) {
+        const vfloat x = vload(sr + j);
+        const vfloat e = x == ninf ? vfloat{} : vexp(x - m_new);
+        const __m256i b = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(reinterpret_cast<__m512>(e)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + j), b);
+        vsum += reinterpret_cast<vfloat>(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+      }
+      const float alpha = m_old == kNegInf ? 0.f : vexp(vfloat{} + (m_old - m_new))[0];
+      st.l[i] = st.l[i] * alpha + hsum(vsum);
+      st.m[i] = m_new;
+      if (alpha != 1.f) {
+        float* acc = st.acc.data() + i * D;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
+      }
+    }
+    // acc [LP, D] += P V
+    for (int64_t i0 = 0; i0 < LP; i0 += 32) {
+      for (int64_t d0 = 0; d0 < D; d0 += 32) {
+        float* ab = st.acc.data() + i0 * D + d0;
+        _tile_loadd(0, ab, D * 4);
+        _tile_loadd(1, ab + 16, D * 4);
+        _tile_loadd(2, ab + 16 * D, D * 4);
+        _tile_loadd(3, ab + 16 * D + 16, D * 4);
+        for (int64_t kc = 0; kc < np; kc += 32) {
+          const uint16_t* vb = pk.vp.data() + ((rel + kc) / 32) * DB * 512 + (d0 / 16) * 512;
+          _tile_loadd(4, p.data() + i0 * kAmxKeys + kc, kAmxKeys * 2);
+          _tile_loadd(5, p.data() + (i0 + 16) * kAmxKeys + kc, kAmxKeys * 2);
+          _tile_loadd(6, vb, 64);
+          _tile_loadd(7, vb + 512, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, ab, D * 4);
+        _tile_stored(1, ab + 16, D * 4);
+        _tile_stored(2, ab + 16 * D, D * 4);
+        _tile_stored(3, ab + 16 * D + 16, D * 4);
+      }
+    }
+    t0 = t1;
+  }
+  _tile_release();
+}
+#endif
+
+// Whether the extend kernel runs a launch on AMX-bf16 tiles (bf16 queries; a bf16 or fp8 pool; head_dim a
+// multiple of 32; the CPU and the build have AMX-bf16; IMPL_CPU_AMX is not 0).
+bool amx_extend(at::ScalarType q, at::ScalarType kv, int64_t D) {
+#if defined(ATTN_AMX_BF16)
+  return q == torch::kBFloat16 && (kv == torch::kBFloat16 || is_fp8(kv)) && D % 32 == 0 && amx_bf16_enabled();
+#else
+  (void)q, (void)kv, (void)D;
+  return false;
+#endif
+}
+
 // Keys per tile: about 128 KB of float32 K (and as much V) per tile.
 inline int64_t tile_keys(int64_t D) { return std::clamp<int64_t>(32768 / D, 32, 512); }
 
@@ -400,8 +626,6 @@ std::vector<int64_t> as_i64(const torch::Tensor& t, const char* what) {
   }
   return out;
 }
-
-inline bool is_fp8(at::ScalarType t) { return t == torch::kFloat8_e4m3fn || t == torch::kFloat8_e5m2; }
 
 void check_args(const torch::Tensor& q, const torch::Tensor& o, const torch::Tensor& k_buf, const torch::Tensor& v_buf) {
   for (const auto* t : {&q, &o, &k_buf, &v_buf}) {
@@ -491,6 +715,81 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
   const T* qd = q.data_ptr<T>();
   T* od = o.data_ptr<T>();
   const int64_t sq0 = q.stride(0), sq1 = q.stride(1), so0 = o.stride(0), so1 = o.stride(1);
+  // A lane's output from its softmax state: acc / l times the V scale (a row that sees no key: zeros).
+  auto write_out = [&](const Item& it, const Softmax& st) {
+    for (int64_t r = it.r0; r < it.r1; ++r) {
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t lane = (r - it.r0) * G + g;
+        const float inv = st.l[lane] > 0.f ? args.v_scale / st.l[lane] : 0.f;
+        const float* acc = st.acc.data() + lane * D;
+        T* dst = od + r * so0 + (it.h * G + g) * so1;
+        for (int64_t d = 0; d < D; ++d) dst[d] = from_f32<T>(acc[d] * inv);
+      }
+    }
+  };
+  auto lane_range = [&](int64_t r, int64_t kv_len, int64_t* lo, int64_t* hi) {
+    *hi = std::min(qpos[r] + 1, kv_len);
+    *lo = window > 0 ? std::max<int64_t>(0, qpos[r] - window + 1) : 0;
+  };
+#if defined(ATTN_AMX_BF16)
+  constexpr bool kAmxTypes = std::is_same_v<T, at::BFloat16> &&
+                             (std::is_same_v<S, at::BFloat16> || std::is_same_v<S, c10::Float8_e4m3fn> ||
+                              std::is_same_v<S, c10::Float8_e5m2>);
+  if constexpr (kAmxTypes) {
+    if (amx_extend(q.scalar_type(), k_buf.scalar_type(), D)) {
+      // The keys each (request, KV head) needs, packed once: from the first 32-key block an item sees.
+      std::vector<int64_t> klo(B, std::numeric_limits<int64_t>::max()), khi(B, 0);
+      for (const Item& it : items) {
+        if (it.hi <= it.lo) continue;
+        klo[it.b] = std::min(klo[it.b], it.lo / 32 * 32);
+        khi[it.b] = std::max(khi[it.b], it.hi);
+      }
+      std::vector<AmxPacked> packed(B * Hkv);
+      struct Chunk {
+        int64_t bh, j0, j1;
+      };
+      std::vector<Chunk> chunks;
+      constexpr int64_t kPackChunk = 256;
+      for (int64_t b = 0; b < B; ++b) {
+        if (khi[b] <= 0) continue;
+        for (int64_t h = 0; h < Hkv; ++h) {
+          amx_pack_alloc(klo[b], khi[b] - klo[b], D, packed[b * Hkv + h]);
+          for (int64_t j0 = 0; j0 < khi[b] - klo[b]; j0 += kPackChunk)
+            chunks.push_back({b * Hkv + h, j0, std::min(j0 + kPackChunk, khi[b] - klo[b])});
+        }
+      }
+      const int64_t cap_n = k_buf.size(0);
+      run_items(static_cast<int64_t>(chunks.size()), [&](int64_t idx) {
+        const Chunk& c = chunks[idx];
+        const int64_t b = c.bh / Hkv, h = c.bh % Hkv;
+        const PoolHead<S> kh{k_buf.data_ptr<S>() + h * k_buf.stride(1), k_buf.stride(0), cap_n};
+        const PoolHead<S> vh{v_buf.data_ptr<S>() + h * v_buf.stride(1), v_buf.stride(0), cap_n};
+        amx_pack_keys<S>(kh, vh, slots[b], args, c.j0, c.j1, packed[c.bh]);
+      });
+      run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
+        const Item& it = items[idx];
+        const int64_t lanes = (it.r1 - it.r0) * G, LP = round_up(lanes, 32);
+        thread_local std::vector<uint16_t> qb;
+        thread_local std::vector<int64_t> lo, hi;
+        thread_local Softmax st;
+        qb.assign(LP * D, 0);  // Q [LP, D] bf16, padding lanes zero
+        lo.resize(lanes);
+        hi.resize(lanes);
+        st.reset(LP, D);
+        for (int64_t r = it.r0; r < it.r1; ++r) {
+          for (int64_t g = 0; g < G; ++g) {
+            const int64_t lane = (r - it.r0) * G + g;
+            std::memcpy(qb.data() + lane * D, qd + r * sq0 + (it.h * G + g) * sq1, D * sizeof(T));
+            lane_range(r, kv_lens[it.b], &lo[lane], &hi[lane]);
+          }
+        }
+        if (it.hi > it.lo) amx_attend(args, packed[it.b * Hkv + it.h], qb.data(), lanes, LP, lo.data(), hi.data(), it.lo, it.hi, st);
+        write_out(it, st);
+      });
+      return;
+    }
+  }
+#endif
   run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
     const Item& it = items[idx];
     const int64_t lanes = (it.r1 - it.r0) * G, LP = round_up(lanes, kVec);
@@ -506,26 +805,16 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
     st.reset(LP, D);
     const int64_t kv_len = kv_lens[it.b];
     for (int64_t r = it.r0; r < it.r1; ++r) {
-      const int64_t p = qpos[r];
       for (int64_t g = 0; g < G; ++g) {
         const int64_t lane = (r - it.r0) * G + g;
         const T* src = qd + r * sq0 + (it.h * G + g) * sq1;
         for (int64_t d = 0; d < D; ++d) qt[d * LP + lane] = to_f32(src[d]);
-        hi[lane] = std::min(p + 1, kv_len);
-        lo[lane] = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+        lane_range(r, kv_len, &lo[lane], &hi[lane]);
       }
     }
     attend_keys<S>(args, k_buf, v_buf, it.h, slots[it.b], it.lo, it.hi, BN, qt.data(), lanes, LP, lo.data(), hi.data(),
                    kbuf.data(), vbuf.data(), sbuf.data(), st);
-    for (int64_t r = it.r0; r < it.r1; ++r) {
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t lane = (r - it.r0) * G + g;
-        const float inv = st.l[lane] > 0.f ? args.v_scale / st.l[lane] : 0.f;  // a row that sees no key: zeros
-        const float* acc = st.acc.data() + lane * D;
-        T* dst = od + r * so0 + (it.h * G + g) * so1;
-        for (int64_t d = 0; d < D; ++d) dst[d] = from_f32<T>(acc[d] * inv);
-      }
-    }
+    write_out(it, st);
   });
 }
 
@@ -734,6 +1023,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         release());
   m.def("decode_attention", &decode_attention, "split-KV decode attention over the paged KV pool (CPU)", release());
   m.def("rows_attention", &rows_attention, "query rows over the paged KV pool through req_to_token (CPU)", release());
+  m.def("extend_isa", [](torch::ScalarType q, torch::ScalarType kv, int64_t head_dim) -> std::string {
+    return amx_extend(q, kv, head_dim) ? "amx_bf16" :
+#if defined(__AVX512F__)
+    "avx512";
+#elif defined(__AVX2__)
+    "avx2";
+#else
+    "generic";
+#endif
+  }, "the instructions the extend kernel runs a launch of these dtypes and head_dim on (AMX-bf16 tiles or SIMD)");
   m.def("simd_isa", []() -> std::string {
 #if defined(__AVX512F__)
     return "avx512";

@@ -34,12 +34,8 @@
 #include <cstring>
 #include <vector>
 
+#include "../cpu_amx.h"
 #include "simd.h"
-
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 namespace cpu_fused {
 namespace {
@@ -430,34 +426,7 @@ void w8a8_kernel(const int8_t* xq, const float* xs, int64_t M, const QuantView& 
 
 constexpr int64_t kAmxMinRows = 32;
 
-struct alignas(64) AmxTileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-bool amx_int8_enabled() {
-  static const bool ok = [] {
-    const char* env = std::getenv("IMPL_CPU_AMX");
-    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-    // Linux hands out the tile data state on request (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
-    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  }();
-  return ok;
-}
-
-// Tiles 0-3: C (int32 16 x 16) for x rows {0-15, 16-31} x weight rows {0-15, 16-31}; 4-5: A (x codes);
-// 6-7: B (weight codes, 16 rows of 4-code groups x 16 weight rows).
-inline void amx_config() {
-  AmxTileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
-}
+inline bool amx_int8_enabled() { return cpu_amx::tiles_allowed(); }
 
 // packed[kb][h][r][c * 4 + i] = w[n0 + 16 h + c][64 kb + 4 r + i]: the B tile of k-block kb, weight rows 16h..
 inline void amx_pack_b(const QuantView& q, int64_t n0, int8_t* packed) {
@@ -486,7 +455,7 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
     for (int64_t kb = 0; kb < KB; ++kb)
       std::memcpy(xt.data() + ((m / 32) * KB + kb) * 2048 + (m % 32) * 64, xq + m * K + kb * 64, 64);
   auto body = [&](int64_t lo, int64_t hi) {
-    amx_config();
+    cpu_amx::config_16x64();
     std::vector<int8_t> packed(static_cast<size_t>(32 * K));
     alignas(64) int32_t c[32][32];
     for (int64_t b = lo; b < hi; ++b) {

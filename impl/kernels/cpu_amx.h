@@ -1,0 +1,53 @@
+// AMX tiles on Linux, shared by the C++ extensions (impl/kernels/cpu_fused, impl/kernels/cpu_attn).
+//
+// A process may use the tiles once it has asked the kernel for their register state (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); every thread then loads a tile configuration before its first
+// tile instruction and releases the tiles after its last. IMPL_CPU_AMX (impl/envs.py) turns every AMX path
+// off: 0 false no n off, in any case, as the engine reads its other booleans.
+#pragma once
+
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <immintrin.h>
+
+#include <cctype>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+namespace cpu_amx {
+
+// Whether this process may run tile instructions: IMPL_CPU_AMX not false, and the kernel granted the state.
+inline bool tiles_allowed() {
+  static const bool ok = [] {
+    if (const char* env = std::getenv("IMPL_CPU_AMX")) {
+      std::string v(env);
+      for (auto& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (v == "0" || v == "false" || v == "no" || v == "n" || v == "off") return false;
+    }
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+  }();
+  return ok;
+}
+
+#if defined(__AMX_TILE__)
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-7 all 16 rows x 64 bytes (the kernels' C, A and B tiles), for the calling thread.
+inline void config_16x64() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+#endif
+
+}  // namespace cpu_amx
