@@ -136,7 +136,7 @@ def attention_kernels_of(prefill_backend, decode_backend) -> dict[str, dict[str,
     for role, b in (("prefill", prefill_backend), ("decode", decode_backend)):
         provider = getattr(b, "provider", None)
         out[role] = {"backend": b.name, "provider": getattr(provider, "name", None)}
-        if getattr(provider, "isa", None):
+        if isinstance(provider, KernelProvider) and provider.isa:
             out[role]["isa"] = dict(provider.isa)
     return out
 

@@ -8,7 +8,9 @@ metadata (``init_cross_decoder_metadata``) is what they read too. Float32, bfloa
 pools, and fp8 pools (float8_e4m3fn / float8_e5m2, dequantised in the kernel with the layer's K / V
 scale); scores, softmax and the output accumulate in float32. Tiles over the keys run register-blocked
 SIMD micro-kernels, work items on ATen's OpenMP pool (see the header of ``attention.cpp``; the build
-needs ``-fopenmp``, since ATen's ``parallel_for`` is an inline OpenMP pragma). ``rows_attention`` serves
+needs ``-fopenmp``, since ATen's ``parallel_for`` is an inline OpenMP pragma). Where the CPU has AMX-bf16, extend launches of
+bf16 queries over a bf16 or fp8 pool run Q K^T and P V on AMX tiles (``kernel_isa()`` says which; ``IMPL_CPU_AMX=0``
+keeps the SIMD kernels). ``rows_attention`` serves
 the torch_native backend: the same work items over its per-row metadata (``req_to_token``, each row's
 request and position).
 

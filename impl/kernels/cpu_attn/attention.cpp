@@ -24,6 +24,9 @@
 // largest first, pulled from a shared counter (causal rows differ in cost by up to the context
 // length, so a static split would idle a thread).
 //
+// With AMX-bf16 (bf16 queries over a bf16 or fp8 pool) the extend items run on tiles instead: see "AMX-bf16
+// tiles" below.
+//
 // Decode: one query per request, its visible keys cut into num_kv_splits[b] equal splits (the same
 // rule as the Triton decode kernel); every (request, KV head, split) is an item, and a second pass
 // merges the splits' partial outputs by their log-sum-exp.
