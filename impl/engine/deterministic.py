@@ -5,10 +5,13 @@ identical greedy tokens under concurrent load too, where the two runs batch the 
 What varies with the batch without it, and what the mode does (CPU, bf16 weights; measured on the E2B
 shapes: ``tests/engine/test_deterministic.py`` keeps the small-shape checks):
 
-* oneDNN's prepacked matmul gives a row the same bits for any batch of 2 to 2048 rows, but a batch of one
-  row takes its matrix-vector kernel, which rounds differently: the fused layers run a lone row (batch-1
-  decode, a 1-token chunk) as two copies of that row (``cpu_fused.transform.apply(batch_invariant=True)``:
-  ``FusedLayerForward``, the one place that knows the quirk).
+* with avx512_bf16 (no AMX), oneDNN's prepacked matmul gives a row the same bits for any batch of 2 to 2048
+  rows, but a batch of one row takes its matrix-vector kernel, which rounds differently: the fused layers run
+  a lone row (batch-1 decode, a 1-token chunk) as two copies of that row
+  (``cpu_fused.transform.apply(batch_invariant=True)``: ``FusedLayerForward``, the one place that knows the
+  quirk). On AMX its blocking follows the row count (with K >= 1024 a row of a 44-row batch is summed in
+  another order than in a 300-row one): there the fused layers run every kernel call on blocks of exactly
+  ``INVARIANT_ROWS`` (64) rows, padded, at some cost in speed (``FusedLayerForward.fixed_rows``).
 * the bf16 linears outside the fused layers (the per-layer-input projection) and the LM head switch from the
   extension's row kernel to oneDNN above 16 rows: they take the row kernel at every row count
   (``cpu_fused.transform.apply(batch_invariant=True)``).

@@ -42,7 +42,8 @@ from impl.quant.loading import decode_weight_bytes
 logger = logging.getLogger("impl.engine")
 
 
-DETERMINISTIC_LINE = ("Deterministic inference: on (batch-invariant: a lone-row forward runs as two rows, decode attention "
+DETERMINISTIC_LINE = ("Deterministic inference: on (batch-invariant: a lone-row forward runs as two rows, on AMX the "
+                      "layers' matmuls on blocks of 64 rows, decode attention "
                       "never splits a request's keys, the LM head and the per-layer-input projection take the bf16 row "
                       "kernel at every row count)")
 

@@ -250,3 +250,18 @@ def test_tiles_and_simd_kernels_agree(tmp_path):
     assert_close_to_truth(simd, case, torch.bfloat16)
     assert_close_to_truth(tiles, case, torch.bfloat16)
     assert_agree(tiles, simd, case, torch.bfloat16)
+
+
+@pytest.mark.parametrize("head_dim,window", [(256, 100), (512, None), (32, 16)])
+def test_a_row_decoded_alone_gets_its_extend_bits(head_dim, window):
+    """Fast prefill's back half sends a request's one selected row to the decode kernel: with one split its output
+    equals, bit for bit, the extend kernel's for that row among all rows (both kernels take the same path);
+    with several splits it stays within the tolerance of the truth."""
+    case = make_case([30, 0], [150, 170], 8, 1, head_dim, torch.bfloat16, seed=head_dim + 3, scaling=head_dim**-0.5,
+                     window=window)
+    full = cpu_extend(case)
+    last = case.select([[149], [169]])
+    starts = case.qo_indptr.tolist()
+    idx = torch.tensor([starts[0] + 149, starts[1] + 169])
+    assert torch.equal(cpu_decode(last, [1, 1]), full[idx])
+    assert_close_to_truth(cpu_decode(last, [3, 2]), last, torch.bfloat16)

@@ -8,8 +8,8 @@ metadata (``init_cross_decoder_metadata``) is what they read too. Float32, bfloa
 pools, and fp8 pools (float8_e4m3fn / float8_e5m2, dequantised in the kernel with the layer's K / V
 scale); scores, softmax and the output accumulate in float32. Tiles over the keys run register-blocked
 SIMD micro-kernels, work items on ATen's OpenMP pool (see the header of ``attention.cpp``; the build
-needs ``-fopenmp``, since ATen's ``parallel_for`` is an inline OpenMP pragma). Where the CPU has AMX-bf16, extend launches of
-bf16 queries over a bf16 or fp8 pool run Q K^T and P V on AMX tiles (``kernel_isa()`` says which; ``IMPL_CPU_AMX=0``
+needs ``-fopenmp``, since ATen's ``parallel_for`` is an inline OpenMP pragma). Where the CPU has AMX-bf16, extend and decode launches
+of bf16 queries over a bf16 or fp8 pool run Q K^T and P V on AMX tiles (``kernel_isa()`` says which; ``IMPL_CPU_AMX=0``
 keeps the SIMD kernels). ``rows_attention`` serves
 the torch_native backend: the same work items over its per-row metadata (``req_to_token``, each row's
 request and position).
@@ -44,15 +44,16 @@ error = EXTENSION.error
 
 
 def kernel_isa() -> dict[str, str]:
-    """The instructions each kernel runs on (the startup log and ``/get_server_info``): the extend kernel on
-    AMX-bf16 tiles for bfloat16 queries over a bfloat16 or fp8 pool (head_dim a multiple of 32) where the CPU
-    has AMX (``IMPL_CPU_AMX=0``: off), else the build's SIMD micro-kernels; decode always on the SIMD ones (a
-    decode item holds one query row per KV head's group, too few lanes for a 16-row tile)."""
+    """The instructions each kernel runs on (the startup log and ``/get_server_info``): AMX-bf16 tiles for
+    bfloat16 queries over a bfloat16 or fp8 pool (head_dim a multiple of 32) where the CPU has AMX
+    (``IMPL_CPU_AMX=0``: off), else the build's SIMD micro-kernels. Extend and decode always take the same path:
+    fast prefill's back half sends a request's one selected row to the decode kernel, and its parity with the
+    full prefill needs that row's bits to equal the extend kernel's."""
     ext = _ext()
     simd = ext.simd_isa()
     tiles = ext.extend_isa(torch.bfloat16, torch.bfloat16, 256)
-    extend = f"{tiles} (bf16 / fp8 KV with bf16 queries), {simd} otherwise" if tiles != simd else simd
-    return {"extend": extend, "decode": simd}
+    words = f"{tiles} (bf16 / fp8 KV with bf16 queries), {simd} otherwise" if tiles != simd else simd
+    return {"extend": words, "decode": words}
 
 
 def _ext() -> ModuleType:

@@ -24,8 +24,8 @@
 // largest first, pulled from a shared counter (causal rows differ in cost by up to the context
 // length, so a static split would idle a thread).
 //
-// With AMX-bf16 (bf16 queries over a bf16 or fp8 pool) the extend items run on tiles instead: see "AMX-bf16
-// tiles" below.
+// With AMX-bf16 (bf16 queries over a bf16 or fp8 pool) the extend and decode items run on tiles instead: see
+// "AMX-bf16 tiles" below.
 //
 // Decode: one query per request, its visible keys cut into num_kv_splits[b] equal splits (the same
 // rule as the Triton decode kernel); every (request, KV head, split) is an item, and a second pass
@@ -376,10 +376,10 @@ void attend_keys(const TileArgs& a, const torch::Tensor& k_buf, const torch::Ten
 
 inline bool is_fp8(at::ScalarType t) { return t == torch::kFloat8_e4m3fn || t == torch::kFloat8_e5m2; }
 
-// ---------------------------------------------------------------- AMX-bf16 tiles (extend)
+// ---------------------------------------------------------------- AMX-bf16 tiles (extend and decode)
 //
 // Where the CPU has AMX-bf16 and the queries and the pool are bfloat16 (or fp8, whose values bf16 holds
-// exactly), the extend work items run Q K^T and P V as TDPBF16PS tile products (16 x 16 float32 outputs from
+// exactly), the extend and decode work items run Q K^T and P V as TDPBF16PS tile products (16 x 16 float32 outputs from
 // 16 x 32 bf16 A and 32 x 16 bf16 B per instruction, products exact, float32 accumulation). The softmax state
 // stays float32; P is rounded to bf16 for the P V product and the denominator sums the rounded P, so the
 // output is the convex combination the tiles computed.
@@ -464,6 +464,13 @@ void amx_pack_keys(const PoolHead<S>& kh, const PoolHead<S>& vh, const int64_t* 
     }
   }
 }
+
+// Every (request b, KV head h)'s keys [klo[b] rounded down to 32, khi[b]) packed (request b's pool slots
+// slots[b]), in chunks on ATen's pool; entry b * Hkv + h. A request with khi[b] <= klo[b] gets nothing packed.
+template <typename S>
+std::vector<AmxPacked> amx_pack_requests(const torch::Tensor& k_buf, const torch::Tensor& v_buf,
+                                         const std::vector<const int64_t*>& slots, const std::vector<int64_t>& klo,
+                                         const std::vector<int64_t>& khi, const TileArgs& a);
 
 inline float hmax(vfloat v) {
   float m = v[0];
@@ -586,7 +593,7 @@ void amx_attend(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64
 }
 #endif
 
-// Whether the extend kernel runs a launch on AMX-bf16 tiles (bf16 queries; a bf16 or fp8 pool; head_dim a
+// Whether the extend and decode kernels run a launch on AMX-bf16 tiles (bf16 queries; a bf16 or fp8 pool; head_dim a
 // multiple of 32; the CPU and the build have AMX-bf16; IMPL_CPU_AMX is not 0).
 bool amx_extend(at::ScalarType q, at::ScalarType kv, int64_t D) {
 #if defined(ATTN_AMX_BF16)
@@ -610,6 +617,38 @@ void run_items(int64_t n, const F& body) {
     for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) body(i);
   });
 }
+
+#if defined(ATTN_AMX_BF16)
+template <typename S>
+std::vector<AmxPacked> amx_pack_requests(const torch::Tensor& k_buf, const torch::Tensor& v_buf,
+                                         const std::vector<const int64_t*>& slots, const std::vector<int64_t>& klo,
+                                         const std::vector<int64_t>& khi, const TileArgs& a) {
+  const int64_t B = static_cast<int64_t>(klo.size()), Hkv = k_buf.size(1), cap_n = k_buf.size(0);
+  std::vector<AmxPacked> packed(B * Hkv);
+  struct Chunk {
+    int64_t bh, j0, j1;
+  };
+  std::vector<Chunk> chunks;
+  constexpr int64_t kPackChunk = 256;  // keys per packing task (a multiple of 32)
+  for (int64_t b = 0; b < B; ++b) {
+    if (khi[b] <= klo[b]) continue;
+    const int64_t k0 = klo[b] / 32 * 32, n = khi[b] - k0;
+    for (int64_t h = 0; h < Hkv; ++h) {
+      amx_pack_alloc(k0, n, a.D, packed[b * Hkv + h]);
+      for (int64_t j0 = 0; j0 < n; j0 += kPackChunk) chunks.push_back({b * Hkv + h, j0, std::min(j0 + kPackChunk, n)});
+    }
+  }
+  run_items(static_cast<int64_t>(chunks.size()), [&](int64_t idx) {
+    const Chunk& c = chunks[idx];
+    const int64_t b = c.bh / Hkv, h = c.bh % Hkv;
+    const PoolHead<S> kh{k_buf.data_ptr<S>() + h * k_buf.stride(1), k_buf.stride(0), cap_n};
+    const PoolHead<S> vh{v_buf.data_ptr<S>() + h * v_buf.stride(1), v_buf.stride(0), cap_n};
+    amx_pack_keys<S>(kh, vh, slots[b], a, c.j0, c.j1, packed[c.bh]);
+  });
+  return packed;
+}
+
+#endif
 
 // Read where it lies: int32 index tensors (indptrs, kv_indices) are widened element by element, not through
 // a converted copy per layer (an aten::_to_copy each).
@@ -740,35 +779,14 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
                               std::is_same_v<S, c10::Float8_e5m2>);
   if constexpr (kAmxTypes) {
     if (amx_extend(q.scalar_type(), k_buf.scalar_type(), D)) {
-      // The keys each (request, KV head) needs, packed once: from the first 32-key block an item sees.
+      // The keys each request needs, packed once: from the first 32-key block an item sees.
       std::vector<int64_t> klo(B, std::numeric_limits<int64_t>::max()), khi(B, 0);
       for (const Item& it : items) {
         if (it.hi <= it.lo) continue;
-        klo[it.b] = std::min(klo[it.b], it.lo / 32 * 32);
+        klo[it.b] = std::min(klo[it.b], it.lo);
         khi[it.b] = std::max(khi[it.b], it.hi);
       }
-      std::vector<AmxPacked> packed(B * Hkv);
-      struct Chunk {
-        int64_t bh, j0, j1;
-      };
-      std::vector<Chunk> chunks;
-      constexpr int64_t kPackChunk = 256;
-      for (int64_t b = 0; b < B; ++b) {
-        if (khi[b] <= 0) continue;
-        for (int64_t h = 0; h < Hkv; ++h) {
-          amx_pack_alloc(klo[b], khi[b] - klo[b], D, packed[b * Hkv + h]);
-          for (int64_t j0 = 0; j0 < khi[b] - klo[b]; j0 += kPackChunk)
-            chunks.push_back({b * Hkv + h, j0, std::min(j0 + kPackChunk, khi[b] - klo[b])});
-        }
-      }
-      const int64_t cap_n = k_buf.size(0);
-      run_items(static_cast<int64_t>(chunks.size()), [&](int64_t idx) {
-        const Chunk& c = chunks[idx];
-        const int64_t b = c.bh / Hkv, h = c.bh % Hkv;
-        const PoolHead<S> kh{k_buf.data_ptr<S>() + h * k_buf.stride(1), k_buf.stride(0), cap_n};
-        const PoolHead<S> vh{v_buf.data_ptr<S>() + h * v_buf.stride(1), v_buf.stride(0), cap_n};
-        amx_pack_keys<S>(kh, vh, slots[b], args, c.j0, c.j1, packed[c.bh]);
-      });
+      const auto packed = amx_pack_requests<S>(k_buf, v_buf, slots, klo, khi, args);
       run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
         const Item& it = items[idx];
         const int64_t lanes = (it.r1 - it.r0) * G, LP = round_up(lanes, 32);
@@ -850,25 +868,8 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
   std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.hi - x.lo > y.hi - y.lo; });
   const T* qd = q.data_ptr<T>();
   T* od = o.data_ptr<T>();
-  run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
-    const Item& it = items[idx];
-    thread_local std::vector<float> qt, kbuf, vbuf, sbuf;
-    thread_local std::vector<int64_t> lo, hi;
-    thread_local Softmax st;
-    const int64_t LP = round_up(G, kVec);
-    qt.assign(D * LP, 0.f);  // Q^T [D, LP]
-    kbuf.resize(BN * D);
-    vbuf.resize(BN * D);
-    sbuf.resize(BN * LP);
-    lo.assign(G, it.lo);
-    hi.assign(G, it.hi);
-    st.reset(LP, D);
-    for (int64_t g = 0; g < G; ++g) {
-      const T* src = qd + it.b * q.stride(0) + (it.h * G + g) * q.stride(1);
-      for (int64_t d = 0; d < D; ++d) qt[d * LP + g] = to_f32(src[d]);
-    }
-    attend_keys<S>(args, k_buf, v_buf, it.h, kvi.data() + kvp[it.b], it.lo, it.hi, BN, qt.data(), G, LP, lo.data(),
-                   hi.data(), kbuf.data(), vbuf.data(), sbuf.data(), st);
+  // An item's G heads from its softmax state: the output (one split) or the split's partial output and LSE.
+  auto finish = [&](const Item& it, const Softmax& st) {
     for (int64_t g = 0; g < G; ++g) {
       const int64_t head = it.h * G + g;
       const bool nonempty = st.l[g] > 0.f;
@@ -883,7 +884,67 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
         mid_lse[(it.b * H + head) * max_splits + it.s] = nonempty ? st.m[g] + std::log(st.l[g]) : kNegInf;
       }
     }
-  });
+  };
+  bool tiles = false;
+#if defined(ATTN_AMX_BF16)
+  // Where the extend kernel runs on tiles, decode does too, with the same arithmetic on the same key grid: one
+  // query over one split gets the extend kernel's bits for that row (fast prefill's back half sends its selected
+  // rows here when each request has one, and its parity with the full prefill rests on it).
+  if constexpr (std::is_same_v<T, at::BFloat16> && (std::is_same_v<S, at::BFloat16> ||
+                                                    std::is_same_v<S, c10::Float8_e4m3fn> ||
+                                                    std::is_same_v<S, c10::Float8_e5m2>)) {
+    tiles = amx_extend(q.scalar_type(), k_buf.scalar_type(), D);
+    if (tiles) {
+      std::vector<int64_t> klo(B, std::numeric_limits<int64_t>::max()), khi(B, 0);
+      std::vector<const int64_t*> slots(B);
+      for (int64_t b = 0; b < B; ++b) slots[b] = kvi.data() + kvp[b];
+      for (const Item& it : items) {
+        if (it.hi <= it.lo) continue;
+        klo[it.b] = std::min(klo[it.b], it.lo);
+        khi[it.b] = std::max(khi[it.b], it.hi);
+      }
+      const auto packed = amx_pack_requests<S>(k_buf, v_buf, slots, klo, khi, args);
+      run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
+        const Item& it = items[idx];
+        const int64_t LP = round_up(G, 32);
+        thread_local std::vector<uint16_t> qb;
+        thread_local std::vector<int64_t> lo, hi;
+        thread_local Softmax st;
+        qb.assign(LP * D, 0);
+        lo.assign(G, it.lo);
+        hi.assign(G, it.hi);
+        st.reset(LP, D);
+        for (int64_t g = 0; g < G; ++g)
+          std::memcpy(qb.data() + g * D, qd + it.b * q.stride(0) + (it.h * G + g) * q.stride(1), D * sizeof(T));
+        if (it.hi > it.lo) amx_attend(args, packed[it.b * Hkv + it.h], qb.data(), G, LP, lo.data(), hi.data(), it.lo, it.hi, st);
+        finish(it, st);
+      });
+    }
+  }
+#endif
+  if (!tiles) {
+    run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
+      const Item& it = items[idx];
+      thread_local std::vector<float> qt, kbuf, vbuf, sbuf;
+      thread_local std::vector<int64_t> lo, hi;
+      thread_local Softmax st;
+      const int64_t LP = round_up(G, kVec);
+      qt.assign(D * LP, 0.f);  // Q^T [D, LP]
+      kbuf.resize(BN * D);
+      vbuf.resize(BN * D);
+      sbuf.resize(BN * LP);
+      lo.assign(G, it.lo);
+      hi.assign(G, it.hi);
+      st.reset(LP, D);
+      for (int64_t g = 0; g < G; ++g) {
+        const T* src = qd + it.b * q.stride(0) + (it.h * G + g) * q.stride(1);
+        for (int64_t d = 0; d < D; ++d) qt[d * LP + g] = to_f32(src[d]);
+      }
+      attend_keys<S>(args, k_buf, v_buf, it.h, kvi.data() + kvp[it.b], it.lo, it.hi, BN, qt.data(), G, LP, lo.data(),
+                     hi.data(), kbuf.data(), vbuf.data(), sbuf.data(), st);
+      finish(it, st);
+    });
+  }
   if (direct) return;
   // Merge the splits of each (request, head) by their log-sum-exp (an empty split has weight 0).
   at::parallel_for(0, B * H, 16, [&](int64_t begin, int64_t end) {
@@ -1035,7 +1096,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #else
     "generic";
 #endif
-  }, "the instructions the extend kernel runs a launch of these dtypes and head_dim on (AMX-bf16 tiles or SIMD)");
+  }, "the instructions the extend and decode kernels run a launch of these dtypes and head_dim on (AMX-bf16 tiles or SIMD)");
   m.def("simd_isa", []() -> std::string {
 #if defined(__AVX512F__)
     return "avx512";

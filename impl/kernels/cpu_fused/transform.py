@@ -200,6 +200,17 @@ def _twice(t: torch.Tensor) -> torch.Tensor:
     return torch.cat([t, t])
 
 
+# Rows per oneDNN call of a batch-invariant fused layer on AMX (``FusedLayerForward.fixed_rows``).
+INVARIANT_ROWS = 64
+
+
+def _pad_rows(t: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+    """[n, ...] -> [rows, ...]: the last row repeated (its copies' results are dropped)."""
+    if t is None or t.shape[0] == rows:
+        return t
+    return torch.cat([t, t[-1:].expand(rows - t.shape[0], *t.shape[1:])])
+
+
 class FusedLayerForward:
     """``FloatLayerForward`` as two fused CPU kernels around the attention backend.
 
@@ -215,12 +226,19 @@ class FusedLayerForward:
       chunk), so a request's rows do not depend on what shares its forwards.
 
     The copy costs one row's arithmetic (the weights are read once either way). Only the matmuls see it: the
-    attention backend gets the one row (each copy would be the same one-row query), and the copy is dropped."""
+    attention backend gets the one row (each copy would be the same one-row query), and the copy is dropped.
+
+    On AMX, oneDNN's multi-row kernels are not row-count invariant either: its brgemm blocking follows the
+    row count, and with K >= 1024 (E2B's MLP down projection, o_proj) a row's sum runs in another order in a
+    batch of 44 rows than in one of 300 (``tests/engine/test_deterministic.py``). With ``fixed_rows`` (set by
+    ``apply`` for batch-invariant layers where oneDNN runs on AMX) the kernels run on blocks of exactly that
+    many rows, the last one padded with copies of its last row, so every matmul call has one shape."""
 
     def __init__(self, ext: ModuleType, layer: Any, w: LayerWeights, f: FusedWeights, batch_invariant: bool = False,
-                 widen: WidenOnce | None = None):
+                 widen: WidenOnce | None = None, fixed_rows: int = 0):
         self.ext, self.layer, self.w, self.f, self.batch_invariant = ext, layer, w, f, batch_invariant
         self.widen = widen or WidenOnce()
+        self.fixed_rows = fixed_rows
 
     def pads_lone_row(self, h: torch.Tensor, fb: ForwardBatch) -> bool:
         return int(h.shape[0]) == 1 and (self.batch_invariant or bool(fb.fast_prefill))
@@ -229,6 +247,8 @@ class FusedLayerForward:
                  fb: ForwardBatch) -> torch.Tensor:
         w, f, att = self.w, self.f, self.layer.self_attn
         cos, sin, ple = self.widen(cos, fb), self.widen(sin, fb), self.widen(ple, fb)
+        if self.fixed_rows:
+            return self._fixed_blocks(h, cos, sin, ple, fb)
         pad = self.pads_lone_row(h, fb)
         if pad:  # [1, ...] -> [2, ...]; the kernels' row-local work gives both copies the same bits
             h, cos, sin, ple = _twice(h), _twice(cos), _twice(sin), None if ple is None else _twice(ple)
@@ -245,6 +265,28 @@ class FusedLayerForward:
             w.scalar, w.eps, f.onednn,
         )
         return h[:1] if pad else h
+
+    def _fixed_blocks(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ple: torch.Tensor | None,
+                      fb: ForwardBatch) -> torch.Tensor:
+        """``__call__`` with every kernel call on exactly ``fixed_rows`` rows (the attention backend gets the n
+        real rows)."""
+        w, f, att, r = self.w, self.f, self.layer.self_attn, self.fixed_rows
+        n = int(h.shape[0])
+        m = -(-n // r) * r
+        hp, cp, sp, pp = _pad_rows(h, m), _pad_rows(cos, m), _pad_rows(sin, m), _pad_rows(ple, m)
+        parts = [self.ext.attn_pre(hp[i:i + r], w.input_norm, f.qkv_proj, f.head_norm, cp[i:i + r], sp[i:i + r],
+                                   f.q_heads, w.eps, f.onednn) for i in range(0, m, r)]
+        q, k, v = (torch.cat([p[j] for p in parts])[:n] for j in range(3))
+        if not att.owns_kv:
+            k = v = None
+        out = _pad_rows(fb.attn_backend.forward(q, k, v, att.layer, fb), m)
+        p = w.ple
+        outs = [self.ext.decoder_post(
+            hp[i:i + r], out[i:i + r], f.o_proj, w.post_attention_norm, w.pre_feedforward_norm, f.gate_up, f.down,
+            w.post_feedforward_norm, None if p is None or pp is None else pp[i:i + r], f.ple_gate, f.ple_proj,
+            None if p is None else p.norm, w.scalar, w.eps, f.onednn,
+        ) for i in range(0, m, r)]
+        return torch.cat(outs)[:n]
 
 
 class LinearForward:
@@ -505,7 +547,9 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
                     w = replace(w, ple=replace(w.ple, gate=g.ple_gate, proj=g.ple_proj))  # hold no plain copy
                 packed += sum(t.numel() * t.element_size() for t in g.linear_weights())
                 _release_packed(m)
-            m.forward = FusedLayerForward(ext, m, w, g, batch_invariant, widen)
+            # batch invariance on AMX: oneDNN's blocking follows the row count (FusedLayerForward.fixed_rows)
+            fixed = INVARIANT_ROWS if batch_invariant and mode == "packed" and cpu_linear.bf16_isa() == "amx_bf16" else 0
+            m.forward = FusedLayerForward(ext, m, w, g, batch_invariant, widen, fixed)
             held += [t for t in (w.input_norm, w.post_attention_norm, w.pre_feedforward_norm, w.post_feedforward_norm,
                                  g.head_norm, None if w.ple is None else w.ple.norm) if t is not None]
     ext = cpu_fused.load()
