@@ -204,9 +204,9 @@ def _twice(t: torch.Tensor) -> torch.Tensor:
 INVARIANT_ROWS = 64
 
 
-def _pad_rows(t: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     """[n, ...] -> [rows, ...]: the last row repeated (its copies' results are dropped)."""
-    if t is None or t.shape[0] == rows:
+    if t.shape[0] == rows:
         return t
     return torch.cat([t, t[-1:].expand(rows - t.shape[0], *t.shape[1:])])
 
@@ -273,7 +273,8 @@ class FusedLayerForward:
         w, f, att, r = self.w, self.f, self.layer.self_attn, self.fixed_rows
         n = int(h.shape[0])
         m = -(-n // r) * r
-        hp, cp, sp, pp = _pad_rows(h, m), _pad_rows(cos, m), _pad_rows(sin, m), _pad_rows(ple, m)
+        hp, cp, sp = _pad_rows(h, m), _pad_rows(cos, m), _pad_rows(sin, m)
+        pp = None if ple is None else _pad_rows(ple, m)
         parts = [self.ext.attn_pre(hp[i:i + r], w.input_norm, f.qkv_proj, f.head_norm, cp[i:i + r], sp[i:i + r],
                                    f.q_heads, w.eps, f.onednn) for i in range(0, m, r)]
         q, k, v = (torch.cat([p[j] for p in parts])[:n] for j in range(3))
