@@ -376,6 +376,17 @@ void attend_keys(const TileArgs& a, const torch::Tensor& k_buf, const torch::Ten
 
 inline bool is_fp8(at::ScalarType t) { return t == torch::kFloat8_e4m3fn || t == torch::kFloat8_e5m2; }
 
+// Runs items 0..n-1 (already ordered largest first) on ATen's pool, pulled from a shared counter.
+template <typename F>
+void run_items(int64_t n, const F& body) {
+  if (n == 0) return;
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), n);
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) body(i);
+  });
+}
+
 // ---------------------------------------------------------------- AMX-bf16 tiles (extend and decode)
 //
 // Where the CPU has AMX-bf16 and the queries and the pool are bfloat16 (or fp8, whose values bf16 holds
@@ -395,7 +406,11 @@ inline bool is_fp8(at::ScalarType t) { return t == torch::kFloat8_e4m3fn || t ==
 
 constexpr int64_t kAmxKeys = 128;  // keys per tile of the online softmax (a multiple of 32)
 
-inline bool amx_bf16_enabled() { return cpu_amx::tiles_allowed(); }
+// The element types the tiles take: bf16 queries over a bf16 or fp8 pool.
+template <typename T, typename S>
+constexpr bool kAmxTypes = std::is_same_v<T, at::BFloat16> && (std::is_same_v<S, at::BFloat16> ||
+                                                              std::is_same_v<S, c10::Float8_e4m3fn> ||
+                                                              std::is_same_v<S, c10::Float8_e5m2>);
 
 // One pool row as bf16 bits: a bf16 pool's row in place; an fp8 row through float32 (exact: bf16 holds every
 // e4m3 / e5m2 value, so its top 16 bits are the value).
@@ -419,14 +434,13 @@ inline const uint16_t* bf16_row(const S* src, int64_t D, float* f32, uint16_t* t
 // ceil(n / 32) blocks of D / 16 B tiles of V (tile (kb, db): row r = keys 32 kb + 2r, +1, column = dim 16 db + d).
 // Keys past n are zero.
 struct AmxPacked {
-  int64_t k0 = 0, n = 0;
+  int64_t k0 = 0;
   std::vector<uint32_t> kp;
   std::vector<uint16_t> vp;
 };
 
 void amx_pack_alloc(int64_t k0, int64_t n, int64_t D, AmxPacked& out) {
   out.k0 = k0;
-  out.n = n;
   out.kp.assign(round_up(n, 32) * D / 2, 0u);
   out.vp.assign(round_up(n, 32) * D, 0);
 }
@@ -465,12 +479,43 @@ void amx_pack_keys(const PoolHead<S>& kh, const PoolHead<S>& vh, const int64_t* 
   }
 }
 
-// Every (request b, KV head h)'s keys [klo[b] rounded down to 32, khi[b]) packed (request b's pool slots
-// slots[b]), in chunks on ATen's pool; entry b * Hkv + h. A request with khi[b] <= klo[b] gets nothing packed.
-template <typename S>
+// Every (request b, KV head h)'s keys that any of `items` sees (fields b, lo, hi: keys [lo, hi) of request b),
+// from the first one's 32-key block, packed (request b's pool slots slots[b]) in chunks on ATen's pool; entry
+// b * Hkv + h. A request no item sees keys of gets nothing packed.
+template <typename S, typename Item>
 std::vector<AmxPacked> amx_pack_requests(const torch::Tensor& k_buf, const torch::Tensor& v_buf,
-                                         const std::vector<const int64_t*>& slots, const std::vector<int64_t>& klo,
-                                         const std::vector<int64_t>& khi, const TileArgs& a);
+                                         const std::vector<const int64_t*>& slots, const std::vector<Item>& items,
+                                         const TileArgs& a) {
+  const int64_t B = static_cast<int64_t>(slots.size()), Hkv = k_buf.size(1), cap_n = k_buf.size(0);
+  std::vector<int64_t> klo(B, std::numeric_limits<int64_t>::max()), khi(B, 0);
+  for (const Item& it : items) {
+    if (it.hi <= it.lo) continue;
+    klo[it.b] = std::min(klo[it.b], it.lo);
+    khi[it.b] = std::max(khi[it.b], it.hi);
+  }
+  std::vector<AmxPacked> packed(B * Hkv);
+  struct Chunk {
+    int64_t bh, j0, j1;
+  };
+  std::vector<Chunk> chunks;
+  constexpr int64_t kPackChunk = 256;  // keys per packing task (a multiple of 32)
+  for (int64_t b = 0; b < B; ++b) {
+    if (khi[b] <= klo[b]) continue;
+    const int64_t k0 = klo[b] / 32 * 32, n = khi[b] - k0;
+    for (int64_t h = 0; h < Hkv; ++h) {
+      amx_pack_alloc(k0, n, a.D, packed[b * Hkv + h]);
+      for (int64_t j0 = 0; j0 < n; j0 += kPackChunk) chunks.push_back({b * Hkv + h, j0, std::min(j0 + kPackChunk, n)});
+    }
+  }
+  run_items(static_cast<int64_t>(chunks.size()), [&](int64_t idx) {
+    const Chunk& c = chunks[idx];
+    const int64_t b = c.bh / Hkv, h = c.bh % Hkv;
+    const PoolHead<S> kh{k_buf.data_ptr<S>() + h * k_buf.stride(1), k_buf.stride(0), cap_n};
+    const PoolHead<S> vh{v_buf.data_ptr<S>() + h * v_buf.stride(1), v_buf.stride(0), cap_n};
+    amx_pack_keys<S>(kh, vh, slots[b], a, c.j0, c.j1, packed[c.bh]);
+  });
+  return packed;
+}
 
 inline float hmax(vfloat v) {
   float m = v[0];
@@ -597,7 +642,7 @@ void amx_attend(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64
 // multiple of 32; the CPU and the build have AMX-bf16; IMPL_CPU_AMX is not 0).
 bool amx_extend(at::ScalarType q, at::ScalarType kv, int64_t D) {
 #if defined(ATTN_AMX_BF16)
-  return q == torch::kBFloat16 && (kv == torch::kBFloat16 || is_fp8(kv)) && D % 32 == 0 && amx_bf16_enabled();
+  return q == torch::kBFloat16 && (kv == torch::kBFloat16 || is_fp8(kv)) && D % 32 == 0 && cpu_amx::tiles_allowed();
 #else
   (void)q, (void)kv, (void)D;
   return false;
@@ -606,49 +651,6 @@ bool amx_extend(at::ScalarType q, at::ScalarType kv, int64_t D) {
 
 // Keys per tile: about 128 KB of float32 K (and as much V) per tile.
 inline int64_t tile_keys(int64_t D) { return std::clamp<int64_t>(32768 / D, 32, 512); }
-
-// Runs items 0..n-1 (already ordered largest first) on ATen's pool, pulled from a shared counter.
-template <typename F>
-void run_items(int64_t n, const F& body) {
-  if (n == 0) return;
-  std::atomic<int64_t> next{0};
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), n);
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) body(i);
-  });
-}
-
-#if defined(ATTN_AMX_BF16)
-template <typename S>
-std::vector<AmxPacked> amx_pack_requests(const torch::Tensor& k_buf, const torch::Tensor& v_buf,
-                                         const std::vector<const int64_t*>& slots, const std::vector<int64_t>& klo,
-                                         const std::vector<int64_t>& khi, const TileArgs& a) {
-  const int64_t B = static_cast<int64_t>(klo.size()), Hkv = k_buf.size(1), cap_n = k_buf.size(0);
-  std::vector<AmxPacked> packed(B * Hkv);
-  struct Chunk {
-    int64_t bh, j0, j1;
-  };
-  std::vector<Chunk> chunks;
-  constexpr int64_t kPackChunk = 256;  // keys per packing task (a multiple of 32)
-  for (int64_t b = 0; b < B; ++b) {
-    if (khi[b] <= klo[b]) continue;
-    const int64_t k0 = klo[b] / 32 * 32, n = khi[b] - k0;
-    for (int64_t h = 0; h < Hkv; ++h) {
-      amx_pack_alloc(k0, n, a.D, packed[b * Hkv + h]);
-      for (int64_t j0 = 0; j0 < n; j0 += kPackChunk) chunks.push_back({b * Hkv + h, j0, std::min(j0 + kPackChunk, n)});
-    }
-  }
-  run_items(static_cast<int64_t>(chunks.size()), [&](int64_t idx) {
-    const Chunk& c = chunks[idx];
-    const int64_t b = c.bh / Hkv, h = c.bh % Hkv;
-    const PoolHead<S> kh{k_buf.data_ptr<S>() + h * k_buf.stride(1), k_buf.stride(0), cap_n};
-    const PoolHead<S> vh{v_buf.data_ptr<S>() + h * v_buf.stride(1), v_buf.stride(0), cap_n};
-    amx_pack_keys<S>(kh, vh, slots[b], a, c.j0, c.j1, packed[c.bh]);
-  });
-  return packed;
-}
-
-#endif
 
 // Read where it lies: int32 index tensors (indptrs, kv_indices) are widened element by element, not through
 // a converted copy per layer (an aten::_to_copy each).
@@ -774,19 +776,9 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
     *lo = window > 0 ? std::max<int64_t>(0, qpos[r] - window + 1) : 0;
   };
 #if defined(ATTN_AMX_BF16)
-  constexpr bool kAmxTypes = std::is_same_v<T, at::BFloat16> &&
-                             (std::is_same_v<S, at::BFloat16> || std::is_same_v<S, c10::Float8_e4m3fn> ||
-                              std::is_same_v<S, c10::Float8_e5m2>);
-  if constexpr (kAmxTypes) {
+  if constexpr (kAmxTypes<T, S>) {
     if (amx_extend(q.scalar_type(), k_buf.scalar_type(), D)) {
-      // The keys each request needs, packed once: from the first 32-key block an item sees.
-      std::vector<int64_t> klo(B, std::numeric_limits<int64_t>::max()), khi(B, 0);
-      for (const Item& it : items) {
-        if (it.hi <= it.lo) continue;
-        klo[it.b] = std::min(klo[it.b], it.lo);
-        khi[it.b] = std::max(khi[it.b], it.hi);
-      }
-      const auto packed = amx_pack_requests<S>(k_buf, v_buf, slots, klo, khi, args);
+      const auto packed = amx_pack_requests<S>(k_buf, v_buf, slots, items, args);  // each request's keys, once
       run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
         const Item& it = items[idx];
         const int64_t lanes = (it.r1 - it.r0) * G, LP = round_up(lanes, 32);
@@ -890,20 +882,12 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
   // Where the extend kernel runs on tiles, decode does too, with the same arithmetic on the same key grid: one
   // query over one split gets the extend kernel's bits for that row (fast prefill's back half sends its selected
   // rows here when each request has one, and its parity with the full prefill rests on it).
-  if constexpr (std::is_same_v<T, at::BFloat16> && (std::is_same_v<S, at::BFloat16> ||
-                                                    std::is_same_v<S, c10::Float8_e4m3fn> ||
-                                                    std::is_same_v<S, c10::Float8_e5m2>)) {
+  if constexpr (kAmxTypes<T, S>) {
     tiles = amx_extend(q.scalar_type(), k_buf.scalar_type(), D);
     if (tiles) {
-      std::vector<int64_t> klo(B, std::numeric_limits<int64_t>::max()), khi(B, 0);
       std::vector<const int64_t*> slots(B);
       for (int64_t b = 0; b < B; ++b) slots[b] = kvi.data() + kvp[b];
-      for (const Item& it : items) {
-        if (it.hi <= it.lo) continue;
-        klo[it.b] = std::min(klo[it.b], it.lo);
-        khi[it.b] = std::max(khi[it.b], it.hi);
-      }
-      const auto packed = amx_pack_requests<S>(k_buf, v_buf, slots, klo, khi, args);
+      const auto packed = amx_pack_requests<S>(k_buf, v_buf, slots, items, args);
       run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
         const Item& it = items[idx];
         const int64_t LP = round_up(G, 32);

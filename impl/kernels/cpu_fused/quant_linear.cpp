@@ -426,8 +426,6 @@ void w8a8_kernel(const int8_t* xq, const float* xs, int64_t M, const QuantView& 
 
 constexpr int64_t kAmxMinRows = 32;
 
-inline bool amx_int8_enabled() { return cpu_amx::tiles_allowed(); }
-
 // packed[kb][h][r][c * 4 + i] = w[n0 + 16 h + c][64 kb + 4 r + i]: the B tile of k-block kb, weight rows 16h..
 inline void amx_pack_b(const QuantView& q, int64_t n0, int8_t* packed) {
   const int64_t K = q.K, KB = K / 64;
@@ -500,7 +498,7 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
 }
 
 inline bool use_amx_w8a8(int64_t M, const QuantView& q) {
-  return M >= kAmxMinRows && q.N % 32 == 0 && q.K % 64 == 0 && amx_int8_enabled();
+  return M >= kAmxMinRows && q.N % 32 == 0 && q.K % 64 == 0 && cpu_amx::tiles_allowed();
 }
 #endif
 
@@ -784,7 +782,7 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w) {
 
 std::string quant_w8a8_prefill_isa() {
 #if defined(QUANT_AMX_INT8)
-  if (amx_int8_enabled()) return "amx_int8";
+  if (cpu_amx::tiles_allowed()) return "amx_int8";
 #endif
   return "simd";
 }
