@@ -195,11 +195,6 @@ class WidenOnce:
         return wide if t is base else wide.as_strided(t.size(), t.stride(), t.storage_offset())
 
 
-def _twice(t: torch.Tensor) -> torch.Tensor:
-    """[1, ...] -> [2, ...]: the lone row and its copy."""
-    return torch.cat([t, t])
-
-
 # Rows per oneDNN call of a batch-invariant fused layer on AMX (``FusedLayerForward.fixed_rows``).
 INVARIANT_ROWS = 64
 
@@ -247,47 +242,34 @@ class FusedLayerForward:
                  fb: ForwardBatch) -> torch.Tensor:
         w, f, att = self.w, self.f, self.layer.self_attn
         cos, sin, ple = self.widen(cos, fb), self.widen(sin, fb), self.widen(ple, fb)
-        if self.fixed_rows:
-            return self._fixed_blocks(h, cos, sin, ple, fb)
-        pad = self.pads_lone_row(h, fb)
-        if pad:  # [1, ...] -> [2, ...]; the kernels' row-local work gives both copies the same bits
-            h, cos, sin, ple = _twice(h), _twice(cos), _twice(sin), None if ple is None else _twice(ple)
-        q, k, v = self.ext.attn_pre(h, w.input_norm, f.qkv_proj, f.head_norm, cos, sin, f.q_heads, w.eps, f.onednn)
-        if pad:
-            q, k, v = q[:1], k[:1], v[:1]
-        if not att.owns_kv:
-            k = v = None
-        out = fb.attn_backend.forward(q, k, v, att.layer, fb)  # [n, H * D]; att.layer read now (the assistant rebinds it)
-        p = w.ple
-        h = self.ext.decoder_post(
-            h, _twice(out) if pad else out, f.o_proj, w.post_attention_norm, w.pre_feedforward_norm, f.gate_up, f.down,
-            w.post_feedforward_norm, None if p is None else ple, f.ple_gate, f.ple_proj, None if p is None else p.norm,
-            w.scalar, w.eps, f.onednn,
-        )
-        return h[:1] if pad else h
-
-    def _fixed_blocks(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ple: torch.Tensor | None,
-                      fb: ForwardBatch) -> torch.Tensor:
-        """``__call__`` with every kernel call on exactly ``fixed_rows`` rows (the attention backend gets the n
-        real rows)."""
-        w, f, att, r = self.w, self.f, self.layer.self_attn, self.fixed_rows
         n = int(h.shape[0])
-        m = -(-n // r) * r
+        # rows per kernel call (r) and rows after padding (m): fixed blocks, a lone row as two, or all rows at once
+        if self.fixed_rows and n:
+            r = self.fixed_rows
+            m = -(-n // r) * r
+        else:
+            r = m = 2 if self.pads_lone_row(h, fb) else n
+        starts = range(0, m, r) if r else range(1)  # (no rows: one call on the empty batch)
+        # padded rows repeat the last row; the kernels' row-local work gives them its bits, and they are dropped
         hp, cp, sp = _pad_rows(h, m), _pad_rows(cos, m), _pad_rows(sin, m)
         pp = None if ple is None else _pad_rows(ple, m)
         parts = [self.ext.attn_pre(hp[i:i + r], w.input_norm, f.qkv_proj, f.head_norm, cp[i:i + r], sp[i:i + r],
-                                   f.q_heads, w.eps, f.onednn) for i in range(0, m, r)]
-        q, k, v = (torch.cat([p[j] for p in parts])[:n] for j in range(3))
+                                   f.q_heads, w.eps, f.onednn) for i in starts]
+        q, k, v = parts[0] if len(parts) == 1 else tuple(torch.cat([p[j] for p in parts]) for j in range(3))
+        if m != n:
+            q, k, v = q[:n], k[:n], v[:n]
         if not att.owns_kv:
             k = v = None
+        # [n, H * D]; att.layer read now (the assistant rebinds it)
         out = _pad_rows(fb.attn_backend.forward(q, k, v, att.layer, fb), m)
         p = w.ple
         outs = [self.ext.decoder_post(
             hp[i:i + r], out[i:i + r], f.o_proj, w.post_attention_norm, w.pre_feedforward_norm, f.gate_up, f.down,
             w.post_feedforward_norm, None if p is None or pp is None else pp[i:i + r], f.ple_gate, f.ple_proj,
             None if p is None else p.norm, w.scalar, w.eps, f.onednn,
-        ) for i in range(0, m, r)]
-        return torch.cat(outs)[:n]
+        ) for i in starts]
+        h = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return h[:n] if m != n else h
 
 
 class LinearForward:
