@@ -12,6 +12,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from bench.machine import cpu_flags
 from impl.kernels import cpu_attn
 from impl.kernels.decode_attention import decode_attention_fwd as triton_decode
 from impl.kernels.extend_attention import extend_attention_fwd as triton_extend
@@ -188,9 +189,7 @@ def test_rows_attention_rejects_bad_slots_and_positions():
 # ---- AMX-bf16 tiles (extend): bf16 queries over bf16 / fp8 pools, head_dim a multiple of 32 ----
 
 def _tiles_expected() -> bool:
-    from tests.kernels.test_cpu_avx2_paths import _cpu_flags
-
-    return ("amx_bf16" in _cpu_flags() and cpu_attn.load().simd_isa() == "avx512"
+    return ("amx_bf16" in cpu_flags() and cpu_attn.load().simd_isa() == "avx512"
             and os.environ.get("IMPL_CPU_AMX") != "0")
 
 

@@ -21,24 +21,17 @@ import sys
 
 import pytest
 
+from bench.machine import cpu_flags
 from impl.kernels import cpu_attn, cpu_fused
 from impl.kernels.cpp_build import ENV_MARCH, march
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return set(next((ln for ln in f if ln.startswith("flags")), "").split(":", 1)[-1].split())
-    except OSError:
-        return set()
-
-
 def test_builds_carry_the_simd_code_their_march_asks_for():
     """native: AVX-512 code where the CPU has it, else AVX2; IMPL_CPU_MARCH=haswell: AVX2 on any x86 CPU."""
-    want = {"native": "avx512" if "avx512f" in _cpu_flags() else "avx2", "haswell": "avx2"}.get(march())
-    if want is None or "avx2" not in _cpu_flags():
+    want = {"native": "avx512" if "avx512f" in cpu_flags() else "avx2", "haswell": "avx2"}.get(march())
+    if want is None or "avx2" not in cpu_flags():
         pytest.skip(f"no expectation for {ENV_MARCH}={march()} on this CPU")
     built = {name: ext.simd_isa() for name, ext in (("cpu_fused", cpu_fused.load()), ("cpu_attn", cpu_attn.load()))
              if ext is not None}
@@ -53,7 +46,7 @@ def test_kernels_under_onednn_avx2_match_the_references():
     arithmetic (forcing oneDNN's bf16 is refused), and every primitive oneDNN ran was an AVX2 kernel."""
     if cpu_fused.load() is None:
         pytest.skip(f"fused CPU kernels not built here: {cpu_fused.error()}")
-    if "avx512f" not in _cpu_flags():
+    if "avx512f" not in cpu_flags():
         pytest.skip("oneDNN already runs its AVX2 kernels here: the whole suite covers them")
     env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", ONEDNN_VERBOSE="1")
     env.pop("IMPL_CPU_LINEAR", None)
