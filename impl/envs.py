@@ -36,8 +36,6 @@ IMPL_CPU_AMX                   bool    true        AMX tiles where the CPU has t
                                                    attention on AMX-bf16 (false: the SIMD kernels; impl/kernels/cpu_amx.h)
 IMPL_CPU_MARCH                 name    native      gcc ``-march`` of both C++ extensions (haswell: the AVX2 code on an
                                                    AVX-512 machine, ``make test-avx2``)
-IMPL_GLIBC_MALLOC_TUNING       bool    true        on CPU, glibc's malloc keeps activation-sized blocks on the heap once the model
-                                                   is loaded (no page faults per forward; impl/engine/cpu_malloc.py)
 IMPL_MMAP_EMBEDDINGS           bool    true        serve the per-layer-embedding table zero-copy from the checkpoint file
                                                    on CPU (false: load it into memory)
 IMPL_QUANT_LM_HEAD             bool    true        with quantized weights, the LM head reads an int8 (W8A16) copy of the
@@ -184,7 +182,6 @@ class envs:
     IMPL_CPU_AMX = env_bool("IMPL_CPU_AMX", True)
     IMPL_CPU_MARCH = env_str("IMPL_CPU_MARCH", "native", r"[A-Za-z0-9][A-Za-z0-9_.-]*",
                              "a gcc -march name (e.g. native, haswell)")
-    IMPL_GLIBC_MALLOC_TUNING = env_bool("IMPL_GLIBC_MALLOC_TUNING", True)
     IMPL_MMAP_EMBEDDINGS = env_bool("IMPL_MMAP_EMBEDDINGS", True)
     IMPL_QUANT_LM_HEAD = env_bool("IMPL_QUANT_LM_HEAD", True)
     # ---- other programs' variables, read with their owners' meaning

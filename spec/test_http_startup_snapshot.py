@@ -37,8 +37,6 @@ def normalise(log: str) -> str:
         # likewise the triton backend's compiled CPU attention kernels (else: the torch reference, with the reason)
         msg = re.sub(r"^Attention kernels: triton backend, (CPU kernels \(compiled.*\)|torch reference .*)$",
                      "Attention kernels: triton backend, <CPU kernels or torch reference>", msg)
-        # glibc's malloc tuned, or why not (tests/engine/test_cpu_malloc.py checks it)
-        msg = re.sub(r"^glibc malloc: .*$", "glibc malloc: <tuned or why not>", msg)
         out.append(f"{m['level']} {m['logger']}: {msg}")
     return "\n".join(out)
 

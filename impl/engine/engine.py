@@ -35,7 +35,6 @@ from impl.args.resolution import resolutions_of
 from impl.args.server_args import ServerArgs
 from impl.args.unsupported import refuse_unimplemented
 from impl.attention.triton_providers import attention_kernels_of, kernel_startup_lines
-from impl.engine import cpu_malloc
 from impl.cache.allocator import SWATokenSlotAllocator, TokenSlotAllocator
 from impl.cache.radix_cache import RadixCache
 from impl.cache.swa_pool import HybridSWAKVPool
@@ -137,8 +136,6 @@ class Engine:
         ] + ([self.spec_worker.describe()] if self.spec_worker else [])
         self.attention_kernels = attention_kernels_of(self.runner.prefill_backend, self.runner.decode_backend)
         self.startup_log += kernel_startup_lines(self.runner.prefill_backend, self.runner.decode_backend)
-        if self.device.type == "cpu":
-            self.startup_log.append(cpu_malloc.tune_glibc_malloc())
         for line in self.startup_log:
             logger.info(line)
 
@@ -432,7 +429,6 @@ class Engine:
         self._detokenizer.drain()
         self._detokenizer.stop()
         self.grammar_backend.shutdown()
-        cpu_malloc.trim()
 
     def __enter__(self) -> "Engine":
         return self
