@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve serve-cluster bench-cluster test test-fast spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-structured bench-peer bench-full bench-quant bench-quant-full profile-prefill bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm accuracy accuracy-llamacpp parity-full
+.PHONY: serve serve-cluster bench-cluster test test-fast spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-structured bench-peer bench-full bench-quant bench-quant-full profile-prefill bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm accuracy accuracy-llamacpp parity-full peers-full
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -182,6 +182,14 @@ accuracy-llamacpp: $(STAMP)
 LAYERS ?=
 parity-full: $(STAMP)
 	$(LOCK_X) $(PY) -m bench.parity_full --write-docs $(if $(LAYERS),--layers $(LAYERS),) $(ARGS)
+
+# Ours (bf16, fp8 KV, int8 / int4 weights) and llama.cpp (bf16, Q8_0, Q4_0 GGUFs) against transformers float32 on
+# the well-conditioned full-size checkpoint: first-token top-10 logprobs and greedy ids (one process per phase).
+peers-full: $(STAMP)
+	$(LOCK_X) $(PY) -m bench.peers_full --phase reference $(ARGS)
+	$(LOCK_X) $(PY) -m bench.peers_full --phase ours $(ARGS)
+	$(LOCK_X) $(PY) -m bench.peers_full --phase llamacpp $(ARGS)
+	$(PY) -m bench.peers_full --phase report --write-docs $(ARGS)
 
 # Seed 000's serving table through HTTP (four server configurations, chat + summ); ARGS adds campaign flags.
 bench-serving: $(STAMP)
