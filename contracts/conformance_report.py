@@ -229,6 +229,97 @@ def write_report(run: Run, path: str, notes_path: str | None) -> None:
         f.write(render(run, read_notes(notes_path)))
 
 
+def _unescape(cell: str) -> str:
+    return cell.replace("\\|", "|")
+
+
+def run_from_report(text: str, notes: dict[str, str] | None = None) -> Run:
+    """A committed report read back into the run that rendered it (a report's recorded run, ``results_path``, stays
+    on the machine that ran it): header, every contract's verdict, detail and evidence, the grouped reasons and
+    the other tests' counts, so that ``render`` of it with the same notes gives the report again. Evidence the
+    table cut (500 characters) comes from the failure's block below the table when the report kept it there; a
+    pass's notes come back as one note (the table joins them with "; "). ``notes``: the notes file the report was
+    rendered with (``read_notes``), whose text follows a listed other test's evidence."""
+    from contracts.verdicts import VERDICTS
+
+    notes = notes or {}
+    listed: list[tuple[str, str, tuple[str, ...]]] = []  # other tests listed by key: (key, evidence, verdicts)
+    lines = text.splitlines()
+    subject = lines[0].removeprefix("# Conformance of ")
+    head = {"spec": "unknown", "date": "unknown", "machine": "", "command": ""}
+    launches: list[str] = []
+    contracts: dict[str, Outcome] = {}
+    others: dict[str, Outcome] = {}
+    full_evidence: dict[str, str] = {}
+    section, block_id, block = "", None, None
+    for line in lines[1:]:
+        m = re.match(r"^- Spec: `([^`]*)` \(git describe --dirty\), (.*)$", line)
+        if m:
+            head["spec"], head["date"] = m.group(1), m.group(2)
+            continue
+        m = re.match(r"^- (Machine|Command): (.*)$", line)
+        if m and not section:
+            head[m.group(1).lower()] = m.group(2).strip("`") if m.group(1) == "Command" else m.group(2)
+            continue
+        m = re.match(r"^- Server(?: \((.*)\))?: `(.*)`$", line)
+        if m and not section:
+            launches.append(f"{m.group(1)}\t{m.group(2)}" if m.group(1) else m.group(2))
+            continue
+        if line.startswith("## "):
+            section = line
+            continue
+        m = re.match(r"^\| \[`([A-Z0-9-]+)`\]\([^)]*\) \| .* \| \*\*([^*]+)\*\*(?: \(([^|]*)\))? \| (.*) \|$", line)
+        if m and not section:
+            cid, verdict, detail, evidence = m.group(1), m.group(2), m.group(3) or "", _unescape(m.group(4))
+            if verdict not in VERDICTS:
+                raise ValueError(f"{cid}: unknown verdict {verdict!r}")
+            contracts[cid] = (Outcome(verdict, notes=[evidence] if evidence else [], detail=detail) if verdict == PASS
+                              else Outcome(verdict, evidence, detail=detail))
+            continue
+        m = re.match(r"^- (.*) \((\d+)\): (\[`.*)$", line)
+        if m and section.startswith(("## Out of scope", "## Not reached")):
+            verdict = OUT_OF_SCOPE if section.startswith("## Out of scope") else NOT_REACHED
+            reason = _unescape(m.group(1))
+            for cid in re.findall(r"\[`([A-Z0-9-]+)`\]", m.group(3)):
+                contracts[cid] = Outcome(verdict, reason, detail=reason)
+            continue
+        m = re.match(r"^### `([A-Z0-9-]+)` ", line)
+        if m and section == "## Failures explained":
+            block_id, block = m.group(1), None
+            continue
+        if block_id is not None and line == "```":
+            if block is None:
+                block = []
+            else:
+                full_evidence[block_id] = "\n".join(block)
+                block_id, block = None, None
+            continue
+        if block is not None:
+            block.append(line)
+            continue
+        m = re.match(r"^- `([^`]+)`: (.*)$", line)
+        if m and section in ("## Other spec tests that failed", "## Harness errors outside the contracts"):
+            key, rest = m.group(1), m.group(2)
+            if key in notes:
+                rest = rest.removesuffix(" " + notes[key])
+            listed.append((key, _unescape(rest), FAILS if section.startswith("## Other") else (HARNESS_ERROR,)))
+            continue
+        m = re.match(r"^Other spec tests \(properties, snapshots, mutants\): (.*)\.$", line)
+        if m and m.group(1) != "none":
+            for part in m.group(1).split(", "):
+                n, verdict = part.split(" ", 1)
+                for k in range(int(n)):
+                    others[f"{verdict} {k}"] = Outcome(verdict)
+    for cid, evidence in full_evidence.items():
+        contracts[cid].evidence = evidence
+    placeholders = list(others)
+    for key, evidence, verdicts in listed:  # a counted placeholder of the same verdict becomes the listed test
+        slot = next(k for k in placeholders if others[k].verdict in verdicts)
+        placeholders.remove(slot)
+        others[key] = Outcome(others.pop(slot).verdict, evidence)
+    return Run(subject, head["command"], head["machine"], contracts, others, head["spec"], head["date"], launches)
+
+
 def report_ids(text: str) -> set[str]:
     """The contract ids a report lists (every contract appears once, as a link to the catalogue)."""
     return set(re.findall(r"\[`([A-Z0-9][A-Z0-9-]*)`\]\(" + re.escape(CATALOGUE) + "#", text))
@@ -267,3 +358,21 @@ if __name__ == "__main__":
     if "--index" in sys.argv:
         write_index(folder)
         print(f"wrote {os.path.join(folder, INDEX)}")
+    if "--rebuild" in sys.argv:  # --rebuild NAME: the recorded run of docs/conformance/NAME.md, read back from it
+        import json
+
+        from contracts.conformance import results_path
+
+        name = sys.argv[sys.argv.index("--rebuild") + 1].removesuffix(".md")
+        report = os.path.join(folder, name + ".md")
+        notes = read_notes(os.path.join(folder, "notes", name + ".md"))
+        run = run_from_report(open(report, encoding="utf-8").read(), notes)
+        text, again = open(report, encoding="utf-8").read(), render(run, notes)
+        rows = [ln for ln in text.splitlines() if ln.startswith("| [`")]
+        # the same report again, or (contracts added since) every row it had, unchanged
+        if again != text and (report_ids(text) == {c.id for c in all_contracts()} or not set(rows) <= set(again.splitlines())):
+            sys.exit(f"{report}: the run read back does not render the report's rows again (regenerate it instead)")
+        os.makedirs(os.path.dirname(results_path(report)), exist_ok=True)
+        with open(results_path(report), "w") as f:
+            json.dump(run.to_json(), f, indent=1)
+        print(f"wrote {results_path(report)} from {report}")

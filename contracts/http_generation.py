@@ -14,6 +14,7 @@ checks then compare the server with itself and say so.
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -356,6 +357,84 @@ def prefix_hit_invariant(subject) -> None:
     else:
         note("one server: the partial hit's answer has no cold answer to compare with")
     note("full and partial prefix-cache hits (the counter moved); greedy ids as cold")
+
+
+# ---------------------------------------------------------------- the back half's edge batches (F14)
+
+EDGE_BUDGET = 64  # tokens per prefill step in the launch lines below: the 300- and 450-token prompts take 5 and 8 chunks
+EDGE_ARGV_OFF = [*ARGV_OFF, "--chunked-prefill-size", str(EDGE_BUDGET)]
+EDGE_ARGV_ON = [*EDGE_ARGV_OFF, "--kv-sharing-fast-prefill"]
+
+
+def _while_decoding(api: ServerApi, runner: list[int], late: list[list[int]], tokens: int) -> tuple[list[list[int]], bool]:
+    """Greedy ids of ``late``, each sent in a request of its own once ``runner`` (streamed, 64 new tokens) has
+    streamed two tokens, so they arrive while it decodes; and whether its stream was still open when all of them
+    had answered (prefill of the late prompts beside a running decode)."""
+
+    path, body = stream_body(api, runner, 64)
+    started, done = threading.Event(), threading.Event()
+
+    def stream() -> None:
+        try:
+            with httpx.stream("POST", api.url + path, json=body, timeout=TIMEOUT) as r:
+                events = 0
+                for line in r.iter_lines():
+                    events += line.startswith("data:")
+                    if events >= 2:
+                        started.set()
+        finally:
+            started.set()
+            done.set()
+
+    t = threading.Thread(target=stream, daemon=True)
+    t.start()
+    started.wait(TIMEOUT.read or 120)
+    out = one_by_one(api.url, late, tokens, concurrent=True)
+    overlapped = not done.is_set()
+    t.join(TIMEOUT.read or 120)
+    return out, overlapped
+
+
+@contract(
+    "HTTP-PARITY-EDGE-BATCHES", f"{SEED}; {SOURCE}", rules=("F14", "F15"), needs=("http",),
+    rule="Through HTTP, on the batches where fast prefill's back half attends to more keys than the rows it computes "
+    "(the selected rows as queries over each request's full context) the greedy token ids with "
+    "--kv-sharing-fast-prefill equal those without it: prompts longer than the server's per-step token budget "
+    f"({EDGE_BUDGET} in this project's launch; later chunks over a cached prefix), prefix-cache hits (a repeated "
+    f"{PREFIX_LEN}-token prompt and one sharing its first {PREFIX_SHARED}), and prompts arriving while another "
+    "request decodes.",
+)
+def parity_edge_batches_http(subject) -> None:
+    """The twin of PARITY-EDGE-BATCHES by URL: the server pair's own launch decides its chunk budget and prefix
+    cache (vLLM: ``--max-num-batched-tokens 64`` and prefix caching on), so the evidence notes what each server
+    showed: its prefix-hit counter's move and, where it says, its chunk budget."""
+    urls = {True: subject.base_url(EDGE_ARGV_ON), False: subject.base_url(EDGE_ARGV_OFF)}
+    if urls[True] == urls[False]:
+        note("one server: flag on and off are the same server (give --subject-fast-prefill)")
+    long = _prompts(70, [300, 450, 5, 37])
+    x = prompt_ids(7000, PREFIX_LEN)
+    y = x[:PREFIX_SHARED] + prompt_ids(7001, PREFIX_LEN - PREFIX_SHARED + 1)
+    late = _prompts(71, [20, 90, 200])
+    got: dict[bool, dict[str, list[list[int]]]] = {}
+    evidence = []
+    for flag, url in urls.items():
+        api = _ids_api(url)
+        _flush_prefix_cache(url)
+        before = _hits(api)
+        chunked = completions(url, long, NEW_TOKENS)  # one request: the long prompts' chunks share steps
+        hits = [completions(url, [p], NEW_TOKENS)[0] for p in (x, x, y)]  # cold, full hit, partial hit
+        moved = None if before is None else (_hits(api) or 0.0) - before
+        mixed, overlapped = _while_decoding(api, prompt_ids(7002, 40), late, NEW_TOKENS)
+        got[flag] = {"long prompts in one request": chunked, "prefix-cache hits": hits, "prompts beside a decode": mixed}
+        info = api.server_info if isinstance(api.server_info, dict) else {}
+        budget = info.get("chunked_prefill_size", "not exported")
+        evidence.append(f"flag {'on' if flag else 'off'} ({url}): chunk budget {budget}, prefix-hit counter "
+                        f"{'absent' if moved is None else f'moved {moved:g}'}, late prompts "
+                        f"{'beside the running decode' if overlapped else 'after the decode had finished'}")
+    for what, ps in (("long prompts in one request", long), ("prefix-cache hits", [x, x, y]),
+                     ("prompts beside a decode", late)):
+        _same(f"{what}, flag on vs off", got[True][what], got[False][what], ("flag on", "flag off"), ps)
+    note("; ".join(evidence))
 
 
 # ---------------------------------------------------------------- greedy against transformers

@@ -85,3 +85,23 @@ def test_verdicts_read_back_from_skips():
     nr = from_skip("not reached: subject s lacks the 'engine' capability (generate); reached by --subject impl")
     assert (nr.verdict, nr.detail) == (NOT_REACHED, "needs engine (reached by impl)")
     assert from_skip("out of scope: [F] other words").verdict == OUT_OF_SCOPE
+
+
+def test_a_report_reads_back_into_the_run_that_renders_it(tmp_path):
+    """``run_from_report`` (a recorded run rebuilt from a committed report, so one contract's verdict can be
+    merged without rerunning the rest): rendered again with the same notes, the run gives the report byte for byte,
+    a long failure's whole evidence included; a harness error outside the contracts keeps its test's id."""
+    from contracts.conformance_report import read_notes, render, run_from_report
+
+    ids = [c.id for c in all_contracts()]
+    notes_path = tmp_path / "notes.md"
+    notes_path.write_text(f"## Overview\n\nTwo servers.\n\n## `{ids[1]}`\n\nThe engine does Z | not W.\n")
+    notes = read_notes(str(notes_path))
+    run = _run()
+    run.launches.append("prefix caching on: X\tdemo serve --port 2 --prefix")
+    text = render(run, notes)
+    back = run_from_report(text, notes)
+    assert render(back, notes) == text
+    assert back.contracts[ids[1]].evidence == LONG  # from the block below the table
+    assert list(back.others) == ["spec/test_x.py::t"] and back.launches == run.launches
+    assert (back.spec_version, back.date, back.machine) == (run.spec_version, run.date, run.machine)

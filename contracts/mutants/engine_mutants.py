@@ -50,6 +50,18 @@ class ScatterDropsRows(PatchedSubject):
         return {"impl.model.yoco:scatter_rows": scatter}
 
 
+def drop_cached_prefix(md, fb) -> None:
+    """Cut each request's keys in the back half's metadata ``md`` to this pass's new tokens (its cached prefix,
+    an earlier chunk's or a prefix-cache hit's, left out)."""
+    keep, indptr = [], [0]
+    for b, (p, s) in enumerate(zip(fb.extend_prefix_lens_cpu, fb.seq_lens_cpu)):
+        lo = int(md.kv_indptr[b])
+        keep.append(md.kv_indices[lo + p : lo + s])
+        indptr.append(indptr[-1] + s - p)
+    md.kv_indices = torch.cat(keep)
+    md.kv_indptr = torch.tensor(indptr, dtype=md.kv_indptr.dtype, device=md.kv_indptr.device)
+
+
 @mutant("PARITY-PROMPT-LOGPROBS")
 class CrossMetadataOmitsPrefix(PatchedSubject):
     """The back-half metadata lists only this pass's new tokens as keys, not the cached prefix."""
@@ -59,14 +71,7 @@ class CrossMetadataOmitsPrefix(PatchedSubject):
 
         def without_prefix(self, fb, rows, rows_per_req):
             orig(self, fb, rows, rows_per_req)
-            md = self.cross_metadata
-            keep, indptr = [], [0]
-            for b, (p, s) in enumerate(zip(fb.extend_prefix_lens_cpu, fb.seq_lens_cpu)):
-                lo = int(md.kv_indptr[b])
-                keep.append(md.kv_indices[lo + p : lo + s])
-                indptr.append(indptr[-1] + s - p)
-            md.kv_indices = torch.cat(keep)
-            md.kv_indptr = torch.tensor(indptr, dtype=md.kv_indptr.dtype, device=md.kv_indptr.device)
+            drop_cached_prefix(self.cross_metadata, fb)
 
         return {"impl.attention.triton_backend:TritonAttnBackend.init_cross_decoder_metadata": without_prefix}
 

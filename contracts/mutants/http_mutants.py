@@ -272,6 +272,28 @@ def _batched_fast_prefill_shifts_logits() -> None:
     _shift_logits(lambda fb: fb.fast_prefill and fb.batch_size > 1)
 
 
+@mutant("HTTP-PARITY-EDGE-BATCHES")
+class CrossMetadataOmitsPrefixHttp(HttpMutant):
+    """With fast prefill on, the back half's attention metadata lists only this pass's new tokens as keys, not
+    the cached prefix (a later chunk or a prefix-cache hit: the selected rows miss part of their context)."""
+
+    ONLY_WITH = FLAG
+
+
+@breaks("CrossMetadataOmitsPrefixHttp")
+def _cross_metadata_omits_prefix() -> None:
+    from contracts.mutants.engine_mutants import drop_cached_prefix
+    from impl.attention.triton_backend import TritonAttnBackend
+
+    orig = TritonAttnBackend.init_cross_decoder_metadata
+
+    def without_prefix(self, fb, rows, rows_per_req):
+        orig(self, fb, rows, rows_per_req)
+        drop_cached_prefix(self.cross_metadata, fb)
+
+    _set(TritonAttnBackend, "init_cross_decoder_metadata", without_prefix)
+
+
 @mutant("HTTP-GREEDY-MATCHES-TRANSFORMERS")
 class LogitsShifted(HttpMutant):
     """Every forward (prefill and decode, flag on or off) returns logits shifted by one token id."""
