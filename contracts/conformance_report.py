@@ -251,7 +251,9 @@ def run_from_report(text: str, notes: dict[str, str] | None = None) -> Run:
     contracts: dict[str, Outcome] = {}
     others: dict[str, Outcome] = {}
     full_evidence: dict[str, str] = {}
-    section, block_id, block = "", None, None
+    section = ""
+    block_id: str | None = None
+    block: list[str] | None = None
     for line in lines[1:]:
         m = re.match(r"^- Spec: `([^`]*)` \(git describe --dirty\), (.*)$", line)
         if m:
