@@ -172,6 +172,35 @@ def measure(setting: Setting, path: str, prompts: list[list[int]], new_tokens: i
                  teacher_forced(cand, prompts, ref_paths, vocab))
 
 
+def measure_one_engine_at_a_time(setting: Setting, path: str, prompts: list[list[int]], new_tokens: int,
+                                 log=print) -> SettingResult:
+    """``measure`` with one engine in memory at a time (two bf16 engines at full size need ~24 GB): the
+    reference's greedy paths and its teacher-forced distributions (float32, as the engine computes them:
+    4 bytes x vocabulary per position, 2.1 GB at full size) are kept, the reference shut down, then the candidate
+    runs along the same paths. The figures are ``measure``'s."""
+    import gc
+
+    import torch
+
+    def run(argv: list[str], paths: list[list[int]] | None):
+        log(f"  building engine: {shlex.join(argv)}")
+        engine = build_engine(argv)
+        try:
+            vocab = engine.model_config.vocab_size
+            own = greedy(engine, prompts, new_tokens)
+            along = own if paths is None else paths
+            dists = [(i, t, torch.tensor(lp, dtype=torch.float32)) for i, t, lp in teacher_forced(engine, prompts, along, vocab)]
+            return own, dists
+        finally:
+            engine.shutdown()
+            del engine
+            gc.collect()
+
+    ref_paths, ref_tf = run(setting.argv("reference", path), None)
+    cand_paths, cand_tf = run(setting.argv("candidate", path), ref_paths)
+    return score(setting, new_tokens, ref_paths, cand_paths, ref_tf, cand_tf)
+
+
 def score(setting: Setting, new_tokens: int, ref_paths: list[list[int]], cand_paths: list[list[int]],
           ref_tf: Iterable[tuple[int, int, Sequence[float]]], cand_tf: Iterable[tuple[int, int, Sequence[float]]]
           ) -> SettingResult:
@@ -245,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--write-docs", action="store_true", help=f"write the table into {os.path.relpath(ACCURACY_MD)}")
+    ap.add_argument("--one-engine-at-a-time", action="store_true",
+                    help="keep the reference's distributions instead of its engine (full size: ~12 GB instead of ~24)")
     args = ap.parse_args(argv)
 
     import torch
@@ -273,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for s in settings:
             print(f"{s.name}: {s.what}", flush=True)
-            r = measure(s, path, prompts, args.new_tokens, engines, cache)
+            r = (measure_one_engine_at_a_time(s, path, prompts, args.new_tokens) if args.one_engine_at_a_time
+                 else measure(s, path, prompts, args.new_tokens, engines, cache))
             print(f"  identical {r.identical:.3f}, mean common prefix {r.mean_prefix:.1f}/{r.new_tokens}, first token "
                   f"{r.first_token:.3f}, mean KL {r.mean_kl:.3e} (max {r.max_kl:.3e}), teacher-forced top-1 "
                   f"{r.tf_top1:.4f} (reference's own {r.reference_tf_top1:.4f})", flush=True)
