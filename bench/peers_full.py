@@ -123,6 +123,7 @@ def phase_llamacpp(path: str, ps: list[list[int]], out_dir: str, only: list[str]
     bin_dir = build(CACHE)
     ggufs = convert(CACHE, path, os.path.join(CACHE, "gguf"), quants=quants)
     piece = whole_piece_id(path)
+    os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
     for q in quants:
         t = time.perf_counter()
         extra = ("--cache-ram", "0")
