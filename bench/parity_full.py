@@ -75,13 +75,21 @@ def transformers_run(path: str, dtype: torch.dtype, prompts: list[list[int]], lo
     return Run(first, greedy), gaps
 
 
-def ours_run(path: str, dtype: str, flag: bool, prompts: list[list[int]], log) -> Run:
+def parity_prompts(vocab: int, lengths=LENGTHS, seed: int = 0) -> list[list[int]]:
+    """The prompts: BOS then random ids of the vocabulary (above the specials), one per length."""
+    rng = random.Random(seed)
+    return [[2] + [rng.randrange(8, vocab) for _ in range(n - 1)] for n in lengths]
+
+
+def ours_run(path: str, prompts: list[list[int]], log, **server_args) -> Run:
+    """Our Engine with ``server_args`` (e.g. dtype, kv_sharing_fast_prefill): the first token's top-10 logprobs
+    and the greedy ids."""
     from impl import Engine
 
     t = time.perf_counter()
-    engine = Engine(path, dtype=dtype, kv_sharing_fast_prefill=flag, disable_radix_cache=True, random_seed=0,
-                    max_total_tokens=4 * max(len(p) for p in prompts) + 256)
-    log(f"  ours {dtype} fast prefill {'on' if flag else 'off'} loaded in {time.perf_counter() - t:.0f} s")
+    engine = Engine(path, disable_radix_cache=True, random_seed=0,
+                    max_total_tokens=4 * max(len(p) for p in prompts) + 256, **server_args)
+    log(f"  ours {server_args} loaded in {time.perf_counter() - t:.0f} s")
     try:
         outs = engine.generate(input_ids=prompts, return_logprob=True, top_logprobs_num=TOP,
                                sampling_params={"max_new_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True})
@@ -144,15 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         path = reduced_checkpoint(args.model, args.layers, args.vocab, log=log)
     cfg = ModelConfig.from_pretrained(path)
-    rng = random.Random(args.seed)
-    prompts = [[2] + [rng.randrange(8, cfg.vocab_size) for _ in range(n - 1)] for n in map(int, args.lengths.split(","))]
+    prompts = parity_prompts(cfg.vocab_size, [int(n) for n in args.lengths.split(",")], args.seed)
     what = os.path.basename(os.path.normpath(path))
     print(f"{what}: {cfg.num_hidden_layers} layers, vocabulary {cfg.vocab_size}; prompts {args.lengths}", flush=True)
     t0 = time.perf_counter()
     ref, gaps = transformers_run(path, torch.float32, prompts, log)
     rows = []
     for flag in (False, True):
-        ours = ours_run(path, "float32", flag, prompts, log)
+        ours = ours_run(path, prompts, log, dtype="float32", kv_sharing_fast_prefill=flag)
         rows += compare(f"ours float32, fast prefill {'on' if flag else 'off'} vs transformers float32 (sdpa)",
                         ref, gaps, ours, prompts, checked=True)
     print(table(rows, args.tol), flush=True)  # the float32 verdicts before the (slower) bf16 runs
@@ -161,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_bf16:
         ref16, gaps16 = transformers_run(path, torch.bfloat16, prompts, log)
         rows += compare("ours bf16, fast prefill off vs transformers bf16", ref16, gaps16,
-                        ours_run(path, "bfloat16", False, prompts, log), prompts, checked=False)
+                        ours_run(path, prompts, log, dtype="bfloat16"), prompts, checked=False)
     ok = all(passed(r, args.tol) for r in rows if r.checked)
     command = "python -m bench.parity_full " + shlex.join(argv if argv is not None else sys.argv[1:])
     text = "\n".join([

@@ -28,7 +28,6 @@ them into ``docs/accuracy.md``'s section.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import shlex
@@ -54,16 +53,12 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def prompts(path: str, seed: int = 0) -> list[list[int]]:
-    """``make parity-full``'s prompts (the same lengths, seed and id range)."""
-    import random
-
-    from bench.parity_full import LENGTHS
+def prompts(path: str) -> list[list[int]]:
+    """``make parity-full``'s prompts."""
+    from bench.parity_full import parity_prompts
     from impl.config.model_config import ModelConfig
 
-    vocab = ModelConfig.from_pretrained(path).vocab_size
-    rng = random.Random(seed)
-    return [[2] + [rng.randrange(8, vocab) for _ in range(n - 1)] for n in LENGTHS]
+    return parity_prompts(ModelConfig.from_pretrained(path).vocab_size)
 
 
 def out_file(out_dir: str, key: str) -> str:
@@ -89,28 +84,18 @@ def phase_reference(path: str, ps: list[list[int]], out_dir: str) -> None:
 
 
 def phase_ours(path: str, ps: list[list[int]], out_dir: str, only: list[str]) -> None:
-    from bench.parity_full import NEW_TOKENS, TOP
-    from impl import Engine
+    from bench.parity_full import ours_run
 
     for key, kwargs in OURS.items():
         if only and key not in only:
             continue
         t = time.perf_counter()
-        engine = Engine(path, disable_radix_cache=True, random_seed=0,
-                        max_total_tokens=4 * max(len(p) for p in ps) + 256, **kwargs)
-        try:
-            outs = engine.generate(input_ids=ps, return_logprob=True, top_logprobs_num=TOP, sampling_params={
-                "max_new_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True})
-        finally:
-            engine.shutdown()
-            del engine
-            gc.collect()
-        first = [{str(e[1]): e[0] for e in o["meta_info"]["output_top_logprobs"][0]} for o in outs]
+        run = ours_run(path, ps, log, **kwargs)
         flags = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in kwargs.items())
         name = "ours " + flags.replace("--dtype bfloat16", "bf16").replace(" --", ", --")
         save(out_dir, key, {"system": name, "launch": f"python -m impl.launch_server --model-path <folder> {flags}",
-                             "first": first, "greedy": [o["output_ids"] for o in outs],
-                             "seconds": time.perf_counter() - t})
+                            "first": [{str(i): lp for i, lp in f.items()} for f in run.first], "greedy": run.greedy,
+                            "seconds": time.perf_counter() - t})
         log(f"  {name}: {time.perf_counter() - t:.0f} s")
 
 
@@ -129,7 +114,7 @@ def phase_llamacpp(path: str, ps: list[list[int]], out_dir: str, only: list[str]
         extra = ("--cache-ram", "0")
         srv = LlamaServer(bin_dir, ggufs[q], os.path.join(out_dir, "logs"), extra, timeout=900)
         try:
-            first, greedy = [], []
+            first = []
             for p in ps:
                 out = srv.completion({"prompt": p, "n_predict": 1, "n_probs": TOP, "post_sampling_probs": False,
                                       **GREEDY, "logit_bias": [[piece, 1000.0]]})

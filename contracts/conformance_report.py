@@ -368,8 +368,9 @@ if __name__ == "__main__":
         name = sys.argv[sys.argv.index("--rebuild") + 1].removesuffix(".md")
         report = os.path.join(folder, name + ".md")
         notes = read_notes(os.path.join(folder, "notes", name + ".md"))
-        run = run_from_report(open(report, encoding="utf-8").read(), notes)
-        text, again = open(report, encoding="utf-8").read(), render(run, notes)
+        text = open(report, encoding="utf-8").read()
+        run = run_from_report(text, notes)
+        again = render(run, notes)
         rows = [ln for ln in text.splitlines() if ln.startswith("| [`")]
         # the same report again, or (contracts added since) every row it had, unchanged
         if again != text and (report_ids(text) == {c.id for c in all_contracts()} or not set(rows) <= set(again.splitlines())):
