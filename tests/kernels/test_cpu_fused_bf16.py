@@ -142,6 +142,39 @@ def test_decoder_post_bf16_matches_float32_reference(mode, n, ple_dim):
 
 
 @needs_ext
+@pytest.mark.parametrize("mode", _modes())
+@pytest.mark.parametrize("n", [1, 5, 300])
+def test_bf16_rows_are_read_and_written_in_place(mode, n):
+    """The kernels read bf16 activations (h, the attention output, a strided slice of the per-layer inputs)
+    row by row and round their bf16 results once: the same bits as the float32 rows of the same values, with
+    the float32 results rounded to bf16 (so no whole-tensor conversion is needed on either side)."""
+    g = _gen(900 + n)
+    hid, hd, inter, p, d = 256, 512, 512, 16, 64
+    h, attn, ple = _bf16(n, hid, g=g), _bf16(n, hd, g=g), _bf16(n, 3, p, g=g)[:, 1]
+    o_w, gate, up, down = (_bf16(*s, g=g, scale=0.05) for s in ((hid, hd), (inter, hid), (inter, hid), (hid, inter)))
+    pg, pp = _bf16(p, hid, g=g, scale=0.1), _bf16(hid, p, g=g, scale=0.1)
+    norms = [torch.rand(hid, generator=g) + 0.5 for _ in range(4)]
+    gate_up = [_w(gate, mode), _w(up, mode)] if mode != "mkl" else [torch.cat([gate, up])]
+    weights = (_w(o_w, mode), gate_up, _w(down, mode), _w(pg, mode), _w(pp, mode))
+
+    def post(hh, aa, pl):
+        o, gu, dn, wg, wp = weights
+        return EXT.decoder_post(hh, aa, o, norms[0], norms[1], gu, dn, norms[2], pl, wg, wp, norms[3], 0.7, 1e-6,
+                                mode == "onednn")
+
+    got = post(h, attn, ple)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, post(h.float(), attn.float(), ple.float()).bfloat16())
+    proj, head_w = _bf16(10 * d, hid, g=g, scale=0.1), torch.rand(10, d, generator=g) + 0.5
+    cos, sin = torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
+    q, k, v = EXT.attn_pre(h, norms[0], _w(proj, mode), head_w, cos, sin, 8, 1e-6, mode == "onednn")
+    q32, k32, v32 = EXT.attn_pre(h.float(), norms[0], _w(proj, mode), head_w, cos, sin, 8, 1e-6, mode == "onednn")
+    for a, b in ((q, q32), (k, k32), (v, v32)):
+        assert a.dtype == torch.bfloat16 and b.dtype == torch.float32
+        assert torch.equal(a, b.bfloat16())
+
+
+@needs_ext
 @pytest.mark.parametrize("linear", ["auto", "packed"])
 def test_transform_serves_a_bf16_model(linear, monkeypatch):
     """A bf16 model on the fused kernels: the record says so; the LM head and the per-layer-input projection

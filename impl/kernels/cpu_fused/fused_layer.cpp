@@ -69,32 +69,94 @@ void for_rows(int64_t n, const F& f) {
   at::parallel_for(0, n, kRowGrain, f);
 }
 
+// Activation rows in float32 or bfloat16. The row-local work always runs on float32 rows: a bf16 row is
+// widened into a per-thread scratch row first (exact) and a bf16 result row is rounded from a float32
+// scratch row to nearest even, as ATen's float -> bf16 conversion does. So each loop below is the same
+// float32 code for every dtype (same summation order, same bits), and the matmuls' bf16 inputs and
+// outputs need no whole-tensor conversion passes (a 1024-row prefill layer had ~20 of them).
+struct RowsIn {
+  const void* p;
+  int64_t ld;  // elements between rows
+  bool bf16;
+  explicit RowsIn(const torch::Tensor& t)
+      : p(t.data_ptr()), ld(t.dim() > 1 ? t.stride(0) : 0), bf16(t.scalar_type() == torch::kBFloat16) {}
+  // Row i as float32 (d values): the row itself, or widened into buf.
+  const float* row(int64_t i, float* buf, int64_t d) const {
+    if (!bf16) return static_cast<const float*>(p) + i * ld;
+    const uint16_t* src = static_cast<const uint16_t*>(p) + i * ld;
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) buf[j] = __builtin_bit_cast(float, static_cast<uint32_t>(src[j]) << 16);
+    return buf;
+  }
+};
+
+struct RowsOut {
+  void* p;
+  int64_t ld;
+  bool bf16;
+  explicit RowsOut(torch::Tensor& t)
+      : p(t.data_ptr()), ld(t.dim() > 1 ? t.stride(0) : 0), bf16(t.scalar_type() == torch::kBFloat16) {}
+  // Where row i's float32 values are written: the row itself, or buf (then `commit`).
+  float* row(int64_t i, float* buf) const { return bf16 ? buf : static_cast<float*>(p) + i * ld; }
+  void commit(int64_t i, const float* buf, int64_t d) const {
+    if (!bf16) return;
+    uint16_t* dst = static_cast<uint16_t*>(p) + i * ld;
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) {
+      const uint32_t u = __builtin_bit_cast(uint32_t, buf[j]);
+      const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+      dst[j] = static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);  // NaN stays NaN
+    }
+  }
+};
+
+// A float32 or bfloat16 activation with unit column stride (row strides are kept).
+torch::Tensor act_rows(const torch::Tensor& t, const char* name, int64_t dim) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
+  TORCH_CHECK(t.scalar_type() == torch::kFloat32 || t.scalar_type() == torch::kBFloat16, name,
+              " must be float32 or bfloat16");
+  TORCH_CHECK(t.dim() == dim, name, " must have ", dim, " dims");
+  return t.stride(-1) == 1 && (dim < 2 || t.stride(0) >= t.size(1)) ? t : t.contiguous();
+}
+
 // x [n, d] -> out [n, d] = rms_norm(x) * w.
-void norm_rows(const float* x, const float* w, float* out, int64_t n, int64_t d, float eps) {
+void norm_rows(const RowsIn& x, const float* w, const RowsOut& out, int64_t n, int64_t d, float eps) {
   for_rows(n, [&](int64_t lo, int64_t hi) {
+    std::vector<float> bx(d), bo(d);
     for (int64_t i = lo; i < hi; ++i) {
-      const float* xr = x + i * d;
-      float* o = out + i * d;
+      const float* xr = x.row(i, bx.data(), d);
+      float* o = out.row(i, bo.data());
       const float r = inv_rms(xr, d, eps);
 #pragma omp simd
       for (int64_t j = 0; j < d; ++j) o[j] = (xr[j] * r) * w[j];
+      out.commit(i, o, d);
     }
   });
 }
 
 // out [n, d] = (resid + rms_norm(x) * w) * scale; out may be resid. (A scale of 1 is exact.)
-void add_norm_rows(const float* resid, const float* x, const float* w, float* out, int64_t n, int64_t d, float eps,
-                   float scale) {
+void add_norm_rows(const RowsIn& resid, const RowsIn& x, const float* w, const RowsOut& out, int64_t n, int64_t d,
+                   float eps, float scale) {
   for_rows(n, [&](int64_t lo, int64_t hi) {
+    std::vector<float> bx(d), br(d), bo(d);
     for (int64_t i = lo; i < hi; ++i) {
-      const float* xr = x + i * d;
-      const float* rr = resid + i * d;
-      float* o = out + i * d;
+      const float* xr = x.row(i, bx.data(), d);
+      const float* rr = resid.row(i, br.data(), d);
+      float* o = out.row(i, bo.data());
       const float r = inv_rms(xr, d, eps);
 #pragma omp simd
       for (int64_t j = 0; j < d; ++j) o[j] = (rr[j] + (xr[j] * r) * w[j]) * scale;
+      out.commit(i, o, d);
     }
   });
+}
+
+// y = x @ w^T, left in bf16 when oneDNN's bf16 matmul runs it (its output dtype; the row loops read it as
+// is), else float32 (cpu_fused::linear). x is cast to the weight's dtype as linear does.
+torch::Tensor matmul_rows(const torch::Tensor& x, const torch::Tensor& w, bool onednn) {
+  if (w.scalar_type() == torch::kBFloat16 && cpu_fused::runs_onednn(w, x.size(0), onednn))
+    return cpu_fused::onednn_linear(x.to(w.scalar_type()).contiguous(), w, "none", "");
+  return cpu_fused::linear(x, w, onednn);
 }
 
 using cpu_fused::linear;
@@ -112,7 +174,7 @@ std::vector<torch::Tensor> attn_pre(torch::Tensor h, torch::Tensor w_in, torch::
                                     torch::Tensor cos, torch::Tensor sin_signed, int64_t q_heads, double eps,
                                     bool onednn) {
   const auto dtype = h.scalar_type();  // q, k, v leave in h's dtype (the KV pool's)
-  h = f32_rows(h, "h", 2);
+  h = act_rows(h, "h", 2);
   check_f32(w_in, "w_in", 1);
   check_f32(head_w, "head_w", 2);
   cos = f32_rows(cos, "cos", cos.dim());
@@ -124,30 +186,36 @@ std::vector<torch::Tensor> attn_pre(torch::Tensor h, torch::Tensor w_in, torch::
   TORCH_CHECK(cos.numel() == n * d && sin_signed.numel() == n * d, "cos / sin must hold [n, D]");
   TORCH_CHECK(d % 2 == 0, "head_dim must be even");
   const float e = static_cast<float>(eps);
-  auto x = torch::empty_like(h);
-  norm_rows(h.data_ptr<float>(), w_in.data_ptr<float>(), x.data_ptr<float>(), n, hidden, e);
-  auto y = linear(x, proj_w, onednn);  // [n, heads * D] float32
-  auto q = torch::empty({n, q_heads * d}, h.options());
-  auto k = torch::empty({n, kv_heads * d}, h.options());
-  auto v = torch::empty({n, kv_heads * d}, h.options());
-  float* dst_base[3] = {q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>()};
+  // the normed rows in the dtype the projection multiplies them in (bf16 for oneDNN's bf16 matmul)
+  const bool bf16_mm = proj_w.scalar_type() == torch::kBFloat16 && cpu_fused::runs_onednn(proj_w, n, onednn);
+  auto x = torch::empty({n, hidden}, h.options().dtype(bf16_mm ? torch::kBFloat16 : torch::kFloat32));
+  norm_rows(RowsIn(h), w_in.data_ptr<float>(), RowsOut(x), n, hidden, e);
+  auto y = matmul_rows(x, proj_w, onednn);  // [n, heads * D], float32 or bf16
+  const auto out_opts = h.options().dtype(dtype);
+  auto q = torch::empty({n, q_heads * d}, out_opts);
+  auto k = torch::empty({n, kv_heads * d}, out_opts);
+  auto v = torch::empty({n, kv_heads * d}, out_opts);
+  const RowsOut dst_rows[3] = {RowsOut(q), RowsOut(k), RowsOut(v)};
   const int64_t first[3] = {0, q_heads, q_heads + kv_heads};
   const int64_t count[3] = {q_heads, kv_heads, kv_heads};
-  const float* yp = y.data_ptr<float>();
+  const RowsIn y_rows(y);
   const float* hw = head_w.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin_signed.data_ptr<float>();
   const int64_t half = d / 2;
   for_rows(n, [&](int64_t lo, int64_t hi) {
-    std::vector<float> t(d);  // one scratch head per thread
+    std::vector<float> t(d), by(heads * d), bo(q_heads * d);  // scratch: one head, one row of y, one output row
     for (int64_t i = lo; i < hi; ++i) {
       const float* c = cp + i * d;
       const float* s = sp + i * d;
+      const float* yr = y_rows.row(i, by.data(), heads * d);
       for (int part = 0; part < 3; ++part) {
+        if (!count[part]) continue;
+        float* dst_row = dst_rows[part].row(i, bo.data());
         for (int64_t k_ = 0; k_ < count[part]; ++k_) {
           const int64_t hh = first[part] + k_;
-          const float* src = yp + (i * heads + hh) * d;
-          float* dst = dst_base[part] + (i * count[part] + k_) * d;
+          const float* src = yr + hh * d;
+          float* dst = dst_row + k_ * d;
           const float* w = hw + hh * d;
           const float r = inv_rms(src, d, e);
           if (part == 2) {  // v: normed, no RoPE
@@ -157,24 +225,24 @@ std::vector<torch::Tensor> attn_pre(torch::Tensor h, torch::Tensor w_in, torch::
           }
 #pragma omp simd
           for (int64_t j = 0; j < d; ++j) t[j] = (src[j] * r) * w[j];
+#pragma omp simd
           for (int64_t j = 0; j < half; ++j) {
             const float a = t[j] * c[j];
             const float b = t[j + half] * s[j];
             dst[j] = a + b;
           }
+#pragma omp simd
           for (int64_t j = half; j < d; ++j) {
             const float a = t[j] * c[j];
             const float b = t[j - half] * s[j];
             dst[j] = a + b;
           }
         }
+        dst_rows[part].commit(i, dst_row, count[part] * d);
       }
     }
   });
-  if (dtype == torch::kFloat32) return {q, k, v};
-  // a KV-shared layer's k / v are empty: made in h's dtype, not converted
-  auto in_dtype = [&](const torch::Tensor& t) { return t.numel() ? t.to(dtype) : torch::empty(t.sizes(), t.options().dtype(dtype)); };
-  return {q.to(dtype), in_dtype(k), in_dtype(v)};
+  return {q, k, v};
 }
 
 // Everything after the attention kernel:
@@ -194,7 +262,7 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
                            c10::optional<torch::Tensor> ple_proj_w, c10::optional<torch::Tensor> w_ple_norm,
                            double scalar, double eps, bool onednn) {
   const auto dtype = h.scalar_type();
-  h = f32_rows(h, "h", 2);
+  h = act_rows(h, "h", 2);
   TORCH_CHECK(attn_out.size(0) == h.size(0), "attn_out must have one row per row of h");
   for (auto* t : {&w_post_attn, &w_pre_ff, &w_post_ff}) check_f32(*t, "norm weight", 1);
   const bool split = gate_up.size() == 2;
@@ -205,19 +273,12 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
               "gate_up must be [2 * I, hidden] or two [I, hidden] weights");
   TORCH_CHECK(split || !gate_up[0].is_mkldnn(), "a prepacked gate/up weight must come split in two");
   const float e = static_cast<float>(eps);
-  auto a = linear(attn_out, o_w, onednn).contiguous();  // [n, hidden]
-  auto out = torch::empty_like(h);
-  auto x = torch::empty_like(h);
-  const float* hp = h.data_ptr<float>();
-  const float* ap = a.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  float* xp = x.data_ptr<float>();
-  add_norm_rows(hp, ap, w_post_attn.data_ptr<float>(), op, n, hid, e, 1.f);
-  norm_rows(op, w_pre_ff.data_ptr<float>(), xp, n, hid, e);
+  auto a = matmul_rows(attn_out, o_w, onednn);  // [n, hidden], float32 or bf16
+  auto out = torch::empty(h.sizes(), h.options().dtype(torch::kFloat32));  // the residual stream in float32
+  add_norm_rows(RowsIn(h), RowsIn(a), w_post_attn.data_ptr<float>(), RowsOut(out), n, hid, e, 1.f);
   // The MLP in blocks of rows, so each block's [rows, 2I] gate/up output is still in cache when
   // GELU, the gating multiply and the down projection read it (a 2048-row prefill chunk with a
   // double-wide MLP would otherwise stream 4 MB through memory three times).
-  auto m = torch::empty_like(h);  // [n, hidden]
   // (scaled by the thread count: each thread's share of a block's matmul keeps its cache size)
   int64_t block = std::max<int64_t>(1, kMlpBlockElems * at::get_num_threads() / (2 * inter));
   // Every block streams the MLP weights once more: when they outgrow the cache (real model sizes,
@@ -226,16 +287,27 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   if (split || 3 * inter * hid > kMlpBlockElems * 16) block = std::max<int64_t>(block, kMlpMinRowsLargeWeights);
   // bf16 weights for ATen's mm are widened to float32 once per call: fewer, larger blocks.
   if (!onednn && (down_w.scalar_type() == torch::kBFloat16 || cpu_fused::is_quantized(down_w)) && !down_w.is_mkldnn()) block = std::max(block, kMlpMinRowsWidened);
+  // When every block runs oneDNN's bf16 matmuls (runs_onednn grows with the rows: the smallest block
+  // decides), the MLP's input and output rows stay bf16 (the dtype those matmuls take and give).
+  const int64_t min_rows = n % block ? n % block : std::min(n, block);
+  const auto mlp_dtype = gate_up[0].scalar_type();
+  const bool mlp_bf16 = split && mlp_dtype == torch::kBFloat16 && cpu_fused::runs_onednn(gate_up[0], min_rows, onednn);
+  const bool down_bf16 = mlp_bf16 && down_w.scalar_type() == torch::kBFloat16 && cpu_fused::runs_onednn(down_w, min_rows, onednn);
+  auto x = torch::empty(h.sizes(), h.options().dtype(mlp_bf16 ? torch::kBFloat16 : torch::kFloat32));
+  norm_rows(RowsIn(out), w_pre_ff.data_ptr<float>(), RowsOut(x), n, hid, e);
+  auto m = torch::empty(h.sizes(), h.options().dtype(down_bf16 ? torch::kBFloat16 : torch::kFloat32));  // [n, hidden]
   for (int64_t lo = 0; lo < n; lo += block) {
     const int64_t rows = std::min(block, n - lo);
     auto xb = x.narrow(0, lo, rows);
     auto m_rows = m.narrow(0, lo, rows);
     if (split && cpu_fused::runs_onednn(gate_up[0], rows, onednn)) {
       // up(x) * gelu_tanh(gate(x)), both inside oneDNN's matmul epilogues (in the weights' dtype)
-      auto xin = xb.to(gate_up[0].scalar_type()).contiguous();
+      auto xin = xb.to(mlp_dtype).contiguous();
       auto g = onednn_linear(xin, gate_up[0], "gelu", "tanh");  // [rows, I]
       auto y = onednn_linear_mul(xin, g, gate_up[1]);           // [rows, I]
-      m_rows.copy_(linear(y, down_w, onednn));
+      auto d = down_bf16 ? matmul_rows(y, down_w, onednn) : linear(y, down_w, onednn);
+      if (n == rows) m = d;  // one block: no copy
+      else m_rows.copy_(d);
       continue;
     }
     torch::Tensor gate, up;  // [rows, I] float32 views
@@ -265,30 +337,32 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   }
   const bool has_ple = ple.has_value() && ple->defined();
   const float sc = static_cast<float>(scalar);
-  add_norm_rows(op, m.data_ptr<float>(), w_post_ff.data_ptr<float>(), op, n, hid, e, has_ple ? 1.f : sc);
-  if (!has_ple) return dtype == torch::kFloat32 ? out : out.to(dtype);
+  auto res = torch::empty(h.sizes(), h.options().dtype(dtype));  // the layer's output rows
+  add_norm_rows(RowsIn(out), RowsIn(m), w_post_ff.data_ptr<float>(), has_ple ? RowsOut(out) : RowsOut(res), n, hid, e,
+                has_ple ? 1.f : sc);
+  if (!has_ple) return res;
   TORCH_CHECK(ple->dim() == 2 && ple->size(0) == n, "ple must be [n, P]");
   TORCH_CHECK(ple->scalar_type() == torch::kFloat32 || ple->scalar_type() == torch::kBFloat16, "ple must be float32 or bfloat16");
-  // a float32 layer slice keeps its row stride; a bf16 one becomes a float32 copy
-  torch::Tensor ple_rows = ple->scalar_type() == torch::kFloat32 && ple->stride(1) == 1 ? *ple : ple->to(torch::kFloat32).contiguous();
+  const torch::Tensor ple_rows = act_rows(*ple, "ple", 2);  // a [T, L, P] table's layer slice keeps its row stride
   check_f32(*w_ple_norm, "w_ple_norm", 1);
-  const int64_t p = ple_rows.size(1), ple_row = ple_rows.stride(0);
-  auto g = torch::gelu(linear(out, *ple_gate_w, onednn), "tanh").contiguous();  // [n, P]
+  const int64_t p = ple_rows.size(1);
+  auto g = torch::gelu(linear(out, *ple_gate_w, onednn), "tanh").contiguous();  // [n, P] float32
   {
     float* gp = g.data_ptr<float>();
-    const float* pl = ple_rows.data_ptr<float>();
+    const RowsIn pl(ple_rows);
     for_rows(n, [&](int64_t lo, int64_t hi) {
+      std::vector<float> bp(p);
       for (int64_t i = lo; i < hi; ++i) {
         float* gr = gp + i * p;
-        const float* pr = pl + i * ple_row;  // a [T, L, P] table's layer slice: rows L * P apart
+        const float* pr = pl.row(i, bp.data(), p);
 #pragma omp simd
         for (int64_t j = 0; j < p; ++j) gr[j] = gr[j] * pr[j];
       }
     });
   }
-  auto q = linear(g, *ple_proj_w, onednn);  // [n, hidden]
-  add_norm_rows(op, q.data_ptr<float>(), w_ple_norm->data_ptr<float>(), op, n, hid, e, sc);
-  return dtype == torch::kFloat32 ? out : out.to(dtype);
+  auto q = matmul_rows(g, *ple_proj_w, onednn);  // [n, hidden], float32 or bf16
+  add_norm_rows(RowsIn(out), RowsIn(q), w_ple_norm->data_ptr<float>(), RowsOut(res), n, hid, e, sc);
+  return res;
 }
 
 // The kernels touch no Python object: they run with the GIL released, so a server's other Python threads

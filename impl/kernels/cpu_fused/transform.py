@@ -161,14 +161,15 @@ class FloatLayerForward:
 
 
 class WidenOnce:
-    """Float32 copies of the per-forward tables every fused layer reads (the RoPE cos / sin of a layer type, the
-    per-layer inputs [T, L, P]), made once per forward instead of once per layer by each kernel: with a bf16
-    model every layer received the same bf16 tables (a layer's PLE input is a slice of one table) and widened
-    them again (2 RoPE + 1 PLE ``aten::_to_copy`` per layer). The widened values equal the kernel's own
-    widening, so outputs are unchanged. One instance is shared by a model's fused layers; a source is
-    recognised by identity and version (it is held, so its id cannot be reused while cached)."""
+    """Float32 copies of the per-forward tables every fused layer reads (the RoPE cos / sin of a layer type),
+    made once per forward instead of once per layer by each kernel: with a bf16 model every layer received the
+    same bf16 tables and widened them again (2 ``aten::_to_copy`` per layer). The widened values equal the
+    kernel's own widening, so outputs are unchanged. (The per-layer inputs [T, L, P] were widened here too
+    until ``decoder_post`` learned to read bf16 rows in place.) One instance is shared by a model's fused
+    layers; a source is recognised by identity and version (it is held, so its id cannot be reused while
+    cached)."""
 
-    MAX_HELD = 8  # sources per forward: 2 tables per layer type, the PLE table, the cross-decoder's gathered ones
+    MAX_HELD = 8  # sources per forward: 2 tables per layer type, the cross-decoder's gathered ones
 
     def __init__(self) -> None:
         self._held: list[tuple[torch.Tensor, int, torch.Tensor]] = []  # (source, its _version, float32 copy)
@@ -241,7 +242,8 @@ class FusedLayerForward:
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ple: torch.Tensor | None,
                  fb: ForwardBatch) -> torch.Tensor:
         w, f, att = self.w, self.f, self.layer.self_attn
-        cos, sin, ple = self.widen(cos, fb), self.widen(sin, fb), self.widen(ple, fb)
+        # (the per-layer inputs reach decoder_post as they are: it reads bf16 rows with their strides)
+        cos, sin = self.widen(cos, fb), self.widen(sin, fb)
         n = int(h.shape[0])
         # rows per kernel call (r) and rows after padding (m): fixed blocks, a lone row as two, or all rows at once
         if self.fixed_rows and n:
