@@ -85,6 +85,7 @@ class Gemma4ForCausalLM(nn.Module):
             self.layers = nn.ModuleList(Gemma4DecoderLayer(c, i, al, dtype) for i, al in enumerate(self.attention_layers))
             self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype)
             self.ple_dim = c.hidden_size_per_layer_input
+            self.ple_fused = None  # ple.per_layer_inputs' one-pass kernel, where the CPU kernels install one
             if self.ple_dim:
                 n = c.num_hidden_layers
                 self.embed_tokens_per_layer = nn.Embedding(c.vocab_size_per_layer_input, n * self.ple_dim, dtype=dtype)
@@ -112,7 +113,7 @@ class Gemma4ForCausalLM(nn.Module):
             return None
         return ple_mod.per_layer_inputs(
             input_ids, embeds, self.embed_tokens_per_layer, self.per_layer_model_projection,
-            self.per_layer_projection_norm, self.config.num_hidden_layers,
+            self.per_layer_projection_norm, self.config.num_hidden_layers, self.ple_fused,
         )
 
     def rope_tables(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

@@ -215,3 +215,37 @@ def test_transform_serves_a_bf16_model(linear, monkeypatch):
     h = torch.randn(3, model.config.hidden_size, generator=_gen(1)).bfloat16()
     w = model.lm_head_weight()
     _check_linear(model.project_to_vocab(h), h.float(), w, bf16_inputs=False)
+
+
+@needs_ext
+@pytest.mark.parametrize("n", [1, 7, 64])
+def test_per_layer_inputs_in_one_pass_match_the_eager_ops(n):
+    """A bf16 model's per-layer inputs through the transform's one-pass kernel (``PleInputsKernel``, installed as
+    the model's ``ple_fused``) against ple.py's eager bf16 ops on the same model and tokens: the same bits
+    except where the RMSNorm's float32 sum of squares lands on the other side of a bf16 rounding (at most one
+    bf16 step; a handful of elements), and the missing-scale mutant's constant is read per call."""
+    from impl.model import ple as ple_mod
+    from impl.model.loader import load_model
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
+
+    model = load_model(tiny_checkpoint("e2b"), dtype="bfloat16")
+    cpu_fused_transform.apply(model)
+    assert isinstance(model.ple_fused, cpu_fused_transform.PleInputsKernel)
+    g = _gen(40 + n)
+    ids = torch.randint(0, model.config.vocab_size_per_layer_input, (n,), generator=g)
+    embeds = _bf16(n, model.config.hidden_size, g=g, scale=4.0)
+    got = model.per_layer_inputs(ids, embeds)
+    fused, model.ple_fused = model.ple_fused, None
+    want = model.per_layer_inputs(ids, embeds)
+    assert got.dtype == want.dtype == torch.bfloat16 and got.shape == want.shape
+    differ = got != want
+    assert int(differ.sum()) <= max(2, want.numel() // 1000)
+    step = want.float().abs().clamp_min(2.0**-126) * 2.0**-7  # one bf16 step at the value's scale
+    assert bool(((got.float() - want.float()).abs() <= step).all())
+    model.ple_fused = fused
+    old = ple_mod.PER_LAYER_INPUT_SCALE
+    try:
+        ple_mod.PER_LAYER_INPUT_SCALE = 1.0
+        assert not torch.equal(model.per_layer_inputs(ids, embeds), got)
+    finally:
+        ple_mod.PER_LAYER_INPUT_SCALE = old

@@ -74,6 +74,14 @@ void for_rows(int64_t n, const F& f) {
 // scratch row to nearest even, as ATen's float -> bf16 conversion does. So each loop below is the same
 // float32 code for every dtype (same summation order, same bits), and the matmuls' bf16 inputs and
 // outputs need no whole-tensor conversion passes (a 1024-row prefill layer had ~20 of them).
+inline float widen_bf16(uint16_t b) { return __builtin_bit_cast(float, static_cast<uint32_t>(b) << 16); }
+// float32 -> bf16 bits, rounded to nearest even (NaN stays NaN)
+inline uint16_t narrow_bf16(float v) {
+  const uint32_t u = __builtin_bit_cast(uint32_t, v);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
+}
+
 struct RowsIn {
   const void* p;
   int64_t ld;  // elements between rows
@@ -85,7 +93,7 @@ struct RowsIn {
     if (!bf16) return static_cast<const float*>(p) + i * ld;
     const uint16_t* src = static_cast<const uint16_t*>(p) + i * ld;
 #pragma omp simd
-    for (int64_t j = 0; j < d; ++j) buf[j] = __builtin_bit_cast(float, static_cast<uint32_t>(src[j]) << 16);
+    for (int64_t j = 0; j < d; ++j) buf[j] = widen_bf16(src[j]);
     return buf;
   }
 };
@@ -102,11 +110,7 @@ struct RowsOut {
     if (!bf16) return;
     uint16_t* dst = static_cast<uint16_t*>(p) + i * ld;
 #pragma omp simd
-    for (int64_t j = 0; j < d; ++j) {
-      const uint32_t u = __builtin_bit_cast(uint32_t, buf[j]);
-      const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-      dst[j] = static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);  // NaN stays NaN
-    }
+    for (int64_t j = 0; j < d; ++j) dst[j] = narrow_bf16(buf[j]);
   }
 };
 
@@ -365,6 +369,65 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   return res;
 }
 
+// One (token, layer) row of the per-layer inputs (see ple_inputs); BF16: each step rounded to bf16.
+template <bool BF16>
+inline float to_model_dtype(float v) {
+  if constexpr (BF16) return widen_bf16(narrow_bf16(v));
+  return v;
+}
+
+template <bool BF16>
+void ple_row(const float* x, const float* t, const float* w, float* a, float* o, int64_t P, float ps, float ts,
+             float os, float eps) {
+#pragma omp simd
+  for (int64_t j = 0; j < P; ++j) a[j] = to_model_dtype<BF16>(to_model_dtype<BF16>(x[j]) * ps);
+  const float r = inv_rms(a, P, eps);
+#pragma omp simd
+  for (int64_t j = 0; j < P; ++j) {
+    const float normed = to_model_dtype<BF16>((a[j] * r) * w[j]);
+    const float sum = to_model_dtype<BF16>(normed + to_model_dtype<BF16>(t[j] * ts));
+    o[j] = to_model_dtype<BF16>(sum * os);
+  }
+}
+
+// The per-layer inputs of impl/model/ple.py in one pass:
+//   out [T, L * P] = (rms_norm(r(proj * proj_scale)) * w + r(tok * tok_scale)) * out_scale
+// with every step rounded to the model dtype (`bf16`, else float32) where the eager model rounds it (r(): its
+// bf16 ops compute in float32 and round): proj [T, L * P] float32 (the projection's matmul output, rounded
+// first, as the eager projection returns it in the model dtype), tok [T, L * P] (the table's gathered rows,
+// float32 or bf16), w [P] float32. The RMSNorm sums its squares in float32 in this file's order (ATen's
+// F.rms_norm may differ in the last bit). Replaces ~10 whole-tensor passes of ATen ops over [T, L * P].
+torch::Tensor ple_inputs(torch::Tensor proj, torch::Tensor tok, torch::Tensor w, int64_t P, double proj_scale,
+                         double tok_scale, double out_scale, double eps, bool bf16) {
+  proj = act_rows(proj, "proj", 2);
+  tok = act_rows(tok, "tok", 2);
+  check_f32(w, "w", 1);
+  TORCH_CHECK(proj.scalar_type() == torch::kFloat32, "proj must be float32 (the matmul's output)");
+  TORCH_CHECK(P > 0 && w.size(0) == P && proj.size(1) % P == 0, "proj must be [T, L * P] with w [P]");
+  TORCH_CHECK(tok.sizes() == proj.sizes(), "tok must be [T, L * P] like proj");
+  const int64_t T = proj.size(0), LP = proj.size(1);
+  auto out = torch::empty({T, LP}, proj.options().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32));
+  const RowsIn pr(proj), tr(tok);
+  const RowsOut orow(out);
+  const float ps = static_cast<float>(proj_scale), ts = static_cast<float>(tok_scale), os = static_cast<float>(out_scale);
+  const float e = static_cast<float>(eps);
+  const float* wp = w.data_ptr<float>();
+  for_rows(T, [&](int64_t lo, int64_t hi) {
+    std::vector<float> bt(LP), bo(LP), a(P);
+    for (int64_t i = lo; i < hi; ++i) {
+      const float* x = pr.row(i, nullptr, LP);  // float32: the row itself
+      const float* t = tr.row(i, bt.data(), LP);
+      float* o = orow.row(i, bo.data());
+      for (int64_t l = 0; l < LP; l += P) {
+        if (bf16) ple_row<true>(x + l, t + l, wp, a.data(), o + l, P, ps, ts, os, e);
+        else ple_row<false>(x + l, t + l, wp, a.data(), o + l, P, ps, ts, os, e);
+      }
+      orow.commit(i, o, LP);  // (bf16: the values are already bf16's; rounding them again is exact)
+    }
+  });
+  return out;
+}
+
 // The kernels touch no Python object: they run with the GIL released, so a server's other Python threads
 // (HTTP handlers, the detokenizer) run meanwhile instead of taking the GIL from the scheduler thread
 // between its kernel calls.
@@ -382,6 +445,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_dequant", &cpu_fused::quant_dequant, "a quantized weight as float32 [N, K]", release(), py::arg("w"),
         py::arg("k"));
   m.def("quant_w8a8_prefill_isa", &cpu_fused::quant_w8a8_prefill_isa, "AMX-int8 tiles or SIMD for W8A8 from 32 rows");
+  m.def("ple_inputs", &ple_inputs, "the per-layer inputs [T, L * P] in one pass (impl/model/ple.py)", release(),
+        py::arg("proj"), py::arg("tok"), py::arg("w"), py::arg("ple_dim"), py::arg("proj_scale"), py::arg("tok_scale"),
+        py::arg("out_scale"), py::arg("eps"), py::arg("bf16"));
   m.def("simd_isa", &cpu_fused::simd_isa, "the SIMD width the kernels were compiled for");
   m.def("bf16_row_kernel_max_rows", [] { return cpu_fused::kBf16RowKernelMaxRows; });
   m.def("attn_pre", &attn_pre, "input norm + projection + head norms + RoPE (CPU)", release(), py::arg("h"),

@@ -284,9 +284,32 @@ class LinearForward:
         self.ext, self.weight, self.onednn, self.out_dtype, self.rows_only = ext, weight, onednn, out_dtype, rows_only
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.float32(x)
+        return y.view(*x.shape[:-1], y.shape[-1]).to(self.out_dtype or x.dtype)
+
+    def float32(self, x: torch.Tensor) -> torch.Tensor:
+        """The product before its rounding to the output dtype: float32 [rows, out]."""
         x2 = x.reshape(-1, x.shape[-1])
-        y = self.ext.bf16_rows(x2, self.weight) if self.rows_only else self.ext.linear(x2, self.weight, self.onednn)
-        return y.view(*x.shape[:-1], y.shape[-1]).to(self.out_dtype or x.dtype)  # y: float32 [rows, out]
+        return self.ext.bf16_rows(x2, self.weight) if self.rows_only else self.ext.linear(x2, self.weight, self.onednn)
+
+
+class PleInputsKernel:
+    """The per-layer inputs of a bf16 model (impl/model/ple.py's formula, which calls this as its ``fused``
+    path) as the projection's float32 product and one pass of the extension's ``ple_inputs`` over [T, L * P],
+    each step rounded to bf16 where the eager model rounds it: the eager ops make ~10 whole-tensor passes
+    (scales, a float32 copy for the RMSNorm and back, the sum; ~45 ms of a 1024-token E2B prefill, the kernel
+    ~7 ms). The RMSNorm's sum of squares is the kernel's own order (the eager ``F.rms_norm`` can differ in the
+    last bit)."""
+
+    def __init__(self, ext: ModuleType, projection: LinearForward):
+        self.ext, self.projection = ext, projection
+
+    def __call__(self, embeds: torch.Tensor, tok: torch.Tensor, norm_w: torch.Tensor, eps: float, ple_dim: int,
+                 tok_scale: float, out_scale: float) -> torch.Tensor:
+        """embeds [T, hidden] bf16; tok [T, L * P] the table's gathered rows (bf16); norm_w [P] -> [T, L * P] bf16."""
+        y = self.projection.float32(embeds)  # [T, L * P] float32
+        return self.ext.ple_inputs(y, tok.reshape(y.shape), norm_w, ple_dim, embeds.shape[-1] ** -0.5, tok_scale,
+                                   out_scale, eps, True)
 
 
 def _f32(t: torch.Tensor) -> torch.Tensor:
@@ -592,4 +615,9 @@ def _install_linears(model: nn.Module, ext: ModuleType, plan: cpu_linear.LinearP
             # the LM head keeps its plain weight: the tied embedding gathers rows of it
             model.project_to_vocab = LinearForward(ext, w, onednn, out_dtype=torch.float32, rows_only=rows_only)
             names.append("project_to_vocab")
+    proj = getattr(model, "per_layer_model_projection", None)
+    if getattr(model, "ple_dim", 0) and isinstance(getattr(proj, "forward", None), LinearForward) \
+            and model_dtype(model) == torch.bfloat16 and hasattr(model, "ple_fused"):
+        model.ple_fused = PleInputsKernel(ext, proj.forward)  # impl/model/ple.py's fused path
+        names.append("per_layer_inputs")
     return tuple(names)
