@@ -393,16 +393,15 @@ void ple_row(const float* x, const float* t, const float* w, float* a, float* o,
 // The per-layer inputs of impl/model/ple.py in one pass:
 //   out [T, L * P] = (rms_norm(r(proj * proj_scale)) * w + r(tok * tok_scale)) * out_scale
 // with every step rounded to the model dtype (`bf16`, else float32) where the eager model rounds it (r(): its
-// bf16 ops compute in float32 and round): proj [T, L * P] float32 (the projection's matmul output, rounded
-// first, as the eager projection returns it in the model dtype), tok [T, L * P] (the table's gathered rows,
-// float32 or bf16), w [P] float32. The RMSNorm sums its squares in float32 in this file's order (ATen's
+// bf16 ops compute in float32 and round): proj [T, L * P] the projection's matmul output (float32, rounded
+// first, as the eager projection returns it in the model dtype; or already bf16, oneDNN's bf16 output), tok
+// [T, L * P] (the table's gathered rows, float32 or bf16), w [P] float32. The RMSNorm sums its squares in float32 in this file's order (ATen's
 // F.rms_norm may differ in the last bit). Replaces ~10 whole-tensor passes of ATen ops over [T, L * P].
 torch::Tensor ple_inputs(torch::Tensor proj, torch::Tensor tok, torch::Tensor w, int64_t P, double proj_scale,
                          double tok_scale, double out_scale, double eps, bool bf16) {
   proj = act_rows(proj, "proj", 2);
   tok = act_rows(tok, "tok", 2);
   check_f32(w, "w", 1);
-  TORCH_CHECK(proj.scalar_type() == torch::kFloat32, "proj must be float32 (the matmul's output)");
   TORCH_CHECK(P > 0 && w.size(0) == P && proj.size(1) % P == 0, "proj must be [T, L * P] with w [P]");
   TORCH_CHECK(tok.sizes() == proj.sizes(), "tok must be [T, L * P] like proj");
   const int64_t T = proj.size(0), LP = proj.size(1);
@@ -413,9 +412,9 @@ torch::Tensor ple_inputs(torch::Tensor proj, torch::Tensor tok, torch::Tensor w,
   const float e = static_cast<float>(eps);
   const float* wp = w.data_ptr<float>();
   for_rows(T, [&](int64_t lo, int64_t hi) {
-    std::vector<float> bt(LP), bo(LP), a(P);
+    std::vector<float> bx(LP), bt(LP), bo(LP), a(P);
     for (int64_t i = lo; i < hi; ++i) {
-      const float* x = pr.row(i, nullptr, LP);  // float32: the row itself
+      const float* x = pr.row(i, bx.data(), LP);
       const float* t = tr.row(i, bt.data(), LP);
       float* o = orow.row(i, bo.data());
       for (int64_t l = 0; l < LP; l += P) {
@@ -445,6 +444,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_dequant", &cpu_fused::quant_dequant, "a quantized weight as float32 [N, K]", release(), py::arg("w"),
         py::arg("k"));
   m.def("quant_w8a8_prefill_isa", &cpu_fused::quant_w8a8_prefill_isa, "AMX-int8 tiles or SIMD for W8A8 from 32 rows");
+  m.def("linear_native", &matmul_rows, "x @ w^T left in bf16 where oneDNN's bf16 matmul runs it, else float32",
+        release(), py::arg("x"), py::arg("w"), py::arg("onednn"));
   m.def("ple_inputs", &ple_inputs, "the per-layer inputs [T, L * P] in one pass (impl/model/ple.py)", release(),
         py::arg("proj"), py::arg("tok"), py::arg("w"), py::arg("ple_dim"), py::arg("proj_scale"), py::arg("tok_scale"),
         py::arg("out_scale"), py::arg("eps"), py::arg("bf16"));
