@@ -12,7 +12,9 @@ calls that own the time, so nothing is counted twice:
 * attention: the extend and decode attention kernels;
 * ``decoder_post``: o_proj, the MLP (gate / up, GELU, down), the per-layer-input gate and the norms (one C++
   call per layer: its matmuls dominate it);
-* other linears: the LM head and the per-layer-input projection (the extension's ``linear``);
+* other linears: the LM head and the per-layer-input projection (the extension's ``linear`` /
+  ``linear_native``);
+* ``ple_inputs``: a bf16 model's per-layer inputs after their projection, in one pass;
 * gathers: the embedding and per-layer-embedding rows (``FileRows`` reads, ``index_select``);
 * other torch ops, and the rest (Python, the scheduler, sampling) as the wall time not covered above.
 
@@ -36,7 +38,8 @@ PHASES = (
     ("attention inputs (`attn_pre`: q/k/v projection, head norms, RoPE)", ("attn_pre",)),
     ("attention kernels", ("extend_attention", "decode_attention", "rows_attention")),
     ("after attention (`decoder_post`: o_proj, MLP, PLE gate, norms)", ("decoder_post",)),
-    ("LM head and per-layer-input projection (`linear`)", ("method linear of",)),
+    ("LM head and per-layer-input projection (`linear`)", ("method linear of", "method linear_native of")),
+    ("per-layer inputs after the projection (`ple_inputs`: scales, norm, sum)", ("method ple_inputs of",)),
     ("embedding and PLE gathers", ("FileRows", "aten::index_select", "aten::embedding")),
 )
 
