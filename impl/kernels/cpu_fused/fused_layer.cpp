@@ -48,16 +48,6 @@ void check_f32(const torch::Tensor& t, const char* name, int64_t dim) {
   TORCH_CHECK(dim < 0 || t.dim() == dim, name, " must have ", dim, " dims");
 }
 
-// Activations may arrive as strided views or in bfloat16: a contiguous float32 copy (a no-op when
-// already contiguous float32).
-torch::Tensor f32_rows(const torch::Tensor& t, const char* name, int64_t dim) {
-  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
-  TORCH_CHECK(t.scalar_type() == torch::kFloat32 || t.scalar_type() == torch::kBFloat16, name,
-              " must be float32 or bfloat16");
-  TORCH_CHECK(t.dim() == dim, name, " must have ", dim, " dims");
-  return t.to(torch::kFloat32).contiguous();
-}
-
 // Row loops run on ATen's intra-op thread pool when torch has several threads (inline with one).
 constexpr int64_t kRowGrain = 64;
 template <class F>
@@ -123,6 +113,12 @@ torch::Tensor act_rows(const torch::Tensor& t, const char* name, int64_t dim) {
   return t.stride(-1) == 1 && (dim < 2 || t.stride(0) >= t.size(1)) ? t : t.contiguous();
 }
 
+// Activations may arrive as strided views or in bfloat16: a contiguous float32 copy (a no-op when
+// already contiguous float32).
+torch::Tensor f32_rows(const torch::Tensor& t, const char* name, int64_t dim) {
+  return act_rows(t, name, dim).to(torch::kFloat32).contiguous();
+}
+
 // x [n, d] -> out [n, d] = rms_norm(x) * w.
 void norm_rows(const RowsIn& x, const float* w, const RowsOut& out, int64_t n, int64_t d, float eps) {
   for_rows(n, [&](int64_t lo, int64_t hi) {
@@ -155,15 +151,8 @@ void add_norm_rows(const RowsIn& resid, const RowsIn& x, const float* w, const R
   });
 }
 
-// y = x @ w^T, left in bf16 when oneDNN's bf16 matmul runs it (its output dtype; the row loops read it as
-// is), else float32 (cpu_fused::linear). x is cast to the weight's dtype as linear does.
-torch::Tensor matmul_rows(const torch::Tensor& x, const torch::Tensor& w, bool onednn) {
-  if (w.scalar_type() == torch::kBFloat16 && cpu_fused::runs_onednn(w, x.size(0), onednn))
-    return cpu_fused::onednn_linear(x.to(w.scalar_type()).contiguous(), w, "none", "");
-  return cpu_fused::linear(x, w, onednn);
-}
-
 using cpu_fused::linear;
+using cpu_fused::linear_native;
 using cpu_fused::onednn_linear;
 using cpu_fused::onednn_linear_mul;
 
@@ -194,7 +183,7 @@ std::vector<torch::Tensor> attn_pre(torch::Tensor h, torch::Tensor w_in, torch::
   const bool bf16_mm = proj_w.scalar_type() == torch::kBFloat16 && cpu_fused::runs_onednn(proj_w, n, onednn);
   auto x = torch::empty({n, hidden}, h.options().dtype(bf16_mm ? torch::kBFloat16 : torch::kFloat32));
   norm_rows(RowsIn(h), w_in.data_ptr<float>(), RowsOut(x), n, hidden, e);
-  auto y = matmul_rows(x, proj_w, onednn);  // [n, heads * D], float32 or bf16
+  auto y = linear_native(x, proj_w, onednn);  // [n, heads * D], float32 or bf16
   const auto out_opts = h.options().dtype(dtype);
   auto q = torch::empty({n, q_heads * d}, out_opts);
   auto k = torch::empty({n, kv_heads * d}, out_opts);
@@ -277,7 +266,7 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
               "gate_up must be [2 * I, hidden] or two [I, hidden] weights");
   TORCH_CHECK(split || !gate_up[0].is_mkldnn(), "a prepacked gate/up weight must come split in two");
   const float e = static_cast<float>(eps);
-  auto a = matmul_rows(attn_out, o_w, onednn);  // [n, hidden], float32 or bf16
+  auto a = linear_native(attn_out, o_w, onednn);  // [n, hidden], float32 or bf16
   auto out = torch::empty(h.sizes(), h.options().dtype(torch::kFloat32));  // the residual stream in float32
   add_norm_rows(RowsIn(h), RowsIn(a), w_post_attn.data_ptr<float>(), RowsOut(out), n, hid, e, 1.f);
   // The MLP in blocks of rows, so each block's [rows, 2I] gate/up output is still in cache when
@@ -296,7 +285,8 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   const int64_t min_rows = n % block ? n % block : std::min(n, block);
   const auto mlp_dtype = gate_up[0].scalar_type();
   const bool mlp_bf16 = split && mlp_dtype == torch::kBFloat16 && cpu_fused::runs_onednn(gate_up[0], min_rows, onednn);
-  const bool down_bf16 = mlp_bf16 && down_w.scalar_type() == torch::kBFloat16 && cpu_fused::runs_onednn(down_w, min_rows, onednn);
+  const bool down_bf16 =
+      mlp_bf16 && down_w.scalar_type() == torch::kBFloat16 && cpu_fused::runs_onednn(down_w, min_rows, onednn);
   auto x = torch::empty(h.sizes(), h.options().dtype(mlp_bf16 ? torch::kBFloat16 : torch::kFloat32));
   norm_rows(RowsIn(out), w_pre_ff.data_ptr<float>(), RowsOut(x), n, hid, e);
   auto m = torch::empty(h.sizes(), h.options().dtype(down_bf16 ? torch::kBFloat16 : torch::kFloat32));  // [n, hidden]
@@ -309,7 +299,7 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
       auto xin = xb.to(mlp_dtype).contiguous();
       auto g = onednn_linear(xin, gate_up[0], "gelu", "tanh");  // [rows, I]
       auto y = onednn_linear_mul(xin, g, gate_up[1]);           // [rows, I]
-      auto d = down_bf16 ? matmul_rows(y, down_w, onednn) : linear(y, down_w, onednn);
+      auto d = linear_native(y, down_w, onednn);  // bf16 exactly when down_bf16 (or widened by the copy)
       if (n == rows) m = d;  // one block: no copy
       else m_rows.copy_(d);
       continue;
@@ -364,7 +354,7 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
       }
     });
   }
-  auto q = matmul_rows(g, *ple_proj_w, onednn);  // [n, hidden], float32 or bf16
+  auto q = linear_native(g, *ple_proj_w, onednn);  // [n, hidden], float32 or bf16
   add_norm_rows(RowsIn(out), RowsIn(q), w_ple_norm->data_ptr<float>(), RowsOut(res), n, hid, e, sc);
   return res;
 }
@@ -395,8 +385,9 @@ void ple_row(const float* x, const float* t, const float* w, float* a, float* o,
 // with every step rounded to the model dtype (`bf16`, else float32) where the eager model rounds it (r(): its
 // bf16 ops compute in float32 and round): proj [T, L * P] the projection's matmul output (float32, rounded
 // first, as the eager projection returns it in the model dtype; or already bf16, oneDNN's bf16 output), tok
-// [T, L * P] (the table's gathered rows, float32 or bf16), w [P] float32. The RMSNorm sums its squares in float32 in this file's order (ATen's
-// F.rms_norm may differ in the last bit). Replaces ~10 whole-tensor passes of ATen ops over [T, L * P].
+// [T, L * P] (the table's gathered rows, float32 or bf16), w [P] float32. The RMSNorm sums its squares in
+// float32 in this file's order (ATen's F.rms_norm may differ in the last bit). Replaces ~10 whole-tensor passes
+// of ATen ops over [T, L * P].
 torch::Tensor ple_inputs(torch::Tensor proj, torch::Tensor tok, torch::Tensor w, int64_t P, double proj_scale,
                          double tok_scale, double out_scale, double eps, bool bf16) {
   proj = act_rows(proj, "proj", 2);
@@ -408,7 +399,8 @@ torch::Tensor ple_inputs(torch::Tensor proj, torch::Tensor tok, torch::Tensor w,
   auto out = torch::empty({T, LP}, proj.options().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32));
   const RowsIn pr(proj), tr(tok);
   const RowsOut orow(out);
-  const float ps = static_cast<float>(proj_scale), ts = static_cast<float>(tok_scale), os = static_cast<float>(out_scale);
+  const float ps = static_cast<float>(proj_scale), ts = static_cast<float>(tok_scale);
+  const float os = static_cast<float>(out_scale);
   const float e = static_cast<float>(eps);
   const float* wp = w.data_ptr<float>();
   for_rows(T, [&](int64_t lo, int64_t hi) {
@@ -444,8 +436,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_dequant", &cpu_fused::quant_dequant, "a quantized weight as float32 [N, K]", release(), py::arg("w"),
         py::arg("k"));
   m.def("quant_w8a8_prefill_isa", &cpu_fused::quant_w8a8_prefill_isa, "AMX-int8 tiles or SIMD for W8A8 from 32 rows");
-  m.def("linear_native", &matmul_rows, "x @ w^T left in bf16 where oneDNN's bf16 matmul runs it, else float32",
-        release(), py::arg("x"), py::arg("w"), py::arg("onednn"));
+  m.def("linear_native", &cpu_fused::linear_native,
+        "x @ w^T left in the weight's dtype where oneDNN runs it (bf16 weights: bf16), else float32", release(),
+        py::arg("x"), py::arg("w"), py::arg("onednn"));
   m.def("ple_inputs", &ple_inputs, "the per-layer inputs [T, L * P] in one pass (impl/model/ple.py)", release(),
         py::arg("proj"), py::arg("tok"), py::arg("w"), py::arg("ple_dim"), py::arg("proj_scale"), py::arg("tok_scale"),
         py::arg("out_scale"), py::arg("eps"), py::arg("bf16"));

@@ -172,12 +172,18 @@ torch::Tensor bf16_rows(const torch::Tensor& x, const torch::Tensor& w) {
   return out;
 }
 
+torch::Tensor linear_native(const torch::Tensor& x, const torch::Tensor& w, bool onednn) {
+  TORCH_CHECK(x.dim() == 2, "linear takes x [M, K]");
+  if (runs_onednn(w, x.size(0), onednn)) return onednn_linear(x.to(w.scalar_type()).contiguous(), w, "none", "");
+  return linear(x, w, onednn);
+}
+
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, bool onednn) {
   TORCH_CHECK(x.dim() == 2, "linear takes x [M, K]");
   const int64_t rows = x.size(0);
   if (is_quantized(w)) return quant_linear(x, w);
   if (runs_onednn(w, rows, onednn)) {
-    auto y = onednn_linear(x.to(w.scalar_type()).contiguous(), w, "none", "");
+    auto y = linear_native(x, w, onednn);
     return y.scalar_type() == torch::kFloat32 ? y : y.to(torch::kFloat32);
   }
   if (w.scalar_type() == torch::kBFloat16) {

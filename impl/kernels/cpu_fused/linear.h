@@ -20,6 +20,10 @@ constexpr int64_t kBf16RowKernelMaxRows = 16;
 // x: [M, K] float32 or bfloat16 (any strides). Returns [M, N] float32, contiguous.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, bool onednn);
 
+// `linear` before its widening: where oneDNN runs it, the product in the weight's dtype (oneDNN's bf16 matmul
+// gives bf16: readers that widen rows themselves skip a whole-tensor float32 copy); else linear's float32.
+torch::Tensor linear_native(const torch::Tensor& x, const torch::Tensor& w, bool onednn);
+
 // True when `linear(x, w, onednn)` with `rows` rows runs oneDNN (so its post-ops are available).
 bool runs_onednn(const torch::Tensor& w, int64_t rows, bool onednn);
 
