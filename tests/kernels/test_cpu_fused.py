@@ -113,6 +113,38 @@ def test_model_with_fused_kernels_meets_the_parity_bar(name, linear, monkeypatch
         assert err <= max(10 * own, 1e-4), (k, err, own)
 
 
+
+@needs_ext
+def test_small_per_layer_input_weights_keep_mm_inside_a_packed_layer(monkeypatch):
+    """The per-layer-input gate and projection (hidden x P) are often under oneDNN's size floor while the rest of
+    the layer is far above it (e2b_bench: 16 x 256 beside 1024 x 256): the layer still runs on prepacked weights
+    and only those two keep ATen's mm (they used to take the whole model off oneDNN). Same parity bar as above."""
+    from tests.helpers.model import hf_pair
+
+    from impl.model.loader import load_model
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
+
+    if not cpu_linear.onednn_available():
+        pytest.skip("torch built without oneDNN")
+    hf32, hf64 = hf_pair("e2b")
+    model = load_model(tiny_checkpoint("e2b"), dtype="float32")
+    mains = [w for lay in model.layers for w in (lay.self_attn.o_proj.weight, lay.mlp.down_proj.weight)]
+    ple = [lay.per_layer_input_gate.weight for lay in model.layers]
+    floor = min(w.numel() for w in mains)
+    assert max(w.numel() for w in ple) < floor  # the tiny model has the proportions of the case
+    monkeypatch.setattr(cpu_linear, "MIN_WEIGHT_ELEMS", floor)
+    rec = cpu_fused_transform.apply(model)
+    assert rec.linear.mode == "packed" and set(rec.routes()) == {"fused, packed"}, rec.routes()
+    fwd = model.layers[0].forward
+    assert fwd.f.down.is_mkldnn and not fwd.f.ple_gate.is_mkldnn and not fwd.f.ple_proj.is_mkldnn
+    got = _run_session(model)
+    for k, seq in SEQS.items():
+        with torch.no_grad():
+            truth = hf64(torch.tensor([seq])).logits[0]
+            own = float((hf32(torch.tensor([seq])).logits[0].double() - truth).abs().max())
+        err = float((got[k].double() - truth).abs().max())
+        assert err <= max(10 * own, 1e-4), (k, err, own)
+
 def test_switch_off_and_failed_build_fall_back_to_torch(monkeypatch, caplog):
     monkeypatch.setenv(cpu_fused.ENV_SWITCH, "0")
     assert cpu_fused.load() is None

@@ -32,6 +32,7 @@ namespace {
 // With MLP weights far larger than that, blocks have at least kMlpMinRowsLargeWeights rows.
 constexpr int64_t kMlpBlockElems = int64_t{1} << 16;
 constexpr int64_t kMlpMinRowsLargeWeights = 256;
+constexpr int64_t kMlpMinOneDnnBlockElems = int64_t{1} << 19;
 constexpr int64_t kMlpMinRowsWidened = 512;
 
 inline float inv_rms(const float* x, int64_t d, float eps) {
@@ -278,6 +279,9 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   // e.g. E2B's 1536 x 12288), blocks of a few rows would read them from memory per handful of rows.
   // oneDNN's kernels block the rows themselves and keep a fixed cost per call: blocks of 256 rows.
   if (split || 3 * inter * hid > kMlpBlockElems * 16) block = std::max<int64_t>(block, kMlpMinRowsLargeWeights);
+  // oneDNN's fixed cost per call (three calls a block) weighs on narrow MLPs: a block's gate output holds at
+  // least kMlpMinOneDnnBlockElems (hidden 256, I 1024: 512 rows; E2B's I 6144: 256).
+  if (split) block = std::max<int64_t>(block, kMlpMinOneDnnBlockElems / inter);
   // bf16 weights for ATen's mm are widened to float32 once per call: fewer, larger blocks.
   if (!onednn && (down_w.scalar_type() == torch::kBFloat16 || cpu_fused::is_quantized(down_w)) && !down_w.is_mkldnn()) block = std::max(block, kMlpMinRowsWidened);
   // When every block runs oneDNN's bf16 matmuls (runs_onednn grows with the rows: the smallest block

@@ -25,7 +25,8 @@ Modes (``IMPL_CPU_LINEAR``; default ``auto``):
 * ``mkl``: ATen's ``mm`` for float32 (the model file's own numerics); for bf16 the extension's float32
   arithmetic (row kernel, widened blocks for mm);
 * ``auto``: float32: ``packed``; bf16: ``BF16_NATIVE_AUTO`` with native bf16, else ``mkl``; ``mkl`` when
-  torch has no oneDNN. Per layer, weights under ``MIN_WEIGHT_ELEMS`` keep ``mkl``.
+  torch has no oneDNN. A layer whose projections (q/k/v, o, MLP) are under ``MIN_WEIGHT_ELEMS`` keeps ``mkl``;
+  in a packed layer, the per-layer-input gate and projection under it stay plain (ATen's mm) on their own.
 
 oneDNN's float32 results differ from MKL's in rounding (summation order), not in precision; its bf16
 matmul rounds its input rows to bf16 (as a bf16 model does), the float32 paths do not.

@@ -99,6 +99,12 @@ class FusedWeights:
         ple = [w for w in (self.ple_gate, self.ple_proj) if w is not None]
         return [self.qkv_proj, self.o_proj, *self.gate_up, self.down, *ple]
 
+    def main_weights(self) -> list[torch.Tensor]:
+        """The weights that decide the layer's linear mode: the per-layer-input gate and projection (hidden x P,
+        P = 16-256) are often under oneDNN's size floor while the rest are far above it; they keep ATen's mm
+        inside a packed layer (``for_linear_mode``) instead of taking the whole layer off oneDNN."""
+        return [self.qkv_proj, self.o_proj, *self.gate_up, self.down]
+
     def for_linear_mode(self, mode: str) -> "FusedWeights":
         """These weights as the kernels take them in linear mode ``mode`` (``linear.py``)."""
         if mode in ("mkl", "quant"):  # quantized weights: the extension's linear reads them as they are
@@ -109,7 +115,12 @@ class FusedWeights:
         if mode == "onednn":
             return replace(self, gate_up=(gate, up), onednn=True)
         p = cpu_linear.pack
-        ple = {} if self.ple_gate is None or self.ple_proj is None else dict(ple_gate=p(self.ple_gate), ple_proj=p(self.ple_proj))
+
+        def p_sized(w: torch.Tensor) -> torch.Tensor:  # under the floor: plain, ATen's mm (the layer's onednn is off)
+            return p(w) if w.numel() >= cpu_linear.MIN_WEIGHT_ELEMS else w
+
+        ple = {} if self.ple_gate is None or self.ple_proj is None else dict(ple_gate=p_sized(self.ple_gate),
+                                                                              ple_proj=p_sized(self.ple_proj))
         return replace(self, qkv_proj=p(self.qkv_proj), o_proj=p(self.o_proj), gate_up=(p(gate), p(up)), down=p(self.down),
                        **ple)
 
@@ -539,7 +550,7 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
     modes: dict[int, str] = {}  # id(fused layer) -> its linear mode
     held: list[torch.Tensor] = []  # tensors the installed forwards hold outside the parameters
     if fused:
-        sized = [cpu_linear.sized_for_onednn(*f.linear_weights()) for _, _, f, _ in fused]
+        sized = [cpu_linear.sized_for_onednn(*f.main_weights()) for _, _, f, _ in fused]
         dtype = fused[0][2].qkv_proj.dtype
         if cpu_fused.is_quantized(fused[0][2].qkv_proj):
             plan = cpu_linear.quant_plan(quant.scheme.fmt.name() if quant is not None else "quantized")
