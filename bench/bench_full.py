@@ -44,7 +44,7 @@ import time
 
 from bench.bench_peer import Result, Server, ensure_vllm, free_port, one_request
 from bench.docs_section import print_section
-from bench.machine import copy_bandwidth, cpu_description, min_seconds
+from bench.machine import copy_bandwidth, cpu_description, kind_of_flags, min_seconds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,10 +54,7 @@ THREADS = 2
 
 def kind_of(cpu: str) -> str:
     """The CPU kind (bench.machine.cpu_kind's names) of a run's limits["cpu"] (its flags in parentheses)."""
-    flags = set(cpu.replace("(", ",").replace(")", ",").replace(" ", "").split(","))
-    if flags & {"amx_bf16", "amx_int8"}:
-        return "AVX-512 + AMX"
-    return "AVX-512" if "avx512f" in flags else "AVX2 only"
+    return kind_of_flags(set(cpu.replace("(", ",").replace(")", ",").replace(" ", "").split(",")))
 
 
 def _checkpoint_name(path: str) -> str:

@@ -48,7 +48,11 @@ def copy_bandwidth(reps: int = 3) -> float:
 def cpu_kind() -> str:
     """The CPU kind a table's rows belong to (a run on one kind never overwrites another's): ``AVX2 only``,
     ``AVX-512``, ``AVX-512 + AMX``."""
-    flags = cpu_flags()
+    return kind_of_flags(cpu_flags())
+
+
+def kind_of_flags(flags: set[str]) -> str:
+    """``cpu_kind`` of a set of /proc/cpuinfo flag names (also those a benchmark recorded with its results)."""
     if "amx_bf16" in flags or "amx_int8" in flags:
         return "AVX-512 + AMX"
     return "AVX-512" if "avx512f" in flags else ("AVX2 only" if "avx2" in flags else "no AVX2")

@@ -76,6 +76,16 @@ def _run_session(model) -> dict[str, torch.Tensor]:
 SEQS = {"a": A_PROMPT + [7, 3, 4, 5], "b": B_PROMPT + [9, 10]}
 
 
+def _assert_meets_parity_bar(got: dict[str, torch.Tensor], hf32, hf64) -> None:
+    """Each request's logits within max(10x transformers' own float32 error, 1e-4) of transformers in float64."""
+    for k, seq in SEQS.items():
+        with torch.no_grad():
+            truth = hf64(torch.tensor([seq])).logits[0]
+            own = float((hf32(torch.tensor([seq])).logits[0].double() - truth).abs().max())
+        err = float((got[k].double() - truth).abs().max())
+        assert err <= max(10 * own, 1e-4), (k, err, own)
+
+
 @needs_ext
 @pytest.mark.parametrize("linear", ["auto", "packed", "onednn"])
 @pytest.mark.parametrize("name", ["e2b", "k_eq_v", "noshare"])
@@ -104,14 +114,7 @@ def test_model_with_fused_kernels_meets_the_parity_bar(name, linear, monkeypatch
     # prepacked copies replace their parameters (the engine counts the difference as weights)
     assert (rec.packed_bytes > 0) == (linear == "packed") and rec.extra_bytes < 0.25 * rec.packed_bytes + 1e6
     assert model.layers[0].mlp.down_proj.weight.is_meta == (linear == "packed")
-    got = _run_session(model)
-    for k, seq in SEQS.items():
-        with torch.no_grad():
-            truth = hf64(torch.tensor([seq])).logits[0]
-            own = float((hf32(torch.tensor([seq])).logits[0].double() - truth).abs().max())
-        err = float((got[k].double() - truth).abs().max())
-        assert err <= max(10 * own, 1e-4), (k, err, own)
-
+    _assert_meets_parity_bar(_run_session(model), hf32, hf64)
 
 
 @needs_ext
@@ -137,13 +140,8 @@ def test_small_per_layer_input_weights_keep_mm_inside_a_packed_layer(monkeypatch
     assert rec.linear.mode == "packed" and set(rec.routes()) == {"fused, packed"}, rec.routes()
     fwd = model.layers[0].forward
     assert fwd.f.down.is_mkldnn and not fwd.f.ple_gate.is_mkldnn and not fwd.f.ple_proj.is_mkldnn
-    got = _run_session(model)
-    for k, seq in SEQS.items():
-        with torch.no_grad():
-            truth = hf64(torch.tensor([seq])).logits[0]
-            own = float((hf32(torch.tensor([seq])).logits[0].double() - truth).abs().max())
-        err = float((got[k].double() - truth).abs().max())
-        assert err <= max(10 * own, 1e-4), (k, err, own)
+    _assert_meets_parity_bar(_run_session(model), hf32, hf64)
+
 
 def test_switch_off_and_failed_build_fall_back_to_torch(monkeypatch, caplog):
     monkeypatch.setenv(cpu_fused.ENV_SWITCH, "0")

@@ -172,9 +172,16 @@ torch::Tensor bf16_rows(const torch::Tensor& x, const torch::Tensor& w) {
   return out;
 }
 
+namespace {
+// oneDNN's product in the weight's dtype (x cast to it), for callers that checked runs_onednn
+torch::Tensor onednn_product(const torch::Tensor& x, const torch::Tensor& w) {
+  return onednn_linear(x.to(w.scalar_type()).contiguous(), w, "none", "");
+}
+}  // namespace
+
 torch::Tensor linear_native(const torch::Tensor& x, const torch::Tensor& w, bool onednn) {
   TORCH_CHECK(x.dim() == 2, "linear takes x [M, K]");
-  if (runs_onednn(w, x.size(0), onednn)) return onednn_linear(x.to(w.scalar_type()).contiguous(), w, "none", "");
+  if (runs_onednn(w, x.size(0), onednn)) return onednn_product(x, w);
   return linear(x, w, onednn);
 }
 
@@ -183,7 +190,7 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, bool onednn
   const int64_t rows = x.size(0);
   if (is_quantized(w)) return quant_linear(x, w);
   if (runs_onednn(w, rows, onednn)) {
-    auto y = linear_native(x, w, onednn);
+    auto y = onednn_product(x, w);
     return y.scalar_type() == torch::kFloat32 ? y : y.to(torch::kFloat32);
   }
   if (w.scalar_type() == torch::kBFloat16) {

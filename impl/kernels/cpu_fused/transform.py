@@ -116,7 +116,9 @@ class FusedWeights:
             return replace(self, gate_up=(gate, up), onednn=True)
         p = cpu_linear.pack
 
-        def p_sized(w: torch.Tensor) -> torch.Tensor:  # under the floor: plain, ATen's mm (the layer's onednn is off)
+        def p_sized(w: torch.Tensor) -> torch.Tensor:
+            # under the floor: plain, ATen's mm (the layer's onednn is off). The floor itself, per weight:
+            # sized_for_onednn is the per-layer decision apply() asks once per layer.
             return p(w) if w.numel() >= cpu_linear.MIN_WEIGHT_ELEMS else w
 
         ple = {} if self.ple_gate is None or self.ple_proj is None else dict(ple_gate=p_sized(self.ple_gate),
