@@ -1,0 +1,51 @@
+"""oneDNN's bf16 matmul rate at one shape, and the cost of the MLP's post-ops (bench/investigations/amx_bf16_gemm.cpp's
+other half): ``python -m bench.investigations.onednn_rate [M K N]``. Prints TFLOP/s for the plain product, with GELU-tanh as
+a post-op, with the gating multiply as a binary post-op, and E2B's MLP (gate, up, down) as decoder_post runs it."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+
+def _best(fn, flops: float, reps: int = 8) -> str:
+    for _ in range(2):
+        fn()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return f"{best * 1e3:7.2f} ms {flops / best / 1e12:5.2f} TFLOP/s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    m, k, n = (int(v) for v in (argv if argv else sys.argv[1:]) or (1024, 1536, 6144))
+    torch.manual_seed(0)
+    lin = torch.ops.mkldnn._linear_pointwise
+    x = torch.randn(m, k).bfloat16()
+    gate, up, down = ((torch.randn(*s) * 0.05).bfloat16() for s in ((n, k), (n, k), (k, n)))
+    gp, up_p, dp = (torch.ops.mkldnn._reorder_linear_weight(w, 64) for w in (gate, up, down))
+    g = lin(x, gp, None, "gelu", [], "tanh")
+    h = torch.randn(m, n).bfloat16()
+    f = 2 * m * k * n
+    print(f"oneDNN bf16, {torch.get_num_threads()} threads, [{m} x {k}] x [{k} x {n}]")
+    print("plain          ", _best(lambda: lin(x, gp, None, "none", [], ""), f))
+    print("GELU-tanh post ", _best(lambda: lin(x, gp, None, "gelu", [], "tanh"), f))
+    print("mul post       ", _best(lambda: lin.binary(x, g, up_p, None, "mul"), f))
+    print("down (K <-> N) ", _best(lambda: lin(h, dp, None, "none", [], ""), f))
+
+    def mlp() -> None:  # decoder_post's MLP on 256-row blocks
+        for lo in range(0, m, 256):
+            xb = x[lo:lo + 256]
+            y = lin.binary(xb, lin(xb, gp, None, "gelu", [], "tanh"), up_p, None, "mul")
+            lin(y, dp, None, "none", [], "")
+
+    print("MLP as run     ", _best(mlp, 3 * f))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
