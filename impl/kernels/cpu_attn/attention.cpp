@@ -37,6 +37,7 @@
 #include <c10/util/Float8_e5m2.h>
 #include <immintrin.h>
 
+#include "../cpu_aligned.h"
 #include "../cpu_amx.h"
 
 #include <algorithm>
@@ -50,6 +51,8 @@
 #include <vector>
 
 namespace {
+
+using cpu_mem::avector;  // scratch read 64 bytes at a time: 64-byte aligned (cpu_aligned.h)
 
 // SIMD vectors as GCC vector types: 16 floats (one zmm) with AVX-512, else 8 (one ymm).
 #if defined(__AVX512F__)
@@ -276,7 +279,7 @@ inline void pv_blocks(const float* pt, int64_t LP, int64_t n, const float* v, in
 
 // Online-softmax state of LP query lanes: running max m, denominator l, unnormalised acc [LP, D].
 struct Softmax {
-  std::vector<float> m, l, acc;
+  avector<float> m, l, acc;
   void reset(int64_t lanes, int64_t D) {
     m.assign(lanes, kNegInf);
     l.assign(lanes, 0.f);
@@ -435,8 +438,8 @@ inline const uint16_t* bf16_row(const S* src, int64_t D, float* f32, uint16_t* t
 // Keys past n are zero.
 struct AmxPacked {
   int64_t k0 = 0;
-  std::vector<uint32_t> kp;
-  std::vector<uint16_t> vp;
+  avector<uint32_t> kp;
+  avector<uint16_t> vp;
 };
 
 void amx_pack_alloc(int64_t k0, int64_t n, int64_t D, AmxPacked& out) {
@@ -450,8 +453,8 @@ template <typename S>
 void amx_pack_keys(const PoolHead<S>& kh, const PoolHead<S>& vh, const int64_t* slots, const TileArgs& a,
                    int64_t j_lo, int64_t j_hi, AmxPacked& out) {
   const int64_t D = a.D, DC = D / 32;
-  thread_local std::vector<float> f32;
-  thread_local std::vector<uint16_t> tk, tv;
+  thread_local avector<float> f32;
+  thread_local avector<uint16_t> tk, tv;
   f32.resize(D);
   tk.resize(D);
   tv.resize(D);
@@ -535,8 +538,8 @@ inline float hsum(vfloat v) {
 void amx_attend(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64_t lanes, int64_t LP,
                 const int64_t* lo, const int64_t* hi, int64_t key_lo, int64_t key_hi, Softmax& st) {
   const int64_t D = a.D, DC = D / 32, DB = D / 16;
-  thread_local std::vector<float> s;
-  thread_local std::vector<uint16_t> p;
+  thread_local avector<float> s;
+  thread_local avector<uint16_t> p;
   s.resize(LP * kAmxKeys);
   p.assign(LP * kAmxKeys, 0);
   const vfloat ninf = vfloat{} + kNegInf;
@@ -785,7 +788,7 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
       run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
         const Item& it = items[idx];
         const int64_t lanes = (it.r1 - it.r0) * G, LP = round_up(lanes, 32);
-        thread_local std::vector<uint16_t> qb;
+        thread_local avector<uint16_t> qb;
         thread_local std::vector<int64_t> lo, hi;
         thread_local Softmax st;
         qb.assign(LP * D, 0);  // Q [LP, D] bf16, padding lanes zero
@@ -809,7 +812,7 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
   run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
     const Item& it = items[idx];
     const int64_t lanes = (it.r1 - it.r0) * G, LP = round_up(lanes, kVec);
-    thread_local std::vector<float> qt, kbuf, vbuf, sbuf;
+    thread_local avector<float> qt, kbuf, vbuf, sbuf;
     thread_local std::vector<int64_t> lo, hi;
     thread_local Softmax st;
     qt.assign(D * LP, 0.f);  // Q^T [D, LP]
@@ -844,7 +847,7 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
   const int64_t BN = tile_keys(D);
   const bool direct = max_splits == 1;
   // Partial outputs (normalised) and log-sum-exps of every split: [B, H, S, D] and [B, H, S].
-  std::vector<float> mid_o(direct ? 0 : B * H * max_splits * D), mid_lse(direct ? 0 : B * H * max_splits);
+  avector<float> mid_o(direct ? 0 : B * H * max_splits * D), mid_lse(direct ? 0 : B * H * max_splits);
   struct Item {
     int64_t b, h, s, lo, hi;
   };
@@ -894,7 +897,7 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
       run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
         const Item& it = items[idx];
         const int64_t LP = round_up(G, 32);
-        thread_local std::vector<uint16_t> qb;
+        thread_local avector<uint16_t> qb;
         thread_local std::vector<int64_t> lo, hi;
         thread_local Softmax st;
         qb.assign(LP * D, 0);
@@ -912,7 +915,7 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
   if (!tiles) {
     run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
       const Item& it = items[idx];
-      thread_local std::vector<float> qt, kbuf, vbuf, sbuf;
+      thread_local avector<float> qt, kbuf, vbuf, sbuf;
       thread_local std::vector<int64_t> lo, hi;
       thread_local Softmax st;
       const int64_t LP = round_up(G, kVec);
@@ -935,7 +938,7 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
   if (direct) return;
   // Merge the splits of each (request, head) by their log-sum-exp (an empty split has weight 0).
   at::parallel_for(0, B * H, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(D);
+    avector<float> acc(D);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       const float* lse = mid_lse.data() + bh * max_splits;

@@ -19,6 +19,7 @@
 
 #include <torch/extension.h>
 
+#include "../cpu_aligned.h"
 #include "linear.h"
 #include "quant_linear.h"
 
@@ -27,6 +28,8 @@
 #include <vector>
 
 namespace {
+
+using cpu_mem::avector;  // per-row scratch read a vector at a time: 64-byte aligned (cpu_aligned.h)
 
 // Elements of one MLP row block's gate/up output (64K floats = 256 KB: fits a core's L2).
 // With MLP weights far larger than that, blocks have at least kMlpMinRowsLargeWeights rows.
@@ -123,7 +126,7 @@ torch::Tensor f32_rows(const torch::Tensor& t, const char* name, int64_t dim) {
 // x [n, d] -> out [n, d] = rms_norm(x) * w.
 void norm_rows(const RowsIn& x, const float* w, const RowsOut& out, int64_t n, int64_t d, float eps) {
   for_rows(n, [&](int64_t lo, int64_t hi) {
-    std::vector<float> bx(d), bo(d);
+    avector<float> bx(d), bo(d);
     for (int64_t i = lo; i < hi; ++i) {
       const float* xr = x.row(i, bx.data(), d);
       float* o = out.row(i, bo.data());
@@ -139,7 +142,7 @@ void norm_rows(const RowsIn& x, const float* w, const RowsOut& out, int64_t n, i
 void add_norm_rows(const RowsIn& resid, const RowsIn& x, const float* w, const RowsOut& out, int64_t n, int64_t d,
                    float eps, float scale) {
   for_rows(n, [&](int64_t lo, int64_t hi) {
-    std::vector<float> bx(d), br(d), bo(d);
+    avector<float> bx(d), br(d), bo(d);
     for (int64_t i = lo; i < hi; ++i) {
       const float* xr = x.row(i, bx.data(), d);
       const float* rr = resid.row(i, br.data(), d);
@@ -198,7 +201,7 @@ std::vector<torch::Tensor> attn_pre(torch::Tensor h, torch::Tensor w_in, torch::
   const float* sp = sin_signed.data_ptr<float>();
   const int64_t half = d / 2;
   for_rows(n, [&](int64_t lo, int64_t hi) {
-    std::vector<float> t(d), by(heads * d), bo(q_heads * d);  // scratch: one head, one row of y, one output row
+    avector<float> t(d), by(heads * d), bo(q_heads * d);  // scratch: one head, one row of y, one output row
     for (int64_t i = lo; i < hi; ++i) {
       const float* c = cp + i * d;
       const float* s = sp + i * d;
@@ -349,7 +352,7 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
     float* gp = g.data_ptr<float>();
     const RowsIn pl(ple_rows);
     for_rows(n, [&](int64_t lo, int64_t hi) {
-      std::vector<float> bp(p);
+      avector<float> bp(p);
       for (int64_t i = lo; i < hi; ++i) {
         float* gr = gp + i * p;
         const float* pr = pl.row(i, bp.data(), p);
@@ -408,7 +411,7 @@ torch::Tensor ple_inputs(torch::Tensor proj, torch::Tensor tok, torch::Tensor w,
   const float e = static_cast<float>(eps);
   const float* wp = w.data_ptr<float>();
   for_rows(T, [&](int64_t lo, int64_t hi) {
-    std::vector<float> bx(LP), bt(LP), bo(LP), a(P);
+    avector<float> bx(LP), bt(LP), bo(LP), a(P);
     for (int64_t i = lo; i < hi; ++i) {
       const float* x = pr.row(i, bx.data(), LP);
       const float* t = tr.row(i, bt.data(), LP);

@@ -34,6 +34,7 @@
 #include <cstring>
 #include <vector>
 
+#include "../cpu_aligned.h"
 #include "../cpu_amx.h"
 #include "simd.h"
 
@@ -41,6 +42,7 @@ namespace cpu_fused {
 namespace {
 
 using namespace simd;
+using cpu_mem::avector;  // tile and vector buffers: 64-byte aligned (cpu_aligned.h)
 
 // Weights under this many elements take the row kernel at every row count (linear.cpp: kSmallWeightElems).
 constexpr int64_t kQuantSmallWeightElems = int64_t{1} << 16;
@@ -448,13 +450,13 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
   const int64_t blocks = N / 32, MB = (M + 31) / 32;
   // x's codes in tile order, once per call: xt[mb][kb][32 rows][64 codes] (rows past M zero), so every A tile
   // load reads 1 KB in a row
-  std::vector<int8_t> xt(static_cast<size_t>(MB * 32 * K), 0);
+  avector<int8_t> xt(static_cast<size_t>(MB * 32 * K), 0);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t kb = 0; kb < KB; ++kb)
       std::memcpy(xt.data() + ((m / 32) * KB + kb) * 2048 + (m % 32) * 64, xq + m * K + kb * 64, 64);
   auto body = [&](int64_t lo, int64_t hi) {
     cpu_amx::config_16x64();
-    std::vector<int8_t> packed(static_cast<size_t>(32 * K));
+    avector<int8_t> packed(static_cast<size_t>(32 * K));
     alignas(64) int32_t c[32][32];
     for (int64_t b = lo; b < hi; ++b) {
       const int64_t n0 = b * 32;
