@@ -133,7 +133,7 @@ def test_bad_layouts_are_refused(ext):
 def test_w8a8_amx_tiles_give_the_row_kernels_bits(ext):
     """From 32 rows W8A8 runs on AMX-int8 tiles where the CPU has them (``quant_w8a8_prefill_isa``): the same
     exact int32 dot products and epilogue as the row kernel, so every row's bits match the row kernel's (each
-    row alone), over full and partial 32-row blocks and a K of several 64-code blocks."""
+    row alone), over full and partial 32-row blocks, a K of several 64-code blocks and several row superblocks."""
     native_amx = "amx_int8" in cpu_flags() and ext.simd_isa() == "avx512" and os.environ.get("IMPL_CPU_AMX") != "0"
     assert ext.quant_w8a8_prefill_isa() == ("amx_int8" if native_amx else "simd")
     g = torch.Generator().manual_seed(5)
@@ -142,4 +142,13 @@ def test_w8a8_amx_tiles_give_the_row_kernels_bits(ext):
     full = ext.quant_linear(x, p)
     assert torch.equal(full, reference.linear(x, p))
     for i in (0, 31, 32, 63, 64, 76):
+        assert torch.equal(ext.quant_linear(x[i : i + 1], p), full[i : i + 1])
+    # K = 6144 (E2B's down projection): the tiles pass over x in superblocks of 128 rows, so 200 rows take two;
+    # then fewer rows through the same (kept) scratch
+    w, x = torch.randn(64, 6144, generator=g), torch.randn(200, 6144, generator=g)
+    p = pack.pack(w, WeightFormat("w8a8"))
+    full = ext.quant_linear(x, p)
+    assert torch.equal(full, reference.linear(x, p))
+    assert torch.equal(ext.quant_linear(x[:45], p), full[:45])
+    for i in (0, 127, 128, 199):
         assert torch.equal(ext.quant_linear(x[i : i + 1], p), full[i : i + 1])

@@ -420,9 +420,9 @@ void w8a8_kernel(const int8_t* xq, const float* xs, int64_t M, const QuantView& 
 // The same exact int32 dot products as w8a8_kernel, from TDPBSSD (signed x signed bytes, int32 accumulation:
 // 16 x 16 outputs from 16 x 64 x-codes and 64 x 16 weight codes per instruction), then the same epilogue in
 // the same order, so a row gets the same bits whichever kernel ran it (fast prefill parity holds across the
-// switch). Used from kAmxMinRows rows, when N is a multiple of 32 and K of 64 (every E2B shape); a block of 32
-// weight rows is repacked per call into the tiles' pair-of-4 layout (32 x K bytes, in L2) and every 32-row
-// block of x passes over it. IMPL_CPU_AMX=0 turns it off (the tests compare both kernels).
+// switch). Used from kAmxMinRows rows, when N is a multiple of 32 and K of 64 (every E2B shape); every block of
+// 32 weight rows is repacked per call into the tiles' pair-of-4 layout, and each thread passes its blocks over
+// x's rows a superblock at a time (see w8a8_amx). IMPL_CPU_AMX=0 turns it off (the tests compare both kernels).
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
 #define QUANT_AMX_INT8 1
 
@@ -445,51 +445,71 @@ inline void amx_pack_b(const QuantView& q, int64_t n0, int8_t* packed) {
     }
 }
 
+// Bytes of x's tile-order codes a thread keeps in its L2 while its weight blocks pass over them (a superblock of
+// rows: 512 at K = 1536, 128 at E2B's K = 6144 down projection, whose 6 MB of codes for 1024 rows do not fit).
+constexpr int64_t kAmxXBlockBytes = int64_t{768} << 10;
+
 void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out) {
   const int64_t N = q.N, K = q.K, KB = K / 64, rowB = q.B;
   const int64_t blocks = N / 32, MB = (M + 31) / 32;
+  // Scratch of the calling thread, kept between calls (the workers reach it through the pointers below).
   // x's codes in tile order, once per call: xt[mb][kb][32 rows][64 codes] (rows past M zero), so every A tile
-  // load reads 1 KB in a row
-  avector<int8_t> xt(static_cast<size_t>(MB * 32 * K), 0);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t kb = 0; kb < KB; ++kb)
-      std::memcpy(xt.data() + ((m / 32) * KB + kb) * 2048 + (m % 32) * 64, xq + m * K + kb * 64, 64);
+  // load reads 1 KB in a row; every 32-row weight block packed once per call (amx_pack_b), N x K bytes.
+  thread_local avector<int8_t> xt_buf, packed_buf;
+  if (xt_buf.size() < static_cast<size_t>(MB * 32 * K)) xt_buf.resize(static_cast<size_t>(MB * 32 * K));
+  if (packed_buf.size() < static_cast<size_t>(N * K)) packed_buf.resize(static_cast<size_t>(N * K));
+  int8_t* const xt = xt_buf.data();
+  int8_t* const packed = packed_buf.data();
+  for (int64_t m = 0; m < MB * 32; ++m)
+    for (int64_t kb = 0; kb < KB; ++kb) {
+      int8_t* dst = xt + ((m / 32) * KB + kb) * 2048 + (m % 32) * 64;
+      if (m < M) std::memcpy(dst, xq + m * K + kb * 64, 64);
+      else std::memset(dst, 0, 64);
+    }
+  for_blocks(blocks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; ++b) amx_pack_b(q, b * 32, packed + b * 32 * K);
+  });
+  // Each thread: its weight blocks, row superblock by row superblock (x's superblock stays in its L2; the weight
+  // blocks stream once per superblock). Every output element is one exact int32 sum: the order changes nothing.
+  const int64_t sb = std::max<int64_t>(1, kAmxXBlockBytes / (32 * K));
   auto body = [&](int64_t lo, int64_t hi) {
     cpu_amx::config_16x64();
-    avector<int8_t> packed(static_cast<size_t>(32 * K));
     alignas(64) int32_t c[32][32];
-    for (int64_t b = lo; b < hi; ++b) {
-      const int64_t n0 = b * 32;
-      amx_pack_b(q, n0, packed.data());
-      alignas(64) float sw[32];
-      for (int j = 0; j < 32; ++j) sw[j] = load_f32(q.data + (n0 + j) * rowB + K);
-      for (int64_t mb = 0; mb < MB; ++mb) {
-        const int64_t m0 = mb * 32, mt = std::min<int64_t>(32, M - m0);
-        const int8_t* a = xt.data() + mb * KB * 2048;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int64_t kb = 0; kb < KB; ++kb) {
-          _tile_loadd(4, a + kb * 2048, 64);
-          _tile_loadd(5, a + kb * 2048 + 1024, 64);
-          _tile_loadd(6, packed.data() + (kb * 2) * 1024, 64);
-          _tile_loadd(7, packed.data() + (kb * 2 + 1) * 1024, 64);
-          _tile_dpbssd(0, 4, 6);
-          _tile_dpbssd(1, 4, 7);
-          _tile_dpbssd(2, 5, 6);
-          _tile_dpbssd(3, 5, 7);
-        }
-        _tile_stored(0, &c[0][0], 128);
-        _tile_stored(1, &c[0][16], 128);
-        _tile_stored(2, &c[16][0], 128);
-        _tile_stored(3, &c[16][16], 128);
-        for (int64_t i = 0; i < mt; ++i) {  // w8a8_kernel's epilogue, term for term: (float(acc) * s_w) * s_x
-          const __m512 sx = _mm512_set1_ps(xs[m0 + i]);
-          float* o = out + (m0 + i) * N + n0;
-          for (int h = 0; h < 2; ++h) {
-            const __m512 a32 = _mm512_cvtepi32_ps(_mm512_load_si512(&c[i][16 * h]));
-            _mm512_storeu_ps(o + 16 * h, _mm512_mul_ps(_mm512_mul_ps(a32, _mm512_load_ps(sw + 16 * h)), sx));
+    alignas(64) float sw[32];
+    for (int64_t mb0 = 0; mb0 < MB; mb0 += sb) {
+      const int64_t mb1 = std::min(MB, mb0 + sb);
+      for (int64_t b = lo; b < hi; ++b) {
+        const int64_t n0 = b * 32;
+        const int8_t* pb = packed + n0 * K;
+        for (int j = 0; j < 32; ++j) sw[j] = load_f32(q.data + (n0 + j) * rowB + K);
+        for (int64_t mb = mb0; mb < mb1; ++mb) {
+          const int64_t m0 = mb * 32, mt = std::min<int64_t>(32, M - m0);
+          const int8_t* a = xt + mb * KB * 2048;
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+          for (int64_t kb = 0; kb < KB; ++kb) {
+            _tile_loadd(4, a + kb * 2048, 64);
+            _tile_loadd(5, a + kb * 2048 + 1024, 64);
+            _tile_loadd(6, pb + (kb * 2) * 1024, 64);
+            _tile_loadd(7, pb + (kb * 2 + 1) * 1024, 64);
+            _tile_dpbssd(0, 4, 6);
+            _tile_dpbssd(1, 4, 7);
+            _tile_dpbssd(2, 5, 6);
+            _tile_dpbssd(3, 5, 7);
+          }
+          _tile_stored(0, &c[0][0], 128);
+          _tile_stored(1, &c[0][16], 128);
+          _tile_stored(2, &c[16][0], 128);
+          _tile_stored(3, &c[16][16], 128);
+          for (int64_t i = 0; i < mt; ++i) {  // w8a8_kernel's epilogue, term for term: (float(acc) * s_w) * s_x
+            const __m512 sx = _mm512_set1_ps(xs[m0 + i]);
+            float* o = out + (m0 + i) * N + n0;
+            for (int h = 0; h < 2; ++h) {
+              const __m512 a32 = _mm512_cvtepi32_ps(_mm512_load_si512(&c[i][16 * h]));
+              _mm512_storeu_ps(o + 16 * h, _mm512_mul_ps(_mm512_mul_ps(a32, _mm512_load_ps(sw + 16 * h)), sx));
+            }
           }
         }
       }
