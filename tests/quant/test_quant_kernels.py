@@ -133,7 +133,8 @@ def test_bad_layouts_are_refused(ext):
 def test_w8a8_amx_tiles_give_the_row_kernels_bits(ext):
     """From 32 rows W8A8 runs on AMX-int8 tiles where the CPU has them (``quant_w8a8_prefill_isa``): the same
     exact int32 dot products and epilogue as the row kernel, so every row's bits match the row kernel's (each
-    row alone), over full and partial 32-row blocks, a K of several 64-code blocks and several row superblocks."""
+    row alone), over full and partial 32-row blocks, a K of several 64-code blocks, several row superblocks and
+    several chunks of packed weight blocks."""
     native_amx = "amx_int8" in cpu_flags() and ext.simd_isa() == "avx512" and os.environ.get("IMPL_CPU_AMX") != "0"
     assert ext.quant_w8a8_prefill_isa() == ("amx_int8" if native_amx else "simd")
     g = torch.Generator().manual_seed(5)
@@ -152,3 +153,9 @@ def test_w8a8_amx_tiles_give_the_row_kernels_bits(ext):
     assert torch.equal(ext.quant_linear(x[:45], p), full[:45])
     for i in (0, 127, 128, 199):
         assert torch.equal(ext.quant_linear(x[i : i + 1], p), full[i : i + 1])
+    # more than 4096 weight rows: the weight blocks are packed in two chunks
+    w, x = torch.randn(4160, 128, generator=g), torch.randn(40, 128, generator=g)
+    p = pack.pack(w, WeightFormat("w8a8"))
+    full = ext.quant_linear(x, p)
+    assert torch.equal(full, reference.linear(x, p))
+    assert torch.equal(ext.quant_linear(x[39:], p), full[39:])

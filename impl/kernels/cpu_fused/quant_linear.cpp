@@ -448,16 +448,20 @@ inline void amx_pack_b(const QuantView& q, int64_t n0, int8_t* packed) {
 // Bytes of x's tile-order codes a thread keeps in its L2 while its weight blocks pass over them (a superblock of
 // rows: 512 at K = 1536, 128 at E2B's K = 6144 down projection, whose 6 MB of codes for 1024 rows do not fit).
 constexpr int64_t kAmxXBlockBytes = int64_t{768} << 10;
+// Weight blocks (32 rows each) packed at a time: the kept scratch holds at most 4096 x K bytes (E2B's 6144-wide
+// down projection: 25 MB), not the whole of a wide weight (a quantized 262144-row LM head: 400 MB at K = 1536).
+constexpr int64_t kAmxPackBlocks = 128;
 
 void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out) {
   const int64_t N = q.N, K = q.K, KB = K / 64, rowB = q.B;
   const int64_t blocks = N / 32, MB = (M + 31) / 32;
   // Scratch of the calling thread, kept between calls (the workers reach it through the pointers below).
   // x's codes in tile order, once per call: xt[mb][kb][32 rows][64 codes] (rows past M zero), so every A tile
-  // load reads 1 KB in a row; every 32-row weight block packed once per call (amx_pack_b), N x K bytes.
+  // load reads 1 KB in a row; every 32-row weight block packed once per call (amx_pack_b), kAmxPackBlocks at a time.
+  const int64_t chunk = std::min(blocks, kAmxPackBlocks);
   thread_local avector<int8_t> xt_buf, packed_buf;
   if (xt_buf.size() < static_cast<size_t>(MB * 32 * K)) xt_buf.resize(static_cast<size_t>(MB * 32 * K));
-  if (packed_buf.size() < static_cast<size_t>(N * K)) packed_buf.resize(static_cast<size_t>(N * K));
+  if (packed_buf.size() < static_cast<size_t>(chunk * 32 * K)) packed_buf.resize(static_cast<size_t>(chunk * 32 * K));
   int8_t* const xt = xt_buf.data();
   int8_t* const packed = packed_buf.data();
   for (int64_t m = 0; m < MB * 32; ++m)
@@ -466,12 +470,11 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
       if (m < M) std::memcpy(dst, xq + m * K + kb * 64, 64);
       else std::memset(dst, 0, 64);
     }
-  for_blocks(blocks, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t b = lo; b < hi; ++b) amx_pack_b(q, b * 32, packed + b * 32 * K);
-  });
-  // Each thread: its weight blocks, row superblock by row superblock (x's superblock stays in its L2; the weight
-  // blocks stream once per superblock). Every output element is one exact int32 sum: the order changes nothing.
+  // Per chunk of weight blocks, each thread: its blocks, row superblock by row superblock (x's superblock stays in
+  // its L2; the blocks stream once per superblock). Every output element is one exact int32 sum: the order changes
+  // nothing. `b0`: the chunk's first block (the body's block indices are relative to it).
   const int64_t sb = std::max<int64_t>(1, kAmxXBlockBytes / (32 * K));
+  int64_t b0 = 0;
   auto body = [&](int64_t lo, int64_t hi) {
     cpu_amx::config_16x64();
     alignas(64) int32_t c[32][32];
@@ -479,8 +482,8 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
     for (int64_t mb0 = 0; mb0 < MB; mb0 += sb) {
       const int64_t mb1 = std::min(MB, mb0 + sb);
       for (int64_t b = lo; b < hi; ++b) {
-        const int64_t n0 = b * 32;
-        const int8_t* pb = packed + n0 * K;
+        const int64_t n0 = (b0 + b) * 32;
+        const int8_t* pb = packed + b * 32 * K;
         for (int j = 0; j < 32; ++j) sw[j] = load_f32(q.data + (n0 + j) * rowB + K);
         for (int64_t mb = mb0; mb < mb1; ++mb) {
           const int64_t m0 = mb * 32, mt = std::min<int64_t>(32, M - m0);
@@ -516,7 +519,13 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
     }
     _tile_release();
   };
-  for_blocks(blocks, 1, body);
+  for (; b0 < blocks; b0 += chunk) {
+    const int64_t nb = std::min(chunk, blocks - b0);
+    for_blocks(nb, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t b = lo; b < hi; ++b) amx_pack_b(q, (b0 + b) * 32, packed + b * 32 * K);
+    });
+    for_blocks(nb, 1, body);
+  }
 }
 
 inline bool use_amx_w8a8(int64_t M, const QuantView& q) {
