@@ -4,25 +4,25 @@ a post-op, with the gating multiply as a binary post-op, and E2B's MLP (gate, up
 
 from __future__ import annotations
 
-import sys
-import time
+import argparse
 
 import torch
 
+from bench.machine import cpu_description, min_seconds
+
 
 def _best(fn, flops: float, reps: int = 8) -> str:
-    for _ in range(2):
-        fn()
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
+    best = min_seconds(fn, reps)
     return f"{best * 1e3:7.2f} ms {flops / best / 1e12:5.2f} TFLOP/s"
 
 
 def main(argv: list[str] | None = None) -> int:
-    m, k, n = (int(v) for v in (argv if argv else sys.argv[1:]) or (1024, 1536, 6144))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("shape", nargs="*", type=int, default=[1024, 1536, 6144], help="M K N (E2B's gate shape)")
+    args = ap.parse_args(argv)
+    if len(args.shape) != 3:
+        ap.error("give the shape as three numbers, M K N")
+    m, k, n = args.shape
     torch.manual_seed(0)
     lin = torch.ops.mkldnn._linear_pointwise
     x = torch.randn(m, k).bfloat16()
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     g = lin(x, gp, None, "gelu", [], "tanh")
     h = torch.randn(m, n).bfloat16()
     f = 2 * m * k * n
-    print(f"oneDNN bf16, {torch.get_num_threads()} threads, [{m} x {k}] x [{k} x {n}]")
+    print(f"oneDNN bf16, {torch.get_num_threads()} threads, [{m} x {k}] x [{k} x {n}]; CPU: {cpu_description()}")
     print("plain          ", _best(lambda: lin(x, gp, None, "none", [], ""), f))
     print("GELU-tanh post ", _best(lambda: lin(x, gp, None, "gelu", [], "tanh"), f))
     print("mul post       ", _best(lambda: lin.binary(x, g, up_p, None, "mul"), f))
