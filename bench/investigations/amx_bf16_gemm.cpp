@@ -155,6 +155,30 @@ void peak() {  // 2 x 2 tiles, A and B from L1: the TMUL's own rate on one core
   _tile_release();
 }
 
+void peak_int8() {  // the same loop with int8 tiles (TDPBSSD: 16 x 16 x 64 multiply-adds per instruction)
+  config_tiles();
+  alignas(64) static int8_t a[2048], b[2048];
+  const long iters = 2000000;
+  const auto t0 = std::chrono::steady_clock::now();
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (long i = 0; i < iters; ++i) {
+    _tile_loadd(4, a, 64);
+    _tile_loadd(5, a + 1024, 64);
+    _tile_loadd(6, b, 64);
+    _tile_loadd(7, b + 1024, 64);
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 4, 7);
+    _tile_dpbssd(2, 5, 6);
+    _tile_dpbssd(3, 5, 7);
+  }
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("peak int8 (one core, tiles from L1): %.2f TOP/s\n", iters * 4 * 16.0 * 16 * 64 * 2 / dt / 1e12);
+  _tile_release();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -164,6 +188,7 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && std::strcmp(argv[1], "--peak") == 0) {
     peak();
+    peak_int8();
     return 0;
   }
   if (argc < 5) {

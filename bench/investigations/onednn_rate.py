@@ -1,6 +1,7 @@
 """oneDNN's bf16 matmul rate at one shape, and the cost of the MLP's post-ops (bench/investigations/amx_bf16_gemm.cpp's
 other half): ``python -m bench.investigations.onednn_rate [M K N]``. Prints TFLOP/s for the plain product, with GELU-tanh as
-a post-op, with the gating multiply as a binary post-op, and E2B's MLP (gate, up, down) as decoder_post runs it."""
+a post-op, with the gating multiply as a binary post-op, and E2B's MLP (gate, up, down) with those post-ops on 256-row
+blocks (as decoder_post ran it before its activation pass, impl/kernels/cpu_fused/activation.h)."""
 
 from __future__ import annotations
 
@@ -37,13 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     print("mul post       ", _best(lambda: lin.binary(x, g, up_p, None, "mul"), f))
     print("down (K <-> N) ", _best(lambda: lin(h, dp, None, "none", [], ""), f))
 
-    def mlp() -> None:  # decoder_post's MLP on 256-row blocks
+    def mlp() -> None:  # the MLP on 256-row blocks with the post-ops
         for lo in range(0, m, 256):
             xb = x[lo:lo + 256]
             y = lin.binary(xb, lin(xb, gp, None, "gelu", [], "tanh"), up_p, None, "mul")
             lin(y, dp, None, "none", [], "")
 
-    print("MLP as run     ", _best(mlp, 3 * f))
+    print("MLP, post-ops  ", _best(mlp, 3 * f))
     return 0
 
 

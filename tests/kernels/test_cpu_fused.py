@@ -178,6 +178,30 @@ def test_stale_build_lock_is_removed_fresh_one_kept(tmp_path):
 
 
 @needs_ext
+@needs_ext
+@pytest.mark.parametrize("d", [96, 6144 + 5])  # full vectors; a tail shorter than one
+def test_mlp_activation_pass_matches_torch(d):
+    """The MLP's GELU-tanh x up pass (activation.h): float32 within a few ulps of the exact value (torch's own
+    gelu is within one; its 1 + tanh loses the tail below x ~ -4, ours keeps it); bf16 rows equal torch's bf16 ops
+    except where the value is under 1e-5 of the input; NaN, infinities and the far tails as torch gives them."""
+    ext = EXT
+    g = _gen(3)
+    x, u = torch.randn(16, d, generator=g) * 3, torch.randn(16, d, generator=g)
+    exact = torch.nn.functional.gelu(x.double(), approximate="tanh") * u.double()
+    y = ext.gelu_mul(x, u).double()
+    assert ((y - exact).abs() / ((x * u).abs().double() + 1e-30)).max() < 4 * 2**-23
+    xb, ub = x.bfloat16(), u.bfloat16()
+    yb, rb = ext.gelu_mul(xb, ub), torch.nn.functional.gelu(xb, approximate="tanh") * ub
+    differ = yb != rb
+    assert differ[xb > -4].float().mean() < 0.01  # one-ulp ties (below -4 torch's 1 + tanh has lost the value)
+    assert ((yb.float() - rb.float()).abs()[differ] <= 1e-5 * xb.float().abs()[differ] * ub.float().abs()[differ]).all()
+    sp = torch.tensor([[-100.0, -9.0, 0.0, -0.0, 3.0, 100.0, float("inf"), float("-inf"), float("nan"), 1e30, -1e30]])
+    got, want = ext.gelu_mul(sp, torch.ones_like(sp)), torch.nn.functional.gelu(sp, approximate="tanh")
+    assert torch.equal(got.isnan(), want.isnan())
+    close = ~want.isnan()
+    assert torch.allclose(got[close], want[close], rtol=1e-6, atol=1e-20)  # (gelu(-9) ~ -1e-28; torch: -0)
+
+
 def test_kernels_accept_strided_activations():
     g = _gen(3)
     n, d, hid = 6, 16, 64
@@ -240,8 +264,8 @@ needs_onednn = pytest.mark.skipif(not cpu_linear.onednn_available(), reason="tor
 @pytest.mark.parametrize("mode", ["packed", "onednn"])
 @pytest.mark.parametrize("n,ple_dim", [(1, 8), (300, 0)])  # one decode row; several 256-row MLP blocks
 def test_kernels_through_onednn_match_reference(mode, n, ple_dim):
-    """The linear layers through oneDNN (prepacked or plain weights; GELU-tanh and the gating multiply as
-    post-ops of the MLP matmuls): the reference's values to float32 rounding."""
+    """The linear layers through oneDNN (prepacked or plain weights; GELU-tanh and the gating multiply in the
+    activation pass over the MLP matmuls' outputs): the reference's values to float32 rounding."""
     g = _gen(500 + n)
     r = lambda *s: torch.randn(*s, generator=g) * 0.3  # noqa: E731
     hid, q_heads, d, inter = 64, 4, 16, 128

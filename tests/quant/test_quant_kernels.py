@@ -28,7 +28,6 @@ def ext():
 
 
 # (M, K, N): small weights (row kernel at every row count), a weight above the small-weight floor (the
-# dequantized GEMM above 16 rows), an output count that leaves a row-block tail
 # dequantized GEMM above 16 rows), an output count that leaves a row-block tail, and W8A8's AMX tiles (from 32
 # rows, N a multiple of 32, K of 64; a partial 32-row block of x) where the CPU has them
 SHAPES = [(1, 256, 96), (3, 256, 130), (16, 256, 67), (17, 512, 200), (40, 256, 257), (45, 256, 64)]
@@ -73,6 +72,22 @@ def test_quantize_rows_matches_reference(ext):
     rq, rs = reference.quantize_rows(x)
     assert torch.equal(q, rq) and torch.equal(s, rs)
     assert int(q.abs().max()) == 127 and float(s[4]) == 0.0
+
+
+@pytest.mark.parametrize("rows", [3, 40])  # the row kernel; AMX tiles from 32 rows where the CPU has them
+def test_fused_activation_quantization_is_the_two_steps(ext, rows):
+    """decoder_post's W8A8 MLP quantizes gelu_tanh(gate) * up row by row as it computes it: the same codes and
+    scales as the activation pass then quantize_rows, and the down projection on them the same bits as
+    quant_linear on the activation."""
+    g = torch.Generator().manual_seed(5)
+    gate, up = torch.randn(rows, 2 * 96, generator=g)[:, :96] * 3, torch.randn(rows, 96, generator=g)
+    gate[1, :5] = torch.tensor([-30.0, 0.0, float("inf"), -1e-30, 8.5])
+    codes, scales = ext.gelu_mul_quantize(gate, up)
+    y = ext.gelu_mul(gate, up)
+    rq, rs = ext.quantize_rows(y)
+    assert torch.equal(codes, rq) and torch.equal(scales, rs)
+    w = pack.pack(torch.randn(64, 96, generator=g), WeightFormat("w8a8"))
+    assert torch.equal(ext.w8a8_linear_codes(codes, scales, w), ext.quant_linear(y, w))
 
 
 def test_w4a8_rows_are_exact_at_every_size(ext):

@@ -5,8 +5,8 @@ decode step of the tiny Gemma-4 runs about 45 of them per layer on ``[batch, 64]
 TorchScript'd layer body is only 10% faster, so the cost is in ATen, not in Python). Two kernels
 replace them: ``attn_pre`` (input RMSNorm, fused q/k/v projection, head norms, RoPE) and
 ``decoder_post`` (o_proj, post-attention norm and residual, MLP, PLE gate, layer scalar). The
-matmuls go to oneDNN or ATen's mm as ``linear.py`` plans (oneDNN fuses the MLP's GELU and gating
-multiply into its matmuls); the row-local work runs as plain loops on ATen's OpenMP pool.
+matmuls go to oneDNN or ATen's mm as ``linear.py`` plans (the MLP's GELU and gating multiply run as one
+vector pass over their products, ``activation.h``); the row-local work runs as plain loops on ATen's OpenMP pool.
 
 ``reference.py`` holds the same computation in torch (the eager model path); the unit tests compare
 the two. Results match to float32 rounding (the sum of squares in RMSNorm is accumulated in a

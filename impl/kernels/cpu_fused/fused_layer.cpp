@@ -3,7 +3,7 @@
 // On a CPU every ATen op costs a few microseconds of dispatch, allocation and TensorIterator
 // setup; a decode step runs ~45 of them per layer on [batch, 64] tensors. These functions run the
 // matmuls through `cpu_fused::linear` (linear.cpp: ATen's mm, oneDNN, or the bf16 weights' kernels, as
-// impl/kernels/cpu_fused/linear.py plans; with oneDNN GELU and the gating multiply are matmul post-ops)
+// impl/kernels/cpu_fused/linear.py plans; the MLP's GELU and gating multiply are one pass, activation.h)
 // and do the row-local work (RMSNorm, residual adds, head norms, RoPE, gating) in plain float32 loops,
 // one pass per stage, on ATen's OpenMP pool (the build needs -fopenmp: at::parallel_for is an inline
 // pragma).
@@ -20,6 +20,7 @@
 #include <torch/extension.h>
 
 #include "../cpu_aligned.h"
+#include "activation.h"
 #include "linear.h"
 #include "quant_linear.h"
 
@@ -37,6 +38,10 @@ constexpr int64_t kMlpBlockElems = int64_t{1} << 16;
 constexpr int64_t kMlpMinRowsLargeWeights = 256;
 constexpr int64_t kMlpMinOneDnnBlockElems = int64_t{1} << 19;
 constexpr int64_t kMlpMinRowsWidened = 512;
+// A W8A8 MLP (gate / up and down all W8A8) repacks its weights into AMX tiles per call: blocks of up to 1024 rows
+// (E2B's 1024-token prefill in one), the [rows, 2I] float32 gate / up output in a buffer kept between calls
+// (48 MB at E2B's I = 6144: a fresh one took a page fault per 4 KB, every layer).
+constexpr int64_t kMlpMinRowsW8A8 = 1024;
 
 inline float inv_rms(const float* x, int64_t d, float eps) {
   float s = 0.f;
@@ -155,10 +160,58 @@ void add_norm_rows(const RowsIn& resid, const RowsIn& x, const float* w, const R
   });
 }
 
+// out [rows, d] = gelu_tanh(g) * u (activation.h), rows with unit column stride (row strides kept; out may be g).
+// g, u and out share one dtype: float32 or bf16.
+void gelu_mul_rows(const torch::Tensor& g, const torch::Tensor& u, torch::Tensor& out) {
+  const int64_t rows = g.size(0), d = g.size(1);
+  TORCH_CHECK(g.dim() == 2 && u.sizes() == g.sizes() && out.sizes() == g.sizes(), "gelu_mul_rows: g, u and out must be [rows, d]");
+  TORCH_CHECK(u.scalar_type() == g.scalar_type() && out.scalar_type() == g.scalar_type(), "gelu_mul_rows: one dtype");
+  const bool bf16 = g.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK(bf16 || g.scalar_type() == torch::kFloat32, "gelu_mul_rows takes float32 or bfloat16");
+  TORCH_CHECK(g.stride(1) == 1 && u.stride(1) == 1 && out.stride(1) == 1, "gelu_mul_rows takes rows with unit column stride");
+  const int64_t es = g.element_size();
+  const char* gp = static_cast<const char*>(g.data_ptr());
+  const char* up = static_cast<const char*>(u.data_ptr());
+  char* op = static_cast<char*>(out.data_ptr());
+  const int64_t lg = g.stride(0) * es, lu = u.stride(0) * es, lo_ = out.stride(0) * es;  // row strides in bytes
+  for_rows(rows, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      if (bf16) {
+        cpu_fused::act::gelu_mul_bf16(reinterpret_cast<const uint16_t*>(gp + i * lg), reinterpret_cast<const uint16_t*>(up + i * lu),
+                                      reinterpret_cast<uint16_t*>(op + i * lo_), d);
+      } else {
+        cpu_fused::act::gelu_mul_f32(reinterpret_cast<const float*>(gp + i * lg), reinterpret_cast<const float*>(up + i * lu),
+                                     reinterpret_cast<float*>(op + i * lo_), d);
+      }
+    }
+  });
+}
+
+// codes [rows, d] int8, scales [rows] = W8A8's row quantization (quantize_row) of gelu_tanh(g) * u, float32 rows
+// with unit column stride: the activation row in per-thread scratch, never written out.
+void gelu_mul_quantize_rows(const torch::Tensor& g, const torch::Tensor& u, torch::Tensor& codes, torch::Tensor& scales) {
+  const int64_t rows = g.size(0), d = g.size(1);
+  TORCH_CHECK(g.scalar_type() == torch::kFloat32 && u.scalar_type() == torch::kFloat32 && u.sizes() == g.sizes() &&
+                  g.stride(1) == 1 && u.stride(1) == 1, "gelu_mul_quantize_rows takes float32 rows [rows, d]");
+  TORCH_CHECK(codes.is_contiguous() && codes.sizes() == g.sizes() && scales.is_contiguous() && scales.numel() == rows,
+              "gelu_mul_quantize_rows: codes [rows, d], scales [rows]");
+  const float* gp = g.data_ptr<float>();
+  const float* up = u.data_ptr<float>();
+  int8_t* cp = codes.data_ptr<int8_t>();
+  float* sp = scales.data_ptr<float>();
+  const int64_t lg = g.stride(0), lu = u.stride(0);
+  for_rows(rows, [&](int64_t lo, int64_t hi) {
+    avector<float> y(d);
+    for (int64_t i = lo; i < hi; ++i) {
+      cpu_fused::act::gelu_mul_f32(gp + i * lg, up + i * lu, y.data(), d);
+      cpu_fused::quantize_row(y.data(), d, cp + i * d, sp + i);
+    }
+  });
+}
+
 using cpu_fused::linear;
 using cpu_fused::linear_native;
 using cpu_fused::onednn_linear;
-using cpu_fused::onednn_linear_mul;
 
 }  // namespace
 
@@ -248,8 +301,8 @@ std::vector<torch::Tensor> attn_pre(torch::Tensor h, torch::Tensor w_in, torch::
 //   [PLE] g = gelu_tanh(h2 @ gate_w^T) * ple;  h3 = h2 + norm(g @ proj_w^T) * w_ple_norm
 //   return h3 * scalar
 // Shapes: h [n, hidden]; attn_out [n, H * D]; o_w [hidden, H * D]; gate_up: [gate_up_w [2I, hidden]]
-// (gate rows first; one ATen matmul) or [gate_w [I, hidden], up_w [I, hidden]] (oneDNN: GELU and the
-// gating multiply run as the matmuls' post-ops); down_w [hidden, I]; ple [n, P]; ple_gate_w [P, hidden];
+// (gate rows first; one matmul) or [gate_w [I, hidden], up_w [I, hidden]] (oneDNN); GELU and the gating
+// multiply run as one pass over the products (activation.h); down_w [hidden, I]; ple [n, P]; ple_gate_w [P, hidden];
 // ple_proj_w [hidden, P]. Any weight may be float32, bfloat16 or oneDNN-prepacked (see linear.h);
 // `onednn` sends plain weights through oneDNN too (bf16 ones above the row kernel's row count).
 // Returns [n, hidden] in h's dtype.
@@ -287,6 +340,8 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   if (split) block = std::max<int64_t>(block, kMlpMinOneDnnBlockElems / inter);
   // bf16 weights for ATen's mm are widened to float32 once per call: fewer, larger blocks.
   if (!onednn && (down_w.scalar_type() == torch::kBFloat16 || cpu_fused::is_quantized(down_w)) && !down_w.is_mkldnn()) block = std::max(block, kMlpMinRowsWidened);
+  const bool w8a8_mlp = !split && cpu_fused::is_w8a8(gate_up[0], hid) && cpu_fused::is_w8a8(down_w, inter);
+  if (w8a8_mlp) block = std::max(block, kMlpMinRowsW8A8);
   // When every block runs oneDNN's bf16 matmuls (runs_onednn grows with the rows: the smallest block
   // decides), the MLP's input and output rows stay bf16 (the dtype those matmuls take and give).
   const int64_t min_rows = n % block ? n % block : std::min(n, block);
@@ -302,17 +357,25 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
     auto xb = x.narrow(0, lo, rows);
     auto m_rows = m.narrow(0, lo, rows);
     if (split && cpu_fused::runs_onednn(gate_up[0], rows, onednn)) {
-      // up(x) * gelu_tanh(gate(x)), both inside oneDNN's matmul epilogues (in the weights' dtype)
+      // the plain products (in the weights' dtype), then gelu_tanh(gate) * up in one pass into gate's rows
       auto xin = xb.to(mlp_dtype).contiguous();
-      auto g = onednn_linear(xin, gate_up[0], "gelu", "tanh");  // [rows, I]
-      auto y = onednn_linear_mul(xin, g, gate_up[1]);           // [rows, I]
+      auto y = onednn_linear(xin, gate_up[0], "none", "");  // [rows, I], then the MLP's activation in place
+      gelu_mul_rows(y, onednn_linear(xin, gate_up[1], "none", ""), y);
       auto d = linear_native(y, down_w, onednn);  // bf16 exactly when down_bf16 (or widened by the copy)
       if (n == rows) m = d;  // one block: no copy
       else m_rows.copy_(d);
       continue;
     }
+    const bool w8a8_down = cpu_fused::is_w8a8(down_w, inter);
     torch::Tensor gate, up;  // [rows, I] float32 views
-    if (split) {
+    if (w8a8_mlp) {
+      thread_local torch::Tensor gu_keep;  // the calling thread's [rows, 2I] float32 buffer (largest block so far)
+      if (!gu_keep.defined() || gu_keep.numel() < rows * 2 * inter) gu_keep = torch::empty({rows * 2 * inter}, h.options().dtype(torch::kFloat32));
+      auto gu = gu_keep.narrow(0, 0, rows * 2 * inter).view({rows, 2 * inter});
+      cpu_fused::w8a8_linear_into(xb, gate_up[0], gu);
+      gate = gu.narrow(1, 0, inter);
+      up = gu.narrow(1, inter, inter);
+    } else if (split) {
       gate = linear(xb, gate_up[0], onednn);
       up = linear(xb, gate_up[1], onednn);
     } else {
@@ -320,16 +383,17 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
       gate = gu.narrow(1, 0, inter);
       up = gu.narrow(1, inter, inter);
     }
-    auto y = torch::gelu(gate, "tanh").contiguous();  // [rows, I], fresh
-    float* yp = y.data_ptr<float>();
-    const float* upp = up.data_ptr<float>();
-    const int64_t up_row = up.stride(0);
-    for (int64_t i = 0; i < rows; ++i) {
-      float* yr = yp + i * inter;
-      const float* ur = upp + i * up_row;
-#pragma omp simd
-      for (int64_t j = 0; j < inter; ++j) yr[j] = yr[j] * ur[j];
+    if (w8a8_down) {
+      // W8A8 down projection: the activation and its row quantization in one pass per row (the [rows, I] float32
+      // activation never leaves the cache); the same bits as gelu_mul_rows, then quant_linear's quantize_rows
+      auto codes = torch::empty({rows, inter}, gate.options().dtype(torch::kInt8));
+      auto scales = torch::empty({rows}, gate.options());
+      gelu_mul_quantize_rows(gate, up, codes, scales);
+      m_rows.copy_(cpu_fused::w8a8_linear_codes(codes, scales, down_w));
+      continue;
     }
+    auto y = split ? gate : torch::empty({rows, inter}, gate.options());  // [rows, I] contiguous (split: gate's own)
+    gelu_mul_rows(gate, up, y);
     if (down_w.scalar_type() == torch::kFloat32 && !down_w.is_mkldnn() && !onednn) {
       torch::mm_out(m_rows, y, down_w.t());
     } else {
@@ -449,6 +513,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ple_inputs", &ple_inputs, "the per-layer inputs [T, L * P] in one pass (impl/model/ple.py)", release(),
         py::arg("proj"), py::arg("tok"), py::arg("w"), py::arg("ple_dim"), py::arg("proj_scale"), py::arg("tok_scale"),
         py::arg("out_scale"), py::arg("eps"), py::arg("bf16"));
+  m.def("gelu_mul", [](torch::Tensor g, const torch::Tensor& u) {
+          auto y = torch::empty_like(g, torch::MemoryFormat::Contiguous);
+          gelu_mul_rows(g.contiguous(), u.contiguous(), y);
+          return y;
+        }, "gelu_tanh(g) * u, the MLP's activation pass (activation.h; [rows, d] float32 or bfloat16)", release(),
+        py::arg("g"), py::arg("u"));
+  m.def("gelu_mul_quantize", [](const torch::Tensor& g, const torch::Tensor& u) {
+          auto gc = g.contiguous();
+          auto codes = torch::empty(gc.sizes(), gc.options().dtype(torch::kInt8));
+          auto scales = torch::empty({gc.size(0)}, gc.options());
+          gelu_mul_quantize_rows(gc, u.contiguous(), codes, scales);
+          return std::vector<torch::Tensor>{codes, scales};
+        }, "W8A8's row quantization of gelu_tanh(g) * u in one pass (float32 [rows, d] -> codes, scales)", release(),
+        py::arg("g"), py::arg("u"));
+  m.def("w8a8_linear_codes", &cpu_fused::w8a8_linear_codes, "quant_linear for W8A8 on rows already quantized",
+        release(), py::arg("codes"), py::arg("scales"), py::arg("w"));
   m.def("simd_isa", &cpu_fused::simd_isa, "the SIMD width the kernels were compiled for");
   m.def("bf16_row_kernel_max_rows", [] { return cpu_fused::kBf16RowKernelMaxRows; });
   m.def("attn_pre", &attn_pre, "input norm + projection + head norms + RoPE (CPU)", release(), py::arg("h"),

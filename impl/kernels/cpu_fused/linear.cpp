@@ -139,14 +139,6 @@ torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, c10:
   return op.call(x, w, std::nullopt, attr, c10::List<std::optional<at::Scalar>>(), algo);
 }
 
-torch::Tensor onednn_linear_mul(const torch::Tensor& x, const torch::Tensor& other, const torch::Tensor& w) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("mkldnn::_linear_pointwise", "binary")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                         const std::optional<at::Tensor>&, c10::string_view)>();
-  return op.call(x, other, w, std::nullopt, "mul");
-}
-
 // Weights under this many elements (the planner's MIN_WEIGHT_ELEMS) take the row kernel at every row count.
 constexpr int64_t kSmallWeightElems = int64_t{1} << 16;
 

@@ -24,14 +24,12 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, bool onednn
 // gives bf16: readers that widen rows themselves skip a whole-tensor float32 copy); else linear's float32.
 torch::Tensor linear_native(const torch::Tensor& x, const torch::Tensor& w, bool onednn);
 
-// True when `linear(x, w, onednn)` with `rows` rows runs oneDNN (so its post-ops are available).
+// True when `linear(x, w, onednn)` with `rows` rows runs oneDNN.
 bool runs_onednn(const torch::Tensor& w, int64_t rows, bool onednn);
 
 // oneDNN's linear with an optional post-op (attr "gelu" + algo "tanh"); output in x's dtype.
 torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, c10::string_view attr,
                             c10::string_view algo);
-// (x @ w^T) * other through oneDNN's binary post-op (other: [rows, out] in x's dtype, contiguous).
-torch::Tensor onednn_linear_mul(const torch::Tensor& x, const torch::Tensor& other, const torch::Tensor& w);
 
 // The bf16 row kernel alone (tests and benchmarks): x [M, K] float32, w [N, K] bfloat16 -> [M, N] float32.
 torch::Tensor bf16_rows(const torch::Tensor& x, const torch::Tensor& w);

@@ -4,8 +4,7 @@ mm, or for bf16 weights the extension's own kernels (``linear.cpp``).
 Why, float32: ATen's ``mm`` on CPU is MKL's sgemm, which keeps to its AVX2 code off Intel CPUs; oneDNN
 (``mkldnn::_linear_pointwise``, what vLLM's CPU build and Inductor use) dispatches on the CPU's own ISA
 and runs the layer shapes 2-4x faster on an AVX-512 AMD core, and no slower under AVX2
-(``bench/bench_cpu_linear.py``; table in docs/benchmarks.md). It also fuses GELU-tanh and the gating
-multiply into the MLP matmuls. Its fixed cost per call (~10 us) loses on tiny weights, so weights
+(``bench/bench_cpu_linear.py``; table in docs/benchmarks.md). Its fixed cost per call (~10 us) loses on tiny weights, so weights
 under ``MIN_WEIGHT_ELEMS`` stay on ``mm`` (the tiny test checkpoints: hidden 64).
 
 Why, bfloat16: a bf16 matmul of ATen on a CPU without native bf16 arithmetic runs at ~0.3 GFLOP/s (an

@@ -421,12 +421,40 @@ void w8a8_kernel(const int8_t* xq, const float* xs, int64_t M, const QuantView& 
 // 16 x 16 outputs from 16 x 64 x-codes and 64 x 16 weight codes per instruction), then the same epilogue in
 // the same order, so a row gets the same bits whichever kernel ran it (fast prefill parity holds across the
 // switch). Used from kAmxMinRows rows, when N is a multiple of 32 and K of 64 (every E2B shape); every block of
-// 32 weight rows is repacked per call into the tiles' pair-of-4 layout, and each thread passes its blocks over
-// x's rows a superblock at a time (see w8a8_amx). IMPL_CPU_AMX=0 turns it off (the tests compare both kernels).
+// 32 weight rows is repacked per call into the tiles' pair-of-4 layout (16 x 16 transposes of 4-byte words), and
+// each thread passes its blocks over x's rows a superblock at a time (see w8a8_amx). IMPL_CPU_AMX=0 turns it off
+// (the tests compare both kernels).
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
 #define QUANT_AMX_INT8 1
 
 constexpr int64_t kAmxMinRows = 32;
+
+// dst[r][c] = src[c][r] for 4-byte words, r, c < 16: 16 rows of 64 bytes `ld` bytes apart -> 16 rows of 64
+// bytes (dst 64-byte aligned). Unpacks of words and pairs within 128-bit lanes, then a 4 x 4 transpose of the lanes.
+inline void transpose_words_16x16(const int8_t* src, int64_t ld, int8_t* dst) {
+  __m512i v[16], t[16];
+  for (int c = 0; c < 16; ++c) v[c] = _mm512_loadu_si512(src + c * ld);
+  for (int p = 0; p < 8; ++p) {  // lane L of t[2p]: words 4L, 4L+1 of rows 2p, 2p+1 interleaved; t[2p+1]: 4L+2, 4L+3
+    t[2 * p] = _mm512_unpacklo_epi32(v[2 * p], v[2 * p + 1]);
+    t[2 * p + 1] = _mm512_unpackhi_epi32(v[2 * p], v[2 * p + 1]);
+  }
+  for (int q4 = 0; q4 < 4; ++q4) {  // v[4 j + q4], lane L: word 4L + j of rows 4 q4 .. 4 q4 + 3
+    const __m512i* tq = t + 4 * q4;
+    v[0 + q4] = _mm512_unpacklo_epi64(tq[0], tq[2]);
+    v[4 + q4] = _mm512_unpackhi_epi64(tq[0], tq[2]);
+    v[8 + q4] = _mm512_unpacklo_epi64(tq[1], tq[3]);
+    v[12 + q4] = _mm512_unpackhi_epi64(tq[1], tq[3]);
+  }
+  for (int j = 0; j < 4; ++j) {  // word 4L + j of all 16 rows: lane L of v[4j + 0..3]
+    const __m512i* s = v + 4 * j;
+    const __m512i x0 = _mm512_shuffle_i32x4(s[0], s[1], 0x44), x1 = _mm512_shuffle_i32x4(s[0], s[1], 0xEE);
+    const __m512i x2 = _mm512_shuffle_i32x4(s[2], s[3], 0x44), x3 = _mm512_shuffle_i32x4(s[2], s[3], 0xEE);
+    _mm512_store_si512(dst + (0 + j) * 64, _mm512_shuffle_i32x4(x0, x2, 0x88));
+    _mm512_store_si512(dst + (4 + j) * 64, _mm512_shuffle_i32x4(x0, x2, 0xDD));
+    _mm512_store_si512(dst + (8 + j) * 64, _mm512_shuffle_i32x4(x1, x3, 0x88));
+    _mm512_store_si512(dst + (12 + j) * 64, _mm512_shuffle_i32x4(x1, x3, 0xDD));
+  }
+}
 
 // packed[kb][h][r][c * 4 + i] = w[n0 + 16 h + c][64 kb + 4 r + i]: the B tile of k-block kb, weight rows 16h..
 inline void amx_pack_b(const QuantView& q, int64_t n0, int8_t* packed) {
@@ -434,14 +462,7 @@ inline void amx_pack_b(const QuantView& q, int64_t n0, int8_t* packed) {
   for (int64_t kb = 0; kb < KB; ++kb)
     for (int h = 0; h < 2; ++h) {
       int8_t* dst = packed + (kb * 2 + h) * 1024;
-      for (int c = 0; c < 16; ++c) {
-        const int8_t* src = reinterpret_cast<const int8_t*>(q.data + (n0 + 16 * h + c) * q.B) + kb * 64;
-        for (int r = 0; r < 16; ++r) {
-          int32_t word;
-          std::memcpy(&word, src + 4 * r, 4);
-          std::memcpy(dst + r * 64 + c * 4, &word, 4);
-        }
-      }
+      transpose_words_16x16(reinterpret_cast<const int8_t*>(q.data + (n0 + 16 * h) * q.B) + kb * 64, q.B, dst);
     }
 }
 
@@ -464,12 +485,14 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
   if (packed_buf.size() < static_cast<size_t>(chunk * 32 * K)) packed_buf.resize(static_cast<size_t>(chunk * 32 * K));
   int8_t* const xt = xt_buf.data();
   int8_t* const packed = packed_buf.data();
-  for (int64_t m = 0; m < MB * 32; ++m)
-    for (int64_t kb = 0; kb < KB; ++kb) {
-      int8_t* dst = xt + ((m / 32) * KB + kb) * 2048 + (m % 32) * 64;
-      if (m < M) std::memcpy(dst, xq + m * K + kb * 64, 64);
-      else std::memset(dst, 0, 64);
-    }
+  for_blocks(MB, 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t m = lo * 32; m < hi * 32; ++m)
+      for (int64_t kb = 0; kb < KB; ++kb) {
+        int8_t* dst = xt + ((m / 32) * KB + kb) * 2048 + (m % 32) * 64;
+        if (m < M) std::memcpy(dst, xq + m * K + kb * 64, 64);
+        else std::memset(dst, 0, 64);
+      }
+  });
   // Per chunk of weight blocks, each thread: its blocks, row superblock by row superblock (x's superblock stays in
   // its L2; the blocks stream once per superblock). Every output element is one exact int32 sum: the order changes
   // nothing. `b0`: the chunk's first block (the body's block indices are relative to it).
@@ -695,31 +718,64 @@ bool takes_inputs(const torch::Tensor& w, int64_t K) {
   return B == g + 4 || B == g / 2 + 8;
 }
 
+// One row's codes: s = max|x| / 127 (NaNs skipped, as std::max skips them), q = clamp(nearbyint(x / s), -127, 127)
+// (a NaN gives -127), vectorised with the same per-element arithmetic as the scalar tail, so every element gets
+// the bits reference.quantize_rows gives it. (The scalar loop called nearbyintf per element: 2 ms of a 1024 x 1536
+// W8A8 matmul's 11.) Clamping before rounding is the same as after: the bounds are integers.
+void quantize_row(const float* xr, int64_t K, int8_t* qr, float* s_out) {
+  vfloat vmax = vsplat(0.f);
+  int64_t k = 0;
+  for (; k + kVec <= K; k += kVec) {
+    vfloat v = vload(xr + k);
+    v = v < 0.f ? -v : v;
+    vmax = vmax < v ? v : vmax;
+  }
+  float amax = 0.f;
+  for (int64_t i = 0; i < kVec; ++i) amax = std::max(amax, vmax[i]);
+  for (; k < K; ++k) amax = std::max(amax, std::fabs(xr[k]));
+  const float sc = amax / 127.f;
+  *s_out = sc;
+  if (amax == 0.f) {
+    std::memset(qr, 0, K);
+    return;
+  }
+  const vfloat vsc = vsplat(sc), lo = vsplat(-127.f), hi = vsplat(127.f), magic = vsplat(12582912.f);
+  for (k = 0; k + kVec <= K; k += kVec) {
+    vfloat v = vload(xr + k) / vsc;
+    v = lo < v ? v : lo;  // (NaN -> -127)
+    v = v < hi ? v : hi;
+    v = (v + magic) - magic;  // round half to even (|v| <= 127: exact)
+    vstore_i8(qr + k, __builtin_convertvector(v, vi32));
+  }
+  for (; k < K; ++k) {
+    const float v = std::nearbyint(xr[k] / sc);  // round half to even (the default rounding mode)
+    qr[k] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
+  }
+}
+
 std::vector<torch::Tensor> quantize_rows(const torch::Tensor& x) {
   TORCH_CHECK(x.dim() == 2, "quantize_rows takes x [M, K]");
-  auto xf = x.to(torch::kFloat32).contiguous();
+  // bf16 rows are widened a row at a time into scratch (no float32 copy of the whole x)
+  const bool bf16 = x.scalar_type() == torch::kBFloat16;
+  auto xf = bf16 ? x.contiguous() : x.to(torch::kFloat32).contiguous();
   const int64_t M = xf.size(0), K = xf.size(1);
   auto q = torch::empty({M, K}, xf.options().dtype(torch::kInt8));
-  auto s = torch::empty({M}, xf.options());
-  const float* xp = xf.data_ptr<float>();
+  auto s = torch::empty({M}, xf.options().dtype(torch::kFloat32));
+  const void* xp = xf.data_ptr();
   int8_t* qp = q.data_ptr<int8_t>();
   float* sp = s.data_ptr<float>();
   auto body = [&](int64_t lo, int64_t hi) {
+    avector<float> row(bf16 ? K : 0);
     for (int64_t m = lo; m < hi; ++m) {
-      const float* xr = xp + m * K;
-      int8_t* qr = qp + m * K;
-      float amax = 0.f;
-      for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(xr[k]));
-      const float sc = amax / 127.f;
-      sp[m] = sc;
-      if (amax == 0.f) {
-        std::memset(qr, 0, K);
-        continue;
+      const float* xr;
+      if (bf16) {
+        const uint16_t* src = static_cast<const uint16_t*>(xp) + m * K;
+        for (int64_t k = 0; k < K; ++k) row[k] = bf16_to_f32(src[k]);
+        xr = row.data();
+      } else {
+        xr = static_cast<const float*>(xp) + m * K;
       }
-      for (int64_t k = 0; k < K; ++k) {
-        const float v = std::nearbyint(xr[k] / sc);  // round half to even (the default rounding mode)
-        qr[k] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
-      }
+      quantize_row(xr, K, qp + m * K, sp + m);
     }
   };
   if (at::get_num_threads() == 1 || M < 16) {
@@ -745,22 +801,10 @@ std::vector<torch::Tensor> quantize_groups(const torch::Tensor& x, int64_t g) {
   int32_t* up = sums.data_ptr<int32_t>();
   auto body = [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {  // i: one (row, group)
-      const float* xr = xp + i * g;
       int8_t* qr = qp + i * g;
-      float amax = 0.f;
-      for (int64_t k = 0; k < g; ++k) amax = std::max(amax, std::fabs(xr[k]));
-      const float sc = amax / 127.f;
-      sp[i] = sc;
+      quantize_row(xp + i * g, g, qr, sp + i);
       int32_t sum = 0;
-      if (amax == 0.f) {
-        std::memset(qr, 0, g);
-      } else {
-        for (int64_t k = 0; k < g; ++k) {
-          const float v = std::nearbyint(xr[k] / sc);  // round half to even (the default rounding mode)
-          qr[k] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
-          sum += qr[k];
-        }
-      }
+      for (int64_t k = 0; k < g; ++k) sum += qr[k];
       up[i] = sum;
     }
   };
@@ -772,6 +816,49 @@ std::vector<torch::Tensor> quantize_groups(const torch::Tensor& x, int64_t g) {
   return {q, s, sums};
 }
 
+bool is_w8a8(const torch::Tensor& w, int64_t K) {
+  return is_quantized(w) && takes_inputs(w, K) && quant_view(w, K).kind == QuantKind::kW8A8;
+}
+
+namespace {
+// W8A8's product from quantized rows (codes [M, K], scales [M]) into out [M, N] float32.
+void w8a8_product(const int8_t* codes, const float* scales, int64_t M, const QuantView& q, float* out) {
+#if defined(QUANT_AMX_INT8)
+  if (use_amx_w8a8(M, q)) {
+    w8a8_amx(codes, scales, M, q, out);
+    return;
+  }
+#endif
+  w8a8_kernel(codes, scales, M, q, out);
+}
+}  // namespace
+
+torch::Tensor w8a8_linear_codes(const torch::Tensor& codes, const torch::Tensor& scales, const torch::Tensor& w) {
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == torch::kInt8 && codes.is_contiguous(),
+              "w8a8_linear_codes takes contiguous int8 codes [M, K]");
+  TORCH_CHECK(scales.dim() == 1 && scales.size(0) == codes.size(0) && scales.scalar_type() == torch::kFloat32 &&
+                  scales.is_contiguous(), "w8a8_linear_codes takes one float32 scale per row");
+  const QuantView q = quant_view(w, codes.size(1));
+  TORCH_CHECK(q.kind == QuantKind::kW8A8, "w8a8_linear_codes takes a W8A8 weight");
+  const int64_t M = codes.size(0);
+  auto out = torch::empty({M, q.N}, scales.options());
+  if (M == 0 || q.N == 0) return out;
+  w8a8_product(codes.data_ptr<int8_t>(), scales.data_ptr<float>(), M, q, out.data_ptr<float>());
+  return out;
+}
+
+void w8a8_linear_into(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& out) {
+  TORCH_CHECK(x.dim() == 2, "w8a8_linear_into takes x [M, K]");
+  const QuantView q = quant_view(w, x.size(1));
+  const int64_t M = x.size(0);
+  TORCH_CHECK(q.kind == QuantKind::kW8A8, "w8a8_linear_into takes a W8A8 weight");
+  TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous() && out.dim() == 2 && out.size(0) == M &&
+                  out.size(1) == q.N, "w8a8_linear_into: out must be contiguous float32 [M, N]");
+  if (M == 0 || q.N == 0) return;
+  auto qs = quantize_rows(x);
+  w8a8_product(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), M, q, out.data_ptr<float>());
+}
+
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w) {
   TORCH_CHECK(x.dim() == 2, "quant_linear takes x [M, K]");
   const QuantView q = quant_view(w, x.size(1));
@@ -779,14 +866,7 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w) {
   auto out = torch::empty({M, q.N}, x.options().dtype(torch::kFloat32));
   if (M == 0 || q.N == 0) return out;
   if (q.kind == QuantKind::kW8A8) {
-    auto qs = quantize_rows(x);
-#if defined(QUANT_AMX_INT8)
-    if (use_amx_w8a8(M, q)) {
-      w8a8_amx(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), M, q, out.data_ptr<float>());
-      return out;
-    }
-#endif
-    w8a8_kernel(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), M, q, out.data_ptr<float>());
+    w8a8_linear_into(x, w, out);
     return out;
   }
   if (q.kind == QuantKind::kW4A8) {  // one integer kernel at every row count

@@ -53,6 +53,19 @@ constexpr int64_t kQuantRowKernelMaxRows = 16;
 // s = max|x| / 127, q = round_half_even(x / s) (all zeros when the row is).
 std::vector<torch::Tensor> quantize_rows(const torch::Tensor& x);
 
+// One row of quantize_rows: x [K] float32 -> codes [K], *scale (the same bits as quantize_rows gives the row).
+void quantize_row(const float* x, int64_t K, int8_t* codes, float* scale);
+
+// quant_linear for a W8A8 weight on activations already quantized per row (codes [M, K] int8, scales [M] float32,
+// contiguous: quantize_rows' outputs, or rows quantize_row wrote): the same bits as quant_linear on x.
+torch::Tensor w8a8_linear_codes(const torch::Tensor& codes, const torch::Tensor& scales, const torch::Tensor& w);
+
+// quant_linear for a W8A8 weight into `out` (float32 [M, N], contiguous: a buffer the caller keeps between calls).
+void w8a8_linear_into(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& out);
+
+// True when `w` is a W8A8 weight for inputs of width K.
+bool is_w8a8(const torch::Tensor& w, int64_t K);
+
 // W4A8's activation quantization: x [M, K] -> (int8 codes [M, K], float32 scales [M, G], int32 code sums
 // [M, G]) for groups of g inputs: per row and group s = max|x| / 127, q = round_half_even(x / s).
 std::vector<torch::Tensor> quantize_groups(const torch::Tensor& x, int64_t g);

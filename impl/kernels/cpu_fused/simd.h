@@ -39,9 +39,29 @@ inline vfloat vfma(vfloat a, vfloat b, vfloat c) {
 #endif
 }
 // kVec bf16 values widened to float32: each one's 16 bits become the top half of a float32 (exact).
+// (The widening is spelled out where the ISA has it: GCC's generic conversion of 16-bit lanes shuffles through
+// several permutes per vector.)
 inline vfloat vload_bf16(const uint16_t* p) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<vfloat>(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+#elif defined(__AVX2__)
+  return reinterpret_cast<vfloat>(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+#else
   const vu32 wide = __builtin_convertvector(*reinterpret_cast<const vbf16_u*>(p), vu32) << 16;
   return reinterpret_cast<vfloat>(wide);
+#endif
+}
+// The low 16 bits of each 32-bit lane (lanes holding values < 2^16) stored as kVec uint16.
+inline void vstore_u16(uint16_t* p, vu32 v) {
+#if defined(__AVX512F__)
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(reinterpret_cast<__m512i>(v)));
+#elif defined(__AVX2__)
+  const __m256i w = reinterpret_cast<__m256i>(v);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+#else
+  typedef uint16_t vu16 __attribute__((vector_size(kVec * sizeof(uint16_t))));
+  *reinterpret_cast<vbf16_u*>(p) = __builtin_convertvector(v, vu16);
+#endif
 }
 // kVec signed bytes as float32 (exact). (The byte-vector conversions are spelled out: GCC widens a vector of
 // bytes through scalar code.)
@@ -62,6 +82,15 @@ inline vi32 vload_u8(const uint8_t* p) {
   return reinterpret_cast<vi32>(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 #else
   return __builtin_convertvector(*reinterpret_cast<const vu8_u*>(p), vi32);
+#endif
+}
+// kVec int32 lanes (each within int8's range) stored as kVec signed bytes.
+inline void vstore_i8(int8_t* p, vi32 v) {
+#if defined(__AVX512F__)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(reinterpret_cast<__m512i>(v)));
+#else
+  typedef int8_t vi8 __attribute__((vector_size(kVec)));
+  *reinterpret_cast<vi8_u*>(p) = __builtin_convertvector(v, vi8);
 #endif
 }
 inline float bf16_to_f32(uint16_t b) {

@@ -1,0 +1,113 @@
+// The MLP's activation for the fused CPU kernels (fused_layer.cpp): GELU-tanh and the gating multiply as one
+// vector pass over the gate and up projections' outputs, y = gelu_tanh(gate) * up.
+//
+// One implementation for every weight kind: the float32 / quantized MLP ran ATen's gelu (Sleef's tanh) and a
+// multiply loop, two passes over [rows, I] float32 (7% of a W8A8 E2B prefill on AMX); with oneDNN, GELU and the
+// multiply were the gate / up matmuls' post-ops, which cost about what this pass over the plain products does
+// (decoder_post at E2B's shapes, 1024 rows on AMX, alternating builds: 37.8-41.5 vs 37.0-41.9 ms). For a W8A8 down
+// projection the pass also quantizes each activation row while it is in cache (fused_layer.cpp).
+//
+// Numerics: gelu_tanh(x) = 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), computed as
+// x / (1 + exp(-2u)) (the same function: 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u))). exp is Cephes' single
+// precision one (Cody-Waite reduction, a degree-6 polynomial: ~1 ulp) on the build's vector width, so the
+// result is within a few float32 ulps of ATen's gelu (Sleef's tanh) and the same for every row count.
+// Where exp(-2u) passes ~2^127 (x < -8.4) it is taken as infinity: the result is -0 (ATen: -0 or a
+// denormal-sized value). With bf16 rows each step rounds to bf16 where the eager bf16 model rounds:
+// gelu's output, then the product (ATen's bf16 ops compute in float32 and round).
+#pragma once
+
+#include "simd.h"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace cpu_fused::act {
+
+using simd::kVec;
+using simd::vfloat;
+using simd::vi32;
+using simd::vu32;
+
+// exp(a) for a in [-87, 89] (clamped there; exp(89) > FLT_MAX gives +inf: 2^128's bit pattern).
+inline vfloat vexp(vfloat a) {
+  a = a < -87.f ? simd::vsplat(-87.f) : a;
+  a = a > 89.f ? simd::vsplat(89.f) : a;
+  // n = round(a / ln 2) by the 1.5 * 2^23 trick (round to nearest even, exact for |a / ln 2| < 2^22)
+  const vfloat magic = simd::vsplat(12582912.f);
+  const vfloat n = simd::vfma(a, simd::vsplat(1.44269504088896341f), magic) - magic;
+  // r = a - n ln 2 in two steps (Cody-Waite: 0.693359375 is exact in 9 bits)
+  vfloat r = simd::vfma(n, simd::vsplat(-0.693359375f), a);
+  r = simd::vfma(n, simd::vsplat(2.12194440e-4f), r);
+  vfloat p = simd::vsplat(1.9875691500e-4f);
+  p = simd::vfma(p, r, simd::vsplat(1.3981999507e-3f));
+  p = simd::vfma(p, r, simd::vsplat(8.3334519073e-3f));
+  p = simd::vfma(p, r, simd::vsplat(4.1665795894e-2f));
+  p = simd::vfma(p, r, simd::vsplat(1.6666665459e-1f));
+  p = simd::vfma(p, r, simd::vsplat(5.0000001201e-1f));
+  p = simd::vfma(p, r * r, r) + 1.f;
+  // 2^n as float32 bits: n in [-126, 128]; n = 128 gives the exponent field 255 with a zero mantissa (+inf)
+  const vu32 bits = reinterpret_cast<vu32>(__builtin_convertvector(n, vi32) + 127) << 23;
+  return p * reinterpret_cast<vfloat>(bits);
+}
+
+// 1 / d for d >= 1 (or +inf): the ISA's reciprocal estimate and one Newton step, r (2 - d r), within ~2 ulps of
+// the quotient (a division's throughput, one per 5-10 cycles per vector, made the pass divide-bound).
+inline vfloat vrcp(vfloat d) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__AVX512F__)
+  const vfloat r = reinterpret_cast<vfloat>(_mm512_rcp14_ps(reinterpret_cast<__m512>(d)));
+#else
+  const vfloat r = reinterpret_cast<vfloat>(_mm256_rcp_ps(reinterpret_cast<__m256>(d)));
+#endif
+  // (at d = +inf the estimate is 0 and the step would give 0 * (2 - inf * 0) = NaN: the estimate is kept there)
+  const vfloat refined = r * simd::vfma(-d, r, simd::vsplat(2.f));
+  return r == 0.f ? r : refined;
+#else
+  return 1.f / d;
+#endif
+}
+
+// gelu_tanh(x) = x / (1 + exp(-2 sqrt(2/pi) (x + 0.044715 x^3))). NaN stays NaN.
+inline vfloat vgelu_tanh(vfloat x) {
+  const vfloat inner = simd::vfma(x * x, simd::vsplat(0.044715f) * x, x);  // x + 0.044715 x^3
+  const vfloat e = vexp(inner * simd::vsplat(-1.5957691216057308f));      // exp(-2u)
+  return x * vrcp(e + 1.f);
+}
+
+// float32 -> bf16 bits (in the low half of each lane), rounded to nearest even, NaN kept a (quiet) NaN: ATen's
+// conversion.
+inline vu32 bf16_bits(vfloat v) {
+  const vu32 u = reinterpret_cast<vu32>(v);
+  const vu32 rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return (u & 0x7FFFFFFFu) > 0x7F800000u ? vu32{} + 0x7FC0u : rounded;
+}
+inline void vstore_bf16(uint16_t* p, vfloat v) { simd::vstore_u16(p, bf16_bits(v)); }
+inline vfloat round_bf16(vfloat v) { return reinterpret_cast<vfloat>(bf16_bits(v) << 16); }
+
+// out[j] = r(r(gelu_tanh(g[j])) * u[j]) for j < n, bf16 rows (r: rounding to bf16); out may be g or u.
+// A tail shorter than the vector runs the same vector code on a padded copy (the same bits as in a full one).
+inline void gelu_mul_bf16(const uint16_t* g, const uint16_t* u, uint16_t* out, int64_t n) {
+  int64_t j = 0;
+  for (; j + kVec <= n; j += kVec)
+    vstore_bf16(out + j, round_bf16(vgelu_tanh(simd::vload_bf16(g + j))) * simd::vload_bf16(u + j));
+  if (j == n) return;
+  alignas(64) uint16_t gb[kVec] = {}, ub[kVec] = {}, ob[kVec];
+  std::copy(g + j, g + n, gb);
+  std::copy(u + j, u + n, ub);
+  vstore_bf16(ob, round_bf16(vgelu_tanh(simd::vload_bf16(gb))) * simd::vload_bf16(ub));
+  std::copy(ob, ob + (n - j), out + j);
+}
+
+// out[j] = gelu_tanh(g[j]) * u[j] in float32; out may be g or u.
+inline void gelu_mul_f32(const float* g, const float* u, float* out, int64_t n) {
+  int64_t j = 0;
+  for (; j + kVec <= n; j += kVec) simd::vstore(out + j, vgelu_tanh(simd::vload(g + j)) * simd::vload(u + j));
+  if (j == n) return;
+  alignas(64) float gb[kVec] = {}, ub[kVec] = {}, ob[kVec];
+  std::copy(g + j, g + n, gb);
+  std::copy(u + j, u + n, ub);
+  simd::vstore(ob, vgelu_tanh(simd::vload(gb)) * simd::vload(ub));
+  std::copy(ob, ob + (n - j), out + j);
+}
+
+}  // namespace cpu_fused::act
