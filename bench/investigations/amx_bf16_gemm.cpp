@@ -12,7 +12,7 @@
 // block accumulating 2 x 2 C tiles over all of K, stored to an L1 buffer and converted to bf16 per panel.
 //
 // What it showed on a 2-core Sapphire Rapids-class VM (2026-12-04): --peak (2 x 2 tiles, loads from L1)
-// 3.8 TFLOP/s per core; A from L2 and B from L1 3.2; both from L2 2.5; A beyond L2 1.1. The GEMM at M 1024,
+// 3.8 TFLOP/s per core (another VM that evening: bf16 3.1 TFLOP/s, int8 6.2 TOP/s); A from L2 and B from L1 3.2; both from L2 2.5; A beyond L2 1.1. The GEMM at M 1024,
 // K 1536, N 12288: 2.6-2.75 TFLOP/s on two cores against oneDNN's 2.8-3.1 in the same hour (0.88-1.02x of it
 // alternating later). Every buffer the tiles load must be 64-byte aligned: with malloc's 16-byte alignment the
 // same kernel ran at 0.9.
@@ -131,9 +131,12 @@ void gemm(const bf16* x, int M, int K, const bf16* P, int N, bf16* out, bf16* xt
   }
 }
 
-void peak() {  // 2 x 2 tiles, A and B from L1: the TMUL's own rate on one core
+// 2 x 2 tiles, A and B from L1: the TMUL's own rate on one core, bf16 (TDPBF16PS: 16 x 16 x 32 multiply-adds per
+// instruction) or int8 (TDPBSSD: 16 x 16 x 64).
+template <bool Int8>
+void peak() {
   config_tiles();
-  alignas(64) static bf16 a[1024], b[1024];
+  alignas(64) static uint8_t a[2048], b[2048];
   const long iters = 2000000;
   const auto t0 = std::chrono::steady_clock::now();
   _tile_zero(0);  // tile numbers are immediates
@@ -142,40 +145,24 @@ void peak() {  // 2 x 2 tiles, A and B from L1: the TMUL's own rate on one core
   _tile_zero(3);
   for (long i = 0; i < iters; ++i) {
     _tile_loadd(4, a, 64);
-    _tile_loadd(5, a + 512, 64);
-    _tile_loadd(6, b, 64);
-    _tile_loadd(7, b + 512, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
-  }
-  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("peak (one core, tiles from L1): %.2f TFLOP/s\n", iters * 4 * 16.0 * 16 * 32 * 2 / dt / 1e12);
-  _tile_release();
-}
-
-void peak_int8() {  // the same loop with int8 tiles (TDPBSSD: 16 x 16 x 64 multiply-adds per instruction)
-  config_tiles();
-  alignas(64) static int8_t a[2048], b[2048];
-  const long iters = 2000000;
-  const auto t0 = std::chrono::steady_clock::now();
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (long i = 0; i < iters; ++i) {
-    _tile_loadd(4, a, 64);
     _tile_loadd(5, a + 1024, 64);
     _tile_loadd(6, b, 64);
     _tile_loadd(7, b + 1024, 64);
-    _tile_dpbssd(0, 4, 6);
-    _tile_dpbssd(1, 4, 7);
-    _tile_dpbssd(2, 5, 6);
-    _tile_dpbssd(3, 5, 7);
+    if constexpr (Int8) {
+      _tile_dpbssd(0, 4, 6);
+      _tile_dpbssd(1, 4, 7);
+      _tile_dpbssd(2, 5, 6);
+      _tile_dpbssd(3, 5, 7);
+    } else {
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
   }
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("peak int8 (one core, tiles from L1): %.2f TOP/s\n", iters * 4 * 16.0 * 16 * 64 * 2 / dt / 1e12);
+  std::printf("peak %s (one core, tiles from L1): %.2f %s\n", Int8 ? "int8" : "bf16",
+              iters * 4 * 16.0 * 16 * (Int8 ? 64 : 32) * 2 / dt / 1e12, Int8 ? "TOP/s" : "TFLOP/s");
   _tile_release();
 }
 
@@ -187,8 +174,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (argc > 1 && std::strcmp(argv[1], "--peak") == 0) {
-    peak();
-    peak_int8();
+    peak<false>();
+    peak<true>();
     return 0;
   }
   if (argc < 5) {

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 namespace cpu_fused::act {
 
@@ -84,29 +85,29 @@ inline vu32 bf16_bits(vfloat v) {
 inline void vstore_bf16(uint16_t* p, vfloat v) { simd::vstore_u16(p, bf16_bits(v)); }
 inline vfloat round_bf16(vfloat v) { return reinterpret_cast<vfloat>(bf16_bits(v) << 16); }
 
-// out[j] = r(r(gelu_tanh(g[j])) * u[j]) for j < n, bf16 rows (r: rounding to bf16); out may be g or u.
-// A tail shorter than the vector runs the same vector code on a padded copy (the same bits as in a full one).
-inline void gelu_mul_bf16(const uint16_t* g, const uint16_t* u, uint16_t* out, int64_t n) {
-  int64_t j = 0;
-  for (; j + kVec <= n; j += kVec)
-    vstore_bf16(out + j, round_bf16(vgelu_tanh(simd::vload_bf16(g + j))) * simd::vload_bf16(u + j));
-  if (j == n) return;
-  alignas(64) uint16_t gb[kVec] = {}, ub[kVec] = {}, ob[kVec];
-  std::copy(g + j, g + n, gb);
-  std::copy(u + j, u + n, ub);
-  vstore_bf16(ob, round_bf16(vgelu_tanh(simd::vload_bf16(gb))) * simd::vload_bf16(ub));
-  std::copy(ob, ob + (n - j), out + j);
-}
+// Rows of float32 or bf16 (uint16_t bits), widened to and narrowed from float32 vectors.
+inline vfloat vload_f32(const float* p) { return simd::vload(p); }
+inline vfloat vload_f32(const uint16_t* p) { return simd::vload_bf16(p); }
+inline void vstore_f32(float* p, vfloat v) { simd::vstore(p, v); }
+inline void vstore_f32(uint16_t* p, vfloat v) { vstore_bf16(p, v); }
 
-// out[j] = gelu_tanh(g[j]) * u[j] in float32; out may be g or u.
-inline void gelu_mul_f32(const float* g, const float* u, float* out, int64_t n) {
+// out[j] = gelu_tanh(g[j]) * u[j] for j < n, T float or uint16_t (bf16 bits: gelu's output rounded to bf16 before
+// the multiply and the product rounded, r(r(gelu_tanh(g)) * u)); out may be g or u. A tail shorter than the vector
+// runs the same vector code on a padded copy (the same bits as in a full one).
+template <class T>
+inline void gelu_mul(const T* g, const T* u, T* out, int64_t n) {
+  auto one = [](const T* gv, const T* uv, T* ov) {
+    vfloat y = vgelu_tanh(vload_f32(gv));
+    if constexpr (std::is_same_v<T, uint16_t>) y = round_bf16(y);
+    vstore_f32(ov, y * vload_f32(uv));
+  };
   int64_t j = 0;
-  for (; j + kVec <= n; j += kVec) simd::vstore(out + j, vgelu_tanh(simd::vload(g + j)) * simd::vload(u + j));
+  for (; j + kVec <= n; j += kVec) one(g + j, u + j, out + j);
   if (j == n) return;
-  alignas(64) float gb[kVec] = {}, ub[kVec] = {}, ob[kVec];
+  alignas(64) T gb[kVec] = {}, ub[kVec] = {}, ob[kVec];
   std::copy(g + j, g + n, gb);
   std::copy(u + j, u + n, ub);
-  simd::vstore(ob, vgelu_tanh(simd::vload(gb)) * simd::vload(ub));
+  one(gb, ub, ob);
   std::copy(ob, ob + (n - j), out + j);
 }
 

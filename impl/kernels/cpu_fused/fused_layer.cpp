@@ -177,11 +177,11 @@ void gelu_mul_rows(const torch::Tensor& g, const torch::Tensor& u, torch::Tensor
   for_rows(rows, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       if (bf16) {
-        cpu_fused::act::gelu_mul_bf16(reinterpret_cast<const uint16_t*>(gp + i * lg), reinterpret_cast<const uint16_t*>(up + i * lu),
-                                      reinterpret_cast<uint16_t*>(op + i * lo_), d);
+        cpu_fused::act::gelu_mul(reinterpret_cast<const uint16_t*>(gp + i * lg), reinterpret_cast<const uint16_t*>(up + i * lu),
+                                 reinterpret_cast<uint16_t*>(op + i * lo_), d);
       } else {
-        cpu_fused::act::gelu_mul_f32(reinterpret_cast<const float*>(gp + i * lg), reinterpret_cast<const float*>(up + i * lu),
-                                     reinterpret_cast<float*>(op + i * lo_), d);
+        cpu_fused::act::gelu_mul(reinterpret_cast<const float*>(gp + i * lg), reinterpret_cast<const float*>(up + i * lu),
+                                 reinterpret_cast<float*>(op + i * lo_), d);
       }
     }
   });
@@ -203,7 +203,7 @@ void gelu_mul_quantize_rows(const torch::Tensor& g, const torch::Tensor& u, torc
   for_rows(rows, [&](int64_t lo, int64_t hi) {
     avector<float> y(d);
     for (int64_t i = lo; i < hi; ++i) {
-      cpu_fused::act::gelu_mul_f32(gp + i * lg, up + i * lu, y.data(), d);
+      cpu_fused::act::gelu_mul(gp + i * lg, up + i * lu, y.data(), d);
       cpu_fused::quantize_row(y.data(), d, cp + i * d, sp + i);
     }
   });
@@ -340,7 +340,8 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   if (split) block = std::max<int64_t>(block, kMlpMinOneDnnBlockElems / inter);
   // bf16 weights for ATen's mm are widened to float32 once per call: fewer, larger blocks.
   if (!onednn && (down_w.scalar_type() == torch::kBFloat16 || cpu_fused::is_quantized(down_w)) && !down_w.is_mkldnn()) block = std::max(block, kMlpMinRowsWidened);
-  const bool w8a8_mlp = !split && cpu_fused::is_w8a8(gate_up[0], hid) && cpu_fused::is_w8a8(down_w, inter);
+  const bool w8a8_down = cpu_fused::is_w8a8(down_w, inter);  // its rows quantized inside the activation pass
+  const bool w8a8_mlp = !split && w8a8_down && cpu_fused::is_w8a8(gate_up[0], hid);
   if (w8a8_mlp) block = std::max(block, kMlpMinRowsW8A8);
   // When every block runs oneDNN's bf16 matmuls (runs_onednn grows with the rows: the smallest block
   // decides), the MLP's input and output rows stay bf16 (the dtype those matmuls take and give).
@@ -366,7 +367,6 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
       else m_rows.copy_(d);
       continue;
     }
-    const bool w8a8_down = cpu_fused::is_w8a8(down_w, inter);
     torch::Tensor gate, up;  // [rows, I] float32 views
     if (w8a8_mlp) {
       thread_local torch::Tensor gu_keep;  // the calling thread's [rows, 2I] float32 buffer (largest block so far)
