@@ -74,6 +74,20 @@ def test_quantize_rows_matches_reference(ext):
     assert int(q.abs().max()) == 127 and float(s[4]) == 0.0
 
 
+@pytest.mark.parametrize("rows,inter", [(3, 96), (40, 96), (77, 4160)])  # row kernel; AMX tiles from 32 rows
+def test_gate_up_activation_in_the_matmul_is_the_two_steps(ext, rows, inter):
+    """A W8A8 gate / up weight [2I, K] with the MLP's activation in the matmul (fused into the AMX tiles'
+    epilogue where the CPU has them, pairing gate and up columns): the same bits as the products, then
+    gelu_tanh(gate) * up over each whole row, over partial row blocks and more than one chunk of packed blocks."""
+    g = torch.Generator().manual_seed(7)
+    w = pack.pack(torch.randn(2 * inter, 128, generator=g) * 0.1, WeightFormat("w8a8"))
+    x = torch.randn(rows, 128, generator=g) * 2
+    gu = ext.quant_linear(x, w)
+    y = ext.w8a8_gelu_mul(x, w)
+    assert torch.equal(y, ext.gelu_mul(gu[:, :inter].contiguous(), gu[:, inter:].contiguous()))
+    assert ext.w8a8_gelu_mul_fused(rows, w, 128) == (rows >= 32 and ext.quant_w8a8_prefill_isa() == "amx_int8")
+
+
 @pytest.mark.parametrize("rows", [3, 40])  # the row kernel; AMX tiles from 32 rows where the CPU has them
 def test_fused_activation_quantization_is_the_two_steps(ext, rows):
     """decoder_post's W8A8 MLP quantizes gelu_tanh(gate) * up row by row as it computes it: the same codes and

@@ -367,6 +367,17 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
       else m_rows.copy_(d);
       continue;
     }
+    if (w8a8_mlp && cpu_fused::w8a8_gelu_mul_fused(rows, gate_up[0], hid)) {
+      // AMX-int8: the activation in the gate / up matmul's epilogue, into a [rows, I] float32 buffer kept between
+      // calls; then its rows quantized for the down projection (the same bits as the two-pass path below)
+      thread_local torch::Tensor act_keep;
+      if (!act_keep.defined() || act_keep.numel() < rows * inter) act_keep = torch::empty({rows * inter}, h.options().dtype(torch::kFloat32));
+      auto y = act_keep.narrow(0, 0, rows * inter).view({rows, inter});
+      cpu_fused::w8a8_gelu_mul_into(xb, gate_up[0], y);
+      auto qs = cpu_fused::quantize_rows(y);
+      m_rows.copy_(cpu_fused::w8a8_linear_codes(qs[0], qs[1], down_w));
+      continue;
+    }
     torch::Tensor gate, up;  // [rows, I] float32 views
     if (w8a8_mlp) {
       thread_local torch::Tensor gu_keep;  // the calling thread's [rows, 2I] float32 buffer (largest block so far)
@@ -527,6 +538,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           return std::vector<torch::Tensor>{codes, scales};
         }, "W8A8's row quantization of gelu_tanh(g) * u in one pass (float32 [rows, d] -> codes, scales)", release(),
         py::arg("g"), py::arg("u"));
+  m.def("w8a8_gelu_mul", [](const torch::Tensor& x, const torch::Tensor& w) {
+          const int64_t I = cpu_fused::quant_view(w, x.size(1)).N / 2;
+          auto out = torch::empty({x.size(0), I}, x.options().dtype(torch::kFloat32));
+          cpu_fused::w8a8_gelu_mul_into(x, w, out);
+          return out;
+        }, "gelu_tanh(x @ gate^T) * (x @ up^T) for a W8A8 gate / up weight [2I, K] (fused on AMX-int8 tiles)",
+        release(), py::arg("x"), py::arg("w"));
+  m.def("w8a8_gelu_mul_fused", &cpu_fused::w8a8_gelu_mul_fused, "True when w8a8_gelu_mul runs fused on AMX tiles",
+        py::arg("m"), py::arg("w"), py::arg("k"));
   m.def("w8a8_linear_codes", &cpu_fused::w8a8_linear_codes, "quant_linear for W8A8 on rows already quantized",
         release(), py::arg("codes"), py::arg("scales"), py::arg("w"));
   m.def("simd_isa", &cpu_fused::simd_isa, "the SIMD width the kernels were compiled for");

@@ -36,6 +36,7 @@
 
 #include "../cpu_aligned.h"
 #include "../cpu_amx.h"
+#include "activation.h"
 #include "simd.h"
 
 namespace cpu_fused {
@@ -456,13 +457,13 @@ inline void transpose_words_16x16(const int8_t* src, int64_t ld, int8_t* dst) {
   }
 }
 
-// packed[kb][h][r][c * 4 + i] = w[n0 + 16 h + c][64 kb + 4 r + i]: the B tile of k-block kb, weight rows 16h..
-inline void amx_pack_b(const QuantView& q, int64_t n0, int8_t* packed) {
+// packed[kb][h][r][c * 4 + i] = w[row0[h] + c][64 kb + 4 r + i]: the B tiles of k-block kb, weight rows row0[h]..
+inline void amx_pack_b(const QuantView& q, const int64_t row0[2], int8_t* packed) {
   const int64_t K = q.K, KB = K / 64;
   for (int64_t kb = 0; kb < KB; ++kb)
     for (int h = 0; h < 2; ++h) {
       int8_t* dst = packed + (kb * 2 + h) * 1024;
-      transpose_words_16x16(reinterpret_cast<const int8_t*>(q.data + (n0 + 16 * h) * q.B) + kb * 64, q.B, dst);
+      transpose_words_16x16(reinterpret_cast<const int8_t*>(q.data + row0[h] * q.B) + kb * 64, q.B, dst);
     }
 }
 
@@ -473,9 +474,15 @@ constexpr int64_t kAmxXBlockBytes = int64_t{768} << 10;
 // down projection: 25 MB), not the whole of a wide weight (a quantized 262144-row LM head: 400 MB at K = 1536).
 constexpr int64_t kAmxPackBlocks = 128;
 
-void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out) {
+// out = x @ dequant(w)^T from x's row codes xq [M, K] and scales xs [M]. gate_cols == 0: out [M, N]. gate_cols == I
+// (a gate / up weight, N = 2I: gate rows first): out [M, I] = gelu_tanh(gate) * up, each tile block pairing 16 gate
+// rows with the 16 up rows I further on, so the activation runs on the float32 products while they are in
+// registers (act::gelu_mul on 16 lanes: the same bits as the activation pass over a whole row of them).
+void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out, int64_t gate_cols = 0) {
   const int64_t N = q.N, K = q.K, KB = K / 64, rowB = q.B;
-  const int64_t blocks = N / 32, MB = (M + 31) / 32;
+  const int64_t blocks = N / 32, MB = (M + 31) / 32, ldo = gate_cols ? gate_cols : N;
+  // the weight rows of tile half h of block b (16 each)
+  auto row0 = [&](int64_t b, int h) { return gate_cols ? 16 * b + h * gate_cols : 32 * b + 16 * h; };
   // Scratch of the calling thread, kept between calls (the workers reach it through the pointers below).
   // x's codes in tile order, once per call: xt[mb][kb][32 rows][64 codes] (rows past M zero), so every A tile
   // load reads 1 KB in a row; every 32-row weight block packed once per call (amx_pack_b), kAmxPackBlocks at a time.
@@ -493,21 +500,27 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
         else std::memset(dst, 0, 64);
       }
   });
-  // Per chunk of weight blocks, each thread: its blocks, row superblock by row superblock (x's superblock stays in
-  // its L2; the blocks stream once per superblock). Every output element is one exact int32 sum: the order changes
-  // nothing. `b0`: the chunk's first block (the body's block indices are relative to it).
+  // Per chunk of weight blocks, each thread packs its blocks, then passes them over x's rows a superblock at a time
+  // (x's superblock stays in its L2; the blocks stream once per superblock). A thread reads only the blocks it
+  // packed: no barrier between the two. Every output element is one exact int32 sum: the order changes nothing.
+  // `b0`: the chunk's first block (the body's block indices are relative to it).
   const int64_t sb = std::max<int64_t>(1, kAmxXBlockBytes / (32 * K));
   int64_t b0 = 0;
   auto body = [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; ++b) {
+      const int64_t r0[2] = {row0(b0 + b, 0), row0(b0 + b, 1)};
+      amx_pack_b(q, r0, packed + b * 32 * K);
+    }
     cpu_amx::config_16x64();
     alignas(64) int32_t c[32][32];
     alignas(64) float sw[32];
+    alignas(64) float gu[2][16];
     for (int64_t mb0 = 0; mb0 < MB; mb0 += sb) {
       const int64_t mb1 = std::min(MB, mb0 + sb);
       for (int64_t b = lo; b < hi; ++b) {
-        const int64_t n0 = (b0 + b) * 32;
         const int8_t* pb = packed + b * 32 * K;
-        for (int j = 0; j < 32; ++j) sw[j] = load_f32(q.data + (n0 + j) * rowB + K);
+        for (int h = 0; h < 2; ++h)
+          for (int j = 0; j < 16; ++j) sw[16 * h + j] = load_f32(q.data + (row0(b0 + b, h) + j) * rowB + K);
         for (int64_t mb = mb0; mb < mb1; ++mb) {
           const int64_t m0 = mb * 32, mt = std::min<int64_t>(32, M - m0);
           const int8_t* a = xt + mb * KB * 2048;
@@ -517,11 +530,11 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
           _tile_zero(3);
           for (int64_t kb = 0; kb < KB; ++kb) {
             _tile_loadd(4, a + kb * 2048, 64);
-            _tile_loadd(5, a + kb * 2048 + 1024, 64);
             _tile_loadd(6, pb + (kb * 2) * 1024, 64);
-            _tile_loadd(7, pb + (kb * 2 + 1) * 1024, 64);
             _tile_dpbssd(0, 4, 6);
+            _tile_loadd(7, pb + (kb * 2 + 1) * 1024, 64);
             _tile_dpbssd(1, 4, 7);
+            _tile_loadd(5, a + kb * 2048 + 1024, 64);
             _tile_dpbssd(2, 5, 6);
             _tile_dpbssd(3, 5, 7);
           }
@@ -531,24 +544,21 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
           _tile_stored(3, &c[16][16], 128);
           for (int64_t i = 0; i < mt; ++i) {  // w8a8_kernel's epilogue, term for term: (float(acc) * s_w) * s_x
             const __m512 sx = _mm512_set1_ps(xs[m0 + i]);
-            float* o = out + (m0 + i) * N + n0;
+            float* o = out + (m0 + i) * ldo + (b0 + b) * (gate_cols ? 16 : 32);
             for (int h = 0; h < 2; ++h) {
               const __m512 a32 = _mm512_cvtepi32_ps(_mm512_load_si512(&c[i][16 * h]));
-              _mm512_storeu_ps(o + 16 * h, _mm512_mul_ps(_mm512_mul_ps(a32, _mm512_load_ps(sw + 16 * h)), sx));
+              const __m512 y = _mm512_mul_ps(_mm512_mul_ps(a32, _mm512_load_ps(sw + 16 * h)), sx);
+              if (gate_cols) _mm512_store_ps(gu[h], y);
+              else _mm512_storeu_ps(o + 16 * h, y);
             }
+            if (gate_cols) act::gelu_mul(gu[0], gu[1], o, 16);  // the gate's 16 columns and their up columns
           }
         }
       }
     }
     _tile_release();
   };
-  for (; b0 < blocks; b0 += chunk) {
-    const int64_t nb = std::min(chunk, blocks - b0);
-    for_blocks(nb, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t b = lo; b < hi; ++b) amx_pack_b(q, (b0 + b) * 32, packed + b * 32 * K);
-    });
-    for_blocks(nb, 1, body);
-  }
+  for (; b0 < blocks; b0 += chunk) for_blocks(std::min(chunk, blocks - b0), 1, body);
 }
 
 inline bool use_amx_w8a8(int64_t M, const QuantView& q) {
@@ -857,6 +867,37 @@ void w8a8_linear_into(const torch::Tensor& x, const torch::Tensor& w, torch::Ten
   if (M == 0 || q.N == 0) return;
   auto qs = quantize_rows(x);
   w8a8_product(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), M, q, out.data_ptr<float>());
+}
+
+bool w8a8_gelu_mul_fused(int64_t M, const torch::Tensor& w, int64_t K) {
+#if defined(QUANT_AMX_INT8)
+  return is_w8a8(w, K) && use_amx_w8a8(M, quant_view(w, K));
+#else
+  (void)M, (void)w, (void)K;
+  return false;
+#endif
+}
+
+void w8a8_gelu_mul_into(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& out) {
+  TORCH_CHECK(x.dim() == 2, "w8a8_gelu_mul_into takes x [M, K]");
+  const QuantView q = quant_view(w, x.size(1));
+  const int64_t M = x.size(0), I = q.N / 2;
+  TORCH_CHECK(q.kind == QuantKind::kW8A8 && q.N % 2 == 0, "w8a8_gelu_mul_into takes a W8A8 gate / up weight [2I, K]");
+  TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous() && out.dim() == 2 && out.size(0) == M &&
+                  out.size(1) == I, "w8a8_gelu_mul_into: out must be contiguous float32 [M, I]");
+  if (M == 0 || I == 0) return;
+#if defined(QUANT_AMX_INT8)
+  if (use_amx_w8a8(M, q)) {
+    auto qs = quantize_rows(x);
+    w8a8_amx(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), M, q, out.data_ptr<float>(), I);
+    return;
+  }
+#endif
+  auto gu = torch::empty({M, q.N}, out.options());  // the two steps: the products, then the activation per row
+  w8a8_linear_into(x, w, gu);
+  const float* g = gu.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) act::gelu_mul(g + m * q.N, g + m * q.N + I, o + m * I, I);
 }
 
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w) {
