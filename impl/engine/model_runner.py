@@ -84,7 +84,9 @@ class ModelRunner:
                                 quant=self.quant)
         self.cpu_kernels = install_cpu_kernels(self.model, device, batch_invariant=self.deterministic)
         # weights do not change after load (the transform may restack them: counted after it)
-        self.decode_weight_bytes = decode_weight_bytes(self.model) if self.weight_plan.quant is not None else None
+        # (W8A8 weights in AMX tile order replace their parameters: the transform's copies count instead)
+        tiled = 0 if self.cpu_kernels is None else self.cpu_kernels.packed_bytes
+        self.decode_weight_bytes = decode_weight_bytes(self.model) + tiled if self.weight_plan.quant is not None else None
         if self.deterministic:
             deterministic.check_kernels(self.cpu_kernels)
         self.load_peak_rss = process_memory()[1]

@@ -161,8 +161,9 @@ def quantize_lm_head(model: nn.Module, fmt: WeightFormat) -> torch.Tensor | None
 
 def decode_weight_bytes(model: nn.Module) -> int:
     """Bytes of weights one decode step reads: every ``nn.Linear`` weight (packed or float; a stacked weight's
-    storage once) and the LM head (its packed copy, or the embedding it is tied to). Prepacked oneDNN copies
-    (float models) are not parameters and are not counted."""
+    storage once) and the LM head (its packed copy, or the embedding it is tied to). Copies the CPU transform
+    made in place of parameters (oneDNN's prepacked float weights, W8A8 in tile order) are not parameters and
+    are not counted here (the model runner adds the transform's)."""
     seen: dict[int, int] = {}
     for m in model.modules():
         if isinstance(m, nn.Linear) and not m.weight.is_meta:

@@ -188,3 +188,26 @@ def test_w8a8_amx_tiles_give_the_row_kernels_bits(ext):
     full = ext.quant_linear(x, p)
     assert torch.equal(full, reference.linear(x, p))
     assert torch.equal(ext.quant_linear(x[39:], p), full[39:])
+
+
+def test_w8a8_tile_order_gives_the_same_bits(ext):
+    """Where the CPU has AMX-int8 tiles a W8A8 weight is put in tile order in place (``w8a8_tile_order_``: the
+    same bytes, rearranged per 32 output rows; prefill's tiles read it without repacking, decode's VNNI kernel
+    64 bytes per instruction): the same codes and scales (dequantized), and every kernel on it the bits of the
+    row layout, at decode's row counts (1-5: groups of 4 rows and a tail), from 32 rows (tiles), for the gated
+    MLP product, and with a checkpoint's -128 codes. Elsewhere (or with N, K off the tiles' multiples) the
+    weight comes back untouched."""
+    g = torch.Generator().manual_seed(11)
+    codes = torch.randint(-128, 128, (96, 192), generator=g, dtype=torch.int16).to(torch.int8)
+    codes[0] = -128
+    w = pack.from_codes(codes, torch.rand(96, 1, generator=g) * 0.01, None, WeightFormat("w8a8"))
+    t = ext.w8a8_tile_order_(w.clone(), 192)
+    tiles = ext.quant_w8a8_prefill_isa() == "amx_int8"
+    assert tuple(t.shape) == ((3, 1, 32 * 192 + 128) if tiles else tuple(w.shape))
+    assert t.numel() == w.numel() and torch.equal(ext.quant_dequant(t, 192), ext.quant_dequant(w, 192))
+    for rows in (1, 2, 5, 40):
+        x = torch.randn(rows, 192, generator=g) * 3
+        assert torch.equal(ext.quant_linear(x, t), ext.quant_linear(x, w))
+        assert torch.equal(ext.w8a8_gelu_mul(x, t), ext.w8a8_gelu_mul(x, w))
+    odd = pack.pack(torch.randn(48, 192, generator=g), WeightFormat("w8a8"))  # N not a multiple of 32
+    assert ext.w8a8_tile_order_(odd, 192) is odd

@@ -232,7 +232,8 @@ std::vector<torch::Tensor> attn_pre(torch::Tensor h, torch::Tensor w_in, torch::
   const int64_t n = h.size(0), hidden = h.size(1), heads = head_w.size(0), d = head_w.size(1);
   const int64_t kv_heads = (heads - q_heads) / 2;
   TORCH_CHECK(q_heads > 0 && q_heads + 2 * kv_heads == heads, "head_w must have Hq + 2 Hkv rows");
-  TORCH_CHECK(proj_w.size(0) == heads * d && cpu_fused::takes_inputs(proj_w, hidden), "proj_w must be [heads * D, hidden]");
+  TORCH_CHECK(cpu_fused::takes_inputs(proj_w, hidden) && cpu_fused::out_features(proj_w, hidden) == heads * d,
+              "proj_w must be [heads * D, hidden]");
   TORCH_CHECK(cos.numel() == n * d && sin_signed.numel() == n * d, "cos / sin must hold [n, D]");
   TORCH_CHECK(d % 2 == 0, "head_dim must be even");
   const float e = static_cast<float>(eps);
@@ -316,10 +317,12 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   TORCH_CHECK(attn_out.size(0) == h.size(0), "attn_out must have one row per row of h");
   for (auto* t : {&w_post_attn, &w_pre_ff, &w_post_ff}) check_f32(*t, "norm weight", 1);
   const bool split = gate_up.size() == 2;
-  const int64_t n = h.size(0), hid = h.size(1), inter = split ? gate_up[0].size(0) : gate_up[0].size(0) / 2;
-  TORCH_CHECK(down_w.size(0) == hid && cpu_fused::takes_inputs(down_w, inter), "down_w must be [hidden, I]");
+  const int64_t n = h.size(0), hid = h.size(1);
+  const int64_t gu_rows = cpu_fused::out_features(gate_up[0], hid), inter = split ? gu_rows : gu_rows / 2;
+  TORCH_CHECK(cpu_fused::takes_inputs(down_w, inter) && cpu_fused::out_features(down_w, inter) == hid,
+              "down_w must be [hidden, I]");
   TORCH_CHECK(gate_up.size() == 1 || split, "gate_up must be [gate_up_w] or [gate_w, up_w]");
-  TORCH_CHECK(split ? gate_up[0].size(0) == inter && gate_up[1].size(0) == inter : gate_up[0].size(0) == 2 * inter,
+  TORCH_CHECK(split ? cpu_fused::out_features(gate_up[1], hid) == inter : gu_rows == 2 * inter,
               "gate_up must be [2 * I, hidden] or two [I, hidden] weights");
   TORCH_CHECK(split || !gate_up[0].is_mkldnn(), "a prepacked gate/up weight must come split in two");
   const float e = static_cast<float>(eps);
@@ -545,6 +548,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           return out;
         }, "gelu_tanh(x @ gate^T) * (x @ up^T) for a W8A8 gate / up weight [2I, K] (fused on AMX-int8 tiles)",
         release(), py::arg("x"), py::arg("w"));
+  m.def("w8a8_tile_order_", &cpu_fused::w8a8_tile_order_,
+        "a W8A8 weight put in AMX-int8 tile order in place where the CPU has the tiles (else the weight untouched)", release(),
+        py::arg("w"), py::arg("k"));
   m.def("w8a8_gelu_mul_fused", &cpu_fused::w8a8_gelu_mul_fused, "True when w8a8_gelu_mul runs fused on AMX tiles",
         py::arg("m"), py::arg("w"), py::arg("k"));
   m.def("w8a8_linear_codes", &cpu_fused::w8a8_linear_codes, "quant_linear for W8A8 on rows already quantized",

@@ -146,7 +146,8 @@ def quant_plan(fmt_name: str) -> LinearPlan:
 
     ext = cpu_fused.load()
     if ext is not None and fmt_name.startswith("w8a8"):
-        fmt_name += f", prefill on {'AMX-int8 tiles' if ext.quant_w8a8_prefill_isa() == 'amx_int8' else 'SIMD'}"
+        fmt_name += (", prefill on AMX-int8 tiles (weights kept in tile order)" if ext.quant_w8a8_prefill_isa() == "amx_int8"
+                     else ", prefill on SIMD")
     return LinearPlan("quant", fmt_name, "quantized")
 
 

@@ -457,22 +457,31 @@ inline void transpose_words_16x16(const int8_t* src, int64_t ld, int8_t* dst) {
   }
 }
 
-// packed[kb][h][r][c * 4 + i] = w[row0[h] + c][64 kb + 4 r + i]: the B tiles of k-block kb, weight rows row0[h]..
-inline void amx_pack_b(const QuantView& q, const int64_t row0[2], int8_t* packed) {
-  const int64_t K = q.K, KB = K / 64;
-  for (int64_t kb = 0; kb < KB; ++kb)
-    for (int h = 0; h < 2; ++h) {
-      int8_t* dst = packed + (kb * 2 + h) * 1024;
-      transpose_words_16x16(reinterpret_cast<const int8_t*>(q.data + row0[h] * q.B) + kb * 64, q.B, dst);
-    }
-}
-
 // Bytes of x's tile-order codes a thread keeps in its L2 while its weight blocks pass over them (a superblock of
 // rows: 512 at K = 1536, 128 at E2B's K = 6144 down projection, whose 6 MB of codes for 1024 rows do not fit).
 constexpr int64_t kAmxXBlockBytes = int64_t{768} << 10;
 // Weight blocks (32 rows each) packed at a time: the kept scratch holds at most 4096 x K bytes (E2B's 6144-wide
 // down projection: 25 MB), not the whole of a wide weight (a quantized 262144-row LM head: 400 MB at K = 1536).
 constexpr int64_t kAmxPackBlocks = 128;
+
+// Where tile half h (16 weight rows from `row`, a multiple of 16) of a weight's codes and scales lie: its B tile of
+// k-block kb at `tiles` + 2048 kb (1 KB, 64-byte rows), the scale of its row j at `scales` + 4 j. A tiled W8A8 weight
+// holds them in place; a row-layout one is packed into `packed` (the half's 16 rows of 32 x K scratch bytes).
+struct TileHalf {
+  const int8_t* tiles;
+  const uint8_t* scales;
+};
+inline TileHalf tile_half(const QuantView& q, int64_t row, int8_t* packed) {
+  if (q.tiled) {
+    const uint8_t* blk = q.data + (row / 32) * q.B;
+    const int64_t h = (row / 16) % 2;
+    return {reinterpret_cast<const int8_t*>(blk) + h * 1024, blk + 32 * q.K + 64 * h};
+  }
+  const int64_t KB = q.K / 64;
+  for (int64_t kb = 0; kb < KB; ++kb)
+    transpose_words_16x16(reinterpret_cast<const int8_t*>(q.data + row * q.B) + kb * 64, q.B, packed + kb * 2048);
+  return {packed, nullptr};
+}
 
 // out = x @ dequant(w)^T from x's row codes xq [M, K] and scales xs [M]. gate_cols == 0: out [M, N]. gate_cols == I
 // (a gate / up weight, N = 2I: gate rows first): out [M, I] = gelu_tanh(gate) * up, each tile block pairing 16 gate
@@ -485,11 +494,12 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
   auto row0 = [&](int64_t b, int h) { return gate_cols ? 16 * b + h * gate_cols : 32 * b + 16 * h; };
   // Scratch of the calling thread, kept between calls (the workers reach it through the pointers below).
   // x's codes in tile order, once per call: xt[mb][kb][32 rows][64 codes] (rows past M zero), so every A tile
-  // load reads 1 KB in a row; every 32-row weight block packed once per call (amx_pack_b), kAmxPackBlocks at a time.
-  const int64_t chunk = std::min(blocks, kAmxPackBlocks);
+  // load reads 1 KB in a row. A row-layout weight's 32-row blocks are packed once per call (tile_half),
+  // kAmxPackBlocks at a time; a tiled weight's tiles are read in place.
+  const int64_t chunk = q.tiled ? blocks : std::min(blocks, kAmxPackBlocks);
   thread_local avector<int8_t> xt_buf, packed_buf;
   if (xt_buf.size() < static_cast<size_t>(MB * 32 * K)) xt_buf.resize(static_cast<size_t>(MB * 32 * K));
-  if (packed_buf.size() < static_cast<size_t>(chunk * 32 * K)) packed_buf.resize(static_cast<size_t>(chunk * 32 * K));
+  if (!q.tiled && packed_buf.size() < static_cast<size_t>(chunk * 32 * K)) packed_buf.resize(static_cast<size_t>(chunk * 32 * K));
   int8_t* const xt = xt_buf.data();
   int8_t* const packed = packed_buf.data();
   for_blocks(MB, 4, [&](int64_t lo, int64_t hi) {
@@ -500,17 +510,16 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
         else std::memset(dst, 0, 64);
       }
   });
-  // Per chunk of weight blocks, each thread packs its blocks, then passes them over x's rows a superblock at a time
-  // (x's superblock stays in its L2; the blocks stream once per superblock). A thread reads only the blocks it
-  // packed: no barrier between the two. Every output element is one exact int32 sum: the order changes nothing.
-  // `b0`: the chunk's first block (the body's block indices are relative to it).
+  // Per chunk of weight blocks, each thread packs its blocks (row layout), then passes them over x's rows a
+  // superblock at a time (x's superblock stays in its L2; the blocks stream once per superblock). A thread reads
+  // only the blocks it packed: no barrier between the two. Every output element is one exact int32 sum: the order
+  // changes nothing. `b0`: the chunk's first block (the body's block indices are relative to it).
   const int64_t sb = std::max<int64_t>(1, kAmxXBlockBytes / (32 * K));
   int64_t b0 = 0;
   auto body = [&](int64_t lo, int64_t hi) {
-    for (int64_t b = lo; b < hi; ++b) {
-      const int64_t r0[2] = {row0(b0 + b, 0), row0(b0 + b, 1)};
-      amx_pack_b(q, r0, packed + b * 32 * K);
-    }
+    std::vector<TileHalf> halves(2 * (hi - lo));
+    for (int64_t b = lo; b < hi; ++b)
+      for (int h = 0; h < 2; ++h) halves[2 * (b - lo) + h] = tile_half(q, row0(b0 + b, h), packed + b * 32 * K + h * 1024);
     cpu_amx::config_16x64();
     alignas(64) int32_t c[32][32];
     alignas(64) float sw[32];
@@ -518,9 +527,11 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
     for (int64_t mb0 = 0; mb0 < MB; mb0 += sb) {
       const int64_t mb1 = std::min(MB, mb0 + sb);
       for (int64_t b = lo; b < hi; ++b) {
-        const int8_t* pb = packed + b * 32 * K;
+        const TileHalf* hv = &halves[2 * (b - lo)];
+        const int8_t *p0 = hv[0].tiles, *p1 = hv[1].tiles;
         for (int h = 0; h < 2; ++h)
-          for (int j = 0; j < 16; ++j) sw[16 * h + j] = load_f32(q.data + (row0(b0 + b, h) + j) * rowB + K);
+          for (int j = 0; j < 16; ++j)
+            sw[16 * h + j] = hv[h].scales ? load_f32(hv[h].scales + 4 * j) : load_f32(q.data + (row0(b0 + b, h) + j) * rowB + K);
         for (int64_t mb = mb0; mb < mb1; ++mb) {
           const int64_t m0 = mb * 32, mt = std::min<int64_t>(32, M - m0);
           const int8_t* a = xt + mb * KB * 2048;
@@ -530,9 +541,9 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
           _tile_zero(3);
           for (int64_t kb = 0; kb < KB; ++kb) {
             _tile_loadd(4, a + kb * 2048, 64);
-            _tile_loadd(6, pb + (kb * 2) * 1024, 64);
+            _tile_loadd(6, p0 + kb * 2048, 64);
             _tile_dpbssd(0, 4, 6);
-            _tile_loadd(7, pb + (kb * 2 + 1) * 1024, 64);
+            _tile_loadd(7, p1 + kb * 2048, 64);
             _tile_dpbssd(1, 4, 7);
             _tile_loadd(5, a + kb * 2048 + 1024, 64);
             _tile_dpbssd(2, 5, 6);
@@ -560,6 +571,53 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
   };
   for (; b0 < blocks; b0 += chunk) for_blocks(std::min(chunk, blocks - b0), 1, body);
 }
+
+#if defined(__AVX512VNNI__)
+#define QUANT_W8A8_TILED 1
+// W8A8 on a tiled weight below kAmxMinRows rows (decode; or at any row count where tiles are not allowed): per
+// 32-row block, each 64-byte line (16 rows x 4 codes) times 4 of a row's codes broadcast, by VPDPBUSD (unsigned x
+// signed bytes into int32 lanes) on |q_w| and q_x with q_w's sign (|q_x| <= 127: never overflows), the exact
+// integer dot products; then w8a8_kernel's epilogue term for term: a row gets the same bits as from every other
+// W8A8 kernel.
+void w8a8_tiled_rows(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out) {
+  const int64_t N = q.N, K = q.K, KB = K / 64, blocks = N / 32;
+  constexpr int64_t kRows = 4;  // x rows per pass over a block
+  auto body = [&](int64_t lo, int64_t hi) {
+    for (int64_t j = lo; j < hi; ++j) {
+      const uint8_t* blk = q.data + j * q.B;
+      const __m512 sw0 = _mm512_loadu_ps(blk + 32 * K), sw1 = _mm512_loadu_ps(blk + 32 * K + 64);
+      for (int64_t m0 = 0; m0 < M; m0 += kRows) {
+        const int64_t mt = std::min(kRows, M - m0);
+        __m512i acc[kRows][2];
+        for (int64_t i = 0; i < kRows; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
+        for (int64_t kb = 0; kb < KB; ++kb) {
+          const uint8_t* t = blk + kb * 2048;
+          if (M <= kRows) _mm_prefetch(reinterpret_cast<const char*>(t + 8192), _MM_HINT_T0);
+          for (int r = 0; r < 16; ++r) {
+            const __m512i w0 = _mm512_loadu_si512(t + 64 * r), w1 = _mm512_loadu_si512(t + 1024 + 64 * r);
+            const __m512i a0 = _mm512_abs_epi8(w0), a1 = _mm512_abs_epi8(w1);  // -128 reads 128 unsigned
+            const __mmask64 n0 = _mm512_movepi8_mask(w0), n1 = _mm512_movepi8_mask(w1);  // q_w < 0
+            for (int64_t i = 0; i < mt; ++i) {
+              int32_t x4;
+              std::memcpy(&x4, xq + (m0 + i) * K + 64 * kb + 4 * r, 4);
+              const __m512i xb = _mm512_set1_epi32(x4), zero = _mm512_setzero_si512();
+              acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], a0, _mm512_mask_sub_epi8(xb, n0, zero, xb));
+              acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], a1, _mm512_mask_sub_epi8(xb, n1, zero, xb));
+            }
+          }
+        }
+        for (int64_t i = 0; i < mt; ++i) {
+          const __m512 sx = _mm512_set1_ps(xs[m0 + i]);
+          float* o = out + (m0 + i) * N + 32 * j;
+          _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[i][0]), sw0), sx));
+          _mm512_storeu_ps(o + 16, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[i][1]), sw1), sx));
+        }
+      }
+    }
+  };
+  for_blocks(blocks, 1, body);
+}
+#endif
 
 inline bool use_amx_w8a8(int64_t M, const QuantView& q) {
   return M >= kAmxMinRows && q.N % 32 == 0 && q.K % 64 == 0 && cpu_amx::tiles_allowed();
@@ -703,6 +761,8 @@ QuantView quant_view(const torch::Tensor& w, int64_t K) {
   TORCH_CHECK(G > 0 && K % G == 0, "a quantized weight of ", G, " groups cannot take inputs of width ", K);
   const int64_t g = K / G;
   TORCH_CHECK(g % kGroupMultiple == 0, "quantization groups must be a multiple of ", kGroupMultiple, " inputs, got ", g);
+  if (w.scalar_type() == torch::kInt8 && G == 1 && K % 64 == 0 && B == 32 * K + 128)
+    return QuantView{QuantKind::kW8A8, 32 * N, 1, K, K, B, reinterpret_cast<const uint8_t*>(w.data_ptr()), true};
   QuantKind kind;
   if (w.scalar_type() == torch::kInt8 && B == g / 2 + 8) {
     kind = QuantKind::kW4A8;
@@ -720,12 +780,16 @@ QuantView quant_view(const torch::Tensor& w, int64_t K) {
   return QuantView{kind, N, G, g, K, B, reinterpret_cast<const uint8_t*>(w.data_ptr())};
 }
 
+int64_t out_features(const torch::Tensor& w, int64_t K) {
+  return is_quantized(w) && takes_inputs(w, K) ? quant_view(w, K).N : w.size(0);
+}
+
 bool takes_inputs(const torch::Tensor& w, int64_t K) {
   if (!is_quantized(w)) return w.dim() == 2 && w.size(1) == K;
   const int64_t G = w.size(1), B = w.size(2);
   if (G <= 0 || K % G != 0) return false;
   const int64_t g = K / G;
-  return B == g + 4 || B == g / 2 + 8;
+  return B == g + 4 || B == g / 2 + 8 || (w.scalar_type() == torch::kInt8 && G == 1 && B == 32 * K + 128);
 }
 
 // One row's codes: s = max|x| / 127 (NaNs skipped, as std::max skips them), q = clamp(nearbyint(x / s), -127, 127)
@@ -839,6 +903,14 @@ void w8a8_product(const int8_t* codes, const float* scales, int64_t M, const Qua
     return;
   }
 #endif
+  if (q.tiled) {
+#if defined(QUANT_W8A8_TILED)
+    w8a8_tiled_rows(codes, scales, M, q, out);
+    return;
+#else
+    TORCH_CHECK(false, "a W8A8 weight in tile order needs the AVX-512 VNNI build of the kernels");
+#endif
+  }
   w8a8_kernel(codes, scales, M, q, out);
 }
 }  // namespace
@@ -942,8 +1014,51 @@ std::string quant_w8a8_prefill_isa() {
 torch::Tensor quant_dequant(const torch::Tensor& w, int64_t K) {
   const QuantView q = quant_view(w, K);
   auto out = torch::empty({q.N, K}, torch::TensorOptions().dtype(torch::kFloat32));
-  dequant_rows(q, 0, q.N, out.data_ptr<float>());
+  float* o = out.data_ptr<float>();
+  if (!q.tiled) {
+    dequant_rows(q, 0, q.N, o);
+    return out;
+  }
+  for (int64_t n = 0; n < q.N; ++n) {  // code of (row n, input k) at its tile position; w = q * s as the rows' kernels
+    const uint8_t* blk = q.data + (n / 32) * q.B;
+    const int64_t t = n % 32, h = t / 16, c = t % 16;
+    const float s = load_f32(blk + 32 * K + 4 * t);
+    for (int64_t k = 0; k < K; ++k) {
+      const int8_t code = static_cast<int8_t>(blk[(2 * (k / 64) + h) * 1024 + 64 * ((k % 64) / 4) + 4 * c + k % 4]);
+      o[n * K + k] = static_cast<float>(code) * s;
+    }
+  }
   return out;
+}
+
+torch::Tensor w8a8_tile_order_(const torch::Tensor& w, int64_t K) {
+#if defined(QUANT_W8A8_TILED)
+  if (!is_quantized(w) || !takes_inputs(w, K)) return w;
+  const QuantView q = quant_view(w, K);
+  if (q.kind != QuantKind::kW8A8 || q.tiled || q.N % 32 != 0 || K % 64 != 0 || !cpu_amx::tiles_allowed() ||
+      reinterpret_cast<uintptr_t>(q.data) % 64 != 0)
+    return w;
+  // block j's 32 rows occupy bytes [j B, (j + 1) B) in both layouts (B = 32 (K + 4) = 32 K + 128): each block is
+  // copied out and written back in tile order
+  const int64_t B = 32 * K + 128;
+  uint8_t* const base = reinterpret_cast<uint8_t*>(w.data_ptr());
+  for_blocks(q.N / 32, 1, [&](int64_t lo, int64_t hi) {
+    avector<uint8_t> rows(static_cast<size_t>(B));
+    for (int64_t j = lo; j < hi; ++j) {
+      uint8_t* blk = base + j * B;
+      std::memcpy(rows.data(), blk, static_cast<size_t>(B));
+      for (int64_t kb = 0; kb < K / 64; ++kb)
+        for (int h = 0; h < 2; ++h)
+          transpose_words_16x16(reinterpret_cast<const int8_t*>(rows.data() + 16 * h * (K + 4)) + kb * 64, K + 4,
+                                reinterpret_cast<int8_t*>(blk) + (2 * kb + h) * 1024);
+      for (int64_t r = 0; r < 32; ++r) std::memcpy(blk + 32 * K + 4 * r, rows.data() + r * (K + 4) + K, 4);
+    }
+  });
+  return w.view({q.N / 32, 1, B});
+#else
+  (void)K;
+  return w;
+#endif
 }
 
 }  // namespace cpu_fused

@@ -15,6 +15,14 @@
 //     ((float(sum q xq) - z * float(sum xq)) * (s * s_x)) summed over the groups in order (as llama.cpp's
 //     Q4_0 x Q8_0), so a row's result never depends on the other rows of the call.
 // The two uint8 kinds are told apart by K (x's width): B == g + 4 or B == g / 2 + 8 (never both for g > 8).
+//
+//
+// W8A8 in tile order (`w8a8_tile_order_`, where the CPU has AMX-int8 tiles, N % 32 == 0 and K % 64 == 0): int8
+// [N / 32, 1, 32 K + 128], the same bytes as [N, 1, K + 4] rearranged per block of 32 output rows: the codes in
+// AMX-int8's B-tile order, byte (2 kb + h) * 1024 + 64 r + 4 c + i holding q[32 j + 16 h + c][64 kb + 4 r + i] (each
+// 1 KB a tile of 16 rows x 64 codes, each 64 bytes what one VNNI instruction multiplies), then the 32 rows' float32
+// scales. The same codes and scales, the same products bit for bit; prefill's tiles read it in place instead of
+// repacking every weight per call, and decode reads 64 contiguous bytes per instruction.
 #pragma once
 
 #include <torch/extension.h>
@@ -27,15 +35,21 @@ enum class QuantKind { kW8A8, kW8A16, kW4A16, kW4A8 };
 
 struct QuantView {
   QuantKind kind;
-  int64_t N, G, g, K, B;
+  int64_t N, G, g, K, B;  // tiled W8A8: B is a 32-row block's bytes, 32 K + 128
   const uint8_t* data;
+  bool tiled = false;  // W8A8 in tile order (above)
 };
+
 
 // True when `w` is a quantized weight ([N, G, B] int8 or uint8).
 bool is_quantized(const torch::Tensor& w);
 
 // The layout of quantized weight `w` for inputs of width K (checked: raises naming what does not fit).
 QuantView quant_view(const torch::Tensor& w, int64_t K);
+
+// N, the output width of `w` (plain [N, K], prepacked, or quantized: a tiled W8A8 weight holds N / 32 blocks) for
+// inputs of width K.
+int64_t out_features(const torch::Tensor& w, int64_t K);
 
 // True when `w` (plain [N, K], prepacked, or quantized) takes inputs of width K.
 bool takes_inputs(const torch::Tensor& w, int64_t K);
@@ -70,6 +84,11 @@ void w8a8_gelu_mul_into(const torch::Tensor& x, const torch::Tensor& w, torch::T
 
 // True when w8a8_gelu_mul_into runs fused on AMX-int8 tiles for M rows of W8A8 weight `w` with inputs of width K.
 bool w8a8_gelu_mul_fused(int64_t M, const torch::Tensor& w, int64_t K);
+
+// W8A8 weight w [N, 1, K + 4] in tile order, in place: returns the view [N / 32, 1, 32 K + 128] of its storage, whose
+// bytes it rearranges (w's row layout must not be read afterwards), where the CPU has AMX-int8 tiles (and
+// IMPL_CPU_AMX allows them), N % 32 == 0, K % 64 == 0 and w's data is 64-byte aligned; else returns w untouched.
+torch::Tensor w8a8_tile_order_(const torch::Tensor& w, int64_t K);
 
 // True when `w` is a W8A8 weight for inputs of width K.
 bool is_w8a8(const torch::Tensor& w, int64_t K);

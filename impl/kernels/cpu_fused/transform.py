@@ -83,7 +83,8 @@ class StackedWeights:
 @dataclass(frozen=True)
 class FusedWeights:
     """The extra arguments of the two fused kernels. Linear weights are plain tensors or, with the
-    ``packed`` linear mode, oneDNN-prepacked copies (same sizes)."""
+    ``packed`` linear mode, oneDNN-prepacked copies (same sizes); quantized ones as the extension reads them
+    (W8A8 in AMX-int8 tile order where the CPU has the tiles)."""
 
     qkv_proj: torch.Tensor
     head_norm: torch.Tensor
@@ -107,7 +108,9 @@ class FusedWeights:
 
     def for_linear_mode(self, mode: str) -> "FusedWeights":
         """These weights as the kernels take them in linear mode ``mode`` (``linear.py``)."""
-        if mode in ("mkl", "quant"):  # quantized weights: the extension's linear reads them as they are
+        if mode == "quant":
+            return self._w8a8_tiled()
+        if mode == "mkl":
             return self
         (gate_up,) = self.gate_up
         i = gate_up.shape[0] // 2
@@ -125,6 +128,31 @@ class FusedWeights:
                                                                               ple_proj=p_sized(self.ple_proj))
         return replace(self, qkv_proj=p(self.qkv_proj), o_proj=p(self.o_proj), gate_up=(p(gate), p(up)), down=p(self.down),
                        **ple)
+
+
+    def _w8a8_tiled(self) -> "FusedWeights":
+        """Quantized weights as the extension reads them: W8A8 ones in AMX-int8 tile order where the CPU has the
+        tiles (``quant_linear.h``: prefill's tiles read them in place, decode's VNNI kernel too; same products
+        bit for bit), every other one as it is."""
+        ext = cpu_fused.load()
+        if ext is None:
+            return self
+        hidden = self.down.shape[0]  # row-layout packed weights: [N, G, B]
+        head_dim = self.head_norm.shape[1]
+
+        def t(w: torch.Tensor | None, k: int) -> torch.Tensor | None:
+            return w if w is None or not cpu_fused.is_quantized(w) else ext.w8a8_tile_order_(w, k)
+
+        (gate_up,) = self.gate_up
+        ple_dim = 0 if self.ple_gate is None else self.ple_gate.shape[0]
+        return replace(self, qkv_proj=t(self.qkv_proj, hidden), o_proj=t(self.o_proj, self.q_heads * head_dim),
+                       gate_up=(t(gate_up, hidden),), down=t(self.down, gate_up.shape[0] // 2),
+                       ple_gate=t(self.ple_gate, hidden), ple_proj=t(self.ple_proj, ple_dim))
+
+    def replaced(self, other: "FusedWeights") -> list[torch.Tensor]:
+        """The linear weights of ``other`` that are not this one's (prepacked or tiled copies)."""
+        mine = {id(w) for w in self.linear_weights()}
+        return [w for w in other.linear_weights() if id(w) not in mine]
 
 
 def _stacked_attention(att: Any, x: torch.Tensor, s: StackedWeights, eps: float, cos: torch.Tensor, sin: torch.Tensor,
@@ -444,7 +472,7 @@ class CpuKernels:
     linear: cpu_linear.LinearPlan | None  # the fused layers' linear library (None: no layer fused)
     isa: str  # SIMD the extension was built for ("" without it)
     other_linears: tuple[str, ...] = ()  # modules outside the fused layers on LinearForward ("project_to_vocab": LM head)
-    packed_bytes: int = 0  # bytes of oneDNN-prepacked weight copies (they replace their parameters)
+    packed_bytes: int = 0  # bytes of prepacked weight copies (oneDNN bf16 / float32, W8A8 in tile order): they replace their parameters
     # bytes the transform added to the loaded parameters' (stacked weights, prepacked copies, float32 norm
     # copies, minus the storages they replaced): what the engine adds to the weights' bytes
     extra_bytes: int = 0
@@ -564,10 +592,11 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
             mode = plan.mode if ok else "mkl"
             modes[id(m)] = mode
             g = f.for_linear_mode(mode)
-            if mode == "packed":
+            copies = f.replaced(g) if mode in ("packed", "quant") else []  # (onednn: row views of gate_up)
+            if copies:  # prepacked (oneDNN) or tiled (W8A8) copies replace the plain weights
                 if w.ple is not None and g.ple_gate is not None and g.ple_proj is not None:
                     w = replace(w, ple=replace(w.ple, gate=g.ple_gate, proj=g.ple_proj))  # hold no plain copy
-                packed += sum(t.numel() * t.element_size() for t in g.linear_weights())
+                packed += sum(t.numel() * t.element_size() for t in copies)
                 _release_packed(m)
             # batch invariance on AMX: oneDNN's blocking follows the row count (FusedLayerForward.fixed_rows)
             fixed = INVARIANT_ROWS if batch_invariant and mode == "packed" and cpu_linear.bf16_isa() == "amx_bf16" else 0
