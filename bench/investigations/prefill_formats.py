@@ -21,11 +21,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--formats", default="bf16,int8dq", help="bf16 (the checkpoint's weights) or --torchao-config values")
     ap.add_argument("--prompt", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="unmeasured alternating rounds first (the page cache and the embedding read-ahead settle)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     formats = [f for f in args.formats.split(",") if f]
-    if len(formats) < 2 or args.rounds < 1:
-        ap.error("give two or more formats and at least one round")
+    if len(formats) < 2 or args.rounds < 1 or args.warmup < 0:
+        ap.error("give two or more formats, at least one round and no negative warmup")
 
     import torch
 
@@ -42,17 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for e in engines.values():
             e.generate(input_ids=ids[:64], sampling_params=sp)  # the lazy kernels built and warm
-        for _ in range(args.rounds):
+        for r in range(args.warmup + args.rounds):
             for f, e in engines.items():
                 e.flush_cache()
                 t = time.perf_counter()
                 e.generate(input_ids=ids, sampling_params=sp)
-                times[f].append(time.perf_counter() - t)
+                if r >= args.warmup:
+                    times[f].append(time.perf_counter() - t)
     finally:
         for e in engines.values():
             e.shutdown()
     print(f"{args.model}, {args.prompt}-token prefill, flag {args.flag}, {args.threads} threads, {args.rounds} rounds "
-          f"alternating; CPU: {cpu_description()}")
+          f"alternating after {args.warmup} unmeasured; CPU: {cpu_description()}")
     base = statistics.median(times[formats[0]])
     for f in formats:
         med = statistics.median(times[f])

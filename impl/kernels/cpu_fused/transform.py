@@ -642,6 +642,11 @@ def _install_linears(model: nn.Module, ext: ModuleType, plan: cpu_linear.LinearP
                 or not m.weight.is_contiguous():
             continue
         if cpu_fused.is_quantized(m.weight):  # packed (impl/quant): the extension's linear reads it
+            # (W8A8 in tile order where the CPU has AMX-int8 tiles: rearranged in place, so the parameter
+            # becomes the tiled view of its own storage)
+            tiled = ext.w8a8_tile_order_(m.weight, m.in_features)
+            if tiled is not m.weight:
+                m.weight = nn.Parameter(tiled, requires_grad=False)
             m.forward = LinearForward(ext, m.weight, False)
             names.append(name)
         elif m.weight.dtype == torch.bfloat16:
@@ -650,6 +655,9 @@ def _install_linears(model: nn.Module, ext: ModuleType, plan: cpu_linear.LinearP
     head = getattr(model, "lm_head_weight", None)
     packed_head = getattr(model, "lm_head_quant", None)  # impl/quant/loading.quantize_lm_head
     if packed_head is not None:
+        hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+        if hidden is not None:  # W8A8 in tile order where the CPU has AMX-int8 tiles (in place, as above)
+            model.lm_head_quant = packed_head = ext.w8a8_tile_order_(packed_head, hidden)
         model.project_to_vocab = LinearForward(ext, packed_head, False, out_dtype=torch.float32)
         names.append("project_to_vocab")
     elif callable(head) and hasattr(model, "project_to_vocab"):
