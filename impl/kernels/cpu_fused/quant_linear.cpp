@@ -578,44 +578,71 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
 // 32-row block, each 64-byte line (16 rows x 4 codes) times 4 of a row's codes broadcast, by VPDPBUSD (unsigned x
 // signed bytes into int32 lanes) on |q_w| and q_x with q_w's sign (|q_x| <= 127: never overflows), the exact
 // integer dot products; then w8a8_kernel's epilogue term for term: a row gets the same bits as from every other
-// W8A8 kernel.
+// W8A8 kernel. Each thread reads its blocks as two streams (the two halves of its range, a block of each at a
+// time) and asks for every line kTiledPrefetch bytes ahead into L2: one stream with the hardware prefetcher alone
+// read a 403 MB LM head at 21 GB/s on the AMX Xeon, the row kernel 24, this 27-28.
+constexpr int64_t kTiledPrefetch = 16384;
+constexpr int64_t kTiledRows = 4;  // x rows per pass over the blocks
+
+// out[m0 + i][32 j + c] for i < mt <= kTiledRows and the P blocks js
+template <int P>
+inline void tiled_blocks(const int8_t* xq, const float* xs, int64_t m0, int64_t mt, const QuantView& q,
+                         const int64_t* js, float* out) {
+  const int64_t K = q.K, KB = K / 64;
+  const uint8_t* b[P];
+  for (int p = 0; p < P; ++p) b[p] = q.data + js[p] * q.B;
+  __m512i acc[kTiledRows][P][2];
+  for (auto& row : acc)
+    for (auto& a : row) a[0] = a[1] = _mm512_setzero_si512();
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t kb = 0; kb < KB; ++kb)
+    for (int r = 0; r < 16; ++r) {
+      __m512i wa[P][2];
+      __mmask64 neg[P][2];
+      for (int p = 0; p < P; ++p)
+        for (int h = 0; h < 2; ++h) {
+          const uint8_t* line = b[p] + kb * 2048 + h * 1024 + 64 * r;
+          _mm_prefetch(reinterpret_cast<const char*>(line + kTiledPrefetch), _MM_HINT_T1);
+          const __m512i w = _mm512_loadu_si512(line);
+          wa[p][h] = _mm512_abs_epi8(w);  // -128 reads 128 unsigned
+          neg[p][h] = _mm512_movepi8_mask(w);  // q_w < 0
+        }
+      for (int64_t i = 0; i < mt; ++i) {
+        int32_t x4;
+        std::memcpy(&x4, xq + (m0 + i) * K + 64 * kb + 4 * r, 4);
+        const __m512i xb = _mm512_set1_epi32(x4);
+        for (int p = 0; p < P; ++p)
+          for (int h = 0; h < 2; ++h)
+            acc[i][p][h] = _mm512_dpbusd_epi32(acc[i][p][h], wa[p][h], _mm512_mask_sub_epi8(xb, neg[p][h], zero, xb));
+      }
+    }
+  for (int p = 0; p < P; ++p) {
+    const uint8_t* tail = b[p] + 32 * K;  // the block's 32 scales
+    for (int64_t i = 0; i < mt; ++i) {
+      const __m512 sx = _mm512_set1_ps(xs[m0 + i]);
+      float* o = out + (m0 + i) * q.N + 32 * js[p];
+      for (int h = 0; h < 2; ++h)
+        _mm512_storeu_ps(o + 16 * h, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[i][p][h]), _mm512_loadu_ps(tail + 64 * h)), sx));
+    }
+  }
+}
+
 void w8a8_tiled_rows(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out) {
-  const int64_t N = q.N, K = q.K, KB = K / 64, blocks = N / 32;
-  constexpr int64_t kRows = 4;  // x rows per pass over a block
   auto body = [&](int64_t lo, int64_t hi) {
-    for (int64_t j = lo; j < hi; ++j) {
-      const uint8_t* blk = q.data + j * q.B;
-      const __m512 sw0 = _mm512_loadu_ps(blk + 32 * K), sw1 = _mm512_loadu_ps(blk + 32 * K + 64);
-      for (int64_t m0 = 0; m0 < M; m0 += kRows) {
-        const int64_t mt = std::min(kRows, M - m0);
-        __m512i acc[kRows][2];
-        for (int64_t i = 0; i < kRows; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
-        for (int64_t kb = 0; kb < KB; ++kb) {
-          const uint8_t* t = blk + kb * 2048;
-          if (M <= kRows) _mm_prefetch(reinterpret_cast<const char*>(t + 8192), _MM_HINT_T0);
-          for (int r = 0; r < 16; ++r) {
-            const __m512i w0 = _mm512_loadu_si512(t + 64 * r), w1 = _mm512_loadu_si512(t + 1024 + 64 * r);
-            const __m512i a0 = _mm512_abs_epi8(w0), a1 = _mm512_abs_epi8(w1);  // -128 reads 128 unsigned
-            const __mmask64 n0 = _mm512_movepi8_mask(w0), n1 = _mm512_movepi8_mask(w1);  // q_w < 0
-            for (int64_t i = 0; i < mt; ++i) {
-              int32_t x4;
-              std::memcpy(&x4, xq + (m0 + i) * K + 64 * kb + 4 * r, 4);
-              const __m512i xb = _mm512_set1_epi32(x4), zero = _mm512_setzero_si512();
-              acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], a0, _mm512_mask_sub_epi8(xb, n0, zero, xb));
-              acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], a1, _mm512_mask_sub_epi8(xb, n1, zero, xb));
-            }
-          }
-        }
-        for (int64_t i = 0; i < mt; ++i) {
-          const __m512 sx = _mm512_set1_ps(xs[m0 + i]);
-          float* o = out + (m0 + i) * N + 32 * j;
-          _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[i][0]), sw0), sx));
-          _mm512_storeu_ps(o + 16, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[i][1]), sw1), sx));
-        }
+    const int64_t half = (hi - lo) / 2;
+    for (int64_t m0 = 0; m0 < M; m0 += kTiledRows) {
+      const int64_t mt = std::min(kTiledRows, M - m0);
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t js[2] = {lo + i, lo + half + i};
+        tiled_blocks<2>(xq, xs, m0, mt, q, js, out);
+      }
+      if ((hi - lo) % 2) {
+        const int64_t last = hi - 1;
+        tiled_blocks<1>(xq, xs, m0, mt, q, &last, out);
       }
     }
   };
-  for_blocks(blocks, 1, body);
+  for_blocks(q.N / 32, 1, body);
 }
 #endif
 
