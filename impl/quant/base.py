@@ -6,7 +6,8 @@ inputs, each group one block of B bytes, its codes first, its float32 scales aft
 
 * ``w8a8``: int8 tensor, G = 1, B = K + 4: int8 codes q then scale s, w = q * s (per channel, symmetric);
   the activations are quantized per row (token) at run time, symmetric int8, and the dot products are exact
-  integers.
+  integers. On a CPU with AMX-int8 the CPU transform rearranges these bytes in place into tile order
+  (``[N / 32, 1, 32 K + 128]``, ``quant_linear.h``) for the kernels; the loaders always write this layout.
 * ``w8a16``: uint8 tensor, B = g + 4: int8 codes (as bytes) then s, w = q * s (per channel: G = 1).
 * ``w4a16``: uint8 tensor, B = g / 2 + 8: byte j < g / 2 holds code j in its low nibble and code j + g / 2 in
   its high nibble (0..15), then s and z (float32): w = (q - z) * s (symmetric formats store z = 8).
