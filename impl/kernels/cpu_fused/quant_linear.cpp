@@ -464,23 +464,30 @@ constexpr int64_t kAmxXBlockBytes = int64_t{768} << 10;
 // down projection: 25 MB), not the whole of a wide weight (a quantized 262144-row LM head: 400 MB at K = 1536).
 constexpr int64_t kAmxPackBlocks = 128;
 
+// 16 rows of K codes `ld` bytes apart -> their K / 64 B tiles (1 KB each) 2048 bytes apart from `dst`: the tile
+// order's half of a 32-row block (quant_linear.h), for the per-call packing and for w8a8_tile_order_.
+inline void pack_tile_half(const uint8_t* rows, int64_t ld, int64_t K, int8_t* dst) {
+  for (int64_t kb = 0; kb < K / 64; ++kb)
+    transpose_words_16x16(reinterpret_cast<const int8_t*>(rows) + kb * 64, ld, dst + kb * 2048);
+}
+
 // Where tile half h (16 weight rows from `row`, a multiple of 16) of a weight's codes and scales lie: its B tile of
-// k-block kb at `tiles` + 2048 kb (1 KB, 64-byte rows), the scale of its row j at `scales` + 4 j. A tiled W8A8 weight
-// holds them in place; a row-layout one is packed into `packed` (the half's 16 rows of 32 x K scratch bytes).
+// k-block kb at `tiles` + 2048 kb (1 KB, 64-byte rows), the scale of its row j at `scales` + `scale_step` j. A tiled
+// W8A8 weight holds them in place; a row-layout one's codes are packed into `packed` (the half's 16 rows of 32 x K
+// scratch bytes), its scales read where they are.
 struct TileHalf {
   const int8_t* tiles;
   const uint8_t* scales;
+  int64_t scale_step;
 };
 inline TileHalf tile_half(const QuantView& q, int64_t row, int8_t* packed) {
   if (q.tiled) {
     const uint8_t* blk = q.data + (row / 32) * q.B;
     const int64_t h = (row / 16) % 2;
-    return {reinterpret_cast<const int8_t*>(blk) + h * 1024, blk + 32 * q.K + 64 * h};
+    return {reinterpret_cast<const int8_t*>(blk) + h * 1024, blk + 32 * q.K + 64 * h, 4};
   }
-  const int64_t KB = q.K / 64;
-  for (int64_t kb = 0; kb < KB; ++kb)
-    transpose_words_16x16(reinterpret_cast<const int8_t*>(q.data + row * q.B) + kb * 64, q.B, packed + kb * 2048);
-  return {packed, nullptr};
+  pack_tile_half(q.data + row * q.B, q.B, q.K, packed);
+  return {packed, q.data + row * q.B + q.K, q.B};
 }
 
 // out = x @ dequant(w)^T from x's row codes xq [M, K] and scales xs [M]. gate_cols == 0: out [M, N]. gate_cols == I
@@ -488,7 +495,7 @@ inline TileHalf tile_half(const QuantView& q, int64_t row, int8_t* packed) {
 // rows with the 16 up rows I further on, so the activation runs on the float32 products while they are in
 // registers (act::gelu_mul on 16 lanes: the same bits as the activation pass over a whole row of them).
 void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out, int64_t gate_cols = 0) {
-  const int64_t N = q.N, K = q.K, KB = K / 64, rowB = q.B;
+  const int64_t N = q.N, K = q.K, KB = K / 64;
   const int64_t blocks = N / 32, MB = (M + 31) / 32, ldo = gate_cols ? gate_cols : N;
   // the weight rows of tile half h of block b (16 each)
   auto row0 = [&](int64_t b, int h) { return gate_cols ? 16 * b + h * gate_cols : 32 * b + 16 * h; };
@@ -530,8 +537,7 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
         const TileHalf* hv = &halves[2 * (b - lo)];
         const int8_t *p0 = hv[0].tiles, *p1 = hv[1].tiles;
         for (int h = 0; h < 2; ++h)
-          for (int j = 0; j < 16; ++j)
-            sw[16 * h + j] = hv[h].scales ? load_f32(hv[h].scales + 4 * j) : load_f32(q.data + (row0(b0 + b, h) + j) * rowB + K);
+          for (int j = 0; j < 16; ++j) sw[16 * h + j] = load_f32(hv[h].scales + hv[h].scale_step * j);
         for (int64_t mb = mb0; mb < mb1; ++mb) {
           const int64_t m0 = mb * 32, mt = std::min<int64_t>(32, M - m0);
           const int8_t* a = xt + mb * KB * 2048;
@@ -779,6 +785,11 @@ bool is_quantized(const torch::Tensor& w) {
   return !w.is_mkldnn() && w.dim() == 3 && (w.scalar_type() == torch::kInt8 || w.scalar_type() == torch::kUInt8);
 }
 
+// A W8A8 weight in tile order for inputs of width K: int8 [N / 32, 1, 32 K + 128] (quant_linear.h).
+inline bool tiled_w8a8_shape(const torch::Tensor& w, int64_t K) {
+  return w.scalar_type() == torch::kInt8 && w.size(1) == 1 && K % 64 == 0 && w.size(2) == 32 * K + 128;
+}
+
 QuantView quant_view(const torch::Tensor& w, int64_t K) {
   TORCH_CHECK(is_quantized(w), "a quantized weight is an int8 or uint8 [N, G, B] tensor");
   TORCH_CHECK(w.device().is_cpu() && w.is_contiguous(), "a quantized weight must be a contiguous CPU tensor");
@@ -786,7 +797,7 @@ QuantView quant_view(const torch::Tensor& w, int64_t K) {
   TORCH_CHECK(G > 0 && K % G == 0, "a quantized weight of ", G, " groups cannot take inputs of width ", K);
   const int64_t g = K / G;
   TORCH_CHECK(g % kGroupMultiple == 0, "quantization groups must be a multiple of ", kGroupMultiple, " inputs, got ", g);
-  if (w.scalar_type() == torch::kInt8 && G == 1 && K % 64 == 0 && B == 32 * K + 128)
+  if (tiled_w8a8_shape(w, K))
     return QuantView{QuantKind::kW8A8, 32 * N, 1, K, K, B, reinterpret_cast<const uint8_t*>(w.data_ptr()), true};
   QuantKind kind;
   if (w.scalar_type() == torch::kInt8 && B == g / 2 + 8) {
@@ -814,7 +825,7 @@ bool takes_inputs(const torch::Tensor& w, int64_t K) {
   const int64_t G = w.size(1), B = w.size(2);
   if (G <= 0 || K % G != 0) return false;
   const int64_t g = K / G;
-  return B == g + 4 || B == g / 2 + 8 || (w.scalar_type() == torch::kInt8 && G == 1 && B == 32 * K + 128);
+  return B == g + 4 || B == g / 2 + 8 || tiled_w8a8_shape(w, K);
 }
 
 // One row's codes: s = max|x| / 127 (NaNs skipped, as std::max skips them), q = clamp(nearbyint(x / s), -127, 127)
@@ -1072,10 +1083,7 @@ torch::Tensor w8a8_tile_order_(const torch::Tensor& w, int64_t K) {
     for (int64_t j = lo; j < hi; ++j) {
       uint8_t* blk = base + j * B;
       std::memcpy(rows.data(), blk, static_cast<size_t>(B));
-      for (int64_t kb = 0; kb < K / 64; ++kb)
-        for (int h = 0; h < 2; ++h)
-          transpose_words_16x16(reinterpret_cast<const int8_t*>(rows.data() + 16 * h * (K + 4)) + kb * 64, K + 4,
-                                reinterpret_cast<int8_t*>(blk) + (2 * kb + h) * 1024);
+      for (int h = 0; h < 2; ++h) pack_tile_half(rows.data() + 16 * h * (K + 4), K + 4, K, reinterpret_cast<int8_t*>(blk) + h * 1024);
       for (int64_t r = 0; r < 32; ++r) std::memcpy(blk + 32 * K + 4 * r, rows.data() + r * (K + 4) + K, 4);
     }
   });

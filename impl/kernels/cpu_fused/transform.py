@@ -129,7 +129,6 @@ class FusedWeights:
         return replace(self, qkv_proj=p(self.qkv_proj), o_proj=p(self.o_proj), gate_up=(p(gate), p(up)), down=p(self.down),
                        **ple)
 
-
     def _w8a8_tiled(self) -> "FusedWeights":
         """Quantized weights as the extension reads them: W8A8 ones in AMX-int8 tile order where the CPU has the
         tiles (``quant_linear.h``: prefill's tiles read them in place, decode's VNNI kernel too; same products
