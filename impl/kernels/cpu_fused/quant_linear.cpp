@@ -69,14 +69,20 @@ inline void for_blocks(int64_t blocks, int64_t grain, const F& body) {
 
 // Decode's row kernels read a few weight rows at a time, group by group: a stride within a few KB that the
 // hardware prefetcher follows poorly (measured on one Zen 3 core, 24576 x 1536: W4A8 4.8 GB/s without, 8.1
-// with; W8A8 5.2 -> 11.0). Each pass asks for the rows kPrefetchRows ahead into L2.
+// with; W8A8 5.2 -> 11.0). They ask for the rows kPrefetchRows ahead into L2, a line or two at a time as they
+// go: one burst of all of a pass's lines before it stalled on the prefetches themselves (fill buffers full) on
+// the AMX Xeon; spread, at E2B's shapes there: W4A8 16 -> 20 GB/s, W4A16 14 -> 16, W8A8 (rows) 20 -> 22.
 constexpr int64_t kPrefetchRows = 16;
 
-inline void prefetch_rows(const QuantView& q, int64_t rowB, int64_t n, int64_t rows) {
-  const int64_t hi = std::min(q.N, n + rows);
-  if (n >= hi) return;
-  const char* p = reinterpret_cast<const char*>(q.data + n * rowB);
-  for (int64_t o = 0; o < (hi - n) * rowB; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
+// The lines of bytes [0, B) of R rows (rowB apart, from p) pf bytes ahead: B = 1 asks for one line per row.
+template <int R>
+inline void prefetch_groups(const uint8_t* p, int64_t rowB, int64_t B, int64_t pf) {
+  for (int r = 0; r < R; ++r) {
+    const char* a = reinterpret_cast<const char*>(p + r * rowB + pf);
+    _mm_prefetch(a, _MM_HINT_T1);  // the first and the last line (a group of 128 int4 codes: 72 bytes)
+    for (int64_t o = 64; o < B - 64; o += 64) _mm_prefetch(a + o, _MM_HINT_T1);
+    if (B > 1) _mm_prefetch(a + B - 1, _MM_HINT_T1);
+  }
 }
 
 // ---- weight-only kinds: the row kernel ------------------------------------------------------------------
@@ -86,7 +92,7 @@ inline void prefetch_rows(const QuantView& q, int64_t rowB, int64_t n, int64_t r
 // last. The order of every sum is fixed by the layout alone.
 template <QuantKind Kd, int R, int MT>
 inline void wo_tile(const float* x, int64_t ldx, const uint8_t* w, int64_t rowB, const QuantView& q, float* out,
-                    int64_t ldo) {
+                    int64_t ldo, int64_t pf = 0) {
   vfloat tot[R][MT];
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < MT; ++m) tot[r][m] = vfloat{};
@@ -98,6 +104,7 @@ inline void wo_tile(const float* x, int64_t ldx, const uint8_t* w, int64_t rowB,
     for (int r = 0; r < R; ++r)
       for (int m = 0; m < MT; ++m) acc[r][m] = vfloat{};
     if constexpr (Kd == QuantKind::kW4A16) {
+      if (pf) prefetch_groups<R>(blk, rowB, q.B, pf);
       const int64_t half = g / 2;
       vfloat z[R];
       for (int r = 0; r < R; ++r) z[r] = vsplat(load_f32(blk + r * rowB + half + 4));
@@ -118,7 +125,9 @@ inline void wo_tile(const float* x, int64_t ldx, const uint8_t* w, int64_t rowB,
         for (int m = 0; m < MT; ++m) tot[r][m] = vfma(s, acc[r][m], tot[r][m]);
       }
     } else {
+      if (pf) prefetch_groups<R>(blk + g, rowB, q.B - g, pf);  // the scale's line
       for (int64_t k = 0; k < g; k += kVec) {
+        if (pf && k % 64 == 0) prefetch_groups<R>(blk + k, rowB, 1, pf);
         vfloat wv[R];
         for (int r = 0; r < R; ++r) wv[r] = vload_i8(blk + r * rowB + k);
         for (int m = 0; m < MT; ++m) {
@@ -150,7 +159,7 @@ inline float hsum8(__m256 v) {
 // every MT, so a row's result never depends on how many rows share its tile.
 template <int R, int MT>
 inline void w4_tile_avx2(const float* xp, int64_t ldx, const float* xs, int64_t ldxs, const uint8_t* w, int64_t rowB,
-                         const QuantView& q, float* out, int64_t ldo) {
+                         const QuantView& q, float* out, int64_t ldo, int64_t pf = 0) {
   const int64_t g = q.g, half = g / 2;
   const __m256i m4 = _mm256_set1_epi8(15);
   // spread[k]: bytes 4k..4k+3 of each 128-bit lane into the low bytes of its 4 int32 lanes
@@ -164,6 +173,7 @@ inline void w4_tile_avx2(const float* xp, int64_t ldx, const float* xs, int64_t 
   for (int64_t gi = 0; gi < q.G; ++gi) {
     const uint8_t* blk = w + gi * q.B;
     const float* xg = xp + gi * g;
+    if (pf) prefetch_groups<R>(blk, rowB, q.B, pf);
     __m256 acc[R][MT][2];
     for (int r = 0; r < R; ++r)
       for (int m = 0; m < MT; ++m) acc[r][m][0] = acc[r][m][1] = _mm256_setzero_ps();
@@ -240,19 +250,21 @@ constexpr int kWoTile = 2;
 
 // x: [M, K] float32 (W4A16 on AVX2: permuted, with xs its group sums [M, G]).
 template <QuantKind Kd, int R>
-inline void wo_rows(const float* x, const float* xs, int64_t M, const uint8_t* w, const QuantView& q, float* out, int64_t N) {
+inline void wo_rows(const float* x, const float* xs, int64_t M, const uint8_t* w, const QuantView& q, float* out, int64_t N,
+                    int64_t pf = 0) {
   const int64_t rowB = q.G * q.B, K = q.K;
   int64_t m = 0;
 #if defined(QUANT_AVX2_ROWS)
   if constexpr (Kd == QuantKind::kW4A16) {  // tiles of 2 x rows take one weight row at a time (16 ymm)
     for (; m + kWoTile <= M; m += kWoTile)
-      for (int r = 0; r < R; ++r) w4_tile_avx2<1, kWoTile>(x + m * K, K, xs + m * q.G, q.G, w + r * rowB, rowB, q, out + m * N + r, N);
-    for (; m < M; ++m) w4_tile_avx2<R, 1>(x + m * K, K, xs + m * q.G, q.G, w, rowB, q, out + m * N, N);
+      for (int r = 0; r < R; ++r)
+        w4_tile_avx2<1, kWoTile>(x + m * K, K, xs + m * q.G, q.G, w + r * rowB, rowB, q, out + m * N + r, N, pf);
+    for (; m < M; ++m) w4_tile_avx2<R, 1>(x + m * K, K, xs + m * q.G, q.G, w, rowB, q, out + m * N, N, pf);
     return;
   }
 #endif
-  for (; m + kWoTile <= M; m += kWoTile) wo_tile<Kd, R, kWoTile>(x + m * K, K, w, rowB, q, out + m * N, N);
-  for (; m < M; ++m) wo_tile<Kd, R, 1>(x + m * K, K, w, rowB, q, out + m * N, N);
+  for (; m + kWoTile <= M; m += kWoTile) wo_tile<Kd, R, kWoTile>(x + m * K, K, w, rowB, q, out + m * N, N, pf);
+  for (; m < M; ++m) wo_tile<Kd, R, 1>(x + m * K, K, w, rowB, q, out + m * N, N, pf);
 }
 
 template <QuantKind Kd>
@@ -262,9 +274,9 @@ void wo_row_kernel(const float* x, const float* xs, int64_t M, const QuantView& 
   const int64_t blocks = N / R;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, rowB * R));
   auto body = [&](int64_t lo, int64_t hi) {
-    for (int64_t b = lo; b < hi; ++b) {
-      if (M <= kWoTile) prefetch_rows(q, rowB, b * R + kPrefetchRows, R);
-      wo_rows<Kd, R>(x, xs, M, q.data + b * R * rowB, q, out + b * R, N);
+    for (int64_t b = lo; b < hi; ++b) {  // decode's row counts ask for the rows kPrefetchRows ahead
+      const bool ahead = M <= kWoTile && (b + 1) * R + kPrefetchRows <= N;
+      wo_rows<Kd, R>(x, xs, M, q.data + b * R * rowB, q, out + b * R, N, ahead ? kPrefetchRows * rowB : 0);
     }
   };
   for_blocks(blocks, grain, body);
@@ -333,13 +345,17 @@ torch::Tensor dequant_mm(const torch::Tensor& x, const QuantView& q) {
 
 // acc[m][r] = sum_k xq[m, k] * wq[r, k] for R weight rows and MT x rows (K a multiple of 32).
 template <int R, int MT>
-inline void i8_tile(const int8_t* xq, int64_t ldx, const uint8_t* w, int64_t rowB, int64_t K, int32_t (*acc)[R]) {
+// pf: the rows' lines pf bytes ahead are asked for along the pass (0: none).
+inline void i8_tile(const int8_t* xq, int64_t ldx, const uint8_t* w, int64_t rowB, int64_t K, int32_t (*acc)[R],
+                    int64_t pf = 0) {
 #if defined(__AVX2__)
   __m256i a[R][MT];
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < MT; ++m) a[r][m] = _mm256_setzero_si256();
   const __m256i ones = _mm256_set1_epi16(1);
+  if (pf) prefetch_groups<R>(w + K, rowB, rowB - K, pf);  // the scale's line
   for (int64_t k = 0; k < K; k += 32) {
+    if (pf && k % 64 == 0) prefetch_groups<R>(w + k, rowB, 1, pf);
     __m256i wv[R], wa[R];
     for (int r = 0; r < R; ++r) {
       wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * rowB + k));
@@ -389,14 +405,14 @@ void w8a8_kernel(const int8_t* xq, const float* xs, int64_t M, const QuantView& 
       const int64_t mt = std::min<int64_t>(kI8Tile, M - m);
       int64_t n = n0;
       for (; n + kI8Rows <= n1; n += kI8Rows) {
-        if (M <= kI8Tile) prefetch_rows(q, rowB, n + kPrefetchRows, kI8Rows);
+        const int64_t pf = M <= kI8Tile && n + kI8Rows + kPrefetchRows <= N ? kPrefetchRows * rowB : 0;
         int32_t acc[kI8Tile][kI8Rows];
         const uint8_t* w = q.data + n * rowB;
         switch (mt) {
-          case 4: i8_tile<kI8Rows, 4>(xq + m * K, K, w, rowB, K, acc); break;
-          case 3: i8_tile<kI8Rows, 3>(xq + m * K, K, w, rowB, K, acc); break;
-          case 2: i8_tile<kI8Rows, 2>(xq + m * K, K, w, rowB, K, acc); break;
-          default: i8_tile<kI8Rows, 1>(xq + m * K, K, w, rowB, K, acc); break;
+          case 4: i8_tile<kI8Rows, 4>(xq + m * K, K, w, rowB, K, acc, pf); break;
+          case 3: i8_tile<kI8Rows, 3>(xq + m * K, K, w, rowB, K, acc, pf); break;
+          case 2: i8_tile<kI8Rows, 2>(xq + m * K, K, w, rowB, K, acc, pf); break;
+          default: i8_tile<kI8Rows, 1>(xq + m * K, K, w, rowB, K, acc, pf); break;
         }
         for (int64_t i = 0; i < mt; ++i) epilogue(acc[i], m + i, n, kI8Rows);
       }
@@ -661,15 +677,16 @@ inline bool use_amx_w8a8(int64_t M, const QuantView& q) {
 // group scales and code sums [MT, G] (ldg apart). Per group the dot product of codes is an exact integer:
 // vpmaddubsw multiplies the unsigned codes (0..15) by the signed x codes (|x| <= 127) into 16-bit pair sums
 // of at most 3810, and a group of 256 adds 8 of them per lane (30480 < 32767: no saturation) before one
-// vpmaddwd widens them to int32. Per lane, (float(acc) - z * sum xq / 8) is exact (integers below 2^24), then
-// scaled by s * s_x into the running vector; the lanes are summed last. Every step is fixed by the layout
+// vpmaddwd widens them to int32 (with VNNI, groups of 128 and 256 take VPDPBUSD to the same int32 lanes).
+// Per lane, (float(acc) - z * sum xq / 8) is exact (integers below 2^24), then scaled by s * s_x into the
+// running vector; the lanes are summed last. Every step is fixed by the layout
 // alone (never by R, MT or the other rows), so any row count gives a row the same bits.
 template <int R, int MT>
 inline void w4a8_tile(const int8_t* xq, int64_t ldx, const float* xs, const int32_t* xsum, int64_t ldg,
-                      const uint8_t* w, int64_t rowB, const QuantView& q, float* out, int64_t ldo) {
+                      const uint8_t* w, int64_t rowB, const QuantView& q, float* out, int64_t ldo, int64_t pf = 0) {
   const int64_t g = q.g, half = g / 2;
 #if defined(__AVX2__) && defined(__FMA__)
-  const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  const __m256i m4 = _mm256_set1_epi8(15);
   const __m128i m4h = _mm_set1_epi8(15);
   __m256 tot[R][MT];
   for (int r = 0; r < R; ++r)
@@ -677,37 +694,69 @@ inline void w4a8_tile(const int8_t* xq, int64_t ldx, const float* xs, const int3
   for (int64_t gi = 0; gi < q.G; ++gi) {
     const uint8_t* blk = w + gi * q.B;
     const int8_t* xg = xq + gi * g;
+    if (pf) prefetch_groups<R>(blk, rowB, q.B, pf);
     __m256i acc[R][MT];
-    if (half >= 32) {
+#if defined(__AVX512VNNI__)
+    // Groups of 128 and 256 on 64 bytes per step: VPDPBUSD sums each lane's 4 byte products straight into int32,
+    // lane l + 8 the second 32-byte step's lane l: added, the same int32 lanes as the pair sums below (lane l:
+    // bytes 4l..4l+3 of every 32-byte step), so the same bits in fewer instructions.
+    if (half % 64 == 0) {
+      const __m512i m4z = _mm512_set1_epi8(15);
+      __m512i a5[R][MT];
       for (int r = 0; r < R; ++r)
-        for (int m = 0; m < MT; ++m) acc[r][m] = _mm256_setzero_si256();
-      for (int64_t j = 0; j < half; j += 32) {  // codes j..j+31 (low nibbles) and half+j.. (high nibbles)
-        __m256i xl[MT], xh[MT];
+        for (int m = 0; m < MT; ++m) a5[r][m] = _mm512_setzero_si512();
+      for (int64_t j = 0; j < half; j += 64) {
+        __m512i xl[MT], xh[MT];
         for (int m = 0; m < MT; ++m) {
-          xl[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + m * ldx + j));
-          xh[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + m * ldx + half + j));
+          xl[m] = _mm512_loadu_si512(xg + m * ldx + j);
+          xh[m] = _mm512_loadu_si512(xg + m * ldx + half + j);
         }
         for (int r = 0; r < R; ++r) {
-          const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + r * rowB + j));
-          const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
-          for (int m = 0; m < MT; ++m)
-            acc[r][m] = _mm256_add_epi16(acc[r][m], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl[m]), _mm256_maddubs_epi16(hi, xh[m])));
+          const __m512i b = _mm512_loadu_si512(blk + r * rowB + j);
+          const __m512i lo = _mm512_and_si512(b, m4z), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4z);
+          for (int m = 0; m < MT; ++m) a5[r][m] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a5[r][m], lo, xl[m]), hi, xh[m]);
         }
       }
-    } else {  // groups of 32: 16 bytes, low nibbles codes 0..15 and high nibbles 16..31: x in natural order
-      __m256i xv[MT];
-      for (int m = 0; m < MT; ++m) xv[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + m * ldx));
-      for (int r = 0; r < R; ++r) {
-        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + r * rowB));
-        const __m256i wv = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4h), _mm_and_si128(b, m4h));
-        for (int m = 0; m < MT; ++m) acc[r][m] = _mm256_maddubs_epi16(wv, xv[m]);
+      for (int r = 0; r < R; ++r)
+        for (int m = 0; m < MT; ++m)
+          acc[r][m] = _mm256_add_epi32(_mm512_castsi512_si256(a5[r][m]), _mm512_extracti64x4_epi64(a5[r][m], 1));
+    } else
+#endif
+    {  // 16-bit pair sums (vpmaddubsw), widened into the same int32 lanes (vpmaddwd)
+      const __m256i ones = _mm256_set1_epi16(1);
+      if (half >= 32) {
+        for (int r = 0; r < R; ++r)
+          for (int m = 0; m < MT; ++m) acc[r][m] = _mm256_setzero_si256();
+        for (int64_t j = 0; j < half; j += 32) {  // codes j..j+31 (low nibbles) and half+j.. (high nibbles)
+          __m256i xl[MT], xh[MT];
+          for (int m = 0; m < MT; ++m) {
+            xl[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + m * ldx + j));
+            xh[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + m * ldx + half + j));
+          }
+          for (int r = 0; r < R; ++r) {
+            const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + r * rowB + j));
+            const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+            for (int m = 0; m < MT; ++m)
+              acc[r][m] = _mm256_add_epi16(acc[r][m], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl[m]), _mm256_maddubs_epi16(hi, xh[m])));
+          }
+        }
+      } else {  // groups of 32: 16 bytes, low nibbles codes 0..15 and high nibbles 16..31: x in natural order
+        __m256i xv[MT];
+        for (int m = 0; m < MT; ++m) xv[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + m * ldx));
+        for (int r = 0; r < R; ++r) {
+          const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + r * rowB));
+          const __m256i wv = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4h), _mm_and_si128(b, m4h));
+          for (int m = 0; m < MT; ++m) acc[r][m] = _mm256_maddubs_epi16(wv, xv[m]);
+        }
       }
+      for (int r = 0; r < R; ++r)
+        for (int m = 0; m < MT; ++m) acc[r][m] = _mm256_madd_epi16(acc[r][m], ones);
     }
-    for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < R; ++r) {  // acc: int32 lanes
       const float s = load_f32(blk + r * rowB + half), z = load_f32(blk + r * rowB + half + 4);
       for (int m = 0; m < MT; ++m) {
         const float zc = z * static_cast<float>(xsum[m * ldg + gi]) * 0.125f;  // exact: small integers / 8
-        const __m256 a = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r][m], ones)), _mm256_set1_ps(zc));
+        const __m256 a = _mm256_sub_ps(_mm256_cvtepi32_ps(acc[r][m]), _mm256_set1_ps(zc));
         tot[r][m] = _mm256_fmadd_ps(_mm256_set1_ps(s * xs[m * ldg + gi]), a, tot[r][m]);
       }
     }
@@ -746,12 +795,11 @@ constexpr int64_t kW4A8BlockRows = 64;  // weight rows kept in L2 while every x 
 void w4a8_kernel(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t M, const QuantView& q, float* out) {
   const int64_t N = q.N, K = q.K, G = q.G, rowB = q.G * q.B;
   auto rows_block = [&](int64_t n0, int64_t n1) {
-    if (M == 1) {  // decode: 4 weight rows per pass, one x row
+    if (M == 1) {  // decode: 4 weight rows per pass, one x row; the rows kPrefetchRows ahead asked for group by group
+      const int64_t pf = kPrefetchRows * rowB;
       int64_t n = n0;
-      for (; n + 4 <= n1; n += 4) {
-        prefetch_rows(q, rowB, n + kPrefetchRows, 4);
-        w4a8_tile<4, 1>(xq, K, xs, xsum, G, q.data + n * rowB, rowB, q, out + n, N);
-      }
+      for (; n + 4 <= n1; n += 4)
+        w4a8_tile<4, 1>(xq, K, xs, xsum, G, q.data + n * rowB, rowB, q, out + n, N, n + 4 + kPrefetchRows <= N ? pf : 0);
       for (; n < n1; ++n) w4a8_tile<1, 1>(xq, K, xs, xsum, G, q.data + n * rowB, rowB, q, out + n, N);
       return;
     }
