@@ -104,14 +104,16 @@ def test_fused_activation_quantization_is_the_two_steps(ext, rows):
     assert torch.equal(ext.w8a8_linear_codes(codes, scales, w), ext.quant_linear(y, w))
 
 
+@pytest.mark.parametrize("rows", [333, 96])
 @pytest.mark.parametrize("group", [32, 64, 128, 256])
-def test_w4a8_rows_are_exact_at_every_size(ext, group):
-    """W4A8 runs one integer kernel at every row count and weight size (decode's 4-row passes, prefill's 2 x 2
-    tiles, row-block tails): a row's bits never depend on the call, even on a weight above the small-weight
-    floor (where the weight-only kinds switch to the dequantized GEMM). Every group size: with VNNI, groups of
-    128 and 256 take their own integer loop."""
+def test_w4a8_rows_are_exact_at_every_size(ext, group, rows):
+    """W4A8 takes exact integer dot products per group at every row count and weight size (decode's 4-row passes,
+    prefill's 2 x 2 tiles, row-block tails; from 32 rows AMX-int8 tiles where the CPU has them, for groups of 128
+    and 256 and weights of a multiple of 32 rows), and adds their terms in one order: a row's bits never depend on
+    the call, even on a weight above the small-weight floor (where the weight-only kinds switch to the dequantized
+    GEMM). Every group size: with VNNI, groups of 128 and 256 take their own integer loop."""
     g = torch.Generator().manual_seed(5)
-    p = pack.pack(torch.randn(333, 512, generator=g), WeightFormat("w4a8", group, False))
+    p = pack.pack(torch.randn(rows, 512, generator=g), WeightFormat("w4a8", group, False))
     x = torch.randn(37, 512, generator=g)
     full = ext.quant_linear(x, p)
     for rows in (slice(0, 1), slice(36, 37), slice(1, 4), slice(10, 27)):

@@ -145,6 +145,15 @@ inline void wo_tile(const float* x, int64_t ldx, const uint8_t* w, int64_t rowB,
     for (int r = 0; r < R; ++r) out[m * ldo + r] = hsum(tot[r][m]);
 }
 
+#if defined(__AVX2__)
+inline int32_t hsum_i32(__m256i v) {  // exact: integers
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+#endif
+
 #if defined(__AVX2__) && defined(__FMA__)
 #define QUANT_AVX2_ROWS 1
 
@@ -369,14 +378,8 @@ inline void i8_tile(const int8_t* xq, int64_t ldx, const uint8_t* w, int64_t row
       }
     }
   }
-  for (int m = 0; m < MT; ++m) {
-    for (int r = 0; r < R; ++r) {
-      __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a[r][m]), _mm256_extracti128_si256(a[r][m], 1));
-      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-      acc[m][r] = _mm_cvtsi128_si32(s);
-    }
-  }
+  for (int m = 0; m < MT; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = hsum_i32(a[r][m]);
 #else
   for (int m = 0; m < MT; ++m)
     for (int r = 0; r < R; ++r) {
@@ -673,14 +676,22 @@ inline bool use_amx_w8a8(int64_t M, const QuantView& q) {
 
 // ---- W4A8: int4 codes x int8 activations, exact integer dot products per group -------------------------
 
+// One group's term of a W4A8 output: tot + (s * s_x) * (isum - z * sum xq) with one rounding of the product-add.
+// isum (the group's dot product of codes, |isum| <= 15 * 127 * 256) and z * sum xq (z an integer 0..15) are
+// integers below 2^24, so the difference is exact; every W4A8 kernel adds these terms in group order (w4a8_amx:
+// the same operations, 16 outputs at a time), so a row's bits never depend on the kernel that ran it.
+inline float w4a8_step(float tot, int32_t isum, float s, float z, float sx, int32_t xsum) {
+  return std::fma(s * sx, static_cast<float>(isum) - z * static_cast<float>(xsum), tot);
+}
+
 // out[m, r] for R weight rows and MT rows of x. xq: int8 codes [MT, K] (ldx apart), xs / xsum: each row's
 // group scales and code sums [MT, G] (ldg apart). Per group the dot product of codes is an exact integer:
 // vpmaddubsw multiplies the unsigned codes (0..15) by the signed x codes (|x| <= 127) into 16-bit pair sums
 // of at most 3810, and a group of 256 adds 8 of them per lane (30480 < 32767: no saturation) before one
 // vpmaddwd widens them to int32 (with VNNI, groups of 128 and 256 take VPDPBUSD to the same int32 lanes).
-// Per lane, (float(acc) - z * sum xq / 8) is exact (integers below 2^24), then scaled by s * s_x into the
-// running vector; the lanes are summed last. Every step is fixed by the layout
-// alone (never by R, MT or the other rows), so any row count gives a row the same bits.
+// The group's lanes are summed (an exact integer) and its term added by w4a8_step, group by group: every step is
+// fixed by the layout alone (never by R, MT or the other rows, nor by the kernel: w4a8_amx adds the same terms),
+// so any row count gives a row the same bits.
 template <int R, int MT>
 inline void w4a8_tile(const int8_t* xq, int64_t ldx, const float* xs, const int32_t* xsum, int64_t ldg,
                       const uint8_t* w, int64_t rowB, const QuantView& q, float* out, int64_t ldo, int64_t pf = 0) {
@@ -688,9 +699,8 @@ inline void w4a8_tile(const int8_t* xq, int64_t ldx, const float* xs, const int3
 #if defined(__AVX2__) && defined(__FMA__)
   const __m256i m4 = _mm256_set1_epi8(15);
   const __m128i m4h = _mm_set1_epi8(15);
-  __m256 tot[R][MT];
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < MT; ++m) tot[r][m] = _mm256_setzero_ps();
+  float tot[R][MT] = {};
+  __m128 tot4 = _mm_setzero_ps();  // R * MT == 4: the four outputs' running sums (lane r * MT + m)
   for (int64_t gi = 0; gi < q.G; ++gi) {
     const uint8_t* blk = w + gi * q.B;
     const int8_t* xg = xq + gi * g;
@@ -752,40 +762,44 @@ inline void w4a8_tile(const int8_t* xq, int64_t ldx, const float* xs, const int3
       for (int r = 0; r < R; ++r)
         for (int m = 0; m < MT; ++m) acc[r][m] = _mm256_madd_epi16(acc[r][m], ones);
     }
-    for (int r = 0; r < R; ++r) {  // acc: int32 lanes
-      const float s = load_f32(blk + r * rowB + half), z = load_f32(blk + r * rowB + half + 4);
-      for (int m = 0; m < MT; ++m) {
-        const float zc = z * static_cast<float>(xsum[m * ldg + gi]) * 0.125f;  // exact: small integers / 8
-        const __m256 a = _mm256_sub_ps(_mm256_cvtepi32_ps(acc[r][m]), _mm256_set1_ps(zc));
-        tot[r][m] = _mm256_fmadd_ps(_mm256_set1_ps(s * xs[m * ldg + gi]), a, tot[r][m]);
+    if constexpr (R * MT == 4) {  // w4a8_step on four lanes at once (the same operations per lane)
+      __m128i h[4];
+      float sv[4], zv[4], xv[4], cv[4];
+      for (int r = 0; r < R; ++r)
+        for (int m = 0; m < MT; ++m) {
+          const int l = r * MT + m;
+          h[l] = _mm_add_epi32(_mm256_castsi256_si128(acc[r][m]), _mm256_extracti128_si256(acc[r][m], 1));
+          sv[l] = load_f32(blk + r * rowB + half);
+          zv[l] = load_f32(blk + r * rowB + half + 4);
+          xv[l] = xs[m * ldg + gi];
+          cv[l] = static_cast<float>(xsum[m * ldg + gi]);
+        }
+      const __m128i isum = _mm_hadd_epi32(_mm_hadd_epi32(h[0], h[1]), _mm_hadd_epi32(h[2], h[3]));  // exact
+      const __m128 d = _mm_sub_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(_mm_loadu_ps(zv), _mm_loadu_ps(cv)));
+      tot4 = _mm_fmadd_ps(_mm_mul_ps(_mm_loadu_ps(sv), _mm_loadu_ps(xv)), d, tot4);
+    } else {
+      for (int r = 0; r < R; ++r) {  // acc: int32 lanes
+        const float s = load_f32(blk + r * rowB + half), z = load_f32(blk + r * rowB + half + 4);
+        for (int m = 0; m < MT; ++m)
+          tot[r][m] = w4a8_step(tot[r][m], hsum_i32(acc[r][m]), s, z, xs[m * ldg + gi], xsum[m * ldg + gi]);
       }
     }
   }
+  if constexpr (R * MT == 4) _mm_storeu_ps(&tot[0][0], tot4);
   for (int m = 0; m < MT; ++m)
-    for (int r = 0; r < R; ++r) out[m * ldo + r] = hsum8(tot[r][m]);
+    for (int r = 0; r < R; ++r) out[m * ldo + r] = tot[r][m];
 #else
-  // 8 lanes as the AVX2 path keeps them: lane l of a group takes the pair sums of its 16-bit lanes 2l, 2l+1
   for (int m = 0; m < MT; ++m)
     for (int r = 0; r < R; ++r) {
-      float tot[8] = {};
+      float tot = 0.f;
       for (int64_t gi = 0; gi < q.G; ++gi) {
         const uint8_t* blk = w + r * rowB + gi * q.B;
         const int8_t* xg = xq + m * ldx + gi * g;
-        int32_t lane[8] = {};
-        for (int64_t k = 0; k < g; ++k) {  // code k: byte k % half, nibble k / half; 32-byte step position
-          const int64_t j = k % half, pos = half >= 32 ? j % 32 : j + 16 * (k / half);
-          const int code = k < half ? (blk[j] & 15) : (blk[j] >> 4);
-          lane[pos / 4] += code * xg[k];
-        }
-        const float s = load_f32(blk + half), z = load_f32(blk + half + 4);
-        const float zc = z * static_cast<float>(xsum[m * ldg + gi]) * 0.125f;
-        for (int l = 0; l < 8; ++l) tot[l] = std::fma(s * xs[m * ldg + gi], static_cast<float>(lane[l]) - zc, tot[l]);
+        int32_t isum = 0;
+        for (int64_t j = 0; j < half; ++j) isum += (blk[j] & 15) * xg[j] + (blk[j] >> 4) * xg[half + j];
+        tot = w4a8_step(tot, isum, load_f32(blk + half), load_f32(blk + half + 4), xs[m * ldg + gi], xsum[m * ldg + gi]);
       }
-      float a[4], b2[2];
-      for (int l = 0; l < 4; ++l) a[l] = tot[l] + tot[l + 4];
-      b2[0] = a[0] + a[2];
-      b2[1] = a[1] + a[3];
-      out[m * ldo + r] = b2[0] + b2[1];
+      out[m * ldo + r] = tot;
     }
 #endif
 }
@@ -826,6 +840,110 @@ void w4a8_kernel(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t
   for_blocks(blocks, 1, body);
 }
 
+#if defined(QUANT_AMX_INT8)
+// W4A8 from kAmxMinRows rows on AMX-int8 tiles (groups of 128 or 256, N a multiple of 32). Per group, TDPBSUD
+// (signed x codes times unsigned weight codes 0..15, int32 accumulation) gives every output's exact integer dot
+// product of codes; the tiles are stored and w4a8_step's term added on 16 outputs at a time (the same operations
+// on the same operands: the row kernel's bits). Each 32-row weight block is unpacked per call into B tiles of
+// one byte per code (a 64-code k-block is all low or all high nibbles of 64 bytes when half a group is a
+// multiple of 64), and x is laid out in tile order once per call, as w8a8_amx does.
+inline bool use_amx_w4a8(int64_t M, const QuantView& q) {
+  return M >= kAmxMinRows && q.N % 32 == 0 && q.g % 128 == 0 && cpu_amx::tiles_allowed();
+}
+
+void w4a8_amx(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t M, const QuantView& q, float* out) {
+  const int64_t N = q.N, K = q.K, KB = K / 64, G = q.G, half = q.g / 2, KBG = q.g / 64, rowB = G * q.B;
+  const int64_t blocks = N / 32, MB = (M + 31) / 32, chunk = std::min(blocks, kAmxPackBlocks);
+  thread_local avector<int8_t> xt_buf, packed_buf;
+  if (xt_buf.size() < static_cast<size_t>(MB * 32 * K)) xt_buf.resize(static_cast<size_t>(MB * 32 * K));
+  if (packed_buf.size() < static_cast<size_t>(chunk * 32 * K)) packed_buf.resize(static_cast<size_t>(chunk * 32 * K));
+  int8_t* const xt = xt_buf.data();
+  int8_t* const packed = packed_buf.data();
+  for_blocks(MB, 4, [&](int64_t lo, int64_t hi) {  // xt[mb][kb][32 rows][64 codes], rows past M zero
+    for (int64_t m = lo * 32; m < hi * 32; ++m)
+      for (int64_t kb = 0; kb < KB; ++kb) {
+        int8_t* dst = xt + ((m / 32) * KB + kb) * 2048 + (m % 32) * 64;
+        if (m < M) std::memcpy(dst, xq + m * K + kb * 64, 64);
+        else std::memset(dst, 0, 64);
+      }
+  });
+  const int64_t sb = std::max<int64_t>(1, kAmxXBlockBytes / (32 * K));
+  int64_t b0 = 0;
+  auto body = [&](int64_t lo, int64_t hi) {
+    // this thread's blocks: codes as B tiles (block b's k-block kb, half h at b 32 K + 2048 kb + 1024 h), and
+    // each block's scales and zeros per group (sz[b][gi][0 / 1][32 rows])
+    thread_local avector<float> sz_buf;
+    sz_buf.resize(static_cast<size_t>((hi - lo) * G * 64));
+    const __m512i m4 = _mm512_set1_epi8(15);
+    alignas(64) uint8_t codes[16][64];
+    for (int64_t b = lo; b < hi; ++b) {
+      const uint8_t* wb = q.data + (b0 + b) * 32 * rowB;
+      for (int h = 0; h < 2; ++h)
+        for (int64_t kb = 0; kb < KB; ++kb) {
+          const int64_t gi = kb / KBG, j = (kb % KBG) * 64;  // the k-block's first code in its group
+          for (int r = 0; r < 16; ++r) {
+            const __m512i v = _mm512_loadu_si512(wb + (16 * h + r) * rowB + gi * q.B + j % half);
+            _mm512_store_si512(codes[r], j < half ? _mm512_and_si512(v, m4) : _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+          }
+          transpose_words_16x16(reinterpret_cast<const int8_t*>(&codes[0][0]), 64, packed + b * 32 * K + kb * 2048 + h * 1024);
+        }
+      float* sz = sz_buf.data() + (b - lo) * G * 64;
+      for (int64_t gi = 0; gi < G; ++gi)
+        for (int r = 0; r < 32; ++r) {
+          sz[gi * 64 + r] = load_f32(wb + r * rowB + gi * q.B + half);
+          sz[gi * 64 + 32 + r] = load_f32(wb + r * rowB + gi * q.B + half + 4);
+        }
+    }
+    cpu_amx::config_16x64();
+    alignas(64) int32_t c[32][32];
+    alignas(64) float tot[32][32];
+    for (int64_t mb0 = 0; mb0 < MB; mb0 += sb) {
+      const int64_t mb1 = std::min(MB, mb0 + sb);
+      for (int64_t b = lo; b < hi; ++b) {
+        const int8_t* p = packed + b * 32 * K;
+        const float* sz = sz_buf.data() + (b - lo) * G * 64;
+        for (int64_t mb = mb0; mb < mb1; ++mb) {
+          const int64_t m0 = mb * 32, mt = std::min<int64_t>(32, M - m0);
+          const int8_t* a = xt + mb * KB * 2048;
+          std::memset(tot, 0, sizeof tot);
+          for (int64_t gi = 0; gi < G; ++gi) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t kb = gi * KBG; kb < (gi + 1) * KBG; ++kb) {
+              _tile_loadd(4, a + kb * 2048, 64);
+              _tile_loadd(6, p + kb * 2048, 64);
+              _tile_dpbsud(0, 4, 6);
+              _tile_loadd(7, p + kb * 2048 + 1024, 64);
+              _tile_dpbsud(1, 4, 7);
+              _tile_loadd(5, a + kb * 2048 + 1024, 64);
+              _tile_dpbsud(2, 5, 6);
+              _tile_dpbsud(3, 5, 7);
+            }
+            _tile_stored(0, &c[0][0], 128);
+            _tile_stored(1, &c[0][16], 128);
+            _tile_stored(2, &c[16][0], 128);
+            _tile_stored(3, &c[16][16], 128);
+            for (int64_t i = 0; i < mt; ++i) {  // w4a8_step on 16 outputs at a time
+              const int64_t xi = (m0 + i) * G + gi;
+              const __m512 sx = _mm512_set1_ps(xs[xi]), sum = _mm512_set1_ps(static_cast<float>(xsum[xi]));
+              for (int h = 0; h < 2; ++h) {
+                const __m512 s = _mm512_load_ps(sz + gi * 64 + 16 * h), z = _mm512_load_ps(sz + gi * 64 + 32 + 16 * h);
+                const __m512 d = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_load_si512(&c[i][16 * h])), _mm512_mul_ps(z, sum));
+                _mm512_store_ps(&tot[i][16 * h], _mm512_fmadd_ps(_mm512_mul_ps(s, sx), d, _mm512_load_ps(&tot[i][16 * h])));
+              }
+            }
+          }
+          for (int64_t i = 0; i < mt; ++i) std::memcpy(out + (m0 + i) * N + (b0 + b) * 32, tot[i], 32 * sizeof(float));
+        }
+      }
+    }
+    _tile_release();
+  };
+  for (; b0 < blocks; b0 += chunk) for_blocks(std::min(chunk, blocks - b0), 1, body);
+}
+#endif
 
 }  // namespace
 
@@ -1066,8 +1184,14 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w) {
     w8a8_linear_into(x, w, out);
     return out;
   }
-  if (q.kind == QuantKind::kW4A8) {  // one integer kernel at every row count
+  if (q.kind == QuantKind::kW4A8) {  // exact integer dot products per group at every row count (w4a8_step)
     auto qs = quantize_groups(x, q.g);
+#if defined(QUANT_AMX_INT8)
+    if (use_amx_w4a8(M, q)) {
+      w4a8_amx(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), qs[2].data_ptr<int32_t>(), M, q, out.data_ptr<float>());
+      return out;
+    }
+#endif
     w4a8_kernel(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), qs[2].data_ptr<int32_t>(), M, q, out.data_ptr<float>());
     return out;
   }
