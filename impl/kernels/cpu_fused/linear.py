@@ -33,6 +33,8 @@ matmul rounds its input rows to bf16 (as a bf16 model does), the float32 paths d
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
 import torch
@@ -140,14 +142,18 @@ def plan(dtype: torch.dtype = torch.float32) -> LinearPlan:
 
 
 def quant_plan(fmt_name: str) -> LinearPlan:
-    """The plan of quantized fused layers (``fmt_name``: impl/quant/base.py ``WeightFormat.name()``); W8A8 names
-    the tiles its prefill runs on (AMX-int8 from 32 rows where the CPU has them, else the SIMD row kernel)."""
+    """The plan of quantized fused layers (``fmt_name``: impl/quant/base.py ``WeightFormat.name()``); W8A8 and W4A8
+    name the tiles their prefill runs on (AMX-int8 from 32 rows where the CPU has them, W4A8 for groups of 128 and
+    256; else the SIMD row kernel)."""
     from impl.kernels import cpu_fused
 
     ext = cpu_fused.load()
+    amx = ext is not None and ext.quant_w8a8_prefill_isa() == "amx_int8"
     if ext is not None and fmt_name.startswith("w8a8"):
-        fmt_name += (", prefill on AMX-int8 tiles (weights kept in tile order)" if ext.quant_w8a8_prefill_isa() == "amx_int8"
-                     else ", prefill on SIMD")
+        fmt_name += ", prefill on AMX-int8 tiles (weights kept in tile order)" if amx else ", prefill on SIMD"
+    elif ext is not None and fmt_name.startswith("w4a8"):
+        group = re.search(r"groups of (\d+)", fmt_name)
+        fmt_name += ", prefill on AMX-int8 tiles" if amx and group and int(group.group(1)) % 128 == 0 else ", prefill on SIMD"
     return LinearPlan("quant", fmt_name, "quantized")
 
 
