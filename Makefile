@@ -25,9 +25,12 @@ POLICY ?= cache_aware
 serve-cluster: $(STAMP)
 	$(PY) -m impl.launch_cluster --num-workers $(WORKERS) --policy $(POLICY) -- $(ARGS)
 
-# Everything (what CI runs: .ci/run), with the 15 slowest tests named at the end.
+# Everything (what CI runs: .ci/run), with the 15 slowest tests named at the end: two pytest workers (most tests
+# keep one core busy, 2 cores), then the timed throughput contracts alone (nothing beside their measurements).
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not bench and not soak and not timed' --durations=15
+	$(PY) -m pytest -q -m 'timed and not bench and not soak' --durations=5
 
 # While working: the unit and contract tests that start no server and no engine of many configurations
 # (under 2 minutes on 2 cores; the slow tier is marked `slow`, docs/development.md).

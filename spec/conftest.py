@@ -46,8 +46,11 @@ def needs_of(item: pytest.Item) -> set[str]:
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if needs_of(item) & SLOW_NEEDS:
+        needs = needs_of(item)
+        if needs & SLOW_NEEDS:
             item.add_marker(pytest.mark.slow)
+        if "bench" in needs:  # timed side by side: make test runs them after the rest, with no worker beside them
+            item.add_marker(pytest.mark.timed)
 
 
 @pytest.fixture(autouse=True)

@@ -219,6 +219,22 @@ def test_kernels_accept_strided_activations():
 
 
 @needs_ext
+@pytest.mark.parametrize("onednn", [False, True])
+def test_small_float32_weights_give_a_row_the_same_bits_in_any_batch(onednn):
+    """A float32 weight under the planner's oneDNN size (the tiny checkpoints' 8-wide per-layer projections) runs
+    the row kernel at every row count: a row alone, among 16 and among 40 gets the same bits (fast prefill runs the
+    cross-decoder on fewer rows; with ATen's mm one bit moved, and a W8A8 or fp8 quantizer downstream turned it
+    into another code: QUANT-PARITY's 1.5e-2 logprob gap on an AVX2 EPYC)."""
+    g = _gen(12)
+    for n, k in [(64, 8), (8, 64), (200, 80)]:
+        x, w = torch.randn(40, k, generator=g), torch.randn(n, k, generator=g)
+        whole = EXT.linear(x, w, onednn)
+        torch.testing.assert_close(whole, x @ w.t(), rtol=1e-5, atol=1e-5)
+        for rows in (slice(0, 1), slice(5, 21), slice(39, 40)):
+            assert torch.equal(EXT.linear(x[rows], w, onednn), whole[rows]), (n, k, rows)
+
+
+@needs_ext
 def test_row_loops_split_across_threads_give_the_same_rows():
     """With several torch threads the row loops run on ATen's pool: same values as with one."""
     g = _gen(11)

@@ -9,7 +9,8 @@
 //    blocks of weight rows widened to float32 (a block of ~2 MB, converted once per call) for ATen's mm.
 // The row kernel accumulates every output element in the same order whatever the row count, so its
 // results for a row do not depend on the other rows of the call (weights under the planner's oneDNN
-// size take it for every row count: the tiny test checkpoints are row-invariant in bf16).
+// size take it for every row count: the tiny test checkpoints are row-invariant in bf16; small float32
+// weights take the same kernel reading float32, so they are in float32 too).
 
 #include "linear.h"
 #include "quant_linear.h"
@@ -29,18 +30,24 @@ namespace {
 
 using namespace simd;
 
+// A weight element in float32: bf16 (uint16_t bits, widened exactly) or float32.
+inline vfloat wload(const uint16_t* p) { return vload_bf16(p); }
+inline vfloat wload(const float* p) { return vload(p); }
+inline float wvalue(uint16_t b) { return bf16_to_f32(b); }
+inline float wvalue(float v) { return v; }
+
 // out[m, n] for R weight rows (w, K apart) and MT rows of x (ldx apart): one accumulator vector per
 // (row, x row) over K in steps of kVec, then its lanes summed, then the K tail. The order of every
 // sum is fixed by K alone.
-template <int R, int MT>
-inline void row_tile(const float* x, int64_t ldx, const uint16_t* w, int64_t K, float* out, int64_t ldo) {
+template <int R, int MT, typename W>
+inline void row_tile(const float* x, int64_t ldx, const W* w, int64_t K, float* out, int64_t ldo) {
   vfloat acc[R][MT];
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < MT; ++m) acc[r][m] = vfloat{};
   int64_t k = 0;
   for (; k + kVec <= K; k += kVec) {
     vfloat wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = vload_bf16(w + r * K + k);
+    for (int r = 0; r < R; ++r) wv[r] = wload(w + r * K + k);
     for (int m = 0; m < MT; ++m) {
       const vfloat xv = vload(x + m * ldx + k);
       for (int r = 0; r < R; ++r) acc[r][m] = vfma(wv[r], xv, acc[r][m]);
@@ -49,7 +56,7 @@ inline void row_tile(const float* x, int64_t ldx, const uint16_t* w, int64_t K, 
   for (int m = 0; m < MT; ++m) {
     for (int r = 0; r < R; ++r) {
       float s = hsum(acc[r][m]);
-      for (int64_t kk = k; kk < K; ++kk) s += bf16_to_f32(w[r * K + kk]) * x[m * ldx + kk];
+      for (int64_t kk = k; kk < K; ++kk) s += wvalue(w[r * K + kk]) * x[m * ldx + kk];
       out[m * ldo + r] = s;
     }
   }
@@ -62,8 +69,8 @@ constexpr int kRows = 4, kMaxTile = 4;  // 16 accumulators + 4 weight vectors of
 constexpr int kRows = 4, kMaxTile = 2;  // 8 accumulators + 4 weight vectors of the 16 ymm registers
 #endif
 
-template <int R>
-inline void row_block(const float* x, int64_t M, int64_t K, const uint16_t* w, float* out, int64_t N) {
+template <int R, typename W>
+inline void row_block(const float* x, int64_t M, int64_t K, const W* w, float* out, int64_t N) {
   int64_t m = 0;
   for (; m + kMaxTile <= M; m += kMaxTile) row_tile<R, kMaxTile>(x + m * K, K, w, K, out + m * N, N);
   switch (M - m) {  // the x-row tail as a compile-time tile (same per-element order)
@@ -74,8 +81,9 @@ inline void row_block(const float* x, int64_t M, int64_t K, const uint16_t* w, f
   }
 }
 
-// out [M, N] = x [M, K] (float32, contiguous) @ w [N, K]^T (bf16, contiguous).
-void bf16_row_kernel(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t N, float* out) {
+// out [M, N] = x [M, K] (float32, contiguous) @ w [N, K]^T (bf16 bits or float32, contiguous).
+template <typename W>
+void row_kernel(const float* x, int64_t M, int64_t K, const W* w, int64_t N, float* out) {
   const int64_t blocks = N / kRows;
   // A grain of whole weight rows: each thread streams one contiguous part of the weight.
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, K * kRows));
@@ -146,7 +154,7 @@ bool runs_onednn(const torch::Tensor& w, int64_t rows, bool onednn) {
   if (w.is_mkldnn()) return true;
   if (is_quantized(w)) return false;
   if (!onednn) return false;
-  if (w.scalar_type() != torch::kBFloat16) return true;
+  if (w.scalar_type() != torch::kBFloat16) return w.numel() >= kSmallWeightElems;  // small float32: the row kernel
   return rows > kBf16RowKernelMaxRows && w.numel() >= kSmallWeightElems;
 }
 
@@ -159,8 +167,26 @@ torch::Tensor bf16_rows(const torch::Tensor& x, const torch::Tensor& w) {
   auto out = torch::empty({M, N}, xf.options());
   if (M == 0 || N == 0) return out;
   if (K == 0) return out.zero_();
-  bf16_row_kernel(xf.data_ptr<float>(), M, K, reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), N,
-                  out.data_ptr<float>());
+  row_kernel(xf.data_ptr<float>(), M, K, reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), N,
+             out.data_ptr<float>());
+  return out;
+}
+
+// A small float32 weight (under kSmallWeightElems: the tiny checkpoints' 8-wide per-layer projections) by the
+// row kernel at every row count: ATen's mm picks its kernel by the row count, so a row's last bits depended
+// on the rows beside it (fast prefill runs the cross-decoder on fewer rows), and a quantizer downstream (W8A8
+// activations, fp8 KV) can turn one such bit into a different code.
+static torch::Tensor f32_rows(const torch::Tensor& x, const torch::Tensor& w) {
+  TORCH_CHECK(w.scalar_type() == torch::kFloat32 && w.dim() == 2 && w.device().is_cpu(),
+              "the float32 row kernel takes a float32 [N, K] CPU weight");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.size(1), "x must be [M, K] for a weight [N, K]");
+  auto xf = x.to(torch::kFloat32).contiguous();
+  auto wc = w.contiguous();
+  const int64_t M = xf.size(0), K = xf.size(1), N = wc.size(0);
+  auto out = torch::empty({M, N}, xf.options());
+  if (M == 0 || N == 0) return out;
+  if (K == 0) return out.zero_();
+  row_kernel(xf.data_ptr<float>(), M, K, wc.data_ptr<float>(), N, out.data_ptr<float>());
   return out;
 }
 
@@ -191,6 +217,7 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, bool onednn
     return widened_mm(x.to(torch::kFloat32).contiguous(), w);
   }
   TORCH_CHECK(w.scalar_type() == torch::kFloat32, "linear weights must be float32 or bfloat16, got ", w.scalar_type());
+  if (w.numel() < kSmallWeightElems) return f32_rows(x, w);
   return torch::mm(x.to(torch::kFloat32), w.t());
 }
 
