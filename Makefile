@@ -29,7 +29,7 @@ serve-cluster: $(STAMP)
 # keep one core busy, 2 cores), then the timed throughput contracts alone (nothing beside their measurements).
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not bench and not soak and not timed' --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m 'not bench and not soak and not timed' --durations=15
 	$(PY) -m pytest -q -m 'timed and not bench and not soak' --durations=5
 
 # While working: the unit and contract tests that start no server and no engine of many configurations

@@ -40,6 +40,9 @@ IMPL_MMAP_EMBEDDINGS           bool    true        serve the per-layer-embedding
                                                    on CPU (false: load it into memory)
 IMPL_QUANT_LM_HEAD             bool    true        with quantized weights, the LM head reads an int8 (W8A16) copy of the
                                                    tied embedding (false: the embedding's own dtype; impl/quant)
+IMPL_QUANT_KEEP                names   (none)      with quantized weights, linear layers kept in the checkpoint's dtype:
+                                                   comma-separated module-name patterns (fnmatch, e.g.
+                                                   ``per_layer_model_projection,layers.*.per_layer_*``)
 =============================  ======  ==========  ==========================================================
 
 Variables of other programs that the engine reads (declared here too, with their owners' meaning):
@@ -184,6 +187,8 @@ class envs:
                              "a gcc -march name (e.g. native, haswell)")
     IMPL_MMAP_EMBEDDINGS = env_bool("IMPL_MMAP_EMBEDDINGS", True)
     IMPL_QUANT_LM_HEAD = env_bool("IMPL_QUANT_LM_HEAD", True)
+    IMPL_QUANT_KEEP = env_str("IMPL_QUANT_KEEP", "", r"[A-Za-z0-9_.*?\[\]]*(,[A-Za-z0-9_.*?\[\]]+)*",
+                              "comma-separated module-name patterns (e.g. per_layer_model_projection,layers.*.self_attn.*)")
     # ---- other programs' variables, read with their owners' meaning
     TRITON_INTERPRET = EnvVar("TRITON_INTERPRET", False, _triton_bool, "a boolean as Triton reads it (1 true on or 0 false off)")
     ONEDNN_MAX_CPU_ISA = env_str("ONEDNN_MAX_CPU_ISA", "", accepted="a oneDNN ISA name (e.g. AVX2)")

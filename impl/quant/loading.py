@@ -10,6 +10,7 @@ packed weight (the torch reference; on CPU the fused kernels' transform replaces
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -17,6 +18,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
+from impl.envs import envs
 from impl.quant import reference
 from impl.quant.base import QuantScheme, WeightFormat
 from impl.quant.checkpoint import SUFFIXES, Assembler, ignored
@@ -60,10 +62,17 @@ def _candidates(model: nn.Module) -> list[tuple[str, nn.Linear]]:
 def plan_targets(model: nn.Module, scheme: QuantScheme, quantization_config: Mapping[str, Any] | None) -> QuantTargets:
     shapes: dict[str, tuple[int, int]] = {}
     kept: dict[str, str] = {}
+    keep = [p for p in (envs.IMPL_QUANT_KEEP.get() or "").split(",") if p]
+    if keep and quantization_config is not None:
+        raise ValueError(f"{envs.IMPL_QUANT_KEEP.name} chooses which layers stay float when quantizing while loading "
+                         "(--torchao-config); this checkpoint is already quantized, and its quantization_config's ignore "
+                         f"list says which layers are float. Unset {envs.IMPL_QUANT_KEEP.name}.")
     for name, m in _candidates(model):
         n, k = m.weight.shape
         if quantization_config is not None and ignored(quantization_config, name):
             kept[f"{name}.weight"] = "in the checkpoint's ignore list"
+        elif any(fnmatch.fnmatchcase(name, p) for p in keep):
+            kept[f"{name}.weight"] = f"kept by {envs.IMPL_QUANT_KEEP.name}"
         elif not scheme.fmt.applies_to(k):
             kept[f"{name}.weight"] = f"{k} inputs do not split into groups of a multiple of 32"
         else:

@@ -132,3 +132,29 @@ def test_quantized_head_maps_the_embedding(monkeypatch):
     # a float LM head is the embedding itself, read whole every step: kept in memory
     plain = load_model(path, "float32", quant=QuantScheme(WeightFormat("w8a8"), "test", False, lm_head=None))
     assert "embed_tokens.weight" not in plain.weight_plan.mapped
+
+
+def test_layers_named_in_impl_quant_keep_stay_float(monkeypatch):
+    """IMPL_QUANT_KEEP keeps the layers its patterns name in the checkpoint's dtype (as llama-quantize's per-tensor
+    overrides do): /get_server_info lists them with the reason, fewer bytes are packed, and the fused kernels serve
+    the mixed layer (a float q_proj beside int8 k/v) with the torch reference's tokens. A pre-quantized checkpoint
+    refuses it (its ignore list says which layers are float)."""
+    path = tiny_checkpoint("e2b")
+    monkeypatch.setenv("IMPL_QUANT_KEEP", "per_layer_model_projection,layers.0.self_attn.q_proj")
+    ids = {}
+    for fused in ("1", "0"):
+        monkeypatch.setenv("IMPL_CPU_FUSED", fused)
+        e = Engine(path, random_seed=0, torchao_config="int8dq")
+        try:
+            kept = e.get_server_info()["quantization"]["kept_float"]
+            ids[fused] = e.generate(input_ids=PROMPTS[1], sampling_params=dict(max_new_tokens=4, temperature=0))["output_ids"]
+        finally:
+            e.shutdown()
+        for name in ("per_layer_model_projection.weight", "layers.0.self_attn.q_proj.weight"):
+            assert kept[name] == "kept by IMPL_QUANT_KEEP", kept
+        assert "layers.1.self_attn.q_proj.weight" not in kept
+    assert ids["1"] == ids["0"]
+    cfg = json.load(open(os.path.join(quantized_checkpoint("e2b", "W8A8"), "config.json")))
+    scheme = resolve_scheme(None, None, cfg["quantization_config"])
+    with pytest.raises(ValueError, match="IMPL_QUANT_KEEP.*already quantized"):
+        load_model(quantized_checkpoint("e2b", "W8A8"), "float32", quant=scheme)
