@@ -22,7 +22,10 @@ from contracts.base import without_options
 from contracts.logcapture import capture_logs
 from contracts.subject import GenOutput, GenRequest, GenResult, TimedOutput
 
-_ENGINES: dict[tuple[str, ...], tuple[Any, list[tuple[str, str]]]] = {}
+_ENGINES: dict[tuple[str, ...], tuple[Any, list[tuple[str, str]]]] = {}  # least recently used first
+# Engines kept for reuse: beyond this the least recently used one is shut down (a whole spec run asks for a few
+# hundred argv combinations; kept all, they held 16 GB in one pytest process).
+MAX_CACHED_ENGINES = 16
 
 
 @contextlib.contextmanager
@@ -51,7 +54,9 @@ def engine_for(argv: Sequence[str]) -> tuple[Any, list[tuple[str, str]]]:
     loads ``<assistant>`` and then drafts with an oracle that proposes the target's own greedy tokens,
     taken from a non-speculative engine on the same argv."""
     key = tuple(argv)
-    if key not in _ENGINES:
+    if key in _ENGINES:
+        _ENGINES[key] = _ENGINES.pop(key)  # now the most recently used
+    else:
         from impl import Engine
         from impl.args.server_args import ServerArgs
         from impl.testing.oracle_draft import ORACLE_PREFIX, OracleDrafter
@@ -73,6 +78,10 @@ def engine_for(argv: Sequence[str]) -> tuple[Any, list[tuple[str, str]]]:
                 _greedy_continuation(without_options(argv, "--speculative-")), engine.runner.model.compute_logits
             )
         _ENGINES[key] = (engine, list(log))
+        while len(_ENGINES) > MAX_CACHED_ENGINES:
+            old_key = next(iter(_ENGINES))
+            old_engine, _ = _ENGINES.pop(old_key)
+            old_engine.shutdown()
     return _ENGINES[key]
 
 
