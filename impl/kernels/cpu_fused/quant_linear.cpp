@@ -509,6 +509,25 @@ inline TileHalf tile_half(const QuantView& q, int64_t row, int8_t* packed) {
   return {packed, q.data + row * q.B + q.K, q.B};
 }
 
+// x's row codes xq [M, K] in A-tile order, once per call: xt[mb][kb][32 rows][64 codes] (rows past M zero), so every
+// A tile load reads 1 KB in a row. The buffer is the calling thread's, kept between calls (the workers reach it
+// through the returned pointer); the AMX kernels below never run inside one another.
+inline const int8_t* x_in_tile_order(const int8_t* xq, int64_t M, int64_t K) {
+  const int64_t KB = K / 64, MB = (M + 31) / 32;
+  thread_local avector<int8_t> xt_buf;
+  if (xt_buf.size() < static_cast<size_t>(MB * 32 * K)) xt_buf.resize(static_cast<size_t>(MB * 32 * K));
+  int8_t* const xt = xt_buf.data();
+  for_blocks(MB, 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t m = lo * 32; m < hi * 32; ++m)
+      for (int64_t kb = 0; kb < KB; ++kb) {
+        int8_t* dst = xt + ((m / 32) * KB + kb) * 2048 + (m % 32) * 64;
+        if (m < M) std::memcpy(dst, xq + m * K + kb * 64, 64);
+        else std::memset(dst, 0, 64);
+      }
+  });
+  return xt;
+}
+
 // out = x @ dequant(w)^T from x's row codes xq [M, K] and scales xs [M]. gate_cols == 0: out [M, N]. gate_cols == I
 // (a gate / up weight, N = 2I: gate rows first): out [M, I] = gelu_tanh(gate) * up, each tile block pairing 16 gate
 // rows with the 16 up rows I further on, so the activation runs on the float32 products while they are in
@@ -519,23 +538,13 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
   // the weight rows of tile half h of block b (16 each)
   auto row0 = [&](int64_t b, int h) { return gate_cols ? 16 * b + h * gate_cols : 32 * b + 16 * h; };
   // Scratch of the calling thread, kept between calls (the workers reach it through the pointers below).
-  // x's codes in tile order, once per call: xt[mb][kb][32 rows][64 codes] (rows past M zero), so every A tile
-  // load reads 1 KB in a row. A row-layout weight's 32-row blocks are packed once per call (tile_half),
-  // kAmxPackBlocks at a time; a tiled weight's tiles are read in place.
+  // A row-layout weight's 32-row blocks are packed once per call (tile_half), kAmxPackBlocks at a time; a tiled
+  // weight's tiles are read in place.
   const int64_t chunk = q.tiled ? blocks : std::min(blocks, kAmxPackBlocks);
-  thread_local avector<int8_t> xt_buf, packed_buf;
-  if (xt_buf.size() < static_cast<size_t>(MB * 32 * K)) xt_buf.resize(static_cast<size_t>(MB * 32 * K));
+  thread_local avector<int8_t> packed_buf;
   if (!q.tiled && packed_buf.size() < static_cast<size_t>(chunk * 32 * K)) packed_buf.resize(static_cast<size_t>(chunk * 32 * K));
-  int8_t* const xt = xt_buf.data();
+  const int8_t* const xt = x_in_tile_order(xq, M, K);
   int8_t* const packed = packed_buf.data();
-  for_blocks(MB, 4, [&](int64_t lo, int64_t hi) {
-    for (int64_t m = lo * 32; m < hi * 32; ++m)
-      for (int64_t kb = 0; kb < KB; ++kb) {
-        int8_t* dst = xt + ((m / 32) * KB + kb) * 2048 + (m % 32) * 64;
-        if (m < M) std::memcpy(dst, xq + m * K + kb * 64, 64);
-        else std::memset(dst, 0, 64);
-      }
-  });
   // Per chunk of weight blocks, each thread packs its blocks (row layout), then passes them over x's rows a
   // superblock at a time (x's superblock stays in its L2; the blocks stream once per superblock). A thread reads
   // only the blocks it packed: no barrier between the two. Every output element is one exact int32 sum: the order
@@ -854,19 +863,10 @@ inline bool use_amx_w4a8(int64_t M, const QuantView& q) {
 void w4a8_amx(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t M, const QuantView& q, float* out) {
   const int64_t N = q.N, K = q.K, KB = K / 64, G = q.G, half = q.g / 2, KBG = q.g / 64, rowB = G * q.B;
   const int64_t blocks = N / 32, MB = (M + 31) / 32, chunk = std::min(blocks, kAmxPackBlocks);
-  thread_local avector<int8_t> xt_buf, packed_buf;
-  if (xt_buf.size() < static_cast<size_t>(MB * 32 * K)) xt_buf.resize(static_cast<size_t>(MB * 32 * K));
+  thread_local avector<int8_t> packed_buf;
   if (packed_buf.size() < static_cast<size_t>(chunk * 32 * K)) packed_buf.resize(static_cast<size_t>(chunk * 32 * K));
-  int8_t* const xt = xt_buf.data();
+  const int8_t* const xt = x_in_tile_order(xq, M, K);
   int8_t* const packed = packed_buf.data();
-  for_blocks(MB, 4, [&](int64_t lo, int64_t hi) {  // xt[mb][kb][32 rows][64 codes], rows past M zero
-    for (int64_t m = lo * 32; m < hi * 32; ++m)
-      for (int64_t kb = 0; kb < KB; ++kb) {
-        int8_t* dst = xt + ((m / 32) * KB + kb) * 2048 + (m % 32) * 64;
-        if (m < M) std::memcpy(dst, xq + m * K + kb * 64, 64);
-        else std::memset(dst, 0, 64);
-      }
-  });
   const int64_t sb = std::max<int64_t>(1, kAmxXBlockBytes / (32 * K));
   int64_t b0 = 0;
   auto body = [&](int64_t lo, int64_t hi) {
