@@ -117,11 +117,13 @@ class LlamaServer:
                           str(THREADS), "-np", "1", "-c", "2048", "--swa-full", "--host", "127.0.0.1", "--port",
                           str(port), "--no-webui", *extra], {}, port)
         self.srv.start(log_dir, timeout)
-
-    def completion(self, body: dict[str, Any]) -> dict[str, Any]:
         import httpx
 
-        r = httpx.post(f"{self.srv.url}/completion", json=body, timeout=600)
+        # one client for the run's thousands of requests (httpx.post built a client, and an SSL context, per call)
+        self.http = httpx.Client(timeout=600)
+
+    def completion(self, body: dict[str, Any]) -> dict[str, Any]:
+        r = self.http.post(f"{self.srv.url}/completion", json=body)
         if r.status_code != 200:
             raise RuntimeError(f"{self.name}: HTTP {r.status_code}: {r.text[:300]}")
         return r.json()
@@ -154,6 +156,7 @@ class LlamaServer:
                 yield i, t, llamacpp_dense(out, vocab)
 
     def stop(self) -> None:
+        self.http.close()
         self.srv.stop()
 
 
