@@ -35,6 +35,12 @@ class TritonAttnBackend(AttentionBackend):
         self.forward_metadata: TritonAttnMetadata | None = None
         self.cross_metadata: TritonAttnMetadata | None = None
         self._batch = None  # the ForwardBatch forward_metadata was built for
+        # KV buffers later layers read too (Gemma-4's cross-decoder reads its producers'): the CPU kernels keep
+        # their AMX packing of these for the forward's other launches over them (KernelProvider.pack_epochs)
+        layers = getattr(model_config, "num_hidden_layers", 0)
+        producers = getattr(model_config, "kv_producer", ()) if layers else ()
+        self._shared_kv = {p for i, p in enumerate(producers) if p is not None and p != i}
+        self._pack_epoch = 0
 
     # ---- metadata -----------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -51,6 +57,7 @@ class TritonAttnBackend(AttentionBackend):
         )
         self.cross_metadata = None  # a back half belongs to one pass
         self._batch = fb
+        self._pack_epoch = self.provider.pack_epochs() if self.provider.pack_epochs and self._shared_kv else 0
 
     def init_cross_decoder_metadata(self, fb: ForwardBatch, rows: torch.Tensor, rows_per_req: list[int]) -> None:
         if len(rows_per_req) != fb.batch_size or sum(rows_per_req) != int(rows.shape[0]) or min(rows_per_req, default=0) < 0:
@@ -115,14 +122,15 @@ class TritonAttnBackend(AttentionBackend):
         if not is_fp8(k_buf.dtype):
             q3 = q3.to(k_buf.dtype)  # the kernels take q in the pool's dtype (fp8 pools: q keeps its own)
         o = torch.empty_like(q3)
+        kw = {"pack_epoch": self._pack_epoch} if self._pack_epoch and layer.kv_layer_id in self._shared_kv else {}
         if md.use_decode_kernel:
             self.provider.decode(
                 q3, o, k_buf, v_buf, md.q_positions, md.kv_indptr, kv_indices, md.num_kv_splits, md.max_kv_splits,
-                layer.scaling, layer.sliding_window, layer.logit_cap, k_scale, v_scale,
+                layer.scaling, layer.sliding_window, layer.logit_cap, k_scale, v_scale, **kw,
             )
         else:
             self.provider.extend(
                 q3, o, k_buf, v_buf, md.qo_indptr, md.q_positions, md.kv_indptr, kv_indices, md.max_q_len,
-                layer.scaling, layer.sliding_window, layer.logit_cap, k_scale, v_scale,
+                layer.scaling, layer.sliding_window, layer.logit_cap, k_scale, v_scale, **kw,
             )
         return o.to(q.dtype).view(n, -1)

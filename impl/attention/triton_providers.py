@@ -43,6 +43,9 @@ class KernelProvider:
     split_policy: KVSplitPolicy  # how decode metadata splits each request's keys
     fill_units: int | None  # decode splits fill this many parallel units twice over (None: no fill limit)
     isa: dict[str, str] | None = None  # compiled CPU kernels: the instructions each kernel runs on
+    # compiled CPU kernels: a new pack epoch per forward (cpu_attn.next_pack_epoch), which the launches over a
+    # KV buffer that later layers share take as pack_epoch=; None: the kernels take no such argument
+    pack_epochs: Callable[[], int] | None = None
 
     def startup_line(self) -> str:
         return f"Attention kernels: triton backend, {self.description}"
@@ -81,7 +84,8 @@ def select_provider(device: torch.device) -> KernelProvider:
         isa = cpu_attn.kernel_isa()
         words = ", ".join(f"{k}: {v}" for k, v in isa.items())
         return KernelProvider("cpu", f"CPU kernels (compiled; {words})", cpu_attn.extend_attention_fwd,
-                              cpu_attn.decode_attention_fwd, CPU_SPLIT_POLICY, torch.get_num_threads(), isa)
+                              cpu_attn.decode_attention_fwd, CPU_SPLIT_POLICY, torch.get_num_threads(), isa,
+                              cpu_attn.next_pack_epoch)
     reason = f"{cpu_attn.ENV_SWITCH}=0" if not cpu_attn.enabled_by_env() else cpu_attn.error()
     if want == "cpu":
         raise ValueError(f"{ENV_PROVIDER}=cpu but the compiled CPU attention kernels are unavailable ({reason}); "

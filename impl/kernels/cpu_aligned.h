@@ -32,4 +32,24 @@ struct Aligned64 {
 template <typename T>
 using avector = std::vector<T, Aligned64<T>>;
 
+// Aligned64 whose resize() leaves new elements of trivial types unwritten (default-initialised), for a buffer the
+// caller writes in full before reading it (no zero-filling pass over memory about to be overwritten).
+template <typename T>
+struct Aligned64NoInit : Aligned64<T> {
+  Aligned64NoInit() noexcept = default;
+  template <typename U>
+  Aligned64NoInit(const Aligned64NoInit<U>&) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(static_cast<Args&&>(args)...);
+  }
+};
+
+template <typename T>
+using avector_noinit = std::vector<T, Aligned64NoInit<T>>;
+
 }  // namespace cpu_mem

@@ -264,3 +264,31 @@ def test_a_row_decoded_alone_gets_its_extend_bits(head_dim, window):
     idx = torch.tensor([starts[0] + 149, starts[1] + 169])
     assert torch.equal(cpu_decode(last, [1, 1]), full[idx])
     assert_close_to_truth(cpu_decode(last, [3, 2]), last, torch.bfloat16)
+
+
+@pytest.mark.skipif(not _tiles_expected(), reason="no AMX-bf16 on this CPU (or IMPL_CPU_AMX=0)")
+def test_a_kept_packing_serves_its_own_forward_only():
+    """pack_epoch: within one forward the KV-shared layers read their producer's K/V as the producer left it, so
+    launches over one buffer under one epoch reuse the first launch's AMX packing (here: fast prefill's back half
+    after the full extend, whose packing covers its keys), with a fresh packing's bits. A new epoch packs again:
+    the pool may have been written since, as it is here."""
+    case = make_case([30, 0], [150, 170], 8, 1, 256, torch.bfloat16, seed=9, scaling=256**-0.5, window=100)
+    last = case.select([[149], [169]])
+    n = torch.tensor([1, 1], dtype=torch.int32)
+
+    def decode(epoch):
+        return cpu_attn.decode_attention_fwd(last.q, torch.empty_like(last.q), last.k_buf, last.v_buf,
+                                             last.q_positions, last.kv_indptr, last.kv_indices, n, 1, last.scaling,
+                                             last.window, last.logit_cap, pack_epoch=epoch)
+
+    epoch = cpu_attn.next_pack_epoch()
+    cpu_attn.extend_attention_fwd(case.q, torch.empty_like(case.q), case.k_buf, case.v_buf, case.qo_indptr,
+                                  case.q_positions, case.kv_indptr, case.kv_indices, case.max_q_len, case.scaling,
+                                  case.window, case.logit_cap, pack_epoch=epoch)
+    fresh = decode(0)
+    assert torch.equal(decode(epoch), fresh)
+    case.v_buf.mul_(2)  # written after the forward's launches: a later launch under its epoch still reads the kept tiles
+    assert torch.equal(decode(epoch), fresh)
+    written = decode(cpu_attn.next_pack_epoch())
+    assert torch.equal(written, decode(0))
+    torch.testing.assert_close(written.float(), 2 * fresh.float(), rtol=0, atol=0)

@@ -21,6 +21,7 @@ the triton backend then runs the torch reference over the same metadata
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from types import ModuleType
@@ -63,6 +64,18 @@ def _ext() -> ModuleType:
     return ext
 
 
+# pack_epoch: the AMX path packs each request's keys into the tiles' layout once per launch. Within one forward the
+# KV-shared layers (Gemma-4's cross-decoder) read their producer layer's K/V, unchanged since the producer's own
+# launch, so launches over a producer's buffers that pass the same pack_epoch (> 0, never reused in the process:
+# ``next_pack_epoch()``) reuse its packing instead of packing again (the same bits; attention.cpp,
+# ``amx_pack_requests``). The caller passes it only for those buffers, and a new epoch for every forward.
+_PACK_EPOCHS = itertools.count(1)
+
+
+def next_pack_epoch() -> int:
+    return next(_PACK_EPOCHS)
+
+
 def _check_cpu(*tensors: torch.Tensor, name: str) -> None:
     for t in tensors:
         require(t.device.type == "cpu", f"{name}: the CPU kernels take CPU tensors, got one on {t.device}")
@@ -83,6 +96,7 @@ def extend_attention_fwd(
     logit_cap: float | None = None,
     k_scale: float = 1.0,  # pool value = K / k_scale (fp8 pools; 1.0 otherwise)
     v_scale: float = 1.0,
+    pack_epoch: int = 0,  # > 0: the forward's epoch (next_pack_epoch); 0: nothing kept
 ) -> torch.Tensor:
     name = "cpu_attn.extend_attention_fwd"
     batch = check_extend_launch(name, q, o, k_buf, v_buf, qo_indptr, q_positions, kv_indptr, kv_indices, window,
@@ -91,7 +105,7 @@ def extend_attention_fwd(
     if batch == 0 or q.shape[0] == 0:
         return o
     _ext().extend_attention(q, o, k_buf, v_buf, qo_indptr, q_positions, kv_indptr, kv_indices, float(sm_scale),
-                            int(window or 0), float(logit_cap or 0.0), float(k_scale), float(v_scale))
+                            int(window or 0), float(logit_cap or 0.0), float(k_scale), float(v_scale), int(pack_epoch))
     return o
 
 
@@ -110,6 +124,7 @@ def decode_attention_fwd(
     logit_cap: float | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    pack_epoch: int = 0,
 ) -> torch.Tensor:
     name = "cpu_attn.decode_attention_fwd"
     batch = check_decode_launch(name, q, o, k_buf, v_buf, q_positions, kv_indptr, kv_indices, num_kv_splits,
@@ -118,7 +133,8 @@ def decode_attention_fwd(
     if batch == 0:
         return o
     _ext().decode_attention(q, o, k_buf, v_buf, q_positions, kv_indptr, kv_indices, num_kv_splits, int(max_kv_splits),
-                            float(sm_scale), int(window or 0), float(logit_cap or 0.0), float(k_scale), float(v_scale))
+                            float(sm_scale), int(window or 0), float(logit_cap or 0.0), float(k_scale), float(v_scale),
+                            int(pack_epoch))
     return o
 
 

@@ -47,6 +47,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <numeric>
 #include <vector>
 
@@ -294,6 +296,7 @@ struct TileArgs {
   float v_scale;  // the pool's V scale: multiplies the normalised output
   const int64_t* slot_map;  // full -> sliding-window slot map applied to every slot read (nullptr: none)
   int64_t map_len;
+  int64_t pack_epoch = 0;  // > 0: the forward's epoch, under which AMX packings are kept (amx_pack_requests)
 };
 
 // One key tile [t0, t0 + n) for `lanes` query lanes, LP = lanes rounded up to kVec (padding lanes see no
@@ -404,7 +407,7 @@ void run_items(int64_t n, const F& body) {
 // 32-key block): a lane's result depends only on its own query and visible keys, never on which rows share
 // its item, so a row computed alone (fast prefill's selected rows) gets the bits it gets among all rows.
 // IMPL_CPU_AMX=0 turns the path off (the SIMD kernels above then run every item).
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
 #define ATTN_AMX_BF16 1
 
 constexpr int64_t kAmxKeys = 128;  // keys per tile of the online softmax (a multiple of 32)
@@ -438,57 +441,128 @@ inline const uint16_t* bf16_row(const S* src, int64_t D, float* f32, uint16_t* t
 // Keys past n are zero.
 struct AmxPacked {
   int64_t k0 = 0;
-  avector<uint32_t> kp;
-  avector<uint16_t> vp;
+  cpu_mem::avector_noinit<uint32_t> kp;  // amx_pack_keys writes every element, padding keys included
+  cpu_mem::avector_noinit<uint16_t> vp;
 };
 
 void amx_pack_alloc(int64_t k0, int64_t n, int64_t D, AmxPacked& out) {
   out.k0 = k0;
-  out.kp.assign(round_up(n, 32) * D / 2, 0u);
-  out.vp.assign(round_up(n, 32) * D, 0);
+  out.kp.resize(round_up(n, 32) * D / 2);
+  out.vp.resize(round_up(n, 32) * D);
 }
 
-// Packs keys [k0 + j_lo, k0 + j_hi) (request slots `slots`, through the launch's slot map) into `out`.
+// 16 rows of 16 dwords transposed in registers: out row i (16 dwords, 64-byte aligned) = dword i of every row.
+// Four unpack / shuffle stages: after the second, r[4i + c]'s 128-bit lane L holds dword 4L + c of rows
+// 4i .. 4i + 3; the two 128-bit shuffles gather each dword's four lanes.
+inline void transpose16_epi32(__m512i r[16], uint32_t* out) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+      t[8 * i + 4 + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
+    }
+  }
+  for (int j = 0; j < 8; ++j) {
+    _mm512_store_si512(out + 16 * j, _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88));
+    _mm512_store_si512(out + 16 * (8 + j), _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd));
+  }
+}
+
+// Packs keys [k0 + j_lo, k0 + j_hi) (request slots `slots`, through the launch's slot map) into `out`, 16 keys at
+// a time: K^T's tiles as 16 x 16 dword transposes, V's as two rows' words interleaved (VPERMT2W); keys past
+// j_hi up to the next 32-key block are written as zeros (j_lo is a multiple of 32, j_hi a multiple of 32 or
+// the request's last key). A data move: the tiles hold the bits a key-by-key copy gives.
 template <typename S>
 void amx_pack_keys(const PoolHead<S>& kh, const PoolHead<S>& vh, const int64_t* slots, const TileArgs& a,
                    int64_t j_lo, int64_t j_hi, AmxPacked& out) {
-  const int64_t D = a.D, DC = D / 32;
+  const int64_t D = a.D, DC = D / 32, DB = D / 16;
   thread_local avector<float> f32;
-  thread_local avector<uint16_t> tk, tv;
+  thread_local avector<uint16_t> stage, zeros;  // fp8 pools: a block's rows as bf16; the rows past j_hi
   f32.resize(D);
-  tk.resize(D);
-  tv.resize(D);
-  for (int64_t j = j_lo; j < j_hi; ++j) {
-    int64_t slot = slots[out.k0 + j];
-    if (a.slot_map != nullptr) {
-      TORCH_CHECK(slot >= 0 && slot < a.map_len, "KV slot ", slot, " outside the slot map (", a.map_len, ")");
-      slot = a.slot_map[slot];
-    }
-    TORCH_CHECK(slot >= 0 && slot < kh.capacity, "KV slot ", slot, " outside the pool (capacity ", kh.capacity, ")");
-    const uint16_t* kr = bf16_row<S>(kh.base + slot * kh.row_stride, D, f32.data(), tk.data());
-    const uint16_t* vr = bf16_row<S>(vh.base + slot * vh.row_stride, D, f32.data(), tv.data());
-    uint32_t* kt = out.kp.data() + (j / 16) * DC * 256 + (j % 16);
-    for (int64_t c = 0; c < DC; ++c) {
-      for (int r = 0; r < 16; ++r) {
-        uint32_t pair;
-        std::memcpy(&pair, kr + 32 * c + 2 * r, 4);
-        kt[c * 256 + r * 16] = pair;
+  stage.resize(32 * D);
+  zeros.assign(D, 0);
+  // word i of a V tile row: key 2r + (i % 2)'s dim i / 2 (lo: dims 0..15 of a 32-dim block, hi: 16..31)
+  alignas(64) uint16_t ilo[32], ihi[32];
+  for (int i = 0; i < 32; ++i) {
+    ilo[i] = static_cast<uint16_t>((i % 2) * 32 + i / 2);
+    ihi[i] = static_cast<uint16_t>((i % 2) * 32 + 16 + i / 2);
+  }
+  const __m512i vlo = _mm512_load_si512(ilo), vhi = _mm512_load_si512(ihi);
+  const int64_t j_end = round_up(j_hi, 32);
+  for (int64_t jb = j_lo; jb < j_end; jb += 16) {
+    const uint16_t* kr[16];
+    const uint16_t* vr[16];
+    for (int i = 0; i < 16; ++i) {
+      const int64_t j = jb + i;
+      if (j >= j_hi) {
+        kr[i] = vr[i] = zeros.data();
+        continue;
       }
+      int64_t slot = slots[out.k0 + j];
+      if (a.slot_map != nullptr) {
+        TORCH_CHECK(slot >= 0 && slot < a.map_len, "KV slot ", slot, " outside the slot map (", a.map_len, ")");
+        slot = a.slot_map[slot];
+      }
+      TORCH_CHECK(slot >= 0 && slot < kh.capacity, "KV slot ", slot, " outside the pool (capacity ", kh.capacity, ")");
+      kr[i] = bf16_row<S>(kh.base + slot * kh.row_stride, D, f32.data(), stage.data() + i * D);
+      vr[i] = bf16_row<S>(vh.base + slot * vh.row_stride, D, f32.data(), stage.data() + (16 + i) * D);
     }
-    uint16_t* vt = out.vp.data() + (j / 32) * (D / 16) * 512 + ((j % 32) / 2) * 32 + (j % 2);
-    for (int64_t db = 0; db < D / 16; ++db) {
-      for (int d = 0; d < 16; ++d) vt[db * 512 + d * 2] = vr[16 * db + d];
+    uint32_t* kt = out.kp.data() + (jb / 16) * DC * 256;
+    for (int64_t c = 0; c < DC; ++c) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(kr[i] + 32 * c);
+      transpose16_epi32(r, kt + c * 256);
+    }
+    uint16_t* vt = out.vp.data() + (jb / 32) * DB * 512 + ((jb % 32) / 2) * 32;
+    for (int rr = 0; rr < 8; ++rr) {
+      for (int64_t e = 0; e < D / 32; ++e) {
+        const __m512i x = _mm512_loadu_si512(vr[2 * rr] + 32 * e), y = _mm512_loadu_si512(vr[2 * rr + 1] + 32 * e);
+        _mm512_store_si512(vt + (2 * e) * 512 + rr * 32, _mm512_permutex2var_epi16(x, vlo, y));
+        _mm512_store_si512(vt + (2 * e + 1) * 512 + rr * 32, _mm512_permutex2var_epi16(x, vhi, y));
+      }
     }
   }
 }
 
+// Packings kept for the launches after the one that made them, within one forward (TileArgs::pack_epoch > 0):
+// Gemma-4's KV-shared layers (20 of E2B's 35) attend over their producer layer's K/V, which nothing writes after
+// the producer's own attention in that forward, so each would pack the same keys again. The caller gives every
+// forward an epoch never used before in the process, and only for the launches over producers' buffers; a launch
+// reuses a packing of its epoch over the same buffers whose requests' slots match its own and cover its keys.
+// A covering packing gives the bits of an exact one: amx_attend starts an item's tiles at max(k0, its first
+// 32-key block), which a smaller k0 does not move, and keys past an item's range are masked as before.
+struct PackCacheEntry {
+  int64_t epoch;
+  const void* k;
+  const void* v;
+  int64_t D, Hkv;
+  std::vector<int64_t> k0, end;  // per request: the packed keys [k0, end) (empty: end <= k0)
+  std::vector<std::vector<int64_t>> slots;  // per request: the slots of keys [k0, end)
+  std::shared_ptr<const std::vector<AmxPacked>> packed;
+};
+constexpr size_t kPackCacheEntries = 4;                // the producers of one forward (E2B: 2)
+constexpr int64_t kPackCacheBytes = int64_t{1} << 28;  // a larger packing is not kept (256 MB)
+std::mutex pack_cache_mu;
+std::vector<PackCacheEntry> pack_cache;
+
 // Every (request b, KV head h)'s keys that any of `items` sees (fields b, lo, hi: keys [lo, hi) of request b),
 // from the first one's 32-key block, packed (request b's pool slots slots[b]) in chunks on ATen's pool; entry
-// b * Hkv + h. A request no item sees keys of gets nothing packed.
+// b * Hkv + h. A request no item sees keys of gets nothing packed. With a.pack_epoch, a kept packing that covers
+// these keys is returned instead, and a new one is kept (above).
 template <typename S, typename Item>
-std::vector<AmxPacked> amx_pack_requests(const torch::Tensor& k_buf, const torch::Tensor& v_buf,
-                                         const std::vector<const int64_t*>& slots, const std::vector<Item>& items,
-                                         const TileArgs& a) {
+std::shared_ptr<const std::vector<AmxPacked>> amx_pack_requests(const torch::Tensor& k_buf, const torch::Tensor& v_buf,
+                                                                const std::vector<const int64_t*>& slots,
+                                                                const std::vector<Item>& items, const TileArgs& a) {
   const int64_t B = static_cast<int64_t>(slots.size()), Hkv = k_buf.size(1), cap_n = k_buf.size(0);
   std::vector<int64_t> klo(B, std::numeric_limits<int64_t>::max()), khi(B, 0);
   for (const Item& it : items) {
@@ -496,17 +570,46 @@ std::vector<AmxPacked> amx_pack_requests(const torch::Tensor& k_buf, const torch
     klo[it.b] = std::min(klo[it.b], it.lo);
     khi[it.b] = std::max(khi[it.b], it.hi);
   }
-  std::vector<AmxPacked> packed(B * Hkv);
+  for (int64_t b = 0; b < B; ++b)
+    if (khi[b] > klo[b]) klo[b] = klo[b] / 32 * 32;
+  const void* kp = k_buf.data_ptr();
+  const void* vp = v_buf.data_ptr();
+  const bool keep = a.pack_epoch > 0 && a.slot_map == nullptr;
+  auto drop_other_epochs = [&] {  // an older forward's packings: their keys may since have been overwritten
+    pack_cache.erase(std::remove_if(pack_cache.begin(), pack_cache.end(),
+                                    [&](const PackCacheEntry& x) { return x.epoch != a.pack_epoch; }),
+                     pack_cache.end());
+  };
+  if (keep) {
+    std::lock_guard<std::mutex> lock(pack_cache_mu);
+    drop_other_epochs();
+    for (const PackCacheEntry& e : pack_cache) {
+      if (e.epoch != a.pack_epoch || e.k != kp || e.v != vp || e.D != a.D || e.Hkv != Hkv ||
+          static_cast<int64_t>(e.k0.size()) != B)
+        continue;
+      bool covers = true;
+      for (int64_t b = 0; b < B && covers; ++b) {
+        if (khi[b] <= klo[b]) continue;
+        covers = e.k0[b] <= klo[b] && e.end[b] >= khi[b] &&
+                 std::memcmp(e.slots[b].data() + (klo[b] - e.k0[b]), slots[b] + klo[b],
+                             (khi[b] - klo[b]) * sizeof(int64_t)) == 0;
+      }
+      if (covers) return e.packed;
+    }
+  }
+  auto packed = std::make_shared<std::vector<AmxPacked>>(B * Hkv);
   struct Chunk {
     int64_t bh, j0, j1;
   };
   std::vector<Chunk> chunks;
   constexpr int64_t kPackChunk = 256;  // keys per packing task (a multiple of 32)
+  int64_t bytes = 0;
   for (int64_t b = 0; b < B; ++b) {
     if (khi[b] <= klo[b]) continue;
-    const int64_t k0 = klo[b] / 32 * 32, n = khi[b] - k0;
+    const int64_t k0 = klo[b], n = khi[b] - k0;
+    bytes += Hkv * round_up(n, 32) * a.D * 4;
     for (int64_t h = 0; h < Hkv; ++h) {
-      amx_pack_alloc(k0, n, a.D, packed[b * Hkv + h]);
+      amx_pack_alloc(k0, n, a.D, (*packed)[b * Hkv + h]);
       for (int64_t j0 = 0; j0 < n; j0 += kPackChunk) chunks.push_back({b * Hkv + h, j0, std::min(j0 + kPackChunk, n)});
     }
   }
@@ -515,8 +618,17 @@ std::vector<AmxPacked> amx_pack_requests(const torch::Tensor& k_buf, const torch
     const int64_t b = c.bh / Hkv, h = c.bh % Hkv;
     const PoolHead<S> kh{k_buf.data_ptr<S>() + h * k_buf.stride(1), k_buf.stride(0), cap_n};
     const PoolHead<S> vh{v_buf.data_ptr<S>() + h * v_buf.stride(1), v_buf.stride(0), cap_n};
-    amx_pack_keys<S>(kh, vh, slots[b], a, c.j0, c.j1, packed[c.bh]);
+    amx_pack_keys<S>(kh, vh, slots[b], a, c.j0, c.j1, (*packed)[c.bh]);
   });
+  if (keep && bytes <= kPackCacheBytes) {
+    PackCacheEntry e{a.pack_epoch, kp, vp, a.D, Hkv, klo, khi, std::vector<std::vector<int64_t>>(B), packed};
+    for (int64_t b = 0; b < B; ++b)
+      if (khi[b] > klo[b]) e.slots[b].assign(slots[b] + klo[b], slots[b] + khi[b]);
+    std::lock_guard<std::mutex> lock(pack_cache_mu);
+    drop_other_epochs();
+    if (pack_cache.size() >= kPackCacheEntries) pack_cache.erase(pack_cache.begin());
+    pack_cache.push_back(std::move(e));
+  }
   return packed;
 }
 
@@ -532,7 +644,7 @@ inline float hsum(vfloat v) {
   return s;
 }
 
-// Work item on tiles: `lanes` query lanes (q: bf16 [LP, D], LP a multiple of 32, rows past `lanes` zero),
+// Work item on tiles: `lanes` query lanes (q: bf16 [LP, D], LP a multiple of 16, rows past `lanes` zero),
 // lane i sees keys [lo[i], hi[i]) of the packed keys; keys [key_lo, key_hi) cover every lane's.
 // st: softmax state of LP lanes (acc [LP, D]).
 void amx_attend(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64_t lanes, int64_t LP,
@@ -553,6 +665,24 @@ void amx_attend(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64
     const int64_t rel = t0 - pk.k0;  // a multiple of 32
     // S [LP, np] = Q K^T
     for (int64_t i0 = 0; i0 < LP; i0 += 32) {
+      if (LP - i0 == 16) {  // one 16-row tile of lanes (decode's G <= 16 heads): half the products
+        for (int64_t j0 = 0; j0 < np; j0 += 32) {
+          _tile_zero(0);
+          _tile_zero(1);
+          const uint32_t* kb = pk.kp.data() + ((rel + j0) / 16) * DC * 256;
+          for (int64_t c = 0; c < DC; ++c) {
+            _tile_loadd(4, q + i0 * D + 32 * c, D * 2);
+            _tile_loadd(6, kb + c * 256, 64);
+            _tile_loadd(7, kb + DC * 256 + c * 256, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+          }
+          float* sb = s.data() + i0 * kAmxKeys + j0;
+          _tile_stored(0, sb, kAmxKeys * 4);
+          _tile_stored(1, sb + 16, kAmxKeys * 4);
+        }
+        continue;
+      }
       for (int64_t j0 = 0; j0 < np; j0 += 32) {
         _tile_zero(0);
         _tile_zero(1);
@@ -615,6 +745,24 @@ void amx_attend(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64
     }
     // acc [LP, D] += P V
     for (int64_t i0 = 0; i0 < LP; i0 += 32) {
+      if (LP - i0 == 16) {  // one 16-row tile of lanes, as above
+        for (int64_t d0 = 0; d0 < D; d0 += 32) {
+          float* ab = st.acc.data() + i0 * D + d0;
+          _tile_loadd(0, ab, D * 4);
+          _tile_loadd(1, ab + 16, D * 4);
+          for (int64_t kc = 0; kc < np; kc += 32) {
+            const uint16_t* vb = pk.vp.data() + ((rel + kc) / 32) * DB * 512 + (d0 / 16) * 512;
+            _tile_loadd(4, p.data() + i0 * kAmxKeys + kc, kAmxKeys * 2);
+            _tile_loadd(6, vb, 64);
+            _tile_loadd(7, vb + 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+          }
+          _tile_stored(0, ab, D * 4);
+          _tile_stored(1, ab + 16, D * 4);
+        }
+        continue;
+      }
       for (int64_t d0 = 0; d0 < D; d0 += 32) {
         float* ab = st.acc.data() + i0 * D + d0;
         _tile_loadd(0, ab, D * 4);
@@ -802,7 +950,7 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
             lane_range(r, kv_lens[it.b], &lo[lane], &hi[lane]);
           }
         }
-        if (it.hi > it.lo) amx_attend(args, packed[it.b * Hkv + it.h], qb.data(), lanes, LP, lo.data(), hi.data(), it.lo, it.hi, st);
+        if (it.hi > it.lo) amx_attend(args, (*packed)[it.b * Hkv + it.h], qb.data(), lanes, LP, lo.data(), hi.data(), it.lo, it.hi, st);
         write_out(it, st);
       });
       return;
@@ -896,7 +1044,7 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
       const auto packed = amx_pack_requests<S>(k_buf, v_buf, slots, items, args);
       run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
         const Item& it = items[idx];
-        const int64_t LP = round_up(G, 32);
+        const int64_t LP = round_up(G, 16);  // a 16-row tile holds E2B's 8 heads (a lane's bits never depend on LP)
         thread_local avector<uint16_t> qb;
         thread_local std::vector<int64_t> lo, hi;
         thread_local Softmax st;
@@ -906,7 +1054,7 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
         st.reset(LP, D);
         for (int64_t g = 0; g < G; ++g)
           std::memcpy(qb.data() + g * D, qd + it.b * q.stride(0) + (it.h * G + g) * q.stride(1), D * sizeof(T));
-        if (it.hi > it.lo) amx_attend(args, packed[it.b * Hkv + it.h], qb.data(), G, LP, lo.data(), hi.data(), it.lo, it.hi, st);
+        if (it.hi > it.lo) amx_attend(args, (*packed)[it.b * Hkv + it.h], qb.data(), G, LP, lo.data(), hi.data(), it.lo, it.hi, st);
         finish(it, st);
       });
     }
@@ -993,7 +1141,7 @@ void extend_dispatch(const torch::Tensor& q, torch::Tensor& o, const torch::Tens
 void extend_attention(torch::Tensor q, torch::Tensor o, torch::Tensor k_buf, torch::Tensor v_buf,
                       torch::Tensor qo_indptr, torch::Tensor q_positions, torch::Tensor kv_indptr,
                       torch::Tensor kv_indices, double sm_scale, int64_t window, double logit_cap, double k_scale,
-                      double v_scale) {
+                      double v_scale, int64_t pack_epoch) {
   check_args(q, o, k_buf, v_buf);
   const auto qo = as_i64(qo_indptr, "qo_indptr"), qpos = as_i64(q_positions, "q_positions");
   const auto kvp = as_i64(kv_indptr, "kv_indptr"), kvi = as_i64(kv_indices, "kv_indices");
@@ -1008,7 +1156,8 @@ void extend_attention(torch::Tensor q, torch::Tensor o, torch::Tensor k_buf, tor
     slots.push_back(kvi.data() + kvp[b]);
     kv_lens.push_back(kvp[b + 1] - kvp[b]);
   }
-  const TileArgs args = tile_args(q, sm_scale, logit_cap, k_scale, v_scale, torch::Tensor());
+  TileArgs args = tile_args(q, sm_scale, logit_cap, k_scale, v_scale, torch::Tensor());
+  args.pack_epoch = pack_epoch;
   extend_dispatch(q, o, k_buf, v_buf, qo, qpos, slots, kv_lens, args, window);
 }
 
@@ -1052,7 +1201,7 @@ torch::Tensor rows_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor
 void decode_attention(torch::Tensor q, torch::Tensor o, torch::Tensor k_buf, torch::Tensor v_buf,
                       torch::Tensor q_positions, torch::Tensor kv_indptr, torch::Tensor kv_indices,
                       torch::Tensor num_kv_splits, int64_t max_kv_splits, double sm_scale, int64_t window,
-                      double logit_cap, double k_scale, double v_scale) {
+                      double logit_cap, double k_scale, double v_scale, int64_t pack_epoch) {
   check_args(q, o, k_buf, v_buf);
   const auto qpos = as_i64(q_positions, "q_positions"), kvp = as_i64(kv_indptr, "kv_indptr");
   const auto kvi = as_i64(kv_indices, "kv_indices"), splits = as_i64(num_kv_splits, "num_kv_splits");
@@ -1062,7 +1211,8 @@ void decode_attention(torch::Tensor q, torch::Tensor o, torch::Tensor k_buf, tor
               "decode: q_positions / num_kv_splits need one entry per request, kv_indptr batch + 1");
   TORCH_CHECK(max_kv_splits >= 1, "max_kv_splits must be >= 1");
   TORCH_CHECK(kvp.front() >= 0 && kvp.back() <= static_cast<int64_t>(kvi.size()), "kv_indptr runs past kv_indices");
-  const TileArgs args = tile_args(q, sm_scale, logit_cap, k_scale, v_scale, torch::Tensor());
+  TileArgs args = tile_args(q, sm_scale, logit_cap, k_scale, v_scale, torch::Tensor());
+  args.pack_epoch = pack_epoch;
   dispatch_types(q, k_buf, [&](auto t, auto s) {
     decode_impl<decltype(t), decltype(s)>(q, o, k_buf, v_buf, qpos, kvp, kvi, splits, max_kv_splits, args, window);
   });
