@@ -39,13 +39,18 @@ inline float wvalue(float v) { return v; }
 // out[m, n] for R weight rows (w, K apart) and MT rows of x (ldx apart): one accumulator vector per
 // (row, x row) over K in steps of kVec, then its lanes summed, then the K tail. The order of every
 // sum is fixed by K alone.
+// pf > 0: also ask for the weight elements pf ahead of the ones read into L2, a line at a time as the loop
+// reaches it (decode: the rows kPrefetchRows ahead; quant_linear.cpp measured why spread, not in bursts).
 template <int R, int MT, typename W>
-inline void row_tile(const float* x, int64_t ldx, const W* w, int64_t K, float* out, int64_t ldo) {
+inline void row_tile(const float* x, int64_t ldx, const W* w, int64_t K, float* out, int64_t ldo, int64_t pf = 0) {
+  constexpr int64_t kLine = 64 / sizeof(W);  // weight elements per cache line
   vfloat acc[R][MT];
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < MT; ++m) acc[r][m] = vfloat{};
   int64_t k = 0;
   for (; k + kVec <= K; k += kVec) {
+    if (pf && k % kLine == 0)
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(w + r * K + k + pf), _MM_HINT_T1);
     vfloat wv[R];
     for (int r = 0; r < R; ++r) wv[r] = wload(w + r * K + k);
     for (int m = 0; m < MT; ++m) {
@@ -69,17 +74,20 @@ constexpr int kRows = 4, kMaxTile = 4;  // 16 accumulators + 4 weight vectors of
 constexpr int kRows = 4, kMaxTile = 2;  // 8 accumulators + 4 weight vectors of the 16 ymm registers
 #endif
 
+// pf: as row_tile's, for the first tile of x rows only (the later ones find the weights in cache).
 template <int R, typename W>
-inline void row_block(const float* x, int64_t M, int64_t K, const W* w, float* out, int64_t N) {
+inline void row_block(const float* x, int64_t M, int64_t K, const W* w, float* out, int64_t N, int64_t pf = 0) {
   int64_t m = 0;
-  for (; m + kMaxTile <= M; m += kMaxTile) row_tile<R, kMaxTile>(x + m * K, K, w, K, out + m * N, N);
+  for (; m + kMaxTile <= M; m += kMaxTile, pf = 0) row_tile<R, kMaxTile>(x + m * K, K, w, K, out + m * N, N, pf);
   switch (M - m) {  // the x-row tail as a compile-time tile (same per-element order)
-    case 3: row_tile<R, 3>(x + m * K, K, w, K, out + m * N, N); break;
-    case 2: row_tile<R, 2>(x + m * K, K, w, K, out + m * N, N); break;
-    case 1: row_tile<R, 1>(x + m * K, K, w, K, out + m * N, N); break;
+    case 3: row_tile<R, 3>(x + m * K, K, w, K, out + m * N, N, pf); break;
+    case 2: row_tile<R, 2>(x + m * K, K, w, K, out + m * N, N, pf); break;
+    case 1: row_tile<R, 1>(x + m * K, K, w, K, out + m * N, N, pf); break;
     default: break;
   }
 }
+
+constexpr int64_t kPrefetchRows = 16;  // decode: weight rows asked for ahead (quant_linear.cpp's distance)
 
 // out [M, N] = x [M, K] (float32, contiguous) @ w [N, K]^T (bf16 bits or float32, contiguous).
 template <typename W>
@@ -88,7 +96,10 @@ void row_kernel(const float* x, int64_t M, int64_t K, const W* w, int64_t N, flo
   // A grain of whole weight rows: each thread streams one contiguous part of the weight.
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, K * kRows));
   auto body = [&](int64_t lo, int64_t hi) {
-    for (int64_t b = lo; b < hi; ++b) row_block<kRows>(x, M, K, w + b * kRows * K, out + b * kRows, N);
+    for (int64_t b = lo; b < hi; ++b) {
+      const bool ahead = M <= kMaxTile && (b + 1) * kRows + kPrefetchRows <= N;
+      row_block<kRows>(x, M, K, w + b * kRows * K, out + b * kRows, N, ahead ? kPrefetchRows * K : 0);
+    }
   };
   if (at::get_num_threads() == 1 || blocks <= grain) {
     body(0, blocks);
