@@ -40,6 +40,8 @@ IMPL_MMAP_EMBEDDINGS           bool    true        serve the per-layer-embedding
                                                    on CPU (false: load it into memory)
 IMPL_QUANT_LM_HEAD             bool    true        with quantized weights, the LM head reads an int8 (W8A16) copy of the
                                                    tied embedding (false: the embedding's own dtype; impl/quant)
+IMPL_QUANT_INT4_SEARCH         bool    true        asymmetric int4 quantized while loading picks each group's range by
+                                                   search (false: its min / max; impl/quant/pack.py)
 IMPL_QUANT_KEEP                names   (none)      with quantized weights, linear layers kept in the checkpoint's dtype:
                                                    comma-separated module-name patterns (fnmatch, e.g.
                                                    ``per_layer_model_projection,layers.*.per_layer_*``)
@@ -187,6 +189,7 @@ class envs:
                              "a gcc -march name (e.g. native, haswell)")
     IMPL_MMAP_EMBEDDINGS = env_bool("IMPL_MMAP_EMBEDDINGS", True)
     IMPL_QUANT_LM_HEAD = env_bool("IMPL_QUANT_LM_HEAD", True)
+    IMPL_QUANT_INT4_SEARCH = env_bool("IMPL_QUANT_INT4_SEARCH", True)
     IMPL_QUANT_KEEP = env_str("IMPL_QUANT_KEEP", "", r"[A-Za-z0-9_.*?\[\]]*(,[A-Za-z0-9_.*?\[\]]+)*",
                               "comma-separated module-name patterns (e.g. per_layer_model_projection,layers.*.self_attn.*)")
     # ---- other programs' variables, read with their owners' meaning

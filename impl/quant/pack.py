@@ -2,13 +2,24 @@
 
 A weight is processed ``ROW_CHUNK`` output rows at a time, so quantizing never holds a float32 copy of more
 than one chunk (the LM head's 262,144 rows included). Rounding is ``torch.round`` (half to even).
+
+Asymmetric int4 (``int4wo-<g>``, ``8da4w-<g>``) picks each group's range by search (``reference.int4_range_choices``:
+the min / max range or one shrunk at either end, whichever dequantizes nearest), computed by the compiled kernel
+where the extension is built and by the torch reference otherwise; ``IMPL_QUANT_INT4_SEARCH=0`` keeps min / max.
+On the trained tiny checkpoint it moved greedy agreement with float32 to llama.cpp's Q4_0 (docs/quantization.md).
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from impl.envs import envs
 from impl.quant.base import WeightFormat
+from impl.quant.reference import INT4_RANGE_SCALES, int4_range_choices
+
+logger = logging.getLogger("impl.quant")
 
 ROW_CHUNK = 4096
 
@@ -33,9 +44,15 @@ def pack_rows(w: torch.Tensor, fmt: WeightFormat) -> torch.Tensor:
         s = wg.abs().amax(dim=2, keepdim=True) / 7.5
         z = torch.full_like(s, 8.0)
         q = torch.round(wg / torch.where(s > 0, s, 1.0)).clamp_(-8, 7) + 8
-    else:  # min / max per group, integer zero point in 0..15
+    else:  # a range per group (min / max, or the search's choice), integer zero point in 0..15
         lo = wg.amin(dim=2, keepdim=True).clamp(max=0.0)
         hi = wg.amax(dim=2, keepdim=True).clamp(min=0.0)
+        if envs.IMPL_QUANT_INT4_SEARCH.get():
+            idx = range_choices(wg)
+            scales = torch.tensor(INT4_RANGE_SCALES, dtype=torch.float32)
+            n_s = len(INT4_RANGE_SCALES)
+            lo = lo * scales[idx // n_s].unsqueeze(-1)
+            hi = hi * scales[idx % n_s].unsqueeze(-1)
         s = (hi - lo) / 15.0
         z = torch.round(-lo / torch.where(s > 0, s, 1.0)).clamp_(0, 15)
         q = (torch.round(wg / torch.where(s > 0, s, 1.0)) + z).clamp_(0, 15)
@@ -43,6 +60,18 @@ def pack_rows(w: torch.Tensor, fmt: WeightFormat) -> torch.Tensor:
     half = g // 2
     nib = q[..., :half] | (q[..., half:] << 4)  # [n, G, g / 2]
     return torch.cat([nib, _as_bytes(s), _as_bytes(z)], dim=2).view(fmt.torch_dtype).contiguous()
+
+
+def range_choices(wg: torch.Tensor) -> torch.Tensor:
+    """``reference.int4_range_choices`` of float32 groups [n, G, g] (int64 [n, G]), by the compiled kernel where it
+    is built and takes the group size, else by the reference (~25x slower)."""
+    from impl.kernels import cpu_fused
+
+    ext = cpu_fused.load()
+    n, groups, g = wg.shape
+    if ext is not None and g % 16 == 0:
+        return ext.int4_range_choices(wg.reshape(n, groups * g).contiguous(), g).long()
+    return int4_range_choices(wg)
 
 
 def pack(w: torch.Tensor, fmt: WeightFormat) -> torch.Tensor:

@@ -39,6 +39,30 @@ def dequantize(w: torch.Tensor, k: int) -> torch.Tensor:
     return ((q - z) * s).reshape(n, k)
 
 
+# Asymmetric int4's range search (pack.py): each group quantizes over [lo * a, hi * b], a and b from these scales.
+INT4_RANGE_SCALES = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
+
+
+def int4_range_choices(wg: torch.Tensor) -> torch.Tensor:
+    """For float32 groups ``wg`` [n, G, g]: the index ``ia * 6 + ib`` (int64 [n, G]) of the range [lo * a, hi * b]
+    (lo = min(w, 0), hi = max(w, 0); a, b = INT4_RANGE_SCALES[ia], [ib]) whose codes, made as ``pack.py`` makes
+    them, dequantize nearest to the group in squared error (float32); the first in (ia, ib) order on a tie.
+    The compiled kernel (cpu_fused ``int4_range_choices``) sums each error in another order."""
+    lo = wg.amin(dim=2, keepdim=True).clamp(max=0.0)
+    hi = wg.amax(dim=2, keepdim=True).clamp(min=0.0)
+    scales = torch.tensor(INT4_RANGE_SCALES, dtype=torch.float32)
+    errs = []
+    for a in scales:
+        for b in scales:
+            lo_c, hi_c = lo * a, hi * b
+            s = (hi_c - lo_c) / 15.0
+            safe = torch.where(s > 0, s, 1.0)
+            z = torch.round(-lo_c / safe).clamp_(0, 15)
+            q = (torch.round(wg / safe) + z).clamp_(0, 15)
+            errs.append(((s * (q - z) - wg) ** 2).sum(dim=2))
+    return torch.stack(errs, dim=-1).argmin(dim=-1)
+
+
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """W8A8's activations: x [M, K] -> (int8 codes [M, K], float32 scales [M]): s = max|x| / 127, q = round(x / s)."""
     xf = x.float()

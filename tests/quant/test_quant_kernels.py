@@ -142,14 +142,45 @@ def test_w4a8_is_close_to_the_float_product():
     assert float((y8 - y16).abs().max() / y16.abs().max()) < 0.01
 
 
-def test_quantization_error_is_small():
+def test_quantization_error_is_small(monkeypatch):
     """The packed formats hold the weights to their precision: int8 per channel ~0.4% of a row's range, int4 in
-    groups ~7%."""
+    groups over their min / max ~7% (the range search trades the largest errors for a smaller sum: below)."""
+    monkeypatch.setenv("IMPL_QUANT_INT4_SEARCH", "0")
     w = torch.randn(64, 256, generator=torch.Generator().manual_seed(3))
     for fmt, bound in [(WeightFormat("w8a16"), 0.005), (WeightFormat("w4a16", 32), 0.08),
                        (WeightFormat("w4a16", 32, False), 0.08)]:
         err = (reference.dequantize(pack.pack(w, fmt), 256) - w).abs().amax(dim=1) / w.abs().amax(dim=1)
         assert float(err.max()) < bound, fmt
+
+
+@pytest.mark.parametrize("g", [32, 128])
+def test_int4_range_search_kernel_matches_its_reference_and_lowers_the_error(ext, monkeypatch, g):
+    """Asymmetric int4's range search: the compiled kernel picks the reference's range for a group, or one whose
+    squared error ties it within float32 summation order; the packed weight's error per group is never above
+    the min / max range's (one of the candidates), and lower over the weight. Heavy-tailed rows (outliers) so
+    the search has something to clip."""
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(48, 4 * g, generator=gen) * torch.rand(48, 1, generator=gen)
+    w[torch.rand(w.shape, generator=gen) < 0.02] *= 6.0
+    wg = w.view(48, 4, g)
+    got, want = ext.int4_range_choices(w.contiguous(), g).long(), reference.int4_range_choices(wg)
+    assert float((got == want).float().mean()) > 0.95 and bool((got != 0).any())
+
+    def group_err(idx):
+        n_s = len(reference.INT4_RANGE_SCALES)
+        sc = torch.tensor(reference.INT4_RANGE_SCALES)
+        lo = wg.amin(dim=2, keepdim=True).clamp(max=0.0) * sc[idx // n_s].unsqueeze(-1)
+        hi = wg.amax(dim=2, keepdim=True).clamp(min=0.0) * sc[idx % n_s].unsqueeze(-1)
+        s = (hi - lo) / 15.0
+        z = torch.round(-lo / s).clamp(0, 15)
+        return ((s * ((torch.round(wg / s) + z).clamp(0, 15) - z) - wg) ** 2).double().sum(dim=2)
+
+    torch.testing.assert_close(group_err(got), group_err(want), rtol=1e-5, atol=0)
+    fmt = WeightFormat("w4a16", g, False)
+    searched = ((reference.dequantize(pack.pack(w, fmt), 4 * g) - w) ** 2).view(48, 4, g).sum(dim=2)
+    monkeypatch.setenv("IMPL_QUANT_INT4_SEARCH", "0")
+    minmax = ((reference.dequantize(pack.pack(w, fmt), 4 * g) - w) ** 2).view(48, 4, g).sum(dim=2)
+    assert bool((searched <= minmax * (1 + 1e-5)).all()) and float(searched.sum()) < 0.97 * float(minmax.sum())
 
 
 def test_bad_layouts_are_refused(ext):

@@ -521,6 +521,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_dequant", &cpu_fused::quant_dequant, "a quantized weight as float32 [N, K]", release(), py::arg("w"),
         py::arg("k"));
   m.def("quant_w8a8_prefill_isa", &cpu_fused::quant_w8a8_prefill_isa, "AMX-int8 tiles or SIMD for W8A8 and W4A8 from 32 rows");
+  m.def("int4_range_choices", &cpu_fused::int4_range_choices, "asymmetric int4's range search per group (quant_pack.cpp)",
+        release(), py::arg("w"), py::arg("g"));
   m.def("linear_native", &cpu_fused::linear_native,
         "x @ w^T left in the weight's dtype where oneDNN runs it (bf16 weights: bf16), else float32", release(),
         py::arg("x"), py::arg("w"), py::arg("onednn"));

@@ -104,4 +104,9 @@ torch::Tensor quant_dequant(const torch::Tensor& w, int64_t K);
 // "simd" (the row kernel, as at every row count).
 std::string quant_w8a8_prefill_isa();
 
+// Asymmetric int4's range search at load time (quant_pack.cpp): for w float32 [n, K] in groups of g, the index
+// a * 6 + b of the range [min * kInt4RangeScales[a], max * kInt4RangeScales[b]] each group quantizes over, uint8
+// [n, K / g] (impl/quant/reference.py's int4_range_choices is its definition).
+torch::Tensor int4_range_choices(const torch::Tensor& w, int64_t g);
+
 }  // namespace cpu_fused
