@@ -249,3 +249,26 @@ def test_per_layer_inputs_in_one_pass_match_the_eager_ops(n):
         assert not torch.equal(model.per_layer_inputs(ids, embeds), got)
     finally:
         ple_mod.PER_LAYER_INPUT_SCALE = old
+
+
+@needs_ext
+def test_quantized_per_layer_inputs_in_row_blocks_equal_one_pass():
+    """A quantized per-layer-input projection's float32 product is taken in blocks of ``ROWS`` rows (a fresh 37 MB
+    mapping per prefill page-faulted on every write): its rows are independent, so the blocks give one pass's
+    bits, at any block size."""
+    from impl.quant import pack
+    from impl.quant.base import WeightFormat
+
+    ext = cpu_fused.load()
+    g = _gen(77)
+    layers, p, hidden, n = 8, 16, 64, 700
+    w = pack.pack(torch.randn(layers * p, hidden, generator=g) * 0.1, WeightFormat("w8a8"))
+    kernel = cpu_fused_transform.PleInputsKernel(ext, cpu_fused_transform.LinearForward(ext, w, False))
+    assert kernel.chunked and n > kernel.ROWS
+    embeds, tok = _bf16(n, hidden, g=g, scale=4.0), _bf16(n, layers * p, g=g)
+    norm_w = torch.rand(p, generator=g) + 0.5
+    got = kernel(embeds, tok, norm_w, 1e-6, p, 0.7, 0.5)
+    for rows in (10**9, 96):
+        kernel.ROWS = rows
+        assert torch.equal(kernel(embeds, tok, norm_w, 1e-6, p, 0.7, 0.5), got)
+    assert got.shape == (n, layers * p) and got.dtype == torch.bfloat16

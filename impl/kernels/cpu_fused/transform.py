@@ -342,15 +342,30 @@ class PleInputsKernel:
     ~7 ms). The RMSNorm's sum of squares is the kernel's own order (the eager ``F.rms_norm`` can differ in the
     last bit)."""
 
+    # A quantized projection's float32 product [T, L * P] is taken ROWS rows at a time: E2B's 8960 columns make
+    # 1024 rows 37 MB, above glibc's largest mmap threshold (32 MB), so each prefill mapped it afresh and took a
+    # page fault per 4 KB written (~9000 per 1024 rows, ~4% of a W8A8 prefill on the AMX Xeon); 512 rows come
+    # from the heap. Its rows are independent (per-row activation scales, integer products), so the bits are
+    # the same; oneDNN's bf16 product (half the bytes, not row-count invariant) stays one call.
+    ROWS = 512
+
     def __init__(self, ext: ModuleType, projection: LinearForward):
         self.ext, self.projection = ext, projection
+        self.chunked = cpu_fused.is_quantized(projection.weight)
 
     def __call__(self, embeds: torch.Tensor, tok: torch.Tensor, norm_w: torch.Tensor, eps: float, ple_dim: int,
                  tok_scale: float, out_scale: float) -> torch.Tensor:
         """embeds [T, hidden] bf16; tok [T, L * P] the table's gathered rows (bf16); norm_w [P] -> [T, L * P] bf16."""
+        n = embeds.shape[0]
+        tok2 = tok.reshape(n, -1)
+        if not self.chunked or n <= self.ROWS:
+            return self._rows(embeds, tok2, norm_w, eps, ple_dim, tok_scale, out_scale)
+        return torch.cat([self._rows(embeds[i:i + self.ROWS], tok2[i:i + self.ROWS], norm_w, eps, ple_dim, tok_scale,
+                                     out_scale) for i in range(0, n, self.ROWS)])
+
+    def _rows(self, embeds, tok, norm_w, eps, ple_dim, tok_scale, out_scale) -> torch.Tensor:
         y = self.projection.native(embeds)  # [T, L * P] bf16 (oneDNN) or float32
-        return self.ext.ple_inputs(y, tok.reshape(y.shape), norm_w, ple_dim, embeds.shape[-1] ** -0.5, tok_scale,
-                                   out_scale, eps, True)
+        return self.ext.ple_inputs(y, tok, norm_w, ple_dim, embeds.shape[-1] ** -0.5, tok_scale, out_scale, eps, True)
 
 
 def _f32(t: torch.Tensor) -> torch.Tensor:
