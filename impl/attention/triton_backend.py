@@ -37,8 +37,7 @@ class TritonAttnBackend(AttentionBackend):
         self._batch = None  # the ForwardBatch forward_metadata was built for
         # KV buffers later layers read too (Gemma-4's cross-decoder reads its producers'): the CPU kernels keep
         # their AMX packing of these for the forward's other launches over them (KernelProvider.pack_epochs)
-        layers = getattr(model_config, "num_hidden_layers", 0)
-        producers = getattr(model_config, "kv_producer", ()) if layers else ()
+        producers = getattr(model_config, "kv_producer", ())
         self._shared_kv = {p for i, p in enumerate(producers) if p is not None and p != i}
         self._pack_epoch = 0
 

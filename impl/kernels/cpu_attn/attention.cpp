@@ -584,7 +584,7 @@ std::shared_ptr<const std::vector<AmxPacked>> amx_pack_requests(const torch::Ten
     std::lock_guard<std::mutex> lock(pack_cache_mu);
     drop_other_epochs();
     for (const PackCacheEntry& e : pack_cache) {
-      if (e.epoch != a.pack_epoch || e.k != kp || e.v != vp || e.D != a.D || e.Hkv != Hkv ||
+      if (e.k != kp || e.v != vp || e.D != a.D || e.Hkv != Hkv ||  // (every kept entry is of this epoch)
           static_cast<int64_t>(e.k0.size()) != B)
         continue;
       bool covers = true;
@@ -644,6 +644,69 @@ inline float hsum(vfloat v) {
   return s;
 }
 
+// One block of S = Q K^T on tiles: RT 16-row tiles of queries (q: RT * 16 rows of D bf16) against 32 packed keys
+// (kb: two key tiles per 32 dims, DC = D / 32 pairs of them), into sb (rows kAmxKeys floats apart). RT = 1 serves
+// decode's 8 heads with half the products; a lane's products are the same either way.
+template <int RT>
+inline void amx_qk_block(const uint16_t* q, int64_t D, const uint32_t* kb, float* sb) {
+  const int64_t DC = D / 32;
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (RT == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t c = 0; c < DC; ++c) {
+    _tile_loadd(4, q + 32 * c, D * 2);
+    if constexpr (RT == 2) _tile_loadd(5, q + 16 * D + 32 * c, D * 2);
+    _tile_loadd(6, kb + c * 256, 64);
+    _tile_loadd(7, kb + DC * 256 + c * 256, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if constexpr (RT == 2) {
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, sb, kAmxKeys * 4);
+  _tile_stored(1, sb + 16, kAmxKeys * 4);
+  if constexpr (RT == 2) {
+    _tile_stored(2, sb + 16 * kAmxKeys, kAmxKeys * 4);
+    _tile_stored(3, sb + 16 * kAmxKeys + 16, kAmxKeys * 4);
+  }
+}
+
+// One block of acc += P V on tiles: RT 16-row tiles of P (p: rows kAmxKeys bf16 apart, np keys) against the packed
+// V tiles of 32 dims (vb: the first 32-key block's, DB * 512 words per 32 keys), into acc (ab: rows D floats apart).
+template <int RT>
+inline void amx_pv_block(const uint16_t* p, int64_t np, const uint16_t* vb, int64_t DB, float* ab, int64_t D) {
+  _tile_loadd(0, ab, D * 4);
+  _tile_loadd(1, ab + 16, D * 4);
+  if constexpr (RT == 2) {
+    _tile_loadd(2, ab + 16 * D, D * 4);
+    _tile_loadd(3, ab + 16 * D + 16, D * 4);
+  }
+  for (int64_t kc = 0; kc < np; kc += 32) {
+    const uint16_t* v = vb + (kc / 32) * DB * 512;
+    _tile_loadd(4, p + kc, kAmxKeys * 2);
+    if constexpr (RT == 2) _tile_loadd(5, p + 16 * kAmxKeys + kc, kAmxKeys * 2);
+    _tile_loadd(6, v, 64);
+    _tile_loadd(7, v + 512, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if constexpr (RT == 2) {
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, ab, D * 4);
+  _tile_stored(1, ab + 16, D * 4);
+  if constexpr (RT == 2) {
+    _tile_stored(2, ab + 16 * D, D * 4);
+    _tile_stored(3, ab + 16 * D + 16, D * 4);
+  }
+}
+
 // Work item on tiles: `lanes` query lanes (q: bf16 [LP, D], LP a multiple of 16, rows past `lanes` zero),
 // lane i sees keys [lo[i], hi[i]) of the packed keys; keys [key_lo, key_hi) cover every lane's.
 // st: softmax state of LP lanes (acc [LP, D]).
@@ -665,45 +728,13 @@ void amx_attend(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64
     const int64_t rel = t0 - pk.k0;  // a multiple of 32
     // S [LP, np] = Q K^T
     for (int64_t i0 = 0; i0 < LP; i0 += 32) {
-      if (LP - i0 == 16) {  // one 16-row tile of lanes (decode's G <= 16 heads): half the products
-        for (int64_t j0 = 0; j0 < np; j0 += 32) {
-          _tile_zero(0);
-          _tile_zero(1);
-          const uint32_t* kb = pk.kp.data() + ((rel + j0) / 16) * DC * 256;
-          for (int64_t c = 0; c < DC; ++c) {
-            _tile_loadd(4, q + i0 * D + 32 * c, D * 2);
-            _tile_loadd(6, kb + c * 256, 64);
-            _tile_loadd(7, kb + DC * 256 + c * 256, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-          }
-          float* sb = s.data() + i0 * kAmxKeys + j0;
-          _tile_stored(0, sb, kAmxKeys * 4);
-          _tile_stored(1, sb + 16, kAmxKeys * 4);
-        }
-        continue;
-      }
       for (int64_t j0 = 0; j0 < np; j0 += 32) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
         const uint32_t* kb = pk.kp.data() + ((rel + j0) / 16) * DC * 256;
-        for (int64_t c = 0; c < DC; ++c) {
-          _tile_loadd(4, q + i0 * D + 32 * c, D * 2);
-          _tile_loadd(5, q + (i0 + 16) * D + 32 * c, D * 2);
-          _tile_loadd(6, kb + c * 256, 64);
-          _tile_loadd(7, kb + DC * 256 + c * 256, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
         float* sb = s.data() + i0 * kAmxKeys + j0;
-        _tile_stored(0, sb, kAmxKeys * 4);
-        _tile_stored(1, sb + 16, kAmxKeys * 4);
-        _tile_stored(2, sb + 16 * kAmxKeys, kAmxKeys * 4);
-        _tile_stored(3, sb + 16 * kAmxKeys + 16, kAmxKeys * 4);
+        if (LP - i0 == 16)  // one 16-row tile of lanes (decode's G <= 16 heads): half the products
+          amx_qk_block<1>(q + i0 * D, D, kb, sb);
+        else
+          amx_qk_block<2>(q + i0 * D, D, kb, sb);
       }
     }
     // Online softmax along each lane's row; P rounded to bf16 (round to nearest even)
@@ -745,45 +776,13 @@ void amx_attend(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64
     }
     // acc [LP, D] += P V
     for (int64_t i0 = 0; i0 < LP; i0 += 32) {
-      if (LP - i0 == 16) {  // one 16-row tile of lanes, as above
-        for (int64_t d0 = 0; d0 < D; d0 += 32) {
-          float* ab = st.acc.data() + i0 * D + d0;
-          _tile_loadd(0, ab, D * 4);
-          _tile_loadd(1, ab + 16, D * 4);
-          for (int64_t kc = 0; kc < np; kc += 32) {
-            const uint16_t* vb = pk.vp.data() + ((rel + kc) / 32) * DB * 512 + (d0 / 16) * 512;
-            _tile_loadd(4, p.data() + i0 * kAmxKeys + kc, kAmxKeys * 2);
-            _tile_loadd(6, vb, 64);
-            _tile_loadd(7, vb + 512, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-          }
-          _tile_stored(0, ab, D * 4);
-          _tile_stored(1, ab + 16, D * 4);
-        }
-        continue;
-      }
       for (int64_t d0 = 0; d0 < D; d0 += 32) {
+        const uint16_t* vb = pk.vp.data() + (rel / 32) * DB * 512 + (d0 / 16) * 512;
         float* ab = st.acc.data() + i0 * D + d0;
-        _tile_loadd(0, ab, D * 4);
-        _tile_loadd(1, ab + 16, D * 4);
-        _tile_loadd(2, ab + 16 * D, D * 4);
-        _tile_loadd(3, ab + 16 * D + 16, D * 4);
-        for (int64_t kc = 0; kc < np; kc += 32) {
-          const uint16_t* vb = pk.vp.data() + ((rel + kc) / 32) * DB * 512 + (d0 / 16) * 512;
-          _tile_loadd(4, p.data() + i0 * kAmxKeys + kc, kAmxKeys * 2);
-          _tile_loadd(5, p.data() + (i0 + 16) * kAmxKeys + kc, kAmxKeys * 2);
-          _tile_loadd(6, vb, 64);
-          _tile_loadd(7, vb + 512, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
-        _tile_stored(0, ab, D * 4);
-        _tile_stored(1, ab + 16, D * 4);
-        _tile_stored(2, ab + 16 * D, D * 4);
-        _tile_stored(3, ab + 16 * D + 16, D * 4);
+        if (LP - i0 == 16)
+          amx_pv_block<1>(p.data() + i0 * kAmxKeys, np, vb, DB, ab, D);
+        else
+          amx_pv_block<2>(p.data() + i0 * kAmxKeys, np, vb, DB, ab, D);
       }
     }
     t0 = t1;
