@@ -40,7 +40,7 @@ inline float wvalue(float v) { return v; }
 // (row, x row) over K in steps of kVec, then its lanes summed, then the K tail. The order of every
 // sum is fixed by K alone.
 // pf > 0: also ask for the weight elements pf ahead of the ones read into L2, a line at a time as the loop
-// reaches it (decode: the rows kPrefetchRows ahead; quant_linear.cpp measured why spread, not in bursts).
+// reaches it (decode: the rows kPrefetchRows ahead, linear.h).
 template <int R, int MT, typename W>
 inline void row_tile(const float* x, int64_t ldx, const W* w, int64_t K, float* out, int64_t ldo, int64_t pf = 0) {
   constexpr int64_t kLine = 64 / sizeof(W);  // weight elements per cache line
@@ -86,8 +86,6 @@ inline void row_block(const float* x, int64_t M, int64_t K, const W* w, float* o
     default: break;
   }
 }
-
-constexpr int64_t kPrefetchRows = 16;  // decode: weight rows asked for ahead (quant_linear.cpp's distance)
 
 // out [M, N] = x [M, K] (float32, contiguous) @ w [N, K]^T (bf16 bits or float32, contiguous).
 template <typename W>

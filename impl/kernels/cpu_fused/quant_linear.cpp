@@ -22,6 +22,7 @@
 // kQuantRowKernelMaxRows rows, blocks of rows are dequantized to float32 (~2 MB, once per call, vectorised)
 // for ATen's mm, as the bf16 weights' widened GEMM does (linear.cpp).
 
+#include "linear.h"
 #include "quant_linear.h"
 
 #include <ATen/Parallel.h>
@@ -66,13 +67,6 @@ inline void for_blocks(int64_t blocks, int64_t grain, const F& body) {
     at::parallel_for(0, blocks, grain, body);
   }
 }
-
-// Decode's row kernels read a few weight rows at a time, group by group: a stride within a few KB that the
-// hardware prefetcher follows poorly (measured on one Zen 3 core, 24576 x 1536: W4A8 4.8 GB/s without, 8.1
-// with; W8A8 5.2 -> 11.0). They ask for the rows kPrefetchRows ahead into L2, a line or two at a time as they
-// go: one burst of all of a pass's lines before it stalled on the prefetches themselves (fill buffers full) on
-// the AMX Xeon; spread, at E2B's shapes there: W4A8 16 -> 20 GB/s, W4A16 14 -> 16, W8A8 (rows) 20 -> 22.
-constexpr int64_t kPrefetchRows = 16;
 
 // The lines of bytes [0, B) of R rows (rowB apart, from p) pf bytes ahead: B = 1 asks for one line per row.
 template <int R>
