@@ -301,6 +301,35 @@ def test_kernels_through_onednn_match_reference(mode, n, ple_dim):
 
 
 @needs_ext
+@needs_onednn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prepacked_mlp_in_row_blocks_matches_reference(dtype):
+    """A prepacked MLP wide enough for 256-row gate / up blocks (I = 2048) over 1300 rows: five blocks and a
+    20-row one, their activations gathered for the down projection in calls of 1024 and 276 rows
+    (fused_layer.cpp: kMlpDownRows). The reference's values to the rounding of the route."""
+    if dtype == torch.bfloat16 and not cpu_linear.native_bf16():
+        pytest.skip("no native bf16 (oneDNN's bf16 matmul) here")
+    n, hid, inter = 1300, 64, 2048
+    g = _gen(77)
+    r = lambda *s: torch.randn(*s, generator=g) * 0.3  # noqa: E731
+    h, attn, o_w = r(n, hid), r(n, 64), r(hid, 64)
+    norms = [r(hid) for _ in range(3)]
+    gate_up, down = r(2 * inter, hid) * 0.1, r(hid, inter) * 0.1
+    if dtype == torch.bfloat16:  # the same bf16 values on both sides
+        h, attn, o_w, gate_up, down = (t.bfloat16() for t in (h, attn, o_w, gate_up, down))
+    p = cpu_linear.pack
+    got = EXT.decoder_post(h, attn, p(o_w), norms[0], norms[1], [p(gate_up[:inter]), p(gate_up[inter:])], p(down),
+                           norms[2], None, None, None, None, 0.625, 1e-6, False)
+    f = lambda t: t.float()  # noqa: E731
+    want = ref.decoder_post(f(h), f(attn), f(o_w), norms[0], norms[1], [f(gate_up)], f(down), norms[2], None, None,
+                            None, None, 0.625, 1e-6)
+    assert got.dtype == dtype and got.shape == (n, hid)
+    # bf16: oneDNN rounds each matmul's inputs and outputs to bf16 (about eight roundings on an element's path)
+    _close(got.float(), want, 1e-5 if dtype == torch.float32 else 16 * 2.0**-9)
+
+
+
+@needs_ext
 def test_prepacked_gate_up_must_come_split():
     w = torch.randn(256, 64)
     packed = cpu_linear.pack(w) if cpu_linear.onednn_available() else None

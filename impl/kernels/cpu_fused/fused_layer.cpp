@@ -42,6 +42,12 @@ constexpr int64_t kMlpMinRowsWidened = 512;
 // (E2B's 1024-token prefill in one), the [rows, 2I] float32 gate / up output in a buffer kept between calls
 // (48 MB at E2B's I = 6144: a fresh one took a page fault per 4 KB, every layer).
 constexpr int64_t kMlpMinRowsW8A8 = 1024;
+// A prepacked (oneDNN) MLP takes its down projection over up to this many rows per call, from the gate / up blocks'
+// activation rows gathered into one [rows, I] buffer kept between calls: with K = I (6144 or 12288 at E2B), oneDNN's
+// AMX kernel streams the down weight from memory per call, at ~1.4 TFLOP/s in 256-row calls and ~1.9 in 1024-row
+// ones (E2B's shapes, weights cycled from memory, AMX Xeon: bench/investigations/gemm_shapes.py); gate / up (K =
+// hidden) keep their 256-row blocks, their fastest.
+constexpr int64_t kMlpDownRows = 1024;
 
 inline float inv_rms(const float* x, int64_t d, float eps) {
   float s = 0.f;
@@ -356,7 +362,30 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   auto x = torch::empty(h.sizes(), h.options().dtype(mlp_bf16 ? torch::kBFloat16 : torch::kFloat32));
   norm_rows(RowsIn(out), w_pre_ff.data_ptr<float>(), RowsOut(x), n, hid, e);
   auto m = torch::empty(h.sizes(), h.options().dtype(down_bf16 ? torch::kBFloat16 : torch::kFloat32));  // [n, hidden]
-  for (int64_t lo = 0; lo < n; lo += block) {
+  const bool packed_mlp = split && gate_up[0].is_mkldnn() && gate_up[1].is_mkldnn() && down_w.is_mkldnn();
+  if (packed_mlp) {
+    // gate / up per block of rows, their activation into the calling thread's [rows, I] buffer (a fresh one took a
+    // page fault per 4 KB, every layer), the down projection per kMlpDownRows rows
+    const int64_t down_rows = std::max(block, kMlpDownRows / block * block);
+    const int64_t act_elems = std::min(n, down_rows) * inter;
+    thread_local torch::Tensor act_keep;
+    if (!act_keep.defined() || act_keep.numel() < act_elems || act_keep.scalar_type() != mlp_dtype)
+      act_keep = torch::empty({act_elems}, x.options().dtype(mlp_dtype));
+    for (int64_t d0 = 0; d0 < n; d0 += down_rows) {
+      const int64_t dn = std::min(down_rows, n - d0);
+      auto act = act_keep.narrow(0, 0, dn * inter).view({dn, inter});
+      for (int64_t lo = d0; lo < d0 + dn; lo += block) {
+        const int64_t rows = std::min(block, d0 + dn - lo);
+        auto xin = x.narrow(0, lo, rows).to(mlp_dtype).contiguous();
+        auto y = act.narrow(0, lo - d0, rows);
+        gelu_mul_rows(onednn_linear(xin, gate_up[0], "none", ""), onednn_linear(xin, gate_up[1], "none", ""), y);
+      }
+      auto d = linear_native(act, down_w, onednn);
+      if (dn == n) m = d;  // one call: no copy
+      else m.narrow(0, d0, dn).copy_(d);
+    }
+  }
+  for (int64_t lo = 0; lo < n && !packed_mlp; lo += block) {
     const int64_t rows = std::min(block, n - lo);
     auto xb = x.narrow(0, lo, rows);
     auto m_rows = m.narrow(0, lo, rows);
