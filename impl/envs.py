@@ -42,6 +42,8 @@ IMPL_QUANT_LM_HEAD             bool    true        with quantized weights, the L
                                                    tied embedding (false: the embedding's own dtype; impl/quant)
 IMPL_QUANT_INT4_SEARCH         bool    true        asymmetric int4 quantized while loading picks each group's range by
                                                    search (false: its min / max; impl/quant/pack.py)
+IMPL_MALLOC_KEEP               bool    true        on CPU, glibc keeps the memory a forward frees for the next one (no page
+                                                   fault per 4 KB every forward; impl/engine/allocator.py)
 IMPL_QUANT_KEEP                names   (none)      with quantized weights, linear layers kept in the checkpoint's dtype:
                                                    comma-separated module-name patterns (fnmatch, e.g.
                                                    ``per_layer_model_projection,layers.*.per_layer_*``)
@@ -190,6 +192,7 @@ class envs:
     IMPL_MMAP_EMBEDDINGS = env_bool("IMPL_MMAP_EMBEDDINGS", True)
     IMPL_QUANT_LM_HEAD = env_bool("IMPL_QUANT_LM_HEAD", True)
     IMPL_QUANT_INT4_SEARCH = env_bool("IMPL_QUANT_INT4_SEARCH", True)
+    IMPL_MALLOC_KEEP = env_bool("IMPL_MALLOC_KEEP", True)
     IMPL_QUANT_KEEP = env_str("IMPL_QUANT_KEEP", "", r"[A-Za-z0-9_.*?\[\]]*(,[A-Za-z0-9_.*?\[\]]+)*",
                               "comma-separated module-name patterns (e.g. per_layer_model_projection,layers.*.self_attn.*)")
     # ---- other programs' variables, read with their owners' meaning

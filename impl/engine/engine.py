@@ -42,6 +42,7 @@ from impl.cache.swa_radix_cache import SWARadixCache
 from impl.config.model_config import ModelConfig
 from impl.constrained.grammar import GrammarBackend, GrammarKey
 from impl.constrained.limits import InvalidGrammar
+from impl.engine.allocator import keep_freed_memory
 from impl.engine.detokenizer import IncrementalDetokenizer
 from impl.engine.detokenizer_stage import DetokenizerStage, Emission
 from impl.engine.intake import IntakePolicy, InvalidRequest, expand_requests
@@ -136,6 +137,8 @@ class Engine:
         ] + ([self.spec_worker.describe()] if self.spec_worker else [])
         self.attention_kernels = attention_kernels_of(self.runner.prefill_backend, self.runner.decode_backend)
         self.startup_log += kernel_startup_lines(self.runner.prefill_backend, self.runner.decode_backend)
+        if self.device.type == "cpu":
+            self.startup_log.append(keep_freed_memory())
         for line in self.startup_log:
             logger.info(line)
 
