@@ -7,8 +7,8 @@ takes a page fault per 4 KB it writes. Measured on the AMX Xeon (E2B full size, 
 faults per 4 x 1024-token (a) round with bf16 weights, and a W4A8 process that took 15 thousand per 1024-token
 prefill ran it in 1.50 s against 1.27 s with this setting (another process of the same build started without the
 faults: glibc's thresholds follow the history of the allocations). With both thresholds at 1 GiB the faults
-per round fall to ~20 and the peak RSS rises by ~0.1 GB (the arenas keep what a forward frees; the peak was
-already counted). Setting the trim threshold alone would switch the dynamic mmap threshold off at 128 KB: a
+per round fall to ~20; the peak RSS rose by at most 0.1 GB with bf16 and int4 weights, by 0.3-0.5 GB with W8A8
+(the arenas keep the float32 buffers a forward frees), while W8A8's (a) went 10.96 / 11.33 -> 11.93 / 11.47 tok/s. Setting the trim threshold alone would switch the dynamic mmap threshold off at 128 KB: a
 million faults per round, so both are set. ``IMPL_MALLOC_KEEP=0`` leaves glibc's defaults (other C libraries
 are left alone). SGLang's CPU guide reaches the same end by preloading tcmalloc.
 """
