@@ -644,6 +644,37 @@ inline float hsum(vfloat v) {
   return s;
 }
 
+// The accumulator tiles of a block of RT 16-row tiles x 32 columns: tiles 0 and 1 (rows 0-15, columns 0-15 and
+// 16-31), with RT = 2 tiles 2 and 3 (rows 16-31), from / to c (rows ld floats apart).
+template <int RT>
+inline void amx_load_acc(const float* c, int64_t ld) {
+  _tile_loadd(0, c, ld * 4);
+  _tile_loadd(1, c + 16, ld * 4);
+  if constexpr (RT == 2) {
+    _tile_loadd(2, c + 16 * ld, ld * 4);
+    _tile_loadd(3, c + 16 * ld + 16, ld * 4);
+  }
+}
+template <int RT>
+inline void amx_store_acc(float* c, int64_t ld) {
+  _tile_stored(0, c, ld * 4);
+  _tile_stored(1, c + 16, ld * 4);
+  if constexpr (RT == 2) {
+    _tile_stored(2, c + 16 * ld, ld * 4);
+    _tile_stored(3, c + 16 * ld + 16, ld * 4);
+  }
+}
+// One step of those accumulators: += A tiles 4 (rows 0-15) and 5 (RT = 2: rows 16-31) x B tiles 6 and 7.
+template <int RT>
+inline void amx_dp_step() {
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  if constexpr (RT == 2) {
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+}
+
 // One block of S = Q K^T on tiles: RT 16-row tiles of queries (q: RT * 16 rows of D bf16) against 32 packed keys
 // (kb: two key tiles per 32 dims, DC = D / 32 pairs of them), into sb (rows kAmxKeys floats apart). RT = 1 serves
 // decode's 8 heads with half the products; a lane's products are the same either way.
@@ -661,50 +692,25 @@ inline void amx_qk_block(const uint16_t* q, int64_t D, const uint32_t* kb, float
     if constexpr (RT == 2) _tile_loadd(5, q + 16 * D + 32 * c, D * 2);
     _tile_loadd(6, kb + c * 256, 64);
     _tile_loadd(7, kb + DC * 256 + c * 256, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    if constexpr (RT == 2) {
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
+    amx_dp_step<RT>();
   }
-  _tile_stored(0, sb, kAmxKeys * 4);
-  _tile_stored(1, sb + 16, kAmxKeys * 4);
-  if constexpr (RT == 2) {
-    _tile_stored(2, sb + 16 * kAmxKeys, kAmxKeys * 4);
-    _tile_stored(3, sb + 16 * kAmxKeys + 16, kAmxKeys * 4);
-  }
+  amx_store_acc<RT>(sb, kAmxKeys);
 }
 
 // One block of acc += P V on tiles: RT 16-row tiles of P (p: rows kAmxKeys bf16 apart, np keys) against the packed
 // V tiles of 32 dims (vb: the first 32-key block's, DB * 512 words per 32 keys), into acc (ab: rows D floats apart).
 template <int RT>
 inline void amx_pv_block(const uint16_t* p, int64_t np, const uint16_t* vb, int64_t DB, float* ab, int64_t D) {
-  _tile_loadd(0, ab, D * 4);
-  _tile_loadd(1, ab + 16, D * 4);
-  if constexpr (RT == 2) {
-    _tile_loadd(2, ab + 16 * D, D * 4);
-    _tile_loadd(3, ab + 16 * D + 16, D * 4);
-  }
+  amx_load_acc<RT>(ab, D);
   for (int64_t kc = 0; kc < np; kc += 32) {
     const uint16_t* v = vb + (kc / 32) * DB * 512;
     _tile_loadd(4, p + kc, kAmxKeys * 2);
     if constexpr (RT == 2) _tile_loadd(5, p + 16 * kAmxKeys + kc, kAmxKeys * 2);
     _tile_loadd(6, v, 64);
     _tile_loadd(7, v + 512, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    if constexpr (RT == 2) {
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
+    amx_dp_step<RT>();
   }
-  _tile_stored(0, ab, D * 4);
-  _tile_stored(1, ab + 16, D * 4);
-  if constexpr (RT == 2) {
-    _tile_stored(2, ab + 16 * D, D * 4);
-    _tile_stored(3, ab + 16 * D + 16, D * 4);
-  }
+  amx_store_acc<RT>(ab, D);
 }
 
 // Work item on tiles: `lanes` query lanes (q: bf16 [LP, D], LP a multiple of 16, rows past `lanes` zero),
