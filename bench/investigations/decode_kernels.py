@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--copies", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tile-order", action="store_true",
+                    help="w8a8: the weights in AMX tile order (w8a8_tile_order_ of the first build), as the engine "
+                         "keeps them where the CPU has AMX-int8")
     ap.add_argument("--arithmetic-changed", action="store_true",
                     help="the builds add terms differently: outputs must agree to float rounding, not bit for bit")
     args = ap.parse_args(argv)
@@ -58,10 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     fmt = WeightFormat(args.format, args.group if int4 else 0, symmetric=not int4)
     builds = [load_build(p) for p in args.builds]
     packed = {s: pack(torch.randn(*s) * 0.03, fmt) for s in set(SHAPES)}
+    ks = [k for _ in range(args.copies) for _, k in SHAPES]  # each weight's in_features
     weights = [packed[s].clone() for _ in range(args.copies) for s in SHAPES]
+    if args.tile_order:
+        if args.format != "w8a8":
+            ap.error("--tile-order is for --format w8a8")
+        weights = [builds[0].w8a8_tile_order_(w, k) for w, k in zip(weights, ks)]
     xs = {k: torch.randn(args.rows, k).bfloat16() for _, k in SHAPES}
-    for w in weights[: len(SHAPES)]:
-        k = w.size(1) * (w.size(2) - (8 if int4 else 4)) * (2 if int4 else 1)
+    for w, k in zip(weights[: len(SHAPES)], ks):
         a, b = (m.quant_linear(xs[k], w) for m in builds)
         same = torch.equal(a, b) or (args.arithmetic_changed and torch.allclose(a, b, rtol=1e-5, atol=1e-5))
         if not same:
@@ -71,12 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for m, t in zip(builds, times):
             start = time.perf_counter()
-            for w in weights:
-                k = w.size(1) * (w.size(2) - (8 if int4 else 4)) * (2 if int4 else 1)
+            for w, k in zip(weights, ks):
                 m.quant_linear(xs[k], w)
             t.append(time.perf_counter() - start)
     med = [statistics.median(t) for t in times]
-    print(f"{fmt.name()}, {args.rows} row(s) of x, {nbytes / 1e9:.2f} GB of weights, {args.threads} threads; "
+    order = " in tile order" if args.tile_order else ""
+    print(f"{fmt.name()}{order}, {args.rows} row(s) of x, {nbytes / 1e9:.2f} GB of weights, {args.threads} threads; "
           f"CPU: {cpu_description()}")
     for path, m in zip(args.builds, med):
         print(f"  {os.path.basename(path)}: median {m * 1e3:.1f} ms ({nbytes / m / 1e9:.1f} GB/s)")

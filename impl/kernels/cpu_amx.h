@@ -39,14 +39,20 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tiles 0-7 all 16 rows x 64 bytes (the kernels' C, A and B tiles), for the calling thread.
-inline void config_16x64() {
+// Tiles 0-7 of 64-byte rows, tile t with rows[t] rows (0: unused), for the calling thread.
+inline void config_rows_x64(const uint8_t (&rows)[8]) {
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
+    cfg.rows[t] = rows[t];
+    cfg.colsb[t] = rows[t] ? 64 : 0;
   }
   _tile_loadconfig(&cfg);
+}
+
+// Tiles 0-7 all 16 rows x 64 bytes (the kernels' C, A and B tiles), for the calling thread.
+inline void config_16x64() {
+  const uint8_t rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+  config_rows_x64(rows);
 }
 #endif
 

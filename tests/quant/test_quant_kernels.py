@@ -228,10 +228,11 @@ def test_w8a8_amx_tiles_give_the_row_kernels_bits(ext):
 def test_w8a8_tile_order_gives_the_same_bits(ext):
     """Where the CPU has AMX-int8 tiles a W8A8 weight is put in tile order in place (``w8a8_tile_order_``: the
     same bytes, rearranged per 32 output rows; prefill's tiles read it without repacking, decode's VNNI kernel
-    64 bytes per instruction): the same codes and scales (dequantized), and every kernel on it the bits of the
-    row layout, at decode's row counts (1-5: groups of 4 rows and a tail), from 32 rows (tiles), for the gated
-    MLP product, and with a checkpoint's -128 codes. Elsewhere (or with N, K off the tiles' multiples) the
-    weight comes back untouched."""
+    64 bytes per instruction at one row, tiles again from 2 rows): the same codes and scales (dequantized), and
+    every kernel on it the bits of the row layout, at decode's row counts (1; 2-16: three blocks, so a thread
+    reads a pair of them as two streams and one alone; 17 and 31: a second x row group), from 32 rows (prefill's
+    tiles), for the gated MLP product, and with a checkpoint's -128 codes. Elsewhere (or with N, K off the
+    tiles' multiples) the weight comes back untouched."""
     g = torch.Generator().manual_seed(11)
     codes = torch.randint(-128, 128, (96, 192), generator=g, dtype=torch.int16).to(torch.int8)
     codes[0] = -128
@@ -240,7 +241,7 @@ def test_w8a8_tile_order_gives_the_same_bits(ext):
     tiles = ext.quant_w8a8_prefill_isa() == "amx_int8"
     assert tuple(t.shape) == ((3, 1, 32 * 192 + 128) if tiles else tuple(w.shape))
     assert t.numel() == w.numel() and torch.equal(ext.quant_dequant(t, 192), ext.quant_dequant(w, 192))
-    for rows in (1, 2, 5, 40):
+    for rows in (1, 2, 5, 16, 17, 31, 40):
         x = torch.randn(rows, 192, generator=g) * 3
         assert torch.equal(ext.quant_linear(x, t), ext.quant_linear(x, w))
         assert torch.equal(ext.w8a8_gelu_mul(x, t), ext.w8a8_gelu_mul(x, w))

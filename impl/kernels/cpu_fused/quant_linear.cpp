@@ -602,7 +602,7 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
 
 #if defined(__AVX512VNNI__)
 #define QUANT_W8A8_TILED 1
-// W8A8 on a tiled weight below kAmxMinRows rows (decode; or at any row count where tiles are not allowed): per
+// W8A8 on a tiled weight at one row (batch-1 decode; from kAmxRowsMin rows w8a8_amx_rows below is faster): per
 // 32-row block, each 64-byte line (16 rows x 4 codes) times 4 of a row's codes broadcast, by VPDPBUSD (unsigned x
 // signed bytes into int32 lanes) on |q_w| and q_x with q_w's sign (|q_x| <= 127: never overflows), the exact
 // integer dot products; then w8a8_kernel's epilogue term for term: a row gets the same bits as from every other
@@ -670,11 +670,104 @@ void w8a8_tiled_rows(const int8_t* xq, const float* xs, int64_t M, const QuantVi
   };
   for_blocks(q.N / 32, 1, body);
 }
+
+// W8A8 on a tiled weight from kAmxRowsMin to kAmxMinRows - 1 rows (decode of several requests; the cross-decoder's
+// rows with fast prefill) on AMX-int8 tiles: per 32-row block, per 64 codes of K, one TDPBSSD per tile half (16
+// weight rows) and x row group, x's A tiles read from its row layout (stride K), the weight's B tiles in place.
+// Up to 16 rows each thread reads its blocks as two streams (the halves of its range, as w8a8_tiled_rows: 24.8 vs
+// 23 GB/s at one row with one stream); each line is asked for kTiledPrefetch bytes ahead. w8a8_tiled_rows'
+// VPDPBUSD needs a sign fix-up and a multiply per 64 codes and x row, so from 4 rows on it runs out of vector
+// slots before the memory runs out of bandwidth: 12 copies of an E2B layer's linears (AMX Xeon, 2 threads),
+// this kernel's time / its at 2 / 4 / 8 / 16 / 31 rows 1.00 / 0.95 / 0.74 / 0.50 / 0.37; at one row it is 1.04x,
+// so one row stays there. Exact int32 sums, then w8a8_kernel's epilogue term for term: a row gets the same bits
+// as from every other W8A8 kernel.
+constexpr int64_t kAmxRowsMin = 2;
+
+// One block's (or, P = 2, two blocks' from two streams) products for x rows 0-15 (and 16-31 when `two_groups`,
+// P = 1 only) into c[p][row][32 columns], then the epilogue into out.
+template <int P>
+inline void amx_rows_blocks(const int8_t* xq, const float* xs, int64_t M, bool two_groups, const QuantView& q,
+                            const int64_t* js, int32_t (*c)[32][32], float* out) {
+  const int64_t K = q.K, KB = K / 64;
+  const uint8_t* blk[P];
+  for (int p = 0; p < P; ++p) blk[p] = q.data + js[p] * q.B;
+  _tile_zero(0);
+  _tile_zero(1);
+  if (P == 2 || two_groups) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t kb = 0; kb < KB; ++kb) {
+    for (int p = 0; p < P; ++p)
+      for (int l = 0; l < 2048; l += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(blk[p] + kb * 2048 + l + kTiledPrefetch), _MM_HINT_T1);
+    _tile_loadd(4, xq + kb * 64, K);
+    const uint8_t* w0 = blk[0] + kb * 2048;
+    _tile_loadd(6, w0, 64);
+    _tile_loadd(7, w0 + 1024, 64);
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 4, 7);
+    if constexpr (P == 2) {
+      const uint8_t* w1 = blk[1] + kb * 2048;
+      _tile_loadd(6, w1, 64);
+      _tile_loadd(7, w1 + 1024, 64);
+      _tile_dpbssd(2, 4, 6);
+      _tile_dpbssd(3, 4, 7);
+    } else if (two_groups) {
+      _tile_loadd(5, xq + 16 * K + kb * 64, K);
+      _tile_dpbssd(2, 5, 6);
+      _tile_dpbssd(3, 5, 7);
+    }
+  }
+  _tile_stored(0, &c[0][0][0], 128);
+  _tile_stored(1, &c[0][0][16], 128);
+  if constexpr (P == 2) {
+    _tile_stored(2, &c[1][0][0], 128);
+    _tile_stored(3, &c[1][0][16], 128);
+  } else if (two_groups) {
+    _tile_stored(2, &c[0][16][0], 128);
+    _tile_stored(3, &c[0][16][16], 128);
+  }
+  for (int p = 0; p < P; ++p) {
+    const uint8_t* tail = blk[p] + 32 * K;  // the block's 32 scales
+    for (int64_t i = 0; i < M; ++i) {  // tiled_blocks' epilogue, term for term: (float(acc) * s_w) * s_x
+      const __m512 sx = _mm512_set1_ps(xs[i]);
+      float* o = out + i * q.N + 32 * js[p];
+      for (int h = 0; h < 2; ++h)
+        _mm512_storeu_ps(o + 16 * h, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(&c[p][i][16 * h])),
+                                                                 _mm512_loadu_ps(tail + 64 * h)), sx));
+    }
+  }
+}
+
+void w8a8_amx_rows(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out) {
+  const uint8_t r0 = static_cast<uint8_t>(std::min<int64_t>(M, 16)), r1 = static_cast<uint8_t>(M - r0);
+  auto body = [&](int64_t lo, int64_t hi) {
+    // up to 16 rows: tiles 0, 1 and 2, 3 hold two blocks read as two streams (the halves of the thread's range);
+    // 17-31 rows: tiles 2, 3 hold rows 16-31 of one block
+    const uint8_t rows[8] = {r0, r0, r1 ? r1 : r0, r1 ? r1 : r0, r0, r1, 16, 16};
+    cpu_amx::config_rows_x64(rows);
+    alignas(64) int32_t c[2][32][32];
+    int64_t j = lo;
+    if (!r1) {
+      const int64_t half = (hi - lo) / 2;
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t js[2] = {lo + i, lo + half + i};
+        amx_rows_blocks<2>(xq, xs, M, false, q, js, c, out);
+      }
+      j = lo + 2 * half;
+    }
+    for (; j < hi; ++j) amx_rows_blocks<1>(xq, xs, M, r1 != 0, q, &j, c, out);
+    _tile_release();
+  };
+  for_blocks(q.N / 32, 1, body);
+}
 #endif
 
 inline bool use_amx_w8a8(int64_t M, const QuantView& q) {
   return M >= kAmxMinRows && q.N % 32 == 0 && q.K % 64 == 0 && cpu_amx::tiles_allowed();
 }
+
 #endif
 
 // ---- W4A8: int4 codes x int8 activations, exact integer dot products per group -------------------------
@@ -1106,6 +1199,10 @@ void w8a8_product(const int8_t* codes, const float* scales, int64_t M, const Qua
 #endif
   if (q.tiled) {
 #if defined(QUANT_W8A8_TILED)
+    if (M >= kAmxRowsMin && M < kAmxMinRows) {  // a tiled weight: the tiles are allowed
+      w8a8_amx_rows(codes, scales, M, q, out);
+      return;
+    }
     w8a8_tiled_rows(codes, scales, M, q, out);
     return;
 #else
