@@ -36,6 +36,8 @@ def normalise(log: str) -> str:
         msg = re.sub(r"^Memory: peak RSS .*$", "Memory: peak RSS <measured>", msg)
         # the C library's allocator setting (glibc or not, IMPL_MALLOC_KEEP): tests/engine/test_allocator.py checks it
         msg = re.sub(r"^Allocator: .*$", "Allocator: <the C library's setting>", msg)
+        # the warm-up's wall time (tests/engine/test_warmup.py checks the warm-up)
+        msg = re.sub(r"^(Warm-up: .* decode step in )[\d.]+ s", r"\1<measured> s", msg)
         # likewise the triton backend's compiled CPU attention kernels (else: the torch reference, with the reason)
         msg = re.sub(r"^Attention kernels: triton backend, (CPU kernels \(compiled.*\)|torch reference .*)$",
                      "Attention kernels: triton backend, <CPU kernels or torch reference>", msg)

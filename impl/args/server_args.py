@@ -158,6 +158,8 @@ class ServerArgs:
     max_running_requests: int | None = _f(None, "Maximum concurrently running requests.", type=int)
     schedule_policy: str = _f("fcfs", "Scheduling policy for the waiting queue.", ("fcfs", "lpm"))
     disable_radix_cache: bool = _f(False, "Disable the radix prefix cache.")
+    skip_server_warmup: bool = _f(False, "Start serving without the warm-up request (one prompt of a prefill chunk's "
+                                  "size, run before the server is ready so the first requests are not slower).")
     page_size: int = _f(1, "KV-cache page size in tokens.", type=int)
     random_seed: int | None = _f(None, "Global random seed.", type=int)
     stream_interval: int = _f(1, "Stream a chunk every N generated tokens.", type=int)

@@ -54,7 +54,7 @@ from impl.engine.req import Req
 from impl.engine.step_lock import StepLock
 from impl.engine.request_handle import RequestHandle
 from impl.engine.scheduler import Scheduler
-from impl.engine.scheduler_config import SchedulerConfig
+from impl.engine.scheduler_config import DecodeStepTimes, SchedulerConfig
 from impl.engine.speculative import build_spec_worker
 
 logger = logging.getLogger("impl.engine")
@@ -390,6 +390,14 @@ class Engine:
 
     def reset_work_counters(self) -> None:
         self.runner.work.reset()
+
+    def forget_warmup(self) -> None:
+        """Totals since startup start after the server warm-up (``impl/engine/warmup.py``)."""
+        with self._step_lock.control():
+            self.reset_work_counters()
+            self.scheduler.decode_times = DecodeStepTimes()
+            if self.spec_worker is not None:
+                self.spec_worker.stats = type(self.spec_worker.stats)()
 
     def get_server_info(self) -> dict[str, Any]:
         import impl

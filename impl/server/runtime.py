@@ -10,7 +10,8 @@ functions that build them.
 
 * ``setup_logging``: one stderr handler with timestamps; uvicorn's loggers go through it.
 * ``build_engine``: the ``Engine`` of ``ServerArgs`` (the embedded tiny model without
-  ``--model-path``), with the main thread held to one torch thread.
+  ``--model-path``), with the main thread held to one torch thread, warmed up (``impl/engine/warmup.py``)
+  unless ``--skip-server-warmup``.
 * ``uvicorn_config``: the one ``uvicorn.Config`` (a TCP port, or a replica's Unix socket).
 * ``serve``: runs a server and logs the ready line with its URL.
 * ``GracefulServer``: on SIGTERM / Ctrl-C, in-flight requests get ``SHUTDOWN_GRACE_S``
@@ -72,6 +73,12 @@ def build_engine(server_args):
     torch.set_num_threads(1)  # before the model loads: the main thread never gets an OpenMP team
     engine = Engine(path, **kwargs)
     engine.scheduler_torch_threads = threads
+    if not server_args.skip_server_warmup:
+        from impl.engine.warmup import warm_up
+
+        line = warm_up(engine)
+        engine.startup_log.append(line)
+        logger.info("%s", line)
     return engine
 
 
