@@ -62,13 +62,21 @@ _TYPE_MISMATCH = frozenset({"model_type", "list_type", "string_type", "int_type"
                             "dict_type", "literal_error", "none_required", "model_attributes_type"})
 
 
+# fields whose items are token ids, bounded by the vocabulary (not by a server flag)
+_TOKEN_IDS = frozenset({"prompt", "input_ids", "stop_token_ids"})
+
+
 def validation_message(e: ValidationError | RequestValidationError) -> tuple[str, str]:
     """(field, message) of the first error, naming the field the client must fix (and the flag of a limit)."""
     from impl.server.limits import limit_hint
 
     errs = e.errors()
-    # A union reports one error per branch: prefer one past the type check (the branch the client meant).
-    first = next((x for x in errs if x.get("type") not in _TYPE_MISMATCH), errs[0])
+    # A union reports one error per branch: prefer one past the type check (the branch the client meant), and of
+    # those the deepest: a list's length is checked before its items' types, so a branch whose items would not
+    # even fit can report only its length (512 token ids against a batch of at most 64 strings), while the branch
+    # the client meant names the item at fault (token id 600 at index 413, past the vocabulary).
+    fits = [x for x in errs if x.get("type") not in _TYPE_MISMATCH]
+    first = max(fits, key=lambda x: len(x.get("loc", ()))) if fits else errs[0]
     kind = first.get("type")
     field = _field_path(tuple(first.get("loc", ())))
     if kind == "json_invalid":
@@ -82,6 +90,11 @@ def validation_message(e: ValidationError | RequestValidationError) -> tuple[str
     if kind == "value_error":
         msg = msg.removeprefix("Value error, ")
         return field, msg if field == "body" else f"invalid value for field '{field}': {msg}"
+    loc = tuple(first.get("loc", ()))
+    if kind == "less_than_equal" and loc and isinstance(loc[-1], int) and field.split(".")[-1].split("[")[0] in _TOKEN_IDS:
+        top = (first.get("ctx") or {}).get("le")
+        return field, (f"invalid value for field '{field}': token id {first.get('input')} is outside the vocabulary "
+                       f"(ids 0 to {top})")
     hint = limit_hint(field) if kind in ("less_than_equal", "too_long", "string_too_long") else ""
     return field, f"invalid value for field '{field}': {msg}{hint}"
 

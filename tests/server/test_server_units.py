@@ -89,6 +89,22 @@ def test_validation_names_the_field():
     assert _err(ChatCompletionRequest, {"messages": [{"role": "user"}], "max_tokens": True})[0] == "max_tokens"
 
 
+def test_token_ids_past_the_vocabulary_are_named_not_the_batch_limit():
+    """A prompt of 512 token ids with one past a 512-token vocabulary: the union's batch-of-strings branch only
+    reports its length (512 > --max-batch-size), the branch the client meant names the id; the message says so
+    (it named --max-batch-size). A batch really too long still names its flag."""
+    from impl.server.limits import RequestLimits
+    from impl.server.protocol import request_models
+
+    completion = request_models(RequestLimits(vocab_size=512)).completion
+    field, msg = _err(completion, {"model": "m", "prompt": [2] + [100 + j for j in range(511)]})
+    assert field == "prompt[413]" and "token id 512 is outside the vocabulary (ids 0 to 511)" in msg, msg
+    field, msg = _err(completion, {"model": "m", "prompt": [[1, 2], [3, 600]]})
+    assert field == "prompt[1][1]" and "token id 600" in msg and "--max-batch-size" not in msg, msg
+    field, msg = _err(completion, {"model": "m", "prompt": ["a"] * 65})
+    assert field == "prompt" and "--max-batch-size" in msg, msg
+
+
 def test_request_stream_drains_output_emitted_before_waiting():
     """Output queued before the consumer waits is seen without any wake-up."""
     from impl.engine.output import ReqOutput, SGLangDicts
