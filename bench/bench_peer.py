@@ -185,16 +185,31 @@ class Result:
     error: str | None = None
 
 
+_CLIENT = None
+_CLIENT_LOCK = threading.Lock()
+
+
+def http_client():
+    """One keep-alive httpx client for every request of the process (thread-safe). A client per request cost
+    ~30 ms before its first byte (httpx builds an SSL context even for http://), on the client's clock and the
+    server's cores: it was in every time to the first token measured here, ours and the peers' alike."""
+    global _CLIENT
+    with _CLIENT_LOCK:
+        if _CLIENT is None:
+            import httpx
+
+            _CLIENT = httpx.Client(timeout=None, limits=httpx.Limits(max_connections=512, max_keepalive_connections=512))
+        return _CLIENT
+
+
 def one_request(url: str, model: str, prompt: list[int], max_tokens: int, t0: float, out: Result,
                 logprobs: int = 1) -> None:
     """One greedy streamed ``/v1/completions`` request (ours or vLLM's server), EOS ignored, filling ``out``:
     times from ``t0`` (perf_counter), token texts and ids, and the first token's ``logprobs`` best entries."""
-    import httpx
-
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
             "stream": True, "logprobs": logprobs, "return_token_ids": True}
     try:
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=None) as r:
+        with http_client().stream("POST", f"{url}/v1/completions", json=body) as r:
             if r.status_code != 200:
                 out.error = f"HTTP {r.status_code}: {r.read()[:300]!r}"
                 return
