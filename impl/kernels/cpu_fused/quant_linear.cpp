@@ -610,74 +610,70 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
 // time) and asks for every line kTiledPrefetch bytes ahead into L2: one stream with the hardware prefetcher alone
 // read a 403 MB LM head at 21 GB/s on the AMX Xeon, the row kernel 24, this 27-28.
 constexpr int64_t kTiledPrefetch = 16384;
-constexpr int64_t kTiledRows = 4;  // x rows per pass over the blocks
 
-// out[m0 + i][32 j + c] for i < mt <= kTiledRows and the P blocks js
+// A thread's blocks [lo, hi) as two streams: the blocks lo + i and lo + half + i together (pair, with js[2]), then
+// the odd one left alone (one, with js[1]).
+template <typename Pair, typename One>
+inline void in_two_streams(int64_t lo, int64_t hi, const Pair& pair, const One& one) {
+  const int64_t half = (hi - lo) / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t js[2] = {lo + i, lo + half + i};
+    pair(js);
+  }
+  if ((hi - lo) % 2) {
+    const int64_t js[1] = {hi - 1};
+    one(js);
+  }
+}
+
+// out[32 j + c] of x's one row (codes xq, scale sx) for the P blocks js
 template <int P>
-inline void tiled_blocks(const int8_t* xq, const float* xs, int64_t m0, int64_t mt, const QuantView& q,
-                         const int64_t* js, float* out) {
+inline void tiled_blocks(const int8_t* xq, float sx, const QuantView& q, const int64_t* js, float* out) {
   const int64_t K = q.K, KB = K / 64;
   const uint8_t* b[P];
   for (int p = 0; p < P; ++p) b[p] = q.data + js[p] * q.B;
-  __m512i acc[kTiledRows][P][2];
-  for (auto& row : acc)
-    for (auto& a : row) a[0] = a[1] = _mm512_setzero_si512();
+  __m512i acc[P][2];
+  for (auto& a : acc) a[0] = a[1] = _mm512_setzero_si512();
   const __m512i zero = _mm512_setzero_si512();
   for (int64_t kb = 0; kb < KB; ++kb)
     for (int r = 0; r < 16; ++r) {
-      __m512i wa[P][2];
-      __mmask64 neg[P][2];
+      int32_t x4;
+      std::memcpy(&x4, xq + 64 * kb + 4 * r, 4);
+      const __m512i xb = _mm512_set1_epi32(x4);
       for (int p = 0; p < P; ++p)
         for (int h = 0; h < 2; ++h) {
           const uint8_t* line = b[p] + kb * 2048 + h * 1024 + 64 * r;
           _mm_prefetch(reinterpret_cast<const char*>(line + kTiledPrefetch), _MM_HINT_T1);
           const __m512i w = _mm512_loadu_si512(line);
-          wa[p][h] = _mm512_abs_epi8(w);  // -128 reads 128 unsigned
-          neg[p][h] = _mm512_movepi8_mask(w);  // q_w < 0
+          // |q_w| (-128 reads 128 unsigned) times q_x with q_w's sign
+          acc[p][h] = _mm512_dpbusd_epi32(acc[p][h], _mm512_abs_epi8(w),
+                                          _mm512_mask_sub_epi8(xb, _mm512_movepi8_mask(w), zero, xb));
         }
-      for (int64_t i = 0; i < mt; ++i) {
-        int32_t x4;
-        std::memcpy(&x4, xq + (m0 + i) * K + 64 * kb + 4 * r, 4);
-        const __m512i xb = _mm512_set1_epi32(x4);
-        for (int p = 0; p < P; ++p)
-          for (int h = 0; h < 2; ++h)
-            acc[i][p][h] = _mm512_dpbusd_epi32(acc[i][p][h], wa[p][h], _mm512_mask_sub_epi8(xb, neg[p][h], zero, xb));
-      }
     }
+  const __m512 vs = _mm512_set1_ps(sx);
   for (int p = 0; p < P; ++p) {
     const uint8_t* tail = b[p] + 32 * K;  // the block's 32 scales
-    for (int64_t i = 0; i < mt; ++i) {
-      const __m512 sx = _mm512_set1_ps(xs[m0 + i]);
-      float* o = out + (m0 + i) * q.N + 32 * js[p];
-      for (int h = 0; h < 2; ++h)
-        _mm512_storeu_ps(o + 16 * h, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[i][p][h]), _mm512_loadu_ps(tail + 64 * h)), sx));
-    }
+    float* o = out + 32 * js[p];
+    for (int h = 0; h < 2; ++h)
+      _mm512_storeu_ps(o + 16 * h, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[p][h]), _mm512_loadu_ps(tail + 64 * h)), vs));
   }
 }
 
-void w8a8_tiled_rows(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out) {
-  // (x's row groups inside: a pair of blocks, 2 x 32 K bytes, stays in L2 while every group passes over it)
-  auto body = [&](int64_t lo, int64_t hi) {
-    const int64_t half = (hi - lo) / 2;
-    for (int64_t i = 0; i < half; ++i) {
-      const int64_t js[2] = {lo + i, lo + half + i};
-      for (int64_t m0 = 0; m0 < M; m0 += kTiledRows) tiled_blocks<2>(xq, xs, m0, std::min(kTiledRows, M - m0), q, js, out);
-    }
-    if ((hi - lo) % 2) {
-      const int64_t last = hi - 1;
-      for (int64_t m0 = 0; m0 < M; m0 += kTiledRows) tiled_blocks<1>(xq, xs, m0, std::min(kTiledRows, M - m0), q, &last, out);
-    }
-  };
-  for_blocks(q.N / 32, 1, body);
+// out [1, N] of x's one row.
+void w8a8_tiled_row(const int8_t* xq, float sx, const QuantView& q, float* out) {
+  for_blocks(q.N / 32, 1, [&](int64_t lo, int64_t hi) {
+    in_two_streams(lo, hi, [&](const int64_t* js) { tiled_blocks<2>(xq, sx, q, js, out); },
+                   [&](const int64_t* js) { tiled_blocks<1>(xq, sx, q, js, out); });
+  });
 }
 
 // W8A8 on a tiled weight from kAmxRowsMin to kAmxMinRows - 1 rows (decode of several requests; the cross-decoder's
 // rows with fast prefill) on AMX-int8 tiles: per 32-row block, per 64 codes of K, one TDPBSSD per tile half (16
 // weight rows) and x row group, x's A tiles read from its row layout (stride K), the weight's B tiles in place.
-// Up to 16 rows each thread reads its blocks as two streams (the halves of its range, as w8a8_tiled_rows: 24.8 vs
-// 23 GB/s at one row with one stream); each line is asked for kTiledPrefetch bytes ahead. w8a8_tiled_rows'
-// VPDPBUSD needs a sign fix-up and a multiply per 64 codes and x row, so from 4 rows on it runs out of vector
-// slots before the memory runs out of bandwidth: 12 copies of an E2B layer's linears (AMX Xeon, 2 threads),
+// Up to 16 rows each thread reads its blocks as two streams (the halves of its range, as w8a8_tiled_row: 24.8 vs
+// 23 GB/s at one row with one stream); each line is asked for kTiledPrefetch bytes ahead. The VNNI kernel (which
+// ran every row count below kAmxMinRows before, now w8a8_tiled_row) needs a sign fix-up and a multiply per 64 codes
+// and x row, so from 4 rows on it ran out of vector slots before the memory ran out of bandwidth: 12 copies of an E2B layer's linears (AMX Xeon, 2 threads),
 // this kernel's time / its at 2 / 4 / 8 / 16 / 31 rows 1.00 / 0.95 / 0.74 / 0.50 / 0.37; at one row it is 1.04x,
 // so one row stays there. Exact int32 sums, then w8a8_kernel's epilogue term for term: a row gets the same bits
 // as from every other W8A8 kernel.
@@ -748,16 +744,12 @@ void w8a8_amx_rows(const int8_t* xq, const float* xs, int64_t M, const QuantView
     const uint8_t rows[8] = {r0, r0, r1 ? r1 : r0, r1 ? r1 : r0, r0, r1, 16, 16};
     cpu_amx::config_rows_x64(rows);
     alignas(64) int32_t c[2][32][32];
-    int64_t j = lo;
-    if (!r1) {
-      const int64_t half = (hi - lo) / 2;
-      for (int64_t i = 0; i < half; ++i) {
-        const int64_t js[2] = {lo + i, lo + half + i};
-        amx_rows_blocks<2>(xq, xs, M, false, q, js, c, out);
-      }
-      j = lo + 2 * half;
+    if (r1) {
+      for (int64_t j = lo; j < hi; ++j) amx_rows_blocks<1>(xq, xs, M, true, q, &j, c, out);
+    } else {
+      in_two_streams(lo, hi, [&](const int64_t* js) { amx_rows_blocks<2>(xq, xs, M, false, q, js, c, out); },
+                     [&](const int64_t* js) { amx_rows_blocks<1>(xq, xs, M, false, q, js, c, out); });
     }
-    for (; j < hi; ++j) amx_rows_blocks<1>(xq, xs, M, r1 != 0, q, &j, c, out);
     _tile_release();
   };
   for_blocks(q.N / 32, 1, body);
@@ -1199,11 +1191,11 @@ void w8a8_product(const int8_t* codes, const float* scales, int64_t M, const Qua
 #endif
   if (q.tiled) {
 #if defined(QUANT_W8A8_TILED)
-    if (M >= kAmxRowsMin && M < kAmxMinRows) {  // a tiled weight: the tiles are allowed
+    if (M >= kAmxRowsMin) {  // below kAmxMinRows (use_amx_w8a8 took the rest): a tiled weight's tiles are allowed
       w8a8_amx_rows(codes, scales, M, q, out);
       return;
     }
-    w8a8_tiled_rows(codes, scales, M, q, out);
+    w8a8_tiled_row(codes, scales[0], q, out);  // M == 1
     return;
 #else
     TORCH_CHECK(false, "a W8A8 weight in tile order needs the AVX-512 VNNI build of the kernels");
