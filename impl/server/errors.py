@@ -68,7 +68,7 @@ _TOKEN_IDS = frozenset({"prompt", "input_ids", "stop_token_ids"})
 
 def validation_message(e: ValidationError | RequestValidationError) -> tuple[str, str]:
     """(field, message) of the first error, naming the field the client must fix (and the flag of a limit)."""
-    from impl.server.limits import limit_hint
+    from impl.server.limits import field_name, limit_hint
 
     errs = e.errors()
     # A union reports one error per branch: prefer one past the type check (the branch the client meant), and of
@@ -91,7 +91,7 @@ def validation_message(e: ValidationError | RequestValidationError) -> tuple[str
         msg = msg.removeprefix("Value error, ")
         return field, msg if field == "body" else f"invalid value for field '{field}': {msg}"
     loc = tuple(first.get("loc", ()))
-    if kind == "less_than_equal" and loc and isinstance(loc[-1], int) and field.split(".")[-1].split("[")[0] in _TOKEN_IDS:
+    if kind == "less_than_equal" and loc and isinstance(loc[-1], int) and field_name(field) in _TOKEN_IDS:
         top = (first.get("ctx") or {}).get("le")
         return field, (f"invalid value for field '{field}': token id {first.get('input')} is outside the vocabulary "
                        f"(ids 0 to {top})")

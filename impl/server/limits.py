@@ -74,8 +74,12 @@ class RequestLimits:
         return self.max_batch_size * self.max_n
 
 
+def field_name(path: str) -> str:
+    """The body field an error's path names: 'prompt' of 'prompt[1][1]', 'stop' of 'sampling_params[0].stop[2]'."""
+    return path.split(".")[-1].split("[")[0]
+
+
 def limit_hint(field: str) -> str:
     """'; raise it with --max-n' for a field a server flag bounds, else ''."""
-    last = field.split(".")[-1].split("[")[0]
-    flag = LIMIT_FLAGS.get(last)
+    flag = LIMIT_FLAGS.get(field_name(field))
     return f" (a server limit: {flag})" if flag else ""
