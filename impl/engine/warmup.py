@@ -3,8 +3,8 @@
 Why: the first large forward of a fresh process pays for what later ones reuse: the C library's arenas grow
 to a chunk's working set (a page fault per 4 KB of every new buffer), the kernels' per-thread buffers are
 allocated and first touched, oneDNN builds its primitives for the new row counts. On the AMX Xeon with
-``--torchao-config int8dq`` the first 4 x 1024-token run of a fresh server gave 11.5 output tok/s against
-12.8-13.1 for the runs after it; after this warm-up the first run is as fast as the later ones
+``--torchao-config int8dq`` the first 4 x 1024-token run of a fresh server gave 11.46 output tok/s against 13.17
+for the run after it; with this warm-up 13.43 and 13.68 (bf16: 7.74 / 8.66 without, 8.82 / 8.42 with)
 (``docs/benchmarks.md``, "The server warms up before its first request"). vLLM runs a dummy forward of its
 largest batch while starting for the same reason; SGLang sends a short warm-up request
 (``--skip-server-warmup`` skips it, here as there).
