@@ -111,11 +111,14 @@ def model_costs(model_path: str, prompt_len: int) -> dict:
     p = mc.hidden_size_per_layer_input
     heads = mc.num_attention_heads
 
-    def layer_params(i: int) -> int:
+    def qkv_params(i: int) -> int:
         d, kv = mc.layer_head_dims[i], mc.layer_num_kv_heads[i]
-        attn = 2 * h * heads * d + (0 if mc.is_kv_shared(i) else 2 * h * kv * d)
+        return h * heads * d + (0 if mc.is_kv_shared(i) else 2 * h * kv * d)
+
+    def layer_params(i: int) -> int:
+        d = mc.layer_head_dims[i]
         inter = mc.intermediate_size * (2 if mc.use_double_wide_mlp and mc.is_kv_shared(i) else 1)
-        return attn + 3 * h * inter + 2 * h * p
+        return qkv_params(i) + h * heads * d + 3 * h * inter + 2 * h * p
 
     def attn_flops(i: int) -> float:  # q.k and p.v over the keys a token attends to, averaged over the prompt
         d = mc.layer_head_dims[i]
@@ -123,8 +126,13 @@ def model_costs(model_path: str, prompt_len: int) -> dict:
         return 4.0 * heads * d * keys
 
     ple_proj = 2.0 * h * n * p
-    self_layers = range(mc.first_kv_shared_layer)
-    per_tok_on = ple_proj + sum(2.0 * layer_params(i) + attn_flops(i) for i in self_layers)
+    # with the flag: the self-decoder on every row but its last layer, whose q/k/v projections run on every row and
+    # the rest on the prompt's last row only (impl/model/yoco.py); the KV-shared layers on the last row only
+    cut = mc.first_kv_shared_layer - 1
+    last_row_keys = min(prompt_len, mc.sliding_window) if mc.is_sliding(cut) else prompt_len
+    cut_last_row = 2.0 * (layer_params(cut) - qkv_params(cut)) + 4.0 * heads * mc.layer_head_dims[cut] * last_row_keys
+    per_tok_on = (ple_proj + sum(2.0 * layer_params(i) + attn_flops(i) for i in range(cut))
+                  + 2.0 * qkv_params(cut) + cut_last_row / prompt_len)
     per_tok_off = ple_proj + sum(2.0 * layer_params(i) + attn_flops(i) for i in range(n))
     lm_head = 2.0 * h * mc.vocab_size  # once per prompt (its last row)
     elsize = 2 if (mc.torch_dtype in ("bfloat16", "float16")) else 4

@@ -82,7 +82,7 @@ def layer_flops(cfg, i: int, rows: int, visible: int) -> dict[str, int]:
     p = cfg.hidden_size_per_layer_input
     ple = 2 * (2 * hid * p) if p else 0
     attn = 2 * 2 * heads * d * visible  # scores and values, every query head
-    return {"linear": rows * (qo + kv + mlp + ple), "attention": attn}
+    return {"linear": rows * (qo + kv + mlp + ple), "attention": attn, "qkv": rows * (qo // 2 + kv)}
 
 
 def prefill_flops(cfg, t: int, fast: bool) -> float:
@@ -90,10 +90,16 @@ def prefill_flops(cfg, t: int, fast: bool) -> float:
     if cfg.enable_moe_block:
         raise ValueError("the FLOP model counts dense MLPs only; pick a checkpoint without MoE (e2b, e2b_bench)")
     total = 0
+    # the last self-decoder layer with the flag: q/k/v projections on every row (K/V are written for all), the
+    # rest on the selected row (impl/model/yoco.py)
+    cut = cfg.first_kv_shared_layer - 1 if fast and cfg.first_kv_shared_layer < cfg.num_hidden_layers else -1
     for i in range(cfg.num_hidden_layers):
         window = cfg.sliding_window if cfg.is_sliding(i) else None
         if fast and cfg.is_kv_shared(i):
             f = layer_flops(cfg, i, 1, min(t, window) if window else t)  # the last row over its context
+        elif i == cut:
+            f = layer_flops(cfg, i, 1, min(t, window) if window else t)
+            f["linear"] += layer_flops(cfg, i, t, 0)["qkv"] - f["qkv"]
         else:
             f = layer_flops(cfg, i, t, _visible_keys(t, window))
         total += f["linear"] + f["attention"]

@@ -39,15 +39,25 @@ class GatherPicksFirstToken(PatchedSubject):
         return {"impl.model.yoco:select_rows": first_rows}
 
 
+def attend_writing_selected_kv(q, k, v, layer, fb, rows):
+    """``yoco.attend`` that, in the layer cut at the LM-head rows, writes only those rows' K/V."""
+    if rows is None:
+        return fb.attn_backend.forward(q, k, v, layer, fb)
+    every = fb.out_cache_loc
+    fb.out_cache_loc = every.index_select(0, rows.to(every.device))
+    try:
+        fb.attn_backend.store_kv(k.index_select(0, rows), v.index_select(0, rows), layer, fb)
+    finally:
+        fb.out_cache_loc = every
+    return fb.attn_backend.forward(q.index_select(0, rows), None, None, layer, fb)
+
+
 @mutant("PARITY-GREEDY", "PARITY-EDGE-BATCHES", "PARITY-PROMPT-LOGPROBS")
-class ScatterDropsRows(PatchedSubject):
-    """The scatter drops the last gathered row: it keeps the self-decoder output there."""
+class CutLayerWritesSelectedKV(PatchedSubject):
+    """The last self-decoder layer, cut at the LM-head rows, writes only those rows' K/V: the other slots keep
+    whatever the pool held, which that layer's own attention and every later chunk and decode step read."""
 
-    def patches(self):
-        def scatter(full, rows, part):
-            return full.index_copy(0, rows[:-1], part[:-1])
-
-        return {"impl.model.yoco:scatter_rows": scatter}
+    PATCHES = {"impl.model.yoco:attend": attend_writing_selected_kv}
 
 
 def drop_cached_prefix(md, fb) -> None:

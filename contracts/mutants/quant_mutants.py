@@ -21,10 +21,10 @@ class ActivationScalePerBatch(PatchedSubject):
 
         orig = FusedLayerForward.__call__
 
-        def reference_forward(self, h, cos, sin, ple, fb):
+        def reference_forward(self, h, cos, sin, ple, fb, rows=None):
             if not cpu_fused.is_quantized(self.f.qkv_proj):
-                return orig(self, h, cos, sin, ple, fb)
-            return type(self.layer).forward(self.layer, h, cos, sin, ple, fb)
+                return orig(self, h, cos, sin, ple, fb, rows)
+            return type(self.layer).forward(self.layer, h, cos, sin, ple, fb, rows)
 
         def per_batch(x):
             xf = x.float()

@@ -59,20 +59,23 @@ class KeepsRejectedRowsKV(PatchedSubject):
 
 @mutant("SPEC-FAST-PREFILL")
 class VerifyRowsSkipCrossDecoder(PatchedSubject):
-    """With fast prefill on, a verify batch runs only each request's last row through the cross-decoder."""
+    """With fast prefill on, a verify batch's rows before each request's last keep the self-decoder's output, as if
+    only the last row ran through the cross-decoder."""
 
     def patches(self):
-        from impl.model import yoco
+        from impl.model.gemma4 import Gemma4ForCausalLM
 
-        orig = yoco.select_rows
+        orig = Gemma4ForCausalLM.cross_decoder
 
-        def select_rows(fb):
-            if fb.logits_lens_cpu != fb.extend_seq_lens_cpu or all(n == 1 for n in fb.extend_seq_lens_cpu):
-                return orig(fb)
-            fb.logits_lens_cpu = [1] * fb.batch_size  # the back half sees one row per request
-            return torch.tensor(fb.last_row_indices_cpu, dtype=torch.int64, device=fb.logits_indices.device)
+        def cross_decoder(model, h, positions, ple, fb, rope=None):
+            out = orig(model, h, positions, ple, fb, rope)
+            if not (fb.fast_prefill and fb.spec_verify):
+                return out
+            keep = torch.ones(out.shape[0], dtype=torch.bool)
+            keep[torch.tensor(fb.logits_lens_cpu).cumsum(0) - 1] = False  # each request's last selected row
+            return torch.where(keep[:, None].to(out.device), h, out)
 
-        return {"impl.model.yoco:select_rows": select_rows}
+        return {"impl.model.gemma4:Gemma4ForCausalLM.cross_decoder": cross_decoder}
 
 
 @mutant("SPEC-SAMPLING-DISTRIBUTION")

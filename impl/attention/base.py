@@ -11,7 +11,10 @@ The model calls, per pass:
      (indices into the batch, sorted, grouped by request) are queries, each over
      its request's full context; the cross-decoder layers then call ``forward``
      with ``q`` holding just those rows. The backend uses this metadata for
-     KV-shared layers while ``fb.fast_prefill`` is set.
+     KV-shared layers while ``fb.fast_prefill`` is set. The last self-decoder layer
+     already runs this way (``impl/model/yoco.py``): it writes every row's K/V with
+     ``store_kv(k, v, layer, fb)``, then calls ``forward`` with ``k = v = None`` and
+     the selected rows' queries, over its own K/V.
 
 Masks: a query at absolute position ``p`` sees keys at positions ``<= p``; in a
 sliding layer with window ``W`` only keys at positions ``> p - W`` (itself and
@@ -65,6 +68,12 @@ class AttentionBackend(ABC):
     @abstractmethod
     def init_cross_decoder_metadata(self, fb: ForwardBatch, rows: torch.Tensor, rows_per_req: list[int]) -> None:
         """YOCO back half: ``rows`` [R] (batch rows, grouped by request, ``rows_per_req[i]`` each)."""
+
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch) -> None:
+        """Write this pass's K/V rows (``k``/``v`` [n, num_kv_heads * head_dim], one per ``fb.out_cache_loc``
+        slot) into ``layer``'s buffers without attending; ``forward`` with ``k`` given does this first."""
+        n, d = k.shape[0], layer.head_dim
+        self.token_to_kv_pool.set_kv_buffer(layer.kv_layer_id, fb.out_cache_loc, k.view(n, -1, d), v.view(n, -1, d))
 
     @abstractmethod
     def forward(

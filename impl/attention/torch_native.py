@@ -259,17 +259,19 @@ class TorchNativeAttnBackend(AttentionBackend):
         return _gather(kv, slots, (out[0], out[1]))
 
     # ---- compute ------------------------------------------------------------
+    def store_kv(self, k, v, layer: AttentionLayer, fb: ForwardBatch) -> None:
+        super().store_kv(k, v, layer, fb)
+        for p in (self.forward_plan, self.cross_plan):  # the buffers changed: drop what was gathered from them
+            if p is not None:
+                for key in [key for key in p.kv if key[0] == layer.kv_layer_id]:
+                    del p.kv[key]
+
     def forward(self, q, k, v, layer: AttentionLayer, fb: ForwardBatch) -> torch.Tensor:
         n = q.shape[0]
         use_cross = k is None and fb.fast_prefill and self.cross_plan is not None
         plan = self.cross_plan if use_cross else self.forward_plan
         if k is not None:
-            d = layer.head_dim
-            self.token_to_kv_pool.set_kv_buffer(layer.kv_layer_id, fb.out_cache_loc, k.view(n, -1, d), v.view(n, -1, d))
-            for p in (self.forward_plan, self.cross_plan):  # the buffers changed: drop what was gathered from them
-                if p is not None:
-                    for key in [key for key in p.kv if key[0] == layer.kv_layer_id]:
-                        del p.kv[key]
+            self.store_kv(k, v, layer, fb)
         if plan is None or plan.num_rows != n:
             raise ValueError(
                 f"attention metadata covers {None if plan is None else plan.num_rows} rows but layer {layer.layer_id} "

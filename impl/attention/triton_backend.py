@@ -112,7 +112,7 @@ class TritonAttnBackend(AttentionBackend):
         n, d = q.shape[0], layer.head_dim
         if k is not None:
             # New rows' K/V go to the pool first: the kernels read prefix and new keys alike through kv_indices.
-            self.token_to_kv_pool.set_kv_buffer(layer.kv_layer_id, fb.out_cache_loc, k.view(n, -1, d), v.view(n, -1, d))
+            self.store_kv(k, v, layer, fb)
         md = self._metadata_for(k, fb, n, layer)
         k_buf, v_buf = self.token_to_kv_pool.get_kv_buffer(layer.kv_layer_id)  # [capacity, KVH, D]
         k_scale, v_scale = self.token_to_kv_pool.get_kv_scales(layer.kv_layer_id)

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from impl.attention.base import AttentionLayer
+from impl.model import yoco
 from impl.model.norm import RMSNorm
 from impl.model.rope import apply_rope_prepared
 from impl.forward_batch import ForwardBatch
@@ -38,8 +39,10 @@ class Gemma4Attention(nn.Module):
         for p in self.parameters():
             p.requires_grad_(False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        # x: [n, hidden]; cos/sin: [n, 1, head_dim] from rope.prepare_rope (sin's first half negated)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        # x: [n, hidden]; cos/sin: [n, 1, head_dim] from rope.prepare_rope (sin's first half negated);
+        # rows: fast prefill's selected rows (yoco.attend): every row's K/V written, [R, hidden] returned
         n, d = x.shape[0], self.layer.head_dim
         q = apply_rope_prepared(self.q_norm(self.q_proj(x).view(n, -1, d)), cos, sin)  # [n, H, D]
         k = v = None
@@ -48,5 +51,5 @@ class Gemma4Attention(nn.Module):
             v_raw = self.v_proj(x).view(n, -1, d) if self.v_proj is not None else k_raw
             k = apply_rope_prepared(self.k_norm(k_raw), cos, sin).reshape(n, -1)
             v = self.v_norm(v_raw).reshape(n, -1)
-        out = fb.attn_backend.forward(q.reshape(n, -1), k, v, self.layer, fb)  # [n, H * D]
+        out = yoco.attend(q.reshape(n, -1), k, v, self.layer, fb, rows)  # [n or R, H * D]
         return self.o_proj(out)

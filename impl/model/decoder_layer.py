@@ -48,10 +48,14 @@ class Gemma4DecoderLayer(nn.Module):
         self.hidden_activation = c.hidden_activation
         # Faster CPU forwards are installed on a loaded model by impl/kernels/cpu_fused/transform.py.
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ple: torch.Tensor | None, fb: ForwardBatch) -> torch.Tensor:
-        # h: [n, hidden]; ple: [n, ple_dim] (this layer's slice) or None
-        residual = h
-        h = self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), cos, sin, fb))
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ple: torch.Tensor | None, fb: ForwardBatch,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        # h: [n, hidden]; ple: [n, ple_dim] (this layer's slice) or None. rows [R] (fast prefill's last
+        # self-decoder layer, yoco.attend): K/V of every row written, only those rows computed -> [R, hidden]
+        residual = h if rows is None else h.index_select(0, rows)
+        if rows is not None and ple is not None:
+            ple = ple.index_select(0, rows)
+        h = self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), cos, sin, fb, rows))
         h = residual + h
         residual = h
         h = self.mlp(self.pre_feedforward_layernorm(h))

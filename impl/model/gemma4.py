@@ -142,17 +142,23 @@ class Gemma4ForCausalLM(nn.Module):
             logits.div_(cap).tanh_().mul_(cap)
         return logits
 
-    def _run_layers(self, layers, h, positions, ple, fb: ForwardBatch, rope=None) -> torch.Tensor:
+    def _run_layers(self, layers, h, positions, ple, fb: ForwardBatch, rope=None, rows=None) -> torch.Tensor:
+        """``layers`` on h [n, hidden]; with ``rows`` [R] the last layer writes every row's K/V and returns only
+        those rows ([R, hidden]: yoco.attend)."""
+        if rows is not None and not layers:
+            return yoco.gather_rows(h, rows)
         rope = self.rope_tables(positions) if rope is None else rope
-        for layer in layers:
+        last = len(layers) - 1
+        for j, layer in enumerate(layers):
             cos, sin = rope[layer.layer_type]
             # layer.forward, not layer(...): no hooks are used, and nn.Module.__call__ costs per layer and step
-            h = layer.forward(h, cos, sin, None if ple is None else ple[:, layer.layer_id], fb)
+            h = layer.forward(h, cos, sin, None if ple is None else ple[:, layer.layer_id], fb, rows if j == last else None)
         return h
 
-    def self_decoder(self, h, positions, ple, fb: ForwardBatch, rope=None) -> torch.Tensor:
-        """Layers before the first KV-shared one, on every row; they write K/V."""
-        return self._run_layers(list(self.layers)[: self.first_kv_shared_layer], h, positions, ple, fb, rope)
+    def self_decoder(self, h, positions, ple, fb: ForwardBatch, rope=None, rows=None) -> torch.Tensor:
+        """Layers before the first KV-shared one, on every row; they write K/V. With ``rows`` (fast prefill) the
+        last one computes only those rows past its K/V, and the result is [R, hidden]."""
+        return self._run_layers(list(self.layers)[: self.first_kv_shared_layer], h, positions, ple, fb, rope, rows)
 
     def cross_decoder(self, h, positions, ple, fb: ForwardBatch, rope=None) -> torch.Tensor:
         """The KV-shared layers; they read their producers' K/V and write none."""
@@ -171,20 +177,21 @@ class Gemma4ForCausalLM(nn.Module):
         # Every row's rope: the self-decoder's, and the cross-decoder's when it runs every row (with fast prefill
         # the cross-decoder builds its own for the gathered rows' positions).
         rope = self.rope_tables(fb.positions)
-        h = self.self_decoder(h, fb.positions, ple, fb, rope)
         fast = bool(fb.fast_prefill) and self.has_cross_decoder
         if fast:
-            rows = yoco.select_rows(fb)  # [R]
-            part = yoco.gather_rows(h, rows)
+            rows = yoco.select_rows(fb)  # [R] == fb.logits_indices
+            # before the self-decoder: its last layer already attends through this metadata (yoco.attend)
+            fb.attn_backend.init_cross_decoder_metadata(fb, rows, fb.logits_lens_cpu)
+            part = self.self_decoder(h, fb.positions, ple, fb, rope, rows)  # [R, hidden]
             part_pos = yoco.gather_rows(fb.positions, rows)
             part_ple = None if ple is None else yoco.gather_rows(ple, rows)
-            fb.attn_backend.init_cross_decoder_metadata(fb, rows, fb.logits_lens_cpu)
             part = self.cross_decoder(part, part_pos, part_ple, fb)
             cross_rows = int(part.shape[0])  # rows actually run, not rows expected
-            h = yoco.scatter_rows(h, rows, part)
+            hidden = self.norm(part)  # [R, hidden]
         else:
+            h = self.self_decoder(h, fb.positions, ple, fb, rope)
             h = self.cross_decoder(h, fb.positions, ple, fb, rope)
             cross_rows = int(h.shape[0]) if self.has_cross_decoder else 0
-        hidden = self.norm(h.index_select(0, fb.logits_indices))  # [R, hidden]
+            hidden = self.norm(h.index_select(0, fb.logits_indices))  # [R, hidden]
         return LogitsOutput(logits=self.compute_logits(hidden), hidden_states=hidden, cross_decoder_rows=cross_rows,
                             fast_prefill=fast)

@@ -1,8 +1,9 @@
 """The unit tests seed 000 names for PR-B (model-side YOCO branch), plus the per-prompt parity test.
 
 1. test_select_rows_last_extend_token: extend lengths [3, 4, 2] -> LM-head rows [2, 6, 8]
-2. test_cross_decoder_runs_only_selected_rows
-3. test_scatter_keeps_self_decoder_rows
+2. test_cross_decoder_runs_only_selected_rows (and the last self-decoder layer past its K/V)
+3. test_cut_layer_writes_every_rows_kv (the PR's scatter: our model projects only the selected rows, so there is
+   nothing to scatter back; what the rows it skips must still get is their K/V)
 4. test_triton_back_half_metadata
 5. test_per_prompt_parity (the per-prompt parity test; contracts PARITY-* cover 24 prompts)
 """
@@ -16,11 +17,13 @@ import pytest
 import torch
 
 from impl import Engine
+from impl.attention.torch_native import TorchNativeAttnBackend
 from impl.attention.triton_backend import TritonAttnBackend
 from impl.cache.kv_pool import ReqToTokenPool, TokenToKVPool
 from impl.forward_batch import ForwardBatch, ForwardMode, last_rows
 from impl.model import yoco
 from impl.checkpoint_factory.checkpoints import tiny_checkpoint
+from tests.helpers.session import Session
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,37 +68,50 @@ def test_select_rows_last_extend_token():
     assert not yoco.applies(True, [1, 1, 1]) and yoco.applies(True, [1, 5, 1]) and not yoco.applies(False, [3, 4])
 
 
-def test_cross_decoder_runs_only_selected_rows():
-    eng = engine(True)
-    model = eng.runner.model
-    seen: dict[int, list[int]] = {}
-    hooks = [
-        layer.register_forward_hook(lambda mod, args, out, i=i: seen.setdefault(i, []).append(int(args[0].shape[0])))
-        for i, layer in enumerate(model.layers)
-    ]
-    try:
-        ps = _prompts([3, 4, 2, 20])
-        eng.generate(input_ids=ps, sampling_params={"max_new_tokens": 1, "temperature": 0})
-    finally:
-        for h in hooks:
-            h.remove()
-    first_shared = model.config.first_kv_shared_layer
-    assert first_shared == 15
-    for i, rows in seen.items():
-        want = sum(len(p) for p in ps) if i < first_shared else len(ps)
-        assert rows == [want], f"layer {i} ran on {rows} rows, expected [{want}]"
+def _layer_rows(model, monkeypatch) -> dict[int, list[tuple[int, int]]]:
+    """layer index -> (rows in, rows out) of each call: every layer's forward wrapped (the model calls
+    ``layer.forward`` itself, so module hooks would not see it)."""
+    seen: dict[int, list[tuple[int, int]]] = {}
+    for i, layer in enumerate(model.layers):
+        def spy(h, *args, _inner=layer.forward, _i=i, **kwargs):
+            out = _inner(h, *args, **kwargs)
+            seen.setdefault(_i, []).append((int(h.shape[0]), int(out.shape[0])))
+            return out
+        monkeypatch.setattr(layer, "forward", spy)
+    return seen
 
 
-def test_scatter_keeps_self_decoder_rows():
-    full = torch.arange(9 * 4, dtype=torch.float32).reshape(9, 4)  # self-decoder output, 9 rows
-    rows = torch.tensor([2, 6, 8])
-    part = -torch.ones(3, 4)  # cross-decoder output of the gathered rows
-    assert torch.equal(yoco.gather_rows(full, rows), full[[2, 6, 8]])
-    out = yoco.scatter_rows(full, rows, part)
-    assert torch.equal(out[rows], part)
-    keep = [r for r in range(9) if r not in (2, 6, 8)]
-    assert torch.equal(out[keep], full[keep])
-    assert torch.equal(full, torch.arange(36, dtype=torch.float32).reshape(9, 4)), "scatter must not write into its input"
+def test_cross_decoder_runs_only_selected_rows(monkeypatch):
+    """The KV-shared layers run the LM-head rows only; so does the last self-decoder layer past its K/V (it takes
+    every row and returns the selected ones)."""
+    model = engine(True).runner.model
+    seen = _layer_rows(model, monkeypatch)
+    ps = _prompts([3, 4, 2, 20])
+    engine(True).generate(input_ids=ps, sampling_params={"max_new_tokens": 1, "temperature": 0})
+    first_shared, t = model.config.first_kv_shared_layer, sum(len(p) for p in ps)
+    assert first_shared == 15 and sorted(seen) == list(range(model.config.num_hidden_layers))
+    for i, calls in seen.items():
+        want = (t, t) if i < first_shared - 1 else (t, len(ps)) if i == first_shared - 1 else (len(ps), len(ps))
+        assert calls == [want], f"layer {i} ran (rows in, rows out) {calls}, expected [{want}]"
+
+
+@pytest.mark.parametrize("backend_cls", [TritonAttnBackend, TorchNativeAttnBackend], ids=["triton", "torch_native"])
+def test_cut_layer_writes_every_rows_kv(backend_cls):
+    """The last self-decoder layer computes only the LM-head rows with the flag, but writes every row's K/V: the
+    pool holds the same K/V after a prefill with the flag as without it (so later chunks and decode steps read
+    the same keys), and the logits agree."""
+    model = engine(False).runner.model
+    batch = [(f"r{i}", p) for i, p in enumerate(_prompts([9, 4, 30]))]
+    t, layer = sum(len(p) for _, p in batch), model.config.first_kv_shared_layer - 1
+    runs = []
+    for fast in (False, True):
+        s = Session(model, backend_cls=backend_cls)
+        out = s.step(batch, fast_prefill=fast)
+        k, v = s.kv_pool.get_kv_buffer(layer)
+        runs.append((out.logits, k[1 : 1 + t].clone(), v[1 : 1 + t].clone()))  # Session's slots: 1, 2, ... in order
+    (ref_logits, ref_k, ref_v), (logits, k, v) = runs
+    assert torch.equal(ref_k, k) and torch.equal(ref_v, v) and ref_k.abs().sum() > 0
+    assert (ref_logits - logits).abs().max().item() <= 1e-5
 
 
 def test_triton_back_half_metadata():

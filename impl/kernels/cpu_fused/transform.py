@@ -43,6 +43,7 @@ from impl.forward_batch import ForwardBatch
 from impl.kernels import cpu_fused
 from impl.kernels.cpu_fused import linear as cpu_linear
 from impl.kernels.functional import GELU_TANH, apply_rope_prepared, rms_norm
+from impl.model import yoco
 
 
 @dataclass(frozen=True)
@@ -155,8 +156,8 @@ class FusedWeights:
 
 
 def _stacked_attention(att: Any, x: torch.Tensor, s: StackedWeights, eps: float, cos: torch.Tensor, sin: torch.Tensor,
-                       fb: ForwardBatch) -> torch.Tensor:
-    """``Gemma4Attention.forward`` with one q/k/v matmul, one head norm and one RoPE (float32)."""
+                       fb: ForwardBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """``Gemma4Attention.forward`` with one q/k/v matmul, one head norm and one RoPE (float32); ``rows`` as there."""
     lay = att.layer  # read now: the assistant rebinds it
     n, d, h = x.shape[0], lay.head_dim, lay.num_heads
     k = v = None
@@ -170,7 +171,7 @@ def _stacked_attention(att: Any, x: torch.Tensor, s: StackedWeights, eps: float,
         v = qkv[:, hk:].reshape(n, -1)
     else:
         q = apply_rope_prepared(rms_norm(F.linear(x, s.qkv).view(n, h, d), s.head_norm[0], eps), cos, sin)
-    out = fb.attn_backend.forward(q.reshape(n, -1), k, v, lay, fb)  # [n, H * D]
+    out = yoco.attend(q.reshape(n, -1), k, v, lay, fb, rows)  # [n or R, H * D]
     return F.linear(out, s.o_proj)
 
 
@@ -181,10 +182,14 @@ class FloatLayerForward:
         self.layer, self.w, self.s = layer, w, s
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ple: torch.Tensor | None,
-                 fb: ForwardBatch) -> torch.Tensor:
+                 fb: ForwardBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
         w, s, layer = self.w, self.s, self.layer
         x = rms_norm(h, w.input_norm, w.eps)
-        a = layer.self_attn.forward(x, cos, sin, fb) if s is None else _stacked_attention(layer.self_attn, x, s, w.eps, cos, sin, fb)
+        a = (layer.self_attn.forward(x, cos, sin, fb, rows) if s is None
+             else _stacked_attention(layer.self_attn, x, s, w.eps, cos, sin, fb, rows))
+        if rows is not None:  # Gemma4DecoderLayer.forward: the rest on the selected rows only
+            h = h.index_select(0, rows)
+            ple = None if ple is None else ple.index_select(0, rows)
         h = h + rms_norm(a, w.post_attention_norm, w.eps)
         x = rms_norm(h, w.pre_feedforward_norm, w.eps)
         if s is None:
@@ -279,22 +284,26 @@ class FusedLayerForward:
     def pads_lone_row(self, h: torch.Tensor, fb: ForwardBatch) -> bool:
         return int(h.shape[0]) == 1 and (self.batch_invariant or bool(fb.fast_prefill))
 
-    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ple: torch.Tensor | None,
-                 fb: ForwardBatch) -> torch.Tensor:
-        w, f, att = self.w, self.f, self.layer.self_attn
-        # (the per-layer inputs reach decoder_post as they are: it reads bf16 rows with their strides)
-        cos, sin = self.widen(cos, fb), self.widen(sin, fb)
+    def _blocks(self, h: torch.Tensor, fb: ForwardBatch) -> tuple[int, int, range]:
+        """(rows after padding m, rows per kernel call r, each call's first row) for h's rows: fixed blocks, a lone row as two,
+        or all rows at once. Padded rows repeat the last row; the kernels' row-local work gives them its bits,
+        and they are dropped."""
         n = int(h.shape[0])
-        # rows per kernel call (r) and rows after padding (m): fixed blocks, a lone row as two, or all rows at once
         if self.fixed_rows and n:
             r = self.fixed_rows
             m = -(-n // r) * r
         else:
             r = m = 2 if self.pads_lone_row(h, fb) else n
-        starts = range(0, m, r) if r else range(1)  # (no rows: one call on the empty batch)
-        # padded rows repeat the last row; the kernels' row-local work gives them its bits, and they are dropped
+        return m, r, range(0, m, r) if r else range(1)  # (no rows: one call on the empty batch)
+
+    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ple: torch.Tensor | None,
+                 fb: ForwardBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
+        w, f, att = self.w, self.f, self.layer.self_attn
+        # (the per-layer inputs reach decoder_post as they are: it reads bf16 rows with their strides)
+        cos, sin = self.widen(cos, fb), self.widen(sin, fb)
+        n = int(h.shape[0])
+        m, r, starts = self._blocks(h, fb)
         hp, cp, sp = _pad_rows(h, m), _pad_rows(cos, m), _pad_rows(sin, m)
-        pp = None if ple is None else _pad_rows(ple, m)
         parts = [self.ext.attn_pre(hp[i:i + r], w.input_norm, f.qkv_proj, f.head_norm, cp[i:i + r], sp[i:i + r],
                                    f.q_heads, w.eps, f.onednn) for i in starts]
         q, k, v = parts[0] if len(parts) == 1 else tuple(torch.cat([p[j] for p in parts]) for j in range(3))
@@ -302,9 +311,15 @@ class FusedLayerForward:
             q, k, v = q[:n], k[:n], v[:n]
         if not att.owns_kv:
             k = v = None
-        # [n, H * D]; att.layer read now (the assistant rebinds it)
-        out = _pad_rows(fb.attn_backend.forward(q, k, v, att.layer, fb), m)
-        p = w.ple
+        # [n, H * D], or [R, H * D] with rows (yoco.attend); att.layer read now (the assistant rebinds it)
+        out = yoco.attend(q, k, v, att.layer, fb, rows)
+        if rows is not None:  # the rest of the layer on the selected rows only (their own blocks and padding)
+            h = h.index_select(0, rows)
+            ple = None if ple is None else ple.index_select(0, rows)
+            n = int(h.shape[0])
+            m, r, starts = self._blocks(h, fb)
+            hp = _pad_rows(h, m)
+        out, pp, p = _pad_rows(out, m), None if ple is None else _pad_rows(ple, m), w.ple
         outs = [self.ext.decoder_post(
             hp[i:i + r], out[i:i + r], f.o_proj, w.post_attention_norm, w.pre_feedforward_norm, f.gate_up, f.down,
             w.post_feedforward_norm, None if p is None or pp is None else pp[i:i + r], f.ple_gate, f.ple_proj,
