@@ -74,6 +74,33 @@ def test_quantize_rows_matches_reference(ext):
     assert int(q.abs().max()) == 127 and float(s[4]) == 0.0
 
 
+def test_quantize_rows_exact_quotients(ext):
+    """Codes next to every rounding boundary (x / s within a few ulps of k + 1/2) and at scales from 2^-130 to
+    2^120: the kernel's x * (1 / s) with Markstein's correction (and its division outside the range where that is
+    exact) gives the division's codes; a kernel that multiplied by 1 / s alone would miss some of these."""
+    g = torch.Generator().manual_seed(3)
+    amaxes = torch.cat([torch.tensor([2.0**-130, 2.0**-110, 2.0**-100, 2.0**-90, 2.0**100, 2.0**120, 1.0]),
+                        torch.rand(57, generator=g) * 2.0 ** torch.randint(-60, 60, (57,), generator=g)])
+    rows = []
+    for amax in amaxes.tolist():
+        s = torch.tensor(amax, dtype=torch.float32) / 127.0
+        near = [(torch.arange(-127, 127, dtype=torch.float32) + 0.5) * s]  # [254] at each boundary
+        for way in (float("inf"), float("-inf")):  # and 1 to 3 ulps either side
+            v = near[0]
+            for _ in range(3):
+                v = torch.nextafter(v, torch.tensor(way))
+                near.append(v)
+        row = torch.cat(near)
+        row[0] = amax  # the row's max |x| is amax: s as above
+        rows.append(row)
+    x = torch.stack(rows)
+    q, sc = ext.quantize_rows(x)
+    rq, rs = reference.quantize_rows(x)
+    assert torch.equal(sc, rs) and torch.equal(q, rq)
+    naive = torch.round(x * (1.0 / rs)[:, None]).clamp(-127, 127).to(torch.int8)
+    assert not torch.equal(naive, rq), "the rows must hold quotients a plain reciprocal product rounds differently"
+
+
 @pytest.mark.parametrize("rows,inter", [(3, 96), (40, 96), (77, 4160)])  # row kernel; AMX tiles from 32 rows
 def test_gate_up_activation_in_the_matmul_is_the_two_steps(ext, rows, inter):
     """A W8A8 gate / up weight [2I, K] with the MLP's activation in the matmul (fused into the AMX tiles'
