@@ -1105,7 +1105,11 @@ void quantize_row(const float* xr, int64_t K, int8_t* qr, float* s_out) {
   // division per vector made the pass divide-bound: 7% of a W8A8 prefill on AMX). Outside [2^-87, 2^100] (r could
   // underflow, or y overflow) the division stays; a brute-force check of 5e8 quotients near every code's rounding
   // boundary, scales over 2^-120 .. 2^120, found no code differing (tests/quant: quantize_rows_exact_quotients).
+#if defined(__AVX512F__) || defined(__FMA__)
   const bool by_reciprocal = sc >= 0x1p-87f && sc <= 0x1p100f;
+#else
+  const bool by_reciprocal = false;  // simd::vfma is two roundings without FMA: the correction would not be exact
+#endif
   const vfloat vy = vsplat(1.f / sc);
   for (k = 0; k + kVec <= K; k += kVec) {
     const vfloat x = vload(xr + k);
