@@ -7,6 +7,10 @@ than the later ones (an investigation, not a test).
 Each run: 4 prompts of 1024 fresh random tokens at once, 16 new tokens each (greedy, streamed), as ``bench_full``'s
 (a), after its 16-token warm-up request; prints output tok/s, the median time to the first token and each
 request's. The page cache is warmed first (``bench_full.warm_page_cache``); fast prefill is on.
+
+``--pp N`` runs ``bench_full``'s pp N instead: one fresh prompt of N tokens at a time, 1 new token, ``--reps`` times,
+printing each time to the first token and N / that time (``bench_full`` keeps the best of its reps). To compare two
+commits, run the tool from a ``git worktree`` of each, alternating: the server runs the checkout the tool ran from.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server-args", default="", help="extra flags for the server")
     ap.add_argument("--vllm-kv-gib", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--pp", type=int, default=0, metavar="N", help="pp N (one N-token prompt at a time) instead of (a)")
     ap.add_argument("--log-dir", default="/tmp/concurrent_server_logs")
     args = ap.parse_args(argv)
 
@@ -50,7 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = srv.model_id()
         one_request(srv.url, model, prompts_of(99, [16], vocab)[0], 2, time.perf_counter(), Result())
-        for rep in range(args.reps):
+        if args.pp:
+            tok_s = []
+            for rep in range(args.reps):
+                (r,) = run_concurrent(srv, prompts_of(1000 + rep, [args.pp], vocab), 1)
+                tok_s.append(args.pp / r.t_first)
+                print(f"  pp{args.pp} run {rep}: TTFT {r.t_first:.3f} s, {tok_s[-1]:.1f} tok/s", flush=True)
+            print(f"  pp{args.pp}: best {max(tok_s):.1f}, median {statistics.median(tok_s):.1f} tok/s", flush=True)
+        for rep in range(0 if args.pp else args.reps):
             t = time.perf_counter()
             res = run_concurrent(srv, prompts_of(rep, [1024] * 4, vocab), 16)
             wall = time.perf_counter() - t
