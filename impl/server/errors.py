@@ -78,7 +78,8 @@ def validation_message(e: ValidationError | RequestValidationError) -> tuple[str
     fits = [x for x in errs if x.get("type") not in _TYPE_MISMATCH]
     first = max(fits, key=lambda x: len(x.get("loc", ()))) if fits else errs[0]
     kind = first.get("type")
-    field = _field_path(tuple(first.get("loc", ())))
+    loc = tuple(first.get("loc", ()))
+    field = _field_path(loc)
     if kind == "json_invalid":
         return "body", (f"malformed JSON body: {first.get('msg', 'invalid')}; send one JSON object (UTF-8, at most "
                         "200 levels deep, no lone UTF-16 surrogates)")
@@ -90,7 +91,6 @@ def validation_message(e: ValidationError | RequestValidationError) -> tuple[str
     if kind == "value_error":
         msg = msg.removeprefix("Value error, ")
         return field, msg if field == "body" else f"invalid value for field '{field}': {msg}"
-    loc = tuple(first.get("loc", ()))
     if kind == "less_than_equal" and loc and isinstance(loc[-1], int) and field_name(field) in _TOKEN_IDS:
         top = (first.get("ctx") or {}).get("le")
         return field, (f"invalid value for field '{field}': token id {first.get('input')} is outside the vocabulary "
