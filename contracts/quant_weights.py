@@ -7,7 +7,9 @@ float32 bound), whole prompts and chunked, batched and one by one. The flag chan
 cross-decoder runs on; a quantized kernel whose result for a row depended on the rows beside it (an
 activation scale per batch instead of per token) would break it. (Measured: the quantized kernels are
 row-invariant, W8A8 exactly so; the float parts of the engine are not bit for bit batch-invariant without
---enable-deterministic-inference, so the bound is the PARITY contracts'.)
+--enable-deterministic-inference, so the bound is the PARITY contracts'.) The quantized kernels are CPU kernels
+(a CUDA device refuses the formats at startup, with that message), so the engines run with --device cpu on any
+machine.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def quant_parity(subject) -> None:
     reqs = [GenRequest(p, max_new_tokens=4, return_logprob=True) for p in ps]
     for fmt in FORMATS:
         for kv in KV:
-            base = ("--disable-radix-cache", *fmt, *kv)
+            base = ("--device", "cpu", "--disable-radix-cache", *fmt, *kv)
             off = subject.generate(_argv(subject, *base), reqs, batched=True)
             on = subject.generate(_argv(subject, *base, FLAG), reqs, batched=True)
             _compare(f"{' '.join(base)}: flag off vs on", off, on)

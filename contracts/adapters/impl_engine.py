@@ -26,6 +26,11 @@ _ENGINES: dict[tuple[str, ...], tuple[Any, list[tuple[str, str]]]] = {}  # least
 # Engines kept for reuse: beyond this the least recently used one is shut down (a whole spec run asks for a few
 # hundred argv combinations; kept all, they held 16 GB in one pytest process).
 MAX_CACHED_ENGINES = 16
+# On a CUDA device an engine given neither --max-total-tokens nor --mem-fraction-static sizes its pool from 0.85
+# of the GPU (SGLang's default, right for the one engine of a server): the second engine a contract keeps beside
+# the first would find no memory. Engines built here get this fraction instead (4 GB of an 80 GB card, shrinking
+# with what the engines before it hold; a tiny checkpoint needs a few MB).
+CUDA_HARNESS_MEM_FRACTION = 0.05
 
 
 @contextlib.contextmanager
@@ -45,6 +50,17 @@ def isolated_engines() -> Iterator[None]:
             except Exception:  # noqa: BLE001 - a broken (mutant) engine may fail its own checks here
                 pass
         _ENGINES = saved
+        if _on_cuda("auto"):  # the block's pools go back to the driver, for the engines after it
+            gc.collect()
+            import torch
+
+            torch.cuda.empty_cache()
+
+
+def _on_cuda(device: str) -> bool:
+    import torch
+
+    return device in ("auto", "cuda") and torch.cuda.is_available()
 
 
 def engine_for(argv: Sequence[str]) -> tuple[Any, list[tuple[str, str]]]:
@@ -67,6 +83,8 @@ def engine_for(argv: Sequence[str]) -> tuple[Any, list[tuple[str, str]]]:
         if oracle:
             args.speculative_draft_model_path = draft[len(ORACLE_PREFIX):]
         given = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+        if _on_cuda(args.device) and given["max_total_tokens"] is None and given["mem_fraction_static"] is None:
+            given["mem_fraction_static"] = CUDA_HARNESS_MEM_FRACTION
         if given["model_path"] is None:  # as the launcher does (impl.server.runtime.build_engine), without its log line
             from impl.checkpoint_factory.checkpoints import default_model_path
 

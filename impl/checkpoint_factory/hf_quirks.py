@@ -22,7 +22,10 @@ def assistant_kv_sharing_patch() -> Iterator[None]:
     """
     from transformers import Gemma4TextConfig
 
-    original = Gemma4TextConfig.__dict__["kv_sharing_modes"]
+    original = Gemma4TextConfig.__dict__.get("kv_sharing_modes")
+    if original is None:  # a transformers without the property (5.17 has none): nothing to work around
+        yield
+        return
 
     def kv_sharing_modes(self):
         if self.num_kv_shared_layers >= self.num_hidden_layers:

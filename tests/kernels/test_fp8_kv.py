@@ -41,7 +41,7 @@ def extend(fn, case, scales=(1.0, 1.0)):
 
 
 def decode(fn, case, splits, scales=(1.0, 1.0)):
-    n = torch.tensor(splits, dtype=torch.int32)
+    n = torch.tensor(splits, dtype=torch.int32, device=case.q.device)
     return fn(case.q, torch.empty_like(case.q), case.k_buf, case.v_buf, case.q_positions, case.kv_indptr,
               case.kv_indices, n, max(splits), case.scaling, case.window, case.logit_cap, *scales)
 
@@ -87,8 +87,9 @@ def test_rows_attention_reads_fp8_pools_through_a_slot_map(fmt, head_dim, window
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_triton_kernels_read_fp8_pools_under_the_interpreter(fmt, dtype):
-    """The Triton extend and decode kernels on fp8 pools (TRITON_INTERPRET=1 here), both head dims."""
+def test_triton_kernels_read_fp8_pools(fmt, dtype):
+    """The Triton extend and decode kernels on fp8 pools (compiled on CUDA, under the interpreter on CPU), both
+    head dims."""
     for head_dim in (256, 512):
         case = make_case([6, 0], [3, 9], 4, 1, head_dim, dtype, seed=head_dim + 1, window=5 if head_dim == 256 else None)
         f8, deq = fp8_pair(case, fmt)
