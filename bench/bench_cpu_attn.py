@@ -8,7 +8,11 @@ kernels (``impl/kernels/cpu_attn``), the Triton kernels under the interpreter, a
 reference (``impl/kernels/reference.py``), all on the same metadata; runs alternate between
 providers, median per provider.
 
-Usage: ``python -m bench.bench_cpu_attn [--tokens 1024 --threads 1 --reps 3]``.
+``--decode-steps N``: also N decode steps in a row, each request one key longer than at the step before, with
+the compiled kernels keeping their AMX packings across the steps (``kv_generation``, as the engine's decode does)
+and packing every step (0): the mean step of each, the same bits.
+
+Usage: ``python -m bench.bench_cpu_attn [--tokens 1024 --threads 1 --reps 3 --decode-steps 40]``.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--skip-interpreter", action="store_true")
+    ap.add_argument("--decode-steps", type=int, default=0, help="also time N growing decode steps, packings kept or not")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
@@ -102,7 +107,48 @@ def main(argv=None) -> int:
         it = med.get("interpreter")
         print(f"| {what} | {c * 1e3:.1f} | {'-' if it is None else f'{it * 1e3:.0f}'} | {med['reference'] * 1e3:.1f} "
               f"| {'-' if it is None else f'{it / c:.0f}x'} | {med['reference'] / c:.1f}x |")
+    if args.decode_steps:
+        decode_steps(cpu_attn, args, dtype)
     return 0
+
+
+def decode_steps(cpu_attn, args, dtype) -> None:
+    """--decode-steps: mean time of a decode step over --decode-batch requests growing from --tokens keys, the
+    compiled kernels keeping their packings across steps or not (alternating runs, median per mode)."""
+    b, n, steps = args.decode_batch, args.tokens, args.decode_steps
+    generations = iter(range(1 << 41, 1 << 42))  # generations of its own: nothing kept elsewhere matches
+    print()
+    print(f"{dtype}, {args.threads} thread(s), {steps} decode steps of {b} requests from {n} keys each, "
+          f"median of {args.reps} alternating runs")
+    print("| decode step | packings kept (ms) | packed every step (ms) | kept / every step | same bits |")
+    print("|---|---:|---:|---:|---|")
+    for head_dim, window, label in ((256, 512, "sliding (head_dim 256, window 512)"), (512, None, "full (head_dim 512)")):
+        q, k, v, _, _, kv, slots = make_batch([1] * b, [n + steps] * b, 8, 1, head_dim, dtype, seed=head_dim + 2)
+        base = kv.tolist()
+        ones = torch.ones(b, dtype=torch.int32)
+
+        def run(generation: int) -> list[torch.Tensor]:
+            outs = []
+            for t in range(steps):
+                idx = torch.cat([slots[base[r]: base[r] + n + t] for r in range(b)])
+                kvp = torch.arange(0, (b + 1) * (n + t), n + t, dtype=torch.int32)
+                pos = torch.full((b,), n + t - 1)
+                outs.append(cpu_attn.decode_attention_fwd(q, torch.empty_like(q), k, v, pos, kvp, idx, ones, 1, 1.0,
+                                                          window, kv_generation=generation))
+            return outs
+
+        times: dict[str, list[float]] = {"kept": [], "every": []}
+        same = True
+        ref = run(0)
+        for _ in range(args.reps):
+            for mode in times:
+                t0 = time.perf_counter()
+                got = run(next(generations) if mode == "kept" else 0)
+                times[mode].append((time.perf_counter() - t0) / steps)
+                same = same and all(torch.equal(a, r) for a, r in zip(got, ref))
+        kept, every = statistics.median(times["kept"]), statistics.median(times["every"])
+        print(f"| {b} x {n}+ keys, {label} | {kept * 1e3:.2f} | {every * 1e3:.2f} | {kept / every:.2f}x | "
+              f"{'yes' if same else 'NO'} |")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import torch
 from impl.attention.base import AttentionBackend, AttentionLayer
 from impl.attention.triton_metadata import TritonAttnMetadata, build_kv_indices, build_metadata
 from impl.attention.triton_providers import ONE_SPLIT, KernelProvider, select_provider
+from impl.cache.allocator import kv_generation
 from impl.cache.kv_quant import is_fp8
 from impl.forward_batch import ForwardBatch
 
@@ -40,6 +41,10 @@ class TritonAttnBackend(AttentionBackend):
         producers = getattr(model_config, "kv_producer", ())
         self._shared_kv = {p for i, p in enumerate(producers) if p is not None and p != i}
         self._pack_epoch = 0
+        # Set by the engine, whose allocator hands out every slot the pool's K/V is written to (cache/allocator.py):
+        # decode launches then pass the KV generation, under which the CPU kernels keep packings across steps.
+        # Off for a backend driven by hand (tests writing the pool directly, reusing slots without freeing them).
+        self.keep_decode_packings = False
 
     # ---- metadata -----------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -122,6 +127,8 @@ class TritonAttnBackend(AttentionBackend):
             q3 = q3.to(k_buf.dtype)  # the kernels take q in the pool's dtype (fp8 pools: q keeps its own)
         o = torch.empty_like(q3)
         kw = {"pack_epoch": self._pack_epoch} if self._pack_epoch and layer.kv_layer_id in self._shared_kv else {}
+        if md.use_decode_kernel and self.keep_decode_packings and self.provider.keeps_packings and fb.forward_mode.is_decode:
+            kw["kv_generation"] = kv_generation()
         if md.use_decode_kernel:
             self.provider.decode(
                 q3, o, k_buf, v_buf, md.q_positions, md.kv_indptr, kv_indices, md.num_kv_splits, md.max_kv_splits,

@@ -46,6 +46,9 @@ class KernelProvider:
     # compiled CPU kernels: a new pack epoch per forward (cpu_attn.next_pack_epoch), which the launches over a
     # KV buffer that later layers share take as pack_epoch=; None: the kernels take no such argument
     pack_epochs: Callable[[], int] | None = None
+    # compiled CPU kernels: decode launches take kv_generation= (impl.cache.allocator.kv_generation) and keep each
+    # request's packed keys from one decode step to the next under it
+    keeps_packings: bool = False
 
     def startup_line(self) -> str:
         return f"Attention kernels: triton backend, {self.description}"
@@ -81,11 +84,12 @@ def select_provider(device: torch.device) -> KernelProvider:
     from impl.kernels import cpu_attn
 
     if cpu_attn.load() is not None:
+        envs.IMPL_CPU_ATTN_KEEP_MB.get()  # attention.cpp reads it raw: a bad value is refused here, by name
         isa = cpu_attn.kernel_isa()
         words = ", ".join(f"{k}: {v}" for k, v in isa.items())
         return KernelProvider("cpu", f"CPU kernels (compiled; {words})", cpu_attn.extend_attention_fwd,
                               cpu_attn.decode_attention_fwd, CPU_SPLIT_POLICY, torch.get_num_threads(), isa,
-                              cpu_attn.next_pack_epoch)
+                              cpu_attn.next_pack_epoch, keeps_packings=True)
     reason = f"{cpu_attn.ENV_SWITCH}=0" if not cpu_attn.enabled_by_env() else cpu_attn.error()
     if want == "cpu":
         raise ValueError(f"{ENV_PROVIDER}=cpu but the compiled CPU attention kernels are unavailable ({reason}); "

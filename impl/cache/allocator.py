@@ -7,9 +7,27 @@ every slot in ``1..capacity-1`` is owned exactly once.
 
 from __future__ import annotations
 
+import itertools
 from typing import Iterable, Mapping
 
 import torch
+
+# The KV generation: moves whenever any allocator in the process frees slots or starts over (a new pool, a
+# flushed one). The engine writes K/V only into slots handed out from a free list, so while it stands still no
+# slot that was handed out has changed its K/V: the CPU decode kernels keep a request's packed keys across decode
+# steps under it (impl/kernels/cpu_attn, kv_generation) and pack only the new ones.
+_GENERATIONS = itertools.count(1)
+_generation = next(_GENERATIONS)
+
+
+def kv_generation() -> int:
+    """The process's KV generation (> 0): equal values mean no slot was freed in between."""
+    return _generation
+
+
+def _slots_freed() -> None:
+    global _generation
+    _generation = next(_GENERATIONS)
 
 
 class TokenSlotAllocator:
@@ -23,6 +41,7 @@ class TokenSlotAllocator:
     def clear(self) -> None:
         # free_slots: [n] int64, on the host (indices are bookkeeping, not data)
         self.free_slots = torch.arange(1, self.capacity, dtype=torch.int64)
+        _slots_freed()
 
     def available_size(self) -> int:
         return int(self.free_slots.numel())
@@ -40,6 +59,7 @@ class TokenSlotAllocator:
         if slots.numel() == 0:
             return
         self.free_slots = torch.cat([self.free_slots, slots.to(torch.int64).cpu().flatten()])
+        _slots_freed()
 
     def check_integrity(self) -> None:
         """The free list itself: in range, no pad slot, no duplicates."""

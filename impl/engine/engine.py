@@ -48,6 +48,7 @@ from impl.engine.detokenizer_stage import DetokenizerStage, Emission
 from impl.engine.intake import IntakePolicy, InvalidRequest, expand_requests
 from impl.engine.kv_lifecycle import KVLifecycle
 from impl.engine.load import LoadView
+from impl.kernels import cpu_attn
 from impl.engine.model_runner import ModelRunner
 from impl.engine.output import ReqOutput, SGLangDicts, sglang_dict
 from impl.engine.req import Req
@@ -104,6 +105,9 @@ class Engine:
         self.runner = ModelRunner(args, self.model_config, self.device, chunked_prefill_size=chunk)
         self.tokenizer = _load_tokenizer(args.tokenizer_path or model_path)
         kv, max_req_len = _kv_lifecycle(self.runner, args.disable_radix_cache, chunk)
+        for backend in (self.runner.prefill_backend, self.runner.decode_backend):
+            if hasattr(backend, "keep_decode_packings"):  # the triton backend (the CPU kernels act on it)
+                backend.keep_decode_packings = True  # the engine's allocator hands out every slot written to
         self.scheduler_config = SchedulerConfig(
             max_running_requests=self.runner.limits.max_running_requests,
             chunked_prefill_size=chunk,
@@ -440,6 +444,7 @@ class Engine:
         self._detokenizer.drain()
         self._detokenizer.stop()
         self.grammar_backend.shutdown()
+        cpu_attn.drop_kept_packings()  # the AMX packings decode kept across steps (they hold copies of our keys)
 
     def __enter__(self) -> "Engine":
         return self

@@ -142,5 +142,9 @@ class LazyExtension:
                 logger.warning("%s unavailable (%s); %s", self.what, self._error, self.fallback)
             return self._module
 
+    def loaded(self) -> ModuleType | None:
+        """The module if an earlier ``load`` built it; never builds (for clean-up paths)."""
+        return self._module
+
     def error(self) -> str | None:
         return self._error

@@ -3,6 +3,7 @@ kernels under the interpreter, on the same metadata (tolerance rule: kernel_case
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -292,3 +293,60 @@ def test_a_kept_packing_serves_its_own_forward_only():
     written = decode(cpu_attn.next_pack_epoch())
     assert torch.equal(written, decode(0))
     torch.testing.assert_close(written.float(), 2 * fresh.float(), rtol=0, atol=0)
+
+
+def _decode_steps(case, lens_per_step, generation):
+    """Decode launches over requests whose key counts grow step by step (lens_per_step[t][r] keys of request r,
+    over its first slots), each request's query at its last key: the outputs of every step."""
+    base = case.kv_indptr.tolist()
+    outs = []
+    for lens in lens_per_step:
+        idx = torch.cat([case.kv_indices[base[r]: base[r] + n] for r, n in enumerate(lens)])
+        kvp = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+        q = case.q[: len(lens)]
+        pos = torch.tensor([n - 1 for n in lens])
+        ones = torch.ones(len(lens), dtype=torch.int32)
+        outs.append(cpu_attn.decode_attention_fwd(q, torch.empty_like(q), case.k_buf, case.v_buf, pos, kvp, idx, ones,
+                                                  1, case.scaling, case.window, case.logit_cap,
+                                                  kv_generation=generation))
+    return outs
+
+
+@pytest.mark.skipif(not _tiles_expected(), reason="no AMX-bf16 on this CPU (or IMPL_CPU_AMX=0)")
+@pytest.mark.parametrize("head_dim,window", [(512, None), (256, 40)])
+def test_decode_keeps_its_packing_across_steps_with_a_fresh_packings_bits(head_dim, window):
+    """kv_generation: decode launches keep each request's packed keys and pack only the ones after them. Steps that
+    cross 32-key blocks, a request joining, leaving and coming back, and the batch reordered all give the bits of
+    launches that keep nothing."""
+    case = make_case([0, 0, 0], [200, 200, 200], 8, 1, head_dim, torch.bfloat16, seed=head_dim + 5,
+                     scaling=head_dim**-0.5, window=window)
+    steps = [[30 + t, 61 + t] for t in range(5)] + [[35 + t, 66 + t, 90 + t] for t in range(3)] + [[38, 69]]
+    steps += [[39, 70, 93], [40, 71, 94]]
+    gen = 1 << 40  # a generation of its own: nothing kept from other tests matches it
+    assert all(torch.equal(a, b) for a, b in zip(_decode_steps(case, steps, gen), _decode_steps(case, steps, 0)))
+    # the requests' keys in another order: what request 0 kept is request 1's now
+    swapped = _requests_reordered(case, [1, 0, 2])
+    assert all(torch.equal(a, b) for a, b in zip(_decode_steps(swapped, steps, gen), _decode_steps(swapped, steps, 0)))
+
+
+def _requests_reordered(case, order):
+    """``case`` with its requests' key slots (kv_indices) in the request order ``order`` (same lengths)."""
+    base = case.kv_indptr.tolist()
+    parts = [case.kv_indices[base[r]: base[r + 1]] for r in order]
+    return dataclasses.replace(case, kv_indices=torch.cat(parts))
+
+
+@pytest.mark.skipif(not _tiles_expected(), reason="no AMX-bf16 on this CPU (or IMPL_CPU_AMX=0)")
+def test_a_new_generation_drops_what_decode_kept():
+    """Keys rewritten in place are read again only under a new generation (the engine moves it whenever a slot is
+    freed: a slot's K/V is rewritten only after that); under the old one the kept tiles stand, which is why the
+    engine's allocator must move it (tests/engine/test_decode_packings.py holds the engine to that)."""
+    case = make_case([0, 0], [100, 100], 8, 1, 256, torch.bfloat16, seed=21, scaling=256**-0.5)
+    steps = [[50, 60], [51, 61]]
+    gen = (1 << 40) + 1
+    kept = _decode_steps(case, steps, gen)
+    case.k_buf.mul_(-1)  # every key rewritten, slots unchanged
+    fresh = _decode_steps(case, steps[1:], 0)[0]
+    assert not torch.equal(fresh, kept[1])
+    assert torch.equal(_decode_steps(case, steps[1:], gen)[0], kept[1])  # stale: the old generation's tiles
+    assert torch.equal(_decode_steps(case, steps[1:], gen + 1)[0], fresh)

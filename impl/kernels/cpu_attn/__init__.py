@@ -72,6 +72,30 @@ def _ext() -> ModuleType:
 _PACK_EPOCHS = itertools.count(1)
 
 
+# kv_generation (decode only): the AMX path also keeps each request's packing from one decode launch to the next
+# and packs only the keys after it (a decode step adds one key per request). The caller passes the KV pool's
+# generation (impl.cache.allocator.kv_generation: it moves whenever any slot is freed, and a slot's K/V is written
+# only after the slot was handed out from the free list), under which a packing of a request's slots still holds
+# their keys; 0 keeps nothing. IMPL_CPU_ATTN_KEEP_MB bounds what is kept (default 512).
+
+
+def kept_packings() -> tuple[int, int]:
+    """(entries, bytes) of the packings decode keeps across steps, after an integrity check (RuntimeError if
+    inconsistent); (0, 0) when the extension was never loaded."""
+    ext = EXTENSION.loaded()
+    if ext is None:
+        return 0, 0
+    entries, nbytes = ext.kept_packings_check()
+    return int(entries), int(nbytes)
+
+
+def drop_kept_packings() -> None:
+    """Free what decode keeps across steps (an engine shutting down; the next decode step packs again)."""
+    ext = EXTENSION.loaded()
+    if ext is not None:
+        ext.drop_kept_packings()
+
+
 def next_pack_epoch() -> int:
     return next(_PACK_EPOCHS)
 
@@ -125,6 +149,7 @@ def decode_attention_fwd(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     pack_epoch: int = 0,
+    kv_generation: int = 0,  # > 0: the pool's generation (impl.cache.allocator.kv_generation); 0: nothing kept
 ) -> torch.Tensor:
     name = "cpu_attn.decode_attention_fwd"
     batch = check_decode_launch(name, q, o, k_buf, v_buf, q_positions, kv_indptr, kv_indices, num_kv_splits,
@@ -134,7 +159,7 @@ def decode_attention_fwd(
         return o
     _ext().decode_attention(q, o, k_buf, v_buf, q_positions, kv_indptr, kv_indices, num_kv_splits, int(max_kv_splits),
                             float(sm_scale), int(window or 0), float(logit_cap or 0.0), float(k_scale), float(v_scale),
-                            int(pack_epoch))
+                            int(pack_epoch), int(kv_generation))
     return o
 
 

@@ -50,6 +50,7 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -297,6 +298,7 @@ struct TileArgs {
   const int64_t* slot_map;  // full -> sliding-window slot map applied to every slot read (nullptr: none)
   int64_t map_len;
   int64_t pack_epoch = 0;  // > 0: the forward's epoch, under which AMX packings are kept (amx_pack_requests)
+  int64_t kv_generation = 0;  // > 0 (decode): the pool's generation, under which packings outlive the launch
 };
 
 // One key tile [t0, t0 + n) for `lanes` query lanes, LP = lanes rounded up to kVec (padding lanes see no
@@ -447,9 +449,10 @@ struct AmxPacked {
 
 void amx_pack_alloc(int64_t k0, int64_t n, int64_t D, AmxPacked& out) {
   out.k0 = k0;
-  out.kp.resize(round_up(n, 32) * D / 2);
+  out.kp.resize(round_up(n, 32) * D / 2);  // growing a kept packing keeps what it holds (std::vector::resize)
   out.vp.resize(round_up(n, 32) * D);
 }
+using PackedRequests = std::vector<std::shared_ptr<AmxPacked>>;  // entry b * Hkv + h (nullptr: no keys)
 
 // 16 rows of 16 dwords transposed in registers: out row i (16 dwords, 64-byte aligned) = dword i of every row.
 // Four unpack / shuffle stages: after the second, r[4i + c]'s 128-bit lane L holds dword 4L + c of rows
@@ -548,19 +551,80 @@ struct PackCacheEntry {
   int64_t D, Hkv;
   std::vector<int64_t> k0, end;  // per request: the packed keys [k0, end) (empty: end <= k0)
   std::vector<std::vector<int64_t>> slots;  // per request: the slots of keys [k0, end)
-  std::shared_ptr<const std::vector<AmxPacked>> packed;
+  std::shared_ptr<const PackedRequests> packed;
 };
 constexpr size_t kPackCacheEntries = 4;                // the producers of one forward (E2B: 2)
 constexpr int64_t kPackCacheBytes = int64_t{1} << 28;  // a larger packing is not kept (256 MB)
 std::mutex pack_cache_mu;
 std::vector<PackCacheEntry> pack_cache;
 
+// Packings kept across launches, for decode (TileArgs::kv_generation > 0): step after step a request attends over
+// the keys it attended over before plus one, so its packing is grown by the new key's 32-key block instead of being
+// made again (at 4 x 8192 keys of head dim 512, packing was 3/4 of a launch). A data move again: the bits of a fresh
+// packing. Sound because the engine hands out KV slots only from its free list and writes K/V only into slots
+// handed out for the rows it computes: a slot's rows change only after the slot was freed and handed out again,
+// and every free (impl/cache/allocator.py) moves the process's generation, which drops every kept packing. A kept
+// packing is reused for a request whose slots for the packed keys are the same, from the same first key block.
+// Bounded: a launch over a buffer drops that buffer's kept packings it did not use (their requests left the
+// batch), and none is kept past kKeptBytesDefault in all (IMPL_CPU_ATTN_KEEP_MB).
+struct KeptPacking {
+  const void* k;
+  const void* v;
+  int64_t D, h, end;  // keys [pk->k0, end) of one request's KV head h are packed
+  std::vector<int64_t> slots;  // their slots
+  std::shared_ptr<AmxPacked> pk;
+  bool used;
+};
+constexpr int64_t kKeptBytesDefault = int64_t{512} << 20;
+std::mutex kept_mu;
+int64_t kept_generation = 0;
+int64_t kept_bytes = 0;
+std::unordered_map<const void*, std::vector<KeptPacking>> kept;  // by K buffer
+
+int64_t kept_budget() {
+  static const int64_t budget = [] {
+    const char* env = std::getenv("IMPL_CPU_ATTN_KEEP_MB");
+    return env != nullptr && *env != '\0' ? std::max<int64_t>(0, std::atoll(env)) << 20 : kKeptBytesDefault;
+  }();
+  return budget;
+}
+inline int64_t packed_bytes(const AmxPacked& pk) {
+  return static_cast<int64_t>(pk.kp.size() * sizeof(uint32_t) + pk.vp.size() * sizeof(uint16_t));
+}
+
+// The kept packings' integrity: each holds one slot per packed key and room for them, and kept_bytes is their sum.
+// Returns {entries, bytes}; raises on a mismatch.
+std::vector<int64_t> kept_packings_check() {
+  std::lock_guard<std::mutex> lock(kept_mu);
+  int64_t entries = 0, bytes = 0;
+  for (const auto& [buf, list] : kept)
+    for (const KeptPacking& e : list) {
+      const int64_t n = e.end - e.pk->k0;
+      TORCH_CHECK(e.k == buf && n >= 0 && static_cast<int64_t>(e.slots.size()) == n &&
+                      static_cast<int64_t>(e.pk->kp.size()) >= round_up(n, 32) * e.D / 2 &&
+                      static_cast<int64_t>(e.pk->vp.size()) >= round_up(n, 32) * e.D,
+                  "kept AMX packing of buffer ", buf, ": ", e.slots.size(), " slots for keys [", e.pk->k0, ", ",
+                  e.end, ") (", e.pk->kp.size(), " / ", e.pk->vp.size(), " words)");
+      ++entries;
+      bytes += packed_bytes(*e.pk);
+    }
+  TORCH_CHECK(bytes == kept_bytes, "kept AMX packings hold ", bytes, " bytes, the count says ", kept_bytes);
+  return {entries, bytes};
+}
+
+// Everything kept goes (an engine shutting down: its pool's buffers go with it).
+void drop_kept_packings() {
+  std::lock_guard<std::mutex> lock(kept_mu);
+  kept.clear();
+  kept_bytes = 0;
+}
+
 // Every (request b, KV head h)'s keys that any of `items` sees (fields b, lo, hi: keys [lo, hi) of request b),
 // from the first one's 32-key block, packed (request b's pool slots slots[b]) in chunks on ATen's pool; entry
 // b * Hkv + h. A request no item sees keys of gets nothing packed. With a.pack_epoch, a kept packing that covers
 // these keys is returned instead, and a new one is kept (above).
 template <typename S, typename Item>
-std::shared_ptr<const std::vector<AmxPacked>> amx_pack_requests(const torch::Tensor& k_buf, const torch::Tensor& v_buf,
+std::shared_ptr<const PackedRequests> amx_pack_requests(const torch::Tensor& k_buf, const torch::Tensor& v_buf,
                                                                 const std::vector<const int64_t*>& slots,
                                                                 const std::vector<Item>& items, const TileArgs& a) {
   const int64_t B = static_cast<int64_t>(slots.size()), Hkv = k_buf.size(1), cap_n = k_buf.size(0);
@@ -597,28 +661,78 @@ std::shared_ptr<const std::vector<AmxPacked>> amx_pack_requests(const torch::Ten
       if (covers) return e.packed;
     }
   }
-  auto packed = std::make_shared<std::vector<AmxPacked>>(B * Hkv);
+  auto packed = std::make_shared<PackedRequests>(B * Hkv);
   struct Chunk {
     int64_t bh, j0, j1;
   };
   std::vector<Chunk> chunks;
   constexpr int64_t kPackChunk = 256;  // keys per packing task (a multiple of 32)
   int64_t bytes = 0;
+  // Decode: take each request's kept packing where one holds its first keys (packing only the keys after them,
+  // from their last 32-key block), keep the new ones while the budget allows, and drop this buffer's unused ones.
+  const bool across = a.kv_generation > 0 && a.slot_map == nullptr;
+  std::unique_lock<std::mutex> kept_lock(kept_mu, std::defer_lock);
+  std::vector<KeptPacking>* mine = nullptr;
+  if (across) {
+    kept_lock.lock();
+    if (kept_generation != a.kv_generation) {  // a slot was freed since: any kept key may have been rewritten
+      kept.clear();
+      kept_bytes = 0;
+      kept_generation = a.kv_generation;
+    }
+    mine = &kept[kp];
+    for (KeptPacking& e : *mine) e.used = false;
+  }
   for (int64_t b = 0; b < B; ++b) {
     if (khi[b] <= klo[b]) continue;
     const int64_t k0 = klo[b], n = khi[b] - k0;
     bytes += Hkv * round_up(n, 32) * a.D * 4;
     for (int64_t h = 0; h < Hkv; ++h) {
-      amx_pack_alloc(k0, n, a.D, (*packed)[b * Hkv + h]);
-      for (int64_t j0 = 0; j0 < n; j0 += kPackChunk) chunks.push_back({b * Hkv + h, j0, std::min(j0 + kPackChunk, n)});
+      int64_t from = 0;  // keys [k0 + from, k0 + n) are packed below
+      KeptPacking* hit = nullptr;
+      if (across) {
+        for (KeptPacking& e : *mine)
+          if (!e.used && e.v == vp && e.D == a.D && e.h == h && e.pk->k0 == k0 && e.end <= khi[b] &&
+              std::memcmp(e.slots.data(), slots[b] + k0, (e.end - k0) * sizeof(int64_t)) == 0) {
+            hit = &e;
+            break;
+          }
+        if (hit == nullptr && kept_bytes + round_up(n, 32) * a.D * 4 <= kept_budget()) {
+          mine->push_back({kp, vp, a.D, h, k0, {}, std::make_shared<AmxPacked>(), false});
+          hit = &mine->back();
+          amx_pack_alloc(k0, 0, a.D, *hit->pk);
+        }
+        if (hit != nullptr) {
+          // nothing new: nothing to pack; else the last block again (its keys past the old end were zeros)
+          from = hit->end == khi[b] ? n : (hit->end - k0) / 32 * 32;
+          kept_bytes -= packed_bytes(*hit->pk);
+          amx_pack_alloc(k0, n, a.D, *hit->pk);
+          kept_bytes += packed_bytes(*hit->pk);
+          hit->slots.insert(hit->slots.end(), slots[b] + hit->end, slots[b] + khi[b]);
+          hit->end = khi[b];
+          hit->used = true;
+          (*packed)[b * Hkv + h] = hit->pk;
+        }
+      }
+      if (hit == nullptr) {
+        (*packed)[b * Hkv + h] = std::make_shared<AmxPacked>();
+        amx_pack_alloc(k0, n, a.D, *(*packed)[b * Hkv + h]);
+      }
+      for (int64_t j0 = from; j0 < n; j0 += kPackChunk) chunks.push_back({b * Hkv + h, j0, std::min(j0 + kPackChunk, n)});
     }
+  }
+  if (across) {
+    for (const KeptPacking& e : *mine)
+      if (!e.used) kept_bytes -= packed_bytes(*e.pk);
+    mine->erase(std::remove_if(mine->begin(), mine->end(), [](const KeptPacking& e) { return !e.used; }), mine->end());
+    kept_lock.unlock();  // the packings below are this launch's: no other launch runs meanwhile (one forward at a time)
   }
   run_items(static_cast<int64_t>(chunks.size()), [&](int64_t idx) {
     const Chunk& c = chunks[idx];
     const int64_t b = c.bh / Hkv, h = c.bh % Hkv;
     const PoolHead<S> kh{k_buf.data_ptr<S>() + h * k_buf.stride(1), k_buf.stride(0), cap_n};
     const PoolHead<S> vh{v_buf.data_ptr<S>() + h * v_buf.stride(1), v_buf.stride(0), cap_n};
-    amx_pack_keys<S>(kh, vh, slots[b], a, c.j0, c.j1, (*packed)[c.bh]);
+    amx_pack_keys<S>(kh, vh, slots[b], a, c.j0, c.j1, *(*packed)[c.bh]);
   });
   if (keep && bytes <= kPackCacheBytes) {
     PackCacheEntry e{a.pack_epoch, kp, vp, a.D, Hkv, klo, khi, std::vector<std::vector<int64_t>>(B), packed};
@@ -795,6 +909,10 @@ void amx_attend(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64
   }
   _tile_release();
 }
+#else
+// Without tiles decode packs nothing, so it keeps nothing.
+std::vector<int64_t> kept_packings_check() { return {0, 0}; }
+void drop_kept_packings() {}
 #endif
 
 // Whether the extend and decode kernels run a launch on AMX-bf16 tiles (bf16 queries; a bf16 or fp8 pool; head_dim a
@@ -955,7 +1073,7 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
             lane_range(r, kv_lens[it.b], &lo[lane], &hi[lane]);
           }
         }
-        if (it.hi > it.lo) amx_attend(args, (*packed)[it.b * Hkv + it.h], qb.data(), lanes, LP, lo.data(), hi.data(), it.lo, it.hi, st);
+        if (it.hi > it.lo) amx_attend(args, *(*packed)[it.b * Hkv + it.h], qb.data(), lanes, LP, lo.data(), hi.data(), it.lo, it.hi, st);
         write_out(it, st);
       });
       return;
@@ -1059,7 +1177,7 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
         st.reset(LP, D);
         for (int64_t g = 0; g < G; ++g)
           std::memcpy(qb.data() + g * D, qd + it.b * q.stride(0) + (it.h * G + g) * q.stride(1), D * sizeof(T));
-        if (it.hi > it.lo) amx_attend(args, (*packed)[it.b * Hkv + it.h], qb.data(), G, LP, lo.data(), hi.data(), it.lo, it.hi, st);
+        if (it.hi > it.lo) amx_attend(args, *(*packed)[it.b * Hkv + it.h], qb.data(), G, LP, lo.data(), hi.data(), it.lo, it.hi, st);
         finish(it, st);
       });
     }
@@ -1206,8 +1324,9 @@ torch::Tensor rows_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor
 void decode_attention(torch::Tensor q, torch::Tensor o, torch::Tensor k_buf, torch::Tensor v_buf,
                       torch::Tensor q_positions, torch::Tensor kv_indptr, torch::Tensor kv_indices,
                       torch::Tensor num_kv_splits, int64_t max_kv_splits, double sm_scale, int64_t window,
-                      double logit_cap, double k_scale, double v_scale, int64_t pack_epoch) {
+                      double logit_cap, double k_scale, double v_scale, int64_t pack_epoch, int64_t kv_generation) {
   check_args(q, o, k_buf, v_buf);
+  TORCH_CHECK(kv_generation >= 0, "kv_generation must be >= 0 (0: nothing kept across launches)");
   const auto qpos = as_i64(q_positions, "q_positions"), kvp = as_i64(kv_indptr, "kv_indptr");
   const auto kvi = as_i64(kv_indices, "kv_indices"), splits = as_i64(num_kv_splits, "num_kv_splits");
   const int64_t B = q.size(0);
@@ -1218,6 +1337,7 @@ void decode_attention(torch::Tensor q, torch::Tensor o, torch::Tensor k_buf, tor
   TORCH_CHECK(kvp.front() >= 0 && kvp.back() <= static_cast<int64_t>(kvi.size()), "kv_indptr runs past kv_indices");
   TileArgs args = tile_args(q, sm_scale, logit_cap, k_scale, v_scale, torch::Tensor());
   args.pack_epoch = pack_epoch;
+  args.kv_generation = kv_generation;
   dispatch_types(q, k_buf, [&](auto t, auto s) {
     decode_impl<decltype(t), decltype(s)>(q, o, k_buf, v_buf, qpos, kvp, kvi, splits, max_kv_splits, args, window);
   });
@@ -1231,6 +1351,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("extend_attention", &extend_attention, "extend attention over the paged KV pool (CPU, fp32 accumulation)",
         release());
   m.def("decode_attention", &decode_attention, "split-KV decode attention over the paged KV pool (CPU)", release());
+  m.def("kept_packings_check", &kept_packings_check, "{entries, bytes} of the AMX packings decode keeps across "
+        "steps, after checking they are consistent");
+  m.def("drop_kept_packings", &drop_kept_packings, "drop every AMX packing decode keeps across steps");
   m.def("rows_attention", &rows_attention, "query rows over the paged KV pool through req_to_token (CPU)", release());
   m.def("extend_isa", [](torch::ScalarType q, torch::ScalarType kv, int64_t head_dim) -> std::string {
     return amx_extend(q, kv, head_dim) ? "amx_bf16" :
