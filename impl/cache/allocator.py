@@ -13,9 +13,10 @@ from typing import Iterable, Mapping
 import torch
 
 # The KV generation: moves whenever any allocator in the process frees slots or starts over (a new pool, a
-# flushed one). The engine writes K/V only into slots handed out from a free list, so while it stands still no
-# slot that was handed out has changed its K/V: the CPU decode kernels keep a request's packed keys across decode
-# steps under it (impl/kernels/cpu_attn, kv_generation) and pack only the new ones.
+# flushed one), except the hybrid pool's sliding-window allocator, whose slots the kernels read only through a slot
+# map. The engine writes K/V only into slots handed out from a free list, so while it stands still no slot that was
+# handed out has changed its K/V: the CPU decode kernels keep a request's packed keys (read without a slot map)
+# across decode steps under it (impl/kernels/cpu_attn, kv_generation) and pack only the new ones.
 _GENERATIONS = itertools.count(1)
 _generation = next(_GENERATIONS)
 
@@ -31,17 +32,21 @@ def _slots_freed() -> None:
 
 
 class TokenSlotAllocator:
-    def __init__(self, capacity: int, device: str | torch.device = "cpu"):
+    def __init__(self, capacity: int, device: str | torch.device = "cpu", moves_generation: bool = True):
         if capacity < 2:
             raise ValueError(f"KV pool capacity must be at least 2 slots (slot 0 is reserved), got {capacity}")
         self.capacity = capacity
         self.device = torch.device(device)
+        # whether freeing moves the KV generation: yes, unless the kernels read these slots only through a slot map
+        # (the hybrid pool's sliding-window slots), which they never keep packings of
+        self.moves_generation = moves_generation
         self.clear()
 
     def clear(self) -> None:
         # free_slots: [n] int64, on the host (indices are bookkeeping, not data)
         self.free_slots = torch.arange(1, self.capacity, dtype=torch.int64)
-        _slots_freed()
+        if self.moves_generation:
+            _slots_freed()
 
     def available_size(self) -> int:
         return int(self.free_slots.numel())
@@ -59,7 +64,8 @@ class TokenSlotAllocator:
         if slots.numel() == 0:
             return
         self.free_slots = torch.cat([self.free_slots, slots.to(torch.int64).cpu().flatten()])
-        _slots_freed()
+        if self.moves_generation:
+            _slots_freed()
 
     def check_integrity(self) -> None:
         """The free list itself: in range, no pad slot, no duplicates."""
@@ -110,7 +116,9 @@ class SWATokenSlotAllocator:
 
     def __init__(self, capacity: int, swa_capacity: int, device: str | torch.device = "cpu"):
         self.full = TokenSlotAllocator(capacity, device)
-        self.swa = TokenSlotAllocator(swa_capacity, device)
+        # Sliding layers read their rows through full_to_swa (the kernels' slot map), and no packing read through a
+        # slot map is kept across launches: freeing these (every eviction interval) leaves the KV generation alone.
+        self.swa = TokenSlotAllocator(swa_capacity, device, moves_generation=False)
         self.capacity = capacity
         self.swa_capacity = swa_capacity
         self.device = torch.device(device)

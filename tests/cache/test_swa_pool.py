@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from impl.cache.allocator import SWATokenSlotAllocator
+from impl.cache.allocator import SWATokenSlotAllocator, TokenSlotAllocator, kv_generation
 from impl.cache.swa_pool import HybridSWAKVPool, full_layer_ids, hybrid_applies, hybrid_budget, swa_layer_ids
 from impl.cache.swa_radix_cache import SWARadixCache
 from tests.helpers.model import ours
@@ -43,6 +43,25 @@ def test_pool_rows_per_layer_type_and_writes_through_the_pairing():
     assert not torch.equal(rows, slots)  # sliding-window slots are handed out from the top
     assert torch.equal(pool.get_kv_buffer(0)[0][rows], k) and pool.slot_map(0) is alloc.full_to_swa
     assert pool.slot_map(4) is None
+
+
+def test_only_frees_of_slots_read_without_a_slot_map_move_the_kv_generation():
+    """The CPU decode kernels keep packings of keys read without a slot map until the KV generation moves
+    (tests/engine/test_decode_packings.py): every free of such slots moves it; sliding-window halves, read through
+    full_to_swa, go back (every eviction interval) without dropping what full-attention layers keep."""
+    a = SWATokenSlotAllocator(10, 5)
+    s = a.alloc(4)
+    g = kv_generation()
+    a.free_swa(s[:2])
+    assert kv_generation() == g
+    a.free(s[2:])
+    assert kv_generation() > g
+    g = kv_generation()
+    plain = TokenSlotAllocator(8)
+    assert kv_generation() > g  # a new pool: whatever was kept of an old one's buffers goes
+    g = kv_generation()
+    plain.free(plain.alloc(3))
+    assert kv_generation() > g
 
 
 def test_allocator_pairs_frees_and_checks_both_pools():

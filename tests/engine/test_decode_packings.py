@@ -75,3 +75,25 @@ def test_what_decode_keeps_is_consistent_and_goes_with_the_engine():
     finally:
         eng.shutdown()
     assert cpu_attn.kept_packings() == (0, 0)
+
+
+def test_the_hybrid_pool_keeps_its_full_attention_layers_packings_through_window_evictions(monkeypatch):
+    """The hybrid pool (the default for E2B): full-attention layers keep their packings; sliding layers read
+    through the slot map and keep none, and their window evictions (sliding halves freed every 16 tokens here)
+    leave the generation alone. Outputs equal those of an engine that keeps nothing."""
+    from impl import Engine
+
+    monkeypatch.setenv("YOCO_SWA_EVICTION_INTERVAL", "16")
+    gen = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(3, 400, (n,), generator=gen).tolist() for n in (150, 170)]
+    sp = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
+    outs = {}
+    for keep in (True, False):
+        eng = Engine(tiny_checkpoint("e2b_bench_bf16"), max_total_tokens=1024, disable_radix_cache=True)
+        try:
+            eng.runner.decode_backend.keep_decode_packings = keep
+            outs[keep] = [_ids_and_logprobs(o) for o in eng.generate(input_ids=prompts, sampling_params=sp,
+                                                                      return_logprob=True)]
+        finally:
+            eng.shutdown()
+    assert outs[True] == outs[False]
