@@ -4,7 +4,8 @@ than the later ones (an investigation, not a test).
     python -m bench.investigations.concurrent_server --system ours --server-args "--torchao-config int8dq" --reps 3
     python -m bench.investigations.concurrent_server --system vllm --model .cache/checkpoints/e2b-full-wc-w8a8
 
-Each run: 4 prompts of 1024 fresh random tokens at once, 16 new tokens each (greedy, streamed), as ``bench_full``'s
+Each run: 4 prompts of 1024 fresh random tokens at once, 16 new tokens each (greedy, streamed; ``--prompt-len`` and
+``--new`` change both), as ``bench_full``'s
 (a), after its 16-token warm-up request; prints output tok/s, the median time to the first token and each
 request's. The page cache is warmed first (``bench_full.warm_page_cache``); fast prefill is on.
 
@@ -30,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vllm-kv-gib", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--pp", type=int, default=0, metavar="N", help="pp N (one N-token prompt at a time) instead of (a)")
+    ap.add_argument("--prompt-len", type=int, default=1024, help="(a)'s prompt length (bench_full: 1024)")
+    ap.add_argument("--new", type=int, default=16, help="(a)'s new tokens per request (bench_full: 16)")
     ap.add_argument("--log-dir", default="/tmp/concurrent_server_logs")
     args = ap.parse_args(argv)
 
@@ -64,11 +67,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  pp{args.pp}: best {max(tok_s):.1f}, median {statistics.median(tok_s):.1f} tok/s", flush=True)
         for rep in range(0 if args.pp else args.reps):
             t = time.perf_counter()
-            res = run_concurrent(srv, prompts_of(rep, [1024] * 4, vocab), 16)
+            res = run_concurrent(srv, prompts_of(rep, [args.prompt_len] * 4, vocab), args.new)
             wall = time.perf_counter() - t
             firsts = [round(r.t_first, 2) for r in res]
+            # after the last first token all four decode together: the mean step of that stretch
+            step = (wall - max(firsts)) / max(1, min(len(r.ids) for r in res) - 1)
             print(f"  run {rep}: {sum(len(r.ids) for r in res) / wall:.2f} output tok/s, median TTFT "
-                  f"{statistics.median(firsts):.2f} s (each: {firsts})", flush=True)
+                  f"{statistics.median(firsts):.2f} s (each: {firsts}), decode step after the last first token "
+                  f"~{step * 1e3:.0f} ms", flush=True)
     finally:
         srv.stop()
     return 0
