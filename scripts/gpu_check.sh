@@ -6,7 +6,9 @@
 #   2. the engine contracts (PARITY-*, KV-*, SPEC-*, ...) through scripts/gpu_contracts.py: our engine on the
 #      GPU, the triton backend's kernels compiled, flag on == flag off (tiny checkpoints: from YOCO_CACHE_DIR
 #      when given, else built);
-#   3. a micro-benchmark: achieved TFLOP/s and GB/s of our extend/decode kernels vs torch SDPA.
+#   3. a micro-benchmark: achieved TFLOP/s and GB/s of our extend/decode kernels vs torch SDPA;
+#   4. an experiment, not a check: the bf16 legs of PARITY-GREEDY / PARITY-EDGE-BATCHES failed at 1e-4 on the first
+#      H100 run (cuBLAS rounds a row by the batch's shape); are they within it when cuBLAS reduces in float32?
 # Every step runs even when one before it failed; the exit status says whether any failed.
 # It uses the machine's python3 and its torch as they are: a CUDA torch must match the driver, so this script
 # never installs torch (and the GPU box may have no network). pytest, hypothesis, triton and numpy are
@@ -31,7 +33,8 @@ unset TRITON_INTERPRET
 rc=0
 # --confcutdir: only tests/kernels' own conftest (the root one wants the full test environment).
 ignore=$(for f in tests/kernels/test_cpu_*.py; do printf -- '--ignore=%s ' "$f"; done)
-timeout 170 "$PY" -m pytest tests/kernels -q -p no:cacheprovider --confcutdir=tests/kernels --durations=5 $ignore || rc=1
-timeout 250 "$PY" scripts/gpu_contracts.py || rc=1
-timeout 60 "$PY" -m bench.kernels.report || rc=1
+timeout 160 "$PY" -m pytest tests/kernels -q -p no:cacheprovider --confcutdir=tests/kernels --durations=5 $ignore || rc=1
+timeout 210 "$PY" scripts/gpu_contracts.py || rc=1
+timeout 50 "$PY" -m bench.kernels.report || rc=1
+timeout 60 "$PY" scripts/gpu_contracts.py --bf16-fp32-reduction PARITY-GREEDY PARITY-EDGE-BATCHES || true
 exit $rc

@@ -74,9 +74,10 @@ _PACK_EPOCHS = itertools.count(1)
 
 # kv_generation (decode only): the AMX path also keeps each request's packing from one decode launch to the next
 # and packs only the keys after it (a decode step adds one key per request). The caller passes the KV pool's
-# generation (impl.cache.allocator.kv_generation: it moves whenever any slot is freed, and a slot's K/V is written
-# only after the slot was handed out from the free list), under which a packing of a request's slots still holds
-# their keys; 0 keeps nothing. IMPL_CPU_ATTN_KEEP_MB bounds what is kept (default 512).
+# generation (impl.cache.allocator.kv_generation: it moves whenever a slot read without a slot map is freed, and a
+# slot's K/V is written only after the slot was handed out from the free list), under which a packing of a
+# request's slots still holds their keys; 0 keeps nothing. Launches through a slot map keep nothing.
+# IMPL_CPU_ATTN_KEEP_MB bounds what is kept (default 512).
 
 
 def kept_packings() -> tuple[int, int]:

@@ -563,7 +563,8 @@ std::vector<PackCacheEntry> pack_cache;
 // made again (at 4 x 8192 keys of head dim 512, packing was 3/4 of a launch). A data move again: the bits of a fresh
 // packing. Sound because the engine hands out KV slots only from its free list and writes K/V only into slots
 // handed out for the rows it computes: a slot's rows change only after the slot was freed and handed out again,
-// and every free (impl/cache/allocator.py) moves the process's generation, which drops every kept packing. A kept
+// and every free of slots read without a slot map (impl/cache/allocator.py; no packing read through a slot map is
+// kept) moves the process's generation, which drops every kept packing. A kept
 // packing is reused for a request whose slots for the packed keys are the same, from the same first key block.
 // Bounded: a launch over a buffer drops that buffer's kept packings it did not use (their requests left the
 // batch), and none is kept past kKeptBytesDefault in all (IMPL_CPU_ATTN_KEEP_MB).
