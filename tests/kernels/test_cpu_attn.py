@@ -350,3 +350,18 @@ def test_a_new_generation_drops_what_decode_kept():
     assert not torch.equal(fresh, kept[1])
     assert torch.equal(_decode_steps(case, steps[1:], gen)[0], kept[1])  # stale: the old generation's tiles
     assert torch.equal(_decode_steps(case, steps[1:], gen + 1)[0], fresh)
+
+
+@pytest.mark.skipif(not _tiles_expected(), reason="no AMX-bf16 on this CPU (or IMPL_CPU_AMX=0)")
+def test_a_refused_slot_leaves_nothing_kept_that_claims_unpacked_keys():
+    """A decode launch that meets a slot outside the pool fails with a message; what it had started to keep is
+    dropped, so the next launch under the same generation packs afresh instead of reading tiles never written."""
+    case = make_case([0, 0], [100, 100], 8, 1, 256, torch.bfloat16, seed=23, scaling=256**-0.5)
+    gen = (1 << 40) + 3
+    _decode_steps(case, [[40, 50]], gen)
+    bad = dataclasses.replace(case, kv_indices=case.kv_indices.clone())
+    bad.kv_indices[70] = case.k_buf.shape[0] + 5  # request 0's 71st key: past the pool
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        _decode_steps(bad, [[80, 60]], gen)
+    assert all(torch.equal(a, b) for a, b in zip(_decode_steps(case, [[80, 60]], gen), _decode_steps(case, [[80, 60]], 0)))
+    cpu_attn.kept_packings()  # consistent

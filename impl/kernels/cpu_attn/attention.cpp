@@ -728,13 +728,24 @@ std::shared_ptr<const PackedRequests> amx_pack_requests(const torch::Tensor& k_b
     mine->erase(std::remove_if(mine->begin(), mine->end(), [](const KeptPacking& e) { return !e.used; }), mine->end());
     kept_lock.unlock();  // the packings below are this launch's: no other launch runs meanwhile (one forward at a time)
   }
-  run_items(static_cast<int64_t>(chunks.size()), [&](int64_t idx) {
-    const Chunk& c = chunks[idx];
-    const int64_t b = c.bh / Hkv, h = c.bh % Hkv;
-    const PoolHead<S> kh{k_buf.data_ptr<S>() + h * k_buf.stride(1), k_buf.stride(0), cap_n};
-    const PoolHead<S> vh{v_buf.data_ptr<S>() + h * v_buf.stride(1), v_buf.stride(0), cap_n};
-    amx_pack_keys<S>(kh, vh, slots[b], a, c.j0, c.j1, *(*packed)[c.bh]);
-  });
+  try {
+    run_items(static_cast<int64_t>(chunks.size()), [&](int64_t idx) {
+      const Chunk& c = chunks[idx];
+      const int64_t b = c.bh / Hkv, h = c.bh % Hkv;
+      const PoolHead<S> kh{k_buf.data_ptr<S>() + h * k_buf.stride(1), k_buf.stride(0), cap_n};
+      const PoolHead<S> vh{v_buf.data_ptr<S>() + h * v_buf.stride(1), v_buf.stride(0), cap_n};
+      amx_pack_keys<S>(kh, vh, slots[b], a, c.j0, c.j1, *(*packed)[c.bh]);
+    });
+  } catch (...) {  // a refused slot: the kept packings of this buffer already claim keys that were not packed
+    if (across) {
+      std::lock_guard<std::mutex> lock(kept_mu);
+      if (auto it = kept.find(kp); it != kept.end()) {
+        for (const KeptPacking& e : it->second) kept_bytes -= packed_bytes(*e.pk);
+        kept.erase(it);
+      }
+    }
+    throw;
+  }
   if (keep && bytes <= kPackCacheBytes) {
     PackCacheEntry e{a.pack_epoch, kp, vp, a.D, Hkv, klo, khi, std::vector<std::vector<int64_t>>(B), packed};
     for (int64_t b = 0; b < B; ++b)
