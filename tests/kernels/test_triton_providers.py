@@ -20,13 +20,16 @@ needs_ext = pytest.mark.skipif(cpu_attn.load() is None, reason=f"CPU attention e
 @needs_ext
 def test_auto_on_cpu_is_the_compiled_cpu_kernels(monkeypatch):
     monkeypatch.delenv(ENV_PROVIDER, raising=False)
+    monkeypatch.delenv("IMPL_CPU_ATTN_KEEP_MB", raising=False)
     p = select_provider(CPU)
     assert p.name == "cpu" and p.extend is cpu_attn.extend_attention_fwd
     simd = cpu_attn.load().simd_isa()
     tiles = cpu_attn.load().extend_isa(torch.bfloat16, torch.bfloat16, 256)
     extend = f"{tiles} (bf16 / fp8 KV with bf16 queries), {simd} otherwise" if tiles != simd else simd
-    assert p.isa == {"extend": extend, "decode": extend}
-    assert p.startup_line() == f"Attention kernels: triton backend, CPU kernels (compiled; extend: {extend}, decode: {extend})"
+    decode = (f"{tiles} (bf16 / fp8 KV with bf16 queries; packed keys kept across steps, at most 512 MB), {simd} "
+              "otherwise") if tiles != simd else simd
+    assert p.isa == {"extend": extend, "decode": decode}
+    assert p.startup_line() == f"Attention kernels: triton backend, CPU kernels (compiled; extend: {extend}, decode: {decode})"
 
 
 @pytest.mark.parametrize("value,match", [("triton", "Triton compiles only for GPUs"), ("cuda", "is not one of auto, triton, cpu, interpreter, reference")])

@@ -53,8 +53,12 @@ def kernel_isa() -> dict[str, str]:
     ext = _ext()
     simd = ext.simd_isa()
     tiles = ext.extend_isa(torch.bfloat16, torch.bfloat16, 256)
-    words = f"{tiles} (bf16 / fp8 KV with bf16 queries), {simd} otherwise" if tiles != simd else simd
-    return {"extend": words, "decode": words}
+    if tiles == simd:
+        return {"extend": simd, "decode": simd}
+    keep = envs.IMPL_CPU_ATTN_KEEP_MB.get()
+    kept = f"; packed keys kept across steps, at most {keep} MB" if keep else "; packed keys kept: none"
+    return {"extend": f"{tiles} (bf16 / fp8 KV with bf16 queries), {simd} otherwise",
+            "decode": f"{tiles} (bf16 / fp8 KV with bf16 queries{kept}), {simd} otherwise"}
 
 
 def _ext() -> ModuleType:
