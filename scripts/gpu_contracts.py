@@ -21,8 +21,8 @@ import sys
 import time
 import traceback
 
-# Contracts that start engines in process and nothing else (no server, no timed run, no fault injection).
-ENGINE_ONLY = frozenset({"engine"})
+# Contracts that start engines in process and need nothing else (no server, no timed run, no fault injection).
+ENGINE_NEEDS = frozenset({"engine", "args", "refuse"})
 # Run first (the check has minutes, and Triton compiles every kernel variant an engine meets): fast prefill's own.
 FIRST = ("PARITY-", "WORK-", "TRITON-", "KV-FP8-YOCO")
 # Contracts whose engines run on the CPU wherever they are run (the quantized formats are CPU kernels): CI covers them.
@@ -39,8 +39,7 @@ def engine_contracts(ids: list[str]) -> list:
         if unknown:
             raise SystemExit(f"unknown contract ids {unknown}; see docs/contracts.md")
         return [known[i] for i in ids]
-    chosen = [c for c in every if set(c.needs) and set(c.needs) <= ENGINE_ONLY | {"args", "refuse"}
-              and "engine" in c.needs and c.id not in CPU_ONLY]
+    chosen = [c for c in every if "engine" in c.needs and c.needs <= ENGINE_NEEDS and c.id not in CPU_ONLY]
     return sorted(chosen, key=lambda c: (not c.id.startswith(FIRST), c.id))  # the fast-prefill ones first
 
 

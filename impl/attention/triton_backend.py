@@ -127,9 +127,9 @@ class TritonAttnBackend(AttentionBackend):
             q3 = q3.to(k_buf.dtype)  # the kernels take q in the pool's dtype (fp8 pools: q keeps its own)
         o = torch.empty_like(q3)
         kw = {"pack_epoch": self._pack_epoch} if self._pack_epoch and layer.kv_layer_id in self._shared_kv else {}
-        if md.use_decode_kernel and self.keep_decode_packings and self.provider.keeps_packings and fb.forward_mode.is_decode:
-            kw["kv_generation"] = kv_generation()
         if md.use_decode_kernel:
+            if self.keep_decode_packings and self.provider.keeps_packings and fb.forward_mode.is_decode:
+                kw["kv_generation"] = kv_generation()
             self.provider.decode(
                 q3, o, k_buf, v_buf, md.q_positions, md.kv_indptr, kv_indices, md.num_kv_splits, md.max_kv_splits,
                 layer.scaling, layer.sliding_window, layer.logit_cap, k_scale, v_scale, **kw,

@@ -84,8 +84,7 @@ def select_provider(device: torch.device) -> KernelProvider:
     from impl.kernels import cpu_attn
 
     if cpu_attn.load() is not None:
-        envs.IMPL_CPU_ATTN_KEEP_MB.get()  # attention.cpp reads it raw: a bad value is refused here, by name
-        isa = cpu_attn.kernel_isa()
+        isa = cpu_attn.kernel_isa()  # reads IMPL_CPU_ATTN_KEEP_MB, which attention.cpp reads raw: a bad value stops here
         words = ", ".join(f"{k}: {v}" for k, v in isa.items())
         return KernelProvider("cpu", f"CPU kernels (compiled; {words})", cpu_attn.extend_attention_fwd,
                               cpu_attn.decode_attention_fwd, CPU_SPLIT_POLICY, torch.get_num_threads(), isa,

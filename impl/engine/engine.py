@@ -48,7 +48,6 @@ from impl.engine.detokenizer_stage import DetokenizerStage, Emission
 from impl.engine.intake import IntakePolicy, InvalidRequest, expand_requests
 from impl.engine.kv_lifecycle import KVLifecycle
 from impl.engine.load import LoadView
-from impl.kernels import cpu_attn
 from impl.engine.model_runner import ModelRunner
 from impl.engine.output import ReqOutput, SGLangDicts, sglang_dict
 from impl.engine.req import Req
@@ -57,6 +56,7 @@ from impl.engine.request_handle import RequestHandle
 from impl.engine.scheduler import Scheduler
 from impl.engine.scheduler_config import DecodeStepTimes, SchedulerConfig
 from impl.engine.speculative import build_spec_worker
+from impl.kernels import cpu_attn
 
 logger = logging.getLogger("impl.engine")
 
