@@ -49,6 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--skip-interpreter", action="store_true")
+    ap.add_argument("--skip-reference", action="store_true", help="time the CPU kernels only (the reference takes "
+                    "seconds per launch at 8192 tokens); the table then gives each launch's TFLOP/s")
     ap.add_argument("--decode-steps", type=int, default=0, help="also time N growing decode steps, packings kept or not")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -84,9 +86,14 @@ def main(argv=None) -> int:
             reference=lambda: decode_attention_ref(dq, dk, dv, dpos, dkv, dslots, 1.0, window,
                                                    compute_dtype=torch.float32),
         )
+        # multiply-adds of Q K^T and P V (2 FLOPs each) over every visible (query head, key) pair
+        seen = sum(min(i + 1, window or n) for i in range(n))
+        flops = {"extend": 4 * 8 * seen * head_dim, "decode": 4 * 8 * b * min(n, window or n) * head_dim}
         for what, fns in ((f"extend {n} tokens, {label}", ext), (f"decode {b} x {n} keys, {label}", dec)):
             if args.skip_interpreter:
                 fns.pop("interpreter")
+            if args.skip_reference:
+                fns.pop("reference")
             times = {name: [] for name in fns}
             for fn in fns.values():  # warm-up (first-call builds, interpreter caches)
                 fn()
@@ -96,17 +103,23 @@ def main(argv=None) -> int:
                     fn()
                     times[name].append(time.perf_counter() - t)
             med = {name: statistics.median(ts) for name, ts in times.items()}
-            rows.append((what, med))
+            rows.append((what, med, flops[what.split()[0]]))
             print(what, {k2: round(v2 * 1e3, 2) for k2, v2 in med.items()}, "ms", flush=True)
     print()
     print(f"{args.dtype}, {args.threads} thread(s), median of {args.reps} alternating runs per provider")
-    print("| batch | CPU kernels (ms) | interpreter (ms) | torch reference (ms) | interpreter / CPU | reference / CPU |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for what, med in rows:
-        c = med["cpu"]
-        it = med.get("interpreter")
-        print(f"| {what} | {c * 1e3:.1f} | {'-' if it is None else f'{it * 1e3:.0f}'} | {med['reference'] * 1e3:.1f} "
-              f"| {'-' if it is None else f'{it / c:.0f}x'} | {med['reference'] / c:.1f}x |")
+    if args.skip_reference:
+        print("| batch | CPU kernels (ms) | TFLOP/s |")
+        print("|---|---:|---:|")
+        for what, med, flops in rows:
+            print(f"| {what} | {med['cpu'] * 1e3:.2f} | {flops / med['cpu'] / 1e12:.2f} |")
+    else:
+        print("| batch | CPU kernels (ms) | interpreter (ms) | torch reference (ms) | interpreter / CPU | reference / CPU |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for what, med, _ in rows:
+            c = med["cpu"]
+            it = med.get("interpreter")
+            print(f"| {what} | {c * 1e3:.1f} | {'-' if it is None else f'{it * 1e3:.0f}'} | {med['reference'] * 1e3:.1f} "
+                  f"| {'-' if it is None else f'{it / c:.0f}x'} | {med['reference'] / c:.1f}x |")
     if args.decode_steps:
         decode_steps(cpu_attn, args, dtype)
     return 0

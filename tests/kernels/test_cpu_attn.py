@@ -207,18 +207,19 @@ def test_extend_isa_names_the_tiles_where_the_cpu_has_them():
     assert ext.extend_isa(torch.bfloat16, torch.bfloat16, 80) == simd
 
 
-@pytest.mark.parametrize("head_dim,window,cap", [(256, 300, None), (512, None, 30.0), (64, 45, None)])
+@pytest.mark.parametrize("head_dim,window,cap", [(256, 300, None), (512, None, 30.0), (512, None, None),
+                                                 (64, 45, None)])
 def test_bf16_prompts_over_many_key_tiles_and_items(head_dim, window, cap):
     """The tile path's own shapes: three requests (one with a cached prefix), two KV heads, prompts that span
-    several 128-key tiles and 16-row work items, a window that starts inside a tile."""
-    case = make_case([150, 0, 37], [20, 290, 131], 8, 2, head_dim, torch.bfloat16, seed=head_dim + 7,
+    several 256-key tiles and 16-row work items, a window that starts inside a tile."""
+    case = make_case([150, 0, 37], [20, 560, 131], 8, 2, head_dim, torch.bfloat16, seed=head_dim + 7,
                      scaling=head_dim**-0.5, window=window, logit_cap=cap)
     assert_close_to_truth(cpu_extend(case), case, torch.bfloat16)
 
 
 @pytest.mark.parametrize("window", [None, 100])
 def test_a_row_alone_gets_its_bits_among_all_rows(window):
-    """Fast prefill's selected rows: on the tiles a row's keys are cut on a fixed 128-key grid, so a row run
+    """Fast prefill's selected rows: on the tiles a row's keys are cut on a fixed 256-key grid, so a row run
     alone equals, bit for bit, the same row run among all rows (the SIMD kernels: within rounding)."""
     case = make_case([40, 0], [260, 200], 8, 1, 256, torch.bfloat16, seed=11, scaling=256**-0.5, window=window)
     rows = [[0, 131, 259], [77, 199]]
@@ -230,6 +231,21 @@ def test_a_row_alone_gets_its_bits_among_all_rows(window):
         assert torch.equal(part, full[idx])
     else:
         torch.testing.assert_close(part.float(), full[idx].float(), rtol=0, atol=_same_rows_tol(full, torch.bfloat16))
+
+
+@pytest.mark.skipif(not _tiles_expected(), reason="no AMX-bf16 on this CPU (or IMPL_CPU_AMX=0)")
+@pytest.mark.parametrize("window,cap", [(None, None), (300, None), (None, 30.0)])
+def test_a_tile_seen_whole_gets_the_masked_tiles_bits(window, cap):
+    """The softmax skips the masking pass for a lane that sees every key of a tile: row 287 alone ends its keys at a
+    32-key boundary (its last tile [256, 288) seen whole), among rows up to 399 the same tile is cut at 400 and
+    masked for it. Both give the same bits; so does a row whose window starts inside a tile. (Row 299's last tile
+    [256, 300) is padded to 320 keys: masked alone too, or the padding's zero keys would enter its softmax.)"""
+    case = make_case([0], [400], 8, 1, 256, torch.bfloat16, seed=23, scaling=256**-0.5, window=window, logit_cap=cap)
+    rows = [[255, 287, 299, 319, 399]]
+    full = cpu_extend(case)
+    for r in rows[0]:
+        assert torch.equal(cpu_extend(case.select([[r]])), full[r : r + 1]), f"row {r}"
+    assert_close_to_truth(full, case, torch.bfloat16)
 
 
 @pytest.mark.skipif(not _tiles_expected(), reason="no AMX-bf16 on this CPU (or IMPL_CPU_AMX=0)")
