@@ -248,6 +248,17 @@ def test_a_tile_seen_whole_gets_the_masked_tiles_bits(window, cap):
     assert_close_to_truth(full, case, torch.bfloat16)
 
 
+@pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 256), (torch.bfloat16, 512), (torch.float32, 256)])
+def test_a_nan_key_shows_in_the_rows_that_see_it(dtype, head_dim):
+    """A corrupted K row (NaN) is not silently dropped by the softmax: every row that sees the key gets NaN, the
+    rows before it stay finite (bf16: the AMX tiles where the CPU has them, float32: the SIMD kernels)."""
+    case = make_case([0], [300], 8, 1, head_dim, dtype, seed=31, scaling=head_dim**-0.5)
+    case.k_buf[case.kv_indices[270]] = float("nan")
+    out = cpu_extend(case)
+    assert torch.isfinite(out[:270]).all()
+    assert torch.isnan(out[270:]).all(dim=-1).all()
+
+
 @pytest.mark.skipif(not _tiles_expected(), reason="no AMX-bf16 on this CPU (or IMPL_CPU_AMX=0)")
 def test_tiles_and_simd_kernels_agree(tmp_path):
     """IMPL_CPU_AMX=0 (a child process: the switch is read once) sends the same launch to the SIMD kernels;

@@ -934,7 +934,7 @@ void amx_attend(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64
       vfloat vsum = vfloat{};
       for (int64_t j = 0; j < np; j += kVec) {
         const __m512 x = _mm512_load_ps(sr + j);
-        const __mmask16 seen = _mm512_cmp_ps_mask(x, neg_inf, _CMP_NEQ_OQ);
+        const __mmask16 seen = _mm512_cmp_ps_mask(x, neg_inf, _CMP_NEQ_UQ);  // a NaN score stays NaN, as before
         const __m512 u = _mm512_fmadd_ps(x, to_u, u0);
         const __m512 nu = _mm512_roundscale_ps(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         const __m512 f = _mm512_sub_ps(u, nu);
