@@ -88,7 +88,8 @@ def main(argv=None) -> int:
         )
         # multiply-adds of Q K^T and P V (2 FLOPs each) over every visible (query head, key) pair
         seen = sum(min(i + 1, window or n) for i in range(n))
-        flops = {"extend": 4 * 8 * seen * head_dim, "decode": 4 * 8 * b * min(n, window or n) * head_dim}
+        heads = q.shape[1]
+        flops = {"extend": 4 * heads * seen * head_dim, "decode": 4 * heads * b * min(n, window or n) * head_dim}
         for what, fns in ((f"extend {n} tokens, {label}", ext), (f"decode {b} x {n} keys, {label}", dec)):
             if args.skip_interpreter:
                 fns.pop("interpreter")
