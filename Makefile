@@ -42,11 +42,17 @@ spec: $(STAMP)
 
 # The AVX2 code paths on an AVX-512 machine (not in CI: rebuilds both C++ extensions with -march=haswell, ~2 min
 # once): the kernels against their references and the PARITY contracts, oneDNN capped at its AVX2 kernels.
-.PHONY: test-avx2
+.PHONY: test-avx2 test-avx512
 test-avx2: $(STAMP)
 	IMPL_CPU_MARCH=haswell ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest -q tests/kernels/test_cpu_avx2_paths.py \
 		tests/kernels/test_cpu_fused.py tests/kernels/test_cpu_fused_bf16.py tests/kernels/test_cpu_attn.py tests/quant/test_quant_kernels.py \
 		spec/test_contracts.py -k "not contract or PARITY"
+
+# The AVX-512 code without AVX512-BF16 / AMX (Skylake-SP to Ice Lake servers): its integer bf16 rounding and SIMD
+# attention, on a machine that has more (as test-avx2 does for AVX2).
+test-avx512: $(STAMP)
+	IMPL_CPU_MARCH=icelake-server ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI IMPL_CPU_AMX=0 $(PY) -m pytest -q \
+		tests/kernels/test_cpu_fused.py tests/kernels/test_cpu_fused_bf16.py tests/kernels/test_cpu_attn.py tests/quant/test_quant_kernels.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -178,7 +178,6 @@ def test_stale_build_lock_is_removed_fresh_one_kept(tmp_path):
 
 
 @needs_ext
-@needs_ext
 @pytest.mark.parametrize("d", [96, 6144 + 5])  # full vectors; a tail shorter than one
 def test_mlp_activation_pass_matches_torch(d):
     """The MLP's GELU-tanh x up pass (activation.h): float32 within a few ulps of the exact value (torch's own
@@ -200,6 +199,23 @@ def test_mlp_activation_pass_matches_torch(d):
     assert torch.equal(got.isnan(), want.isnan())
     close = ~want.isnan()
     assert torch.allclose(got[close], want[close], rtol=1e-6, atol=1e-20)  # (gelu(-9) ~ -1e-28; torch: -0)
+
+
+@needs_ext
+def test_bf16_rows_keep_denormals_and_round_nans_as_aten():
+    """bf16 rows are rounded as c10::BFloat16 rounds (nearest even, every NaN -> 0x7FC0), also where the AVX512-BF16
+    conversion instruction would not: it flushes denormal values to zero and keeps a NaN's sign and payload. gelu_tanh(16) is
+    16 exactly, so 16 x a denormal bf16 is exact: the output must hold it, in a vector of ordinary values too."""
+    ext = EXT
+    tiny = torch.tensor([k * 2.0**-133 for k in range(1, 8)]).bfloat16()  # bf16 denormals; 16 x each stays one
+    u = torch.cat([tiny, torch.ones(25)]).bfloat16()  # 32 values: two AVX-512 vectors, the first mixed
+    g = torch.full((32,), 16.0).bfloat16()
+    got = ext.gelu_mul(g[None], u[None])[0]
+    want = (16 * u.float()).bfloat16()  # exact products
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)) and (got[:7] != 0).all()
+    nan = torch.tensor([-1.0]).div(0).mul(0).expand(32).bfloat16()  # a NaN with its sign bit set
+    out = ext.gelu_mul(nan.contiguous()[None], torch.ones(1, 32).bfloat16())[0]
+    assert (out.view(torch.int16) == 0x7FC0).all()
 
 
 def test_kernels_accept_strided_activations():

@@ -114,8 +114,10 @@ struct RowsOut {
   void commit(int64_t i, const float* buf, int64_t d) const {
     if (!bf16) return;
     uint16_t* dst = static_cast<uint16_t*>(p) + i * ld;
-#pragma omp simd
-    for (int64_t j = 0; j < d; ++j) dst[j] = narrow_bf16(buf[j]);
+    int64_t j = 0;  // (act::vstore_bf16: narrow_bf16's bits a vector at a time, one instruction with AVX512-BF16)
+    for (; j + cpu_fused::simd::kVec <= d; j += cpu_fused::simd::kVec)
+      cpu_fused::act::vstore_bf16(dst + j, cpu_fused::simd::vload(buf + j));
+    for (; j < d; ++j) dst[j] = narrow_bf16(buf[j]);
   }
 };
 
