@@ -202,10 +202,11 @@ def test_mlp_activation_pass_matches_torch(d):
 
 
 @needs_ext
-def test_bf16_rows_keep_denormals_and_round_nans_as_aten():
+def test_bf16_rows_keep_denormals_and_round_nans_as_c10():
     """bf16 rows are rounded as c10::BFloat16 rounds (nearest even, every NaN -> 0x7FC0), also where the AVX512-BF16
-    conversion instruction would not: it flushes denormal values to zero and keeps a NaN's sign and payload. gelu_tanh(16) is
-    16 exactly, so 16 x a denormal bf16 is exact: the output must hold it, in a vector of ordinary values too."""
+    conversion instruction would not: it flushes denormal values to zero and keeps a NaN's sign and payload.
+    gelu_tanh(16) is 16 exactly, so 16 x a denormal bf16 is exact: the output must hold it, in a vector of ordinary
+    values too."""
     ext = EXT
     tiny = torch.tensor([k * 2.0**-133 for k in range(1, 8)]).bfloat16()  # bf16 denormals; 16 x each stays one
     u = torch.cat([tiny, torch.ones(25)]).bfloat16()  # 32 values: two AVX-512 vectors, the first mixed
