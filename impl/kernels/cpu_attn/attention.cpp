@@ -39,6 +39,7 @@
 
 #include "../cpu_aligned.h"
 #include "../cpu_amx.h"
+#include "../cpu_vmath.h"
 
 #include <algorithm>
 #include <atomic>
@@ -121,8 +122,7 @@ inline void out_row(T* dst, const float* acc, float inv, int64_t D) {
   if constexpr (std::is_same_v<T, at::BFloat16>) {
     for (; d + kVec <= D; d += kVec) {
       const vuint u = reinterpret_cast<vuint>(vload(acc + d) * inv);
-      const vuint r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-      const vu16 b = __builtin_convertvector((u & 0x7FFFFFFFu) > 0x7F800000u ? vuint{} + 0x7FC0u : r, vu16);
+      const vu16 b = __builtin_convertvector(cpu_vmath::bf16_round_bits(u), vu16);
       std::memcpy(dst + d, &b, sizeof(b));
     }
   }
@@ -938,11 +938,7 @@ void amx_attend(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64
         const __m512 u = _mm512_fmadd_ps(x, to_u, u0);
         const __m512 nu = _mm512_roundscale_ps(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         const __m512 f = _mm512_sub_ps(u, nu);
-        __m512 q = _mm512_fmadd_ps(_mm512_set1_ps(1.3333558146e-3f), f, _mm512_set1_ps(9.6181291076e-3f));
-        q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(5.5504108665e-2f));
-        q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(2.4022650696e-1f));
-        q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(6.9314718056e-1f));
-        q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(1.f));
+        const __m512 q = cpu_vmath::exp2_taylor<5>(f);
         const __m512 e = _mm512_maskz_scalef_ps(seen, q, nu);
         const __m256i b = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + j), b);

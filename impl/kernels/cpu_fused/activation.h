@@ -19,6 +19,7 @@
 // 1024-row prefill, 2 threads): bf16 38.2 -> 26.3 ms, float32 26.9 -> 20.8 ms.
 #pragma once
 
+#include "../cpu_vmath.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -80,12 +81,7 @@ inline vfloat vexp2(vfloat t) {
   const __m512 u = reinterpret_cast<__m512>(t);
   const __m512 n = _mm512_roundscale_ps(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(u, n);
-  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.5403530393e-4f), f, _mm512_set1_ps(1.3333558146e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108665e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650696e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718056e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  const __m512 p = cpu_vmath::exp2_taylor<6>(f);
   return reinterpret_cast<vfloat>(_mm512_scalef_ps(p, n));
 }
 #endif
@@ -101,13 +97,9 @@ inline vfloat vgelu_tanh(vfloat x) {
   return x * vrcp(e + 1.f);
 }
 
-// float32 -> bf16 bits (in the low half of each lane), rounded to nearest even, NaN kept a (quiet) NaN: ATen's
-// conversion.
-inline vu32 bf16_bits(vfloat v) {
-  const vu32 u = reinterpret_cast<vu32>(v);
-  const vu32 rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  return (u & 0x7FFFFFFFu) > 0x7F800000u ? vu32{} + 0x7FC0u : rounded;
-}
+// float32 -> bf16 bits (in the low half of each lane), rounded to nearest even, every NaN 0x7FC0: c10::BFloat16's
+// rounding (the attention kernels' bf16 output rows use the same, cpu_vmath.h).
+inline vu32 bf16_bits(vfloat v) { return cpu_vmath::bf16_round_bits(reinterpret_cast<vu32>(v)); }
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 // kVec bf16 values in one 256-bit vector, bf16_bits' bits. VCVTNEPS2BF16 rounds to nearest even in one
 // instruction, but keeps a NaN's sign and payload and takes denormal inputs as zero: a vector holding either
