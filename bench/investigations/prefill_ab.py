@@ -3,6 +3,7 @@ processes (a C++ change cannot be switched inside one process: each checkout bui
 
     git worktree add -f /work/old <commit>
     python -m bench.investigations.prefill_ab --trees /work/old /work/main [--flag on] [--prompt 1024] [--rounds 2]
+                                              [--server-args "--torchao-config 8da4w-128"]
 
 Each process loads the checkpoint (``--model``, resolved in this checkout), prefills ``--prompt`` fresh tokens twice
 unmeasured, then ``--reps`` more times (the prefix cache flushed before each); it prints the median and the fastest
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -25,9 +27,12 @@ def _child(args) -> None:
     import torch
 
     from impl import Engine
+    from impl.args import ServerArgs
 
     torch.set_num_threads(args.threads)
-    eng = Engine(model_path=args.model, kv_sharing_fast_prefill=args.flag == "on", random_seed=0)
+    extra = ServerArgs.parse(["--model-path", args.model, *shlex.split(args.server_args)])
+    kw = {k: getattr(extra, k) for k in ("torchao_config", "quantization") if getattr(extra, k, None)}
+    eng = Engine(model_path=args.model, kv_sharing_fast_prefill=args.flag == "on", random_seed=0, **kw)
     sp = {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True}
     times, firsts = [], []
     try:
@@ -53,6 +58,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--server-args", default="", help="weight format flags, e.g. \"--torchao-config 8da4w-128\"")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -64,13 +70,15 @@ def main(argv=None) -> int:
     from bench.machine import cpu_description
 
     model = resolve_model(args.model)
-    print(f"{args.prompt}-token prefill, flag {args.flag}, {model}; CPU: {cpu_description()}; {args.threads} threads")
+    print(f"{args.prompt}-token prefill, flag {args.flag}, {model} {args.server_args}; CPU: {cpu_description()}; "
+          f"{args.threads} threads")
     rows: dict[str, list[dict]] = {t: [] for t in args.trees}
     for rnd in range(args.rounds):
         for tree in args.trees:
             # this file as a script (the old tree may not have it); the engine imported from the tree
             cmd = [sys.executable, os.path.abspath(__file__), "--child", "--model", model, "--flag", args.flag,
-                   "--prompt", str(args.prompt), "--reps", str(args.reps), "--threads", str(args.threads)]
+                   "--prompt", str(args.prompt), "--reps", str(args.reps), "--threads", str(args.threads),
+                   f"--server-args={args.server_args}"]
             env = {**os.environ, "PYTHONPATH": tree}
             res = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
             line = next((ln for ln in res.stdout.splitlines() if ln.startswith("AB ")), None)

@@ -101,18 +101,36 @@ def test_quantize_rows_exact_quotients(ext):
     assert not torch.equal(naive, rq), "the rows must hold quotients a plain reciprocal product rounds differently"
 
 
+@pytest.mark.parametrize("fmt", [WeightFormat("w8a8"), WeightFormat("w4a8", 128, symmetric=False)], ids=WeightFormat.name)
 @pytest.mark.parametrize("rows,inter", [(3, 96), (40, 96), (77, 4160)])  # row kernel; AMX tiles from 32 rows
-def test_gate_up_activation_in_the_matmul_is_the_two_steps(ext, rows, inter):
-    """A W8A8 gate / up weight [2I, K] with the MLP's activation in the matmul (fused into the AMX tiles'
+def test_gate_up_activation_in_the_matmul_is_the_two_steps(ext, fmt, rows, inter):
+    """A W8A8 or W4A8 gate / up weight [2I, K] with the MLP's activation in the matmul (fused into the AMX tiles'
     epilogue where the CPU has them, pairing gate and up columns): the same bits as the products, then
     gelu_tanh(gate) * up over each whole row, over partial row blocks and more than one chunk of packed blocks."""
     g = torch.Generator().manual_seed(7)
-    w = pack.pack(torch.randn(2 * inter, 128, generator=g) * 0.1, WeightFormat("w8a8"))
-    x = torch.randn(rows, 128, generator=g) * 2
+    w = pack.pack(torch.randn(2 * inter, 256, generator=g) * 0.1, fmt)
+    x = torch.randn(rows, 256, generator=g) * 2
     gu = ext.quant_linear(x, w)
-    y = ext.w8a8_gelu_mul(x, w)
+    y = ext.quant_gelu_mul(x, w)
     assert torch.equal(y, ext.gelu_mul(gu[:, :inter].contiguous(), gu[:, inter:].contiguous()))
-    assert ext.w8a8_gelu_mul_fused(rows, w, 128) == (rows >= 32 and ext.quant_w8a8_prefill_isa() == "amx_int8")
+    assert ext.quant_gelu_mul_fused(rows, w, 256) == (rows >= 32 and ext.quant_w8a8_prefill_isa() == "amx_int8")
+
+
+@pytest.mark.parametrize("fmt", [WeightFormat("w8a8"), WeightFormat("w4a8", 128, symmetric=False)], ids=WeightFormat.name)
+def test_quantized_mlp_gives_a_row_the_same_bits_in_any_batch(ext, fmt):
+    """decoder_post with a quantized MLP: 40 rows take the AMX tiles where the CPU has them (the activation in
+    the gate / up epilogue), 1-3 rows the row kernels and the two-pass activation; every row gets the same bits
+    either way (fast prefill runs the cross-decoder on a handful of rows, the flag-off prefill on all)."""
+    g = torch.Generator().manual_seed(11)
+    r = lambda *s: torch.randn(*s, generator=g) * 0.3  # noqa: E731
+    n, hid, hd, inter = 40, 256, 64, 256
+    gate_up, down = pack.pack(r(2 * inter, hid), fmt), pack.pack(r(hid, inter), fmt)
+    h, attn, o_w, norms = r(n, hid), r(n, hd), r(hid, hd), [r(hid) + 1 for _ in range(3)]
+    post = lambda rows: ext.decoder_post(h[rows], attn[rows], o_w, norms[0], norms[1], [gate_up], down,  # noqa: E731
+                                         norms[2], None, None, None, None, 0.625, 1e-6)
+    whole = post(slice(0, n))
+    for rows in (slice(0, 1), slice(5, 8), slice(39, 40)):
+        assert torch.equal(post(rows), whole[rows]), rows
 
 
 @pytest.mark.parametrize("rows", [3, 40])  # the row kernel; AMX tiles from 32 rows where the CPU has them
@@ -271,6 +289,6 @@ def test_w8a8_tile_order_gives_the_same_bits(ext):
     for rows in (1, 2, 5, 16, 17, 31, 40):
         x = torch.randn(rows, 192, generator=g) * 3
         assert torch.equal(ext.quant_linear(x, t), ext.quant_linear(x, w))
-        assert torch.equal(ext.w8a8_gelu_mul(x, t), ext.w8a8_gelu_mul(x, w))
+        assert torch.equal(ext.quant_gelu_mul(x, t), ext.quant_gelu_mul(x, w))
     odd = pack.pack(torch.randn(48, 192, generator=g), WeightFormat("w8a8"))  # N not a multiple of 32
     assert ext.w8a8_tile_order_(odd, 192) is odd

@@ -38,9 +38,10 @@ constexpr int64_t kMlpBlockElems = int64_t{1} << 16;
 constexpr int64_t kMlpMinRowsLargeWeights = 256;
 constexpr int64_t kMlpMinOneDnnBlockElems = int64_t{1} << 19;
 constexpr int64_t kMlpMinRowsWidened = 512;
-// A W8A8 MLP (gate / up and down all W8A8) repacks its weights into AMX tiles per call: blocks of up to 1024 rows
-// (E2B's 1024-token prefill in one), the [rows, 2I] float32 gate / up output in a buffer kept between calls
-// (48 MB at E2B's I = 6144: a fresh one took a page fault per 4 KB, every layer).
+// A W8A8 MLP (gate / up and down all W8A8), or one whose gate / up runs the activation in its AMX tiles' epilogue
+// (W8A8, W4A8), repacks its weights into AMX tiles per call: blocks of up to 1024 rows (E2B's 1024-token prefill in
+// one), the [rows, 2I] or [rows, I] float32 output in a buffer kept between calls (48 MB at E2B's I = 6144: a
+// fresh one took a page fault per 4 KB, every layer).
 constexpr int64_t kMlpMinRowsW8A8 = 1024;
 // A prepacked (oneDNN) MLP takes its down projection over up to this many rows per call, from the gate / up blocks'
 // activation rows gathered into one [rows, I] buffer kept between calls: with K = I (6144 or 12288 at E2B), oneDNN's
@@ -353,7 +354,9 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   if (!onednn && (down_w.scalar_type() == torch::kBFloat16 || cpu_fused::is_quantized(down_w)) && !down_w.is_mkldnn()) block = std::max(block, kMlpMinRowsWidened);
   const bool w8a8_down = cpu_fused::is_w8a8(down_w, inter);  // its rows quantized inside the activation pass
   const bool w8a8_mlp = !split && w8a8_down && cpu_fused::is_w8a8(gate_up[0], hid);
-  if (w8a8_mlp) block = std::max(block, kMlpMinRowsW8A8);
+  // the activation in the gate / up matmul's epilogue (W8A8 or W4A8 on AMX-int8 tiles) from a full block's rows
+  const bool fused_act = !split && cpu_fused::quant_gelu_mul_fused(std::min(n, kMlpMinRowsW8A8), gate_up[0], hid);
+  if (w8a8_mlp || fused_act) block = std::max(block, kMlpMinRowsW8A8);
   // When every block runs oneDNN's bf16 matmuls (runs_onednn grows with the rows: the smallest block
   // decides), the MLP's input and output rows stay bf16 (the dtype those matmuls take and give).
   const int64_t min_rows = n % block ? n % block : std::min(n, block);
@@ -401,15 +404,20 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
       else m_rows.copy_(d);
       continue;
     }
-    if (w8a8_mlp && cpu_fused::w8a8_gelu_mul_fused(rows, gate_up[0], hid)) {
+    if (fused_act && cpu_fused::quant_gelu_mul_fused(rows, gate_up[0], hid)) {
       // AMX-int8: the activation in the gate / up matmul's epilogue, into a [rows, I] float32 buffer kept between
-      // calls; then its rows quantized for the down projection (the same bits as the two-pass path below)
+      // calls; then the down projection on it (a W8A8 one on its rows quantized here): the same bits as the
+      // two-pass path below
       thread_local torch::Tensor act_keep;
       if (!act_keep.defined() || act_keep.numel() < rows * inter) act_keep = torch::empty({rows * inter}, h.options().dtype(torch::kFloat32));
       auto y = act_keep.narrow(0, 0, rows * inter).view({rows, inter});
-      cpu_fused::w8a8_gelu_mul_into(xb, gate_up[0], y);
-      auto qs = cpu_fused::quantize_rows(y);
-      m_rows.copy_(cpu_fused::w8a8_linear_codes(qs[0], qs[1], down_w));
+      cpu_fused::quant_gelu_mul_into(xb, gate_up[0], y);
+      if (w8a8_down) {
+        auto qs = cpu_fused::quantize_rows(y);
+        m_rows.copy_(cpu_fused::w8a8_linear_codes(qs[0], qs[1], down_w));
+      } else {
+        m_rows.copy_(linear(y, down_w, onednn));
+      }
       continue;
     }
     torch::Tensor gate, up;  // [rows, I] float32 views
@@ -574,17 +582,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           return std::vector<torch::Tensor>{codes, scales};
         }, "W8A8's row quantization of gelu_tanh(g) * u in one pass (float32 [rows, d] -> codes, scales)", release(),
         py::arg("g"), py::arg("u"));
-  m.def("w8a8_gelu_mul", [](const torch::Tensor& x, const torch::Tensor& w) {
+  m.def("quant_gelu_mul", [](const torch::Tensor& x, const torch::Tensor& w) {
           const int64_t I = cpu_fused::quant_view(w, x.size(1)).N / 2;
           auto out = torch::empty({x.size(0), I}, x.options().dtype(torch::kFloat32));
-          cpu_fused::w8a8_gelu_mul_into(x, w, out);
+          cpu_fused::quant_gelu_mul_into(x, w, out);
           return out;
-        }, "gelu_tanh(x @ gate^T) * (x @ up^T) for a W8A8 gate / up weight [2I, K] (fused on AMX-int8 tiles)",
+        }, "gelu_tanh(x @ gate^T) * (x @ up^T) for a W8A8 or W4A8 gate / up weight [2I, K] (fused on AMX-int8 tiles)",
         release(), py::arg("x"), py::arg("w"));
   m.def("w8a8_tile_order_", &cpu_fused::w8a8_tile_order_,
         "a W8A8 weight put in AMX-int8 tile order in place where the CPU has the tiles (else the weight untouched)", release(),
         py::arg("w"), py::arg("k"));
-  m.def("w8a8_gelu_mul_fused", &cpu_fused::w8a8_gelu_mul_fused, "True when w8a8_gelu_mul runs fused on AMX tiles",
+  m.def("quant_gelu_mul_fused", &cpu_fused::quant_gelu_mul_fused, "True when quant_gelu_mul runs fused on AMX tiles",
         py::arg("m"), py::arg("w"), py::arg("k"));
   m.def("w8a8_linear_codes", &cpu_fused::w8a8_linear_codes, "quant_linear for W8A8 on rows already quantized",
         release(), py::arg("codes"), py::arg("scales"), py::arg("w"));

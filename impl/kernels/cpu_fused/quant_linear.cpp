@@ -934,18 +934,24 @@ void w4a8_kernel(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t
 }
 
 #if defined(QUANT_AMX_INT8)
-// W4A8 from kAmxMinRows rows on AMX-int8 tiles (groups of 128 or 256, N a multiple of 32). Per group, TDPBSUD
-// (signed x codes times unsigned weight codes 0..15, int32 accumulation) gives every output's exact integer dot
-// product of codes; the tiles are stored and w4a8_step's term added on 16 outputs at a time (the same operations
-// on the same operands: the row kernel's bits). Each 32-row weight block is unpacked per call into B tiles of
-// one byte per code (a 64-code k-block is all low or all high nibbles of 64 bytes when half a group is a
-// multiple of 64), and x is laid out in tile order once per call, as w8a8_amx does.
+// W4A8 from kAmxMinRows rows on AMX-int8 tiles (groups of 128 or 256, N a multiple of 32). Each 32-row weight
+// block is unpacked per call into B tiles of one signed byte per code, its group's zero point taken off
+// (q - z in -15..15; a 64-code k-block is all low or all high nibbles of 64 bytes when half a group is a
+// multiple of 64), and x is laid out in tile order once per call, as w8a8_amx does. Per group, TDPBSSD gives
+// every output's exact integer isum - z * sum xq (|.| <= 15 * 127 * 256 < 2^24, so its float is the row kernel's
+// float(isum) - z * float(sum xq), both exact): w4a8_step's term is then one product and one fused add on 16
+// outputs at a time, the same operations on the same values as the row kernel (its bits). The C tiles of
+// consecutive groups go to alternating buffers, so one group's stores need not wait for the previous group's
+// epilogue loads.
 inline bool use_amx_w4a8(int64_t M, const QuantView& q) {
   return M >= kAmxMinRows && q.N % 32 == 0 && q.g % 128 == 0 && cpu_amx::tiles_allowed();
 }
 
-void w4a8_amx(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t M, const QuantView& q, float* out) {
+void w4a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out, int64_t gate_cols = 0) {
   const int64_t N = q.N, K = q.K, KB = K / 64, G = q.G, half = q.g / 2, KBG = q.g / 64, rowB = G * q.B;
+  const int64_t ldo = gate_cols ? gate_cols : N;
+  // the weight row of tile half h's row r in block b (w8a8_amx's pairing of 16 gate rows with their 16 up rows)
+  auto row = [&](int64_t b, int h, int r) { return (gate_cols ? 16 * b + h * gate_cols : 32 * b + 16 * h) + r; };
   const int64_t blocks = N / 32, MB = (M + 31) / 32, chunk = std::min(blocks, kAmxPackBlocks);
   thread_local avector<int8_t> packed_buf;
   if (packed_buf.size() < static_cast<size_t>(chunk * 32 * K)) packed_buf.resize(static_cast<size_t>(chunk * 32 * K));
@@ -954,38 +960,48 @@ void w4a8_amx(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t M,
   const int64_t sb = std::max<int64_t>(1, kAmxXBlockBytes / (32 * K));
   int64_t b0 = 0;
   auto body = [&](int64_t lo, int64_t hi) {
-    // this thread's blocks: codes as B tiles (block b's k-block kb, half h at b 32 K + 2048 kb + 1024 h), and
-    // each block's scales and zeros per group (sz[b][gi][0 / 1][32 rows])
+    // this thread's blocks: codes less their zero points as B tiles (block b's k-block kb, half h at
+    // b 32 K + 2048 kb + 1024 h), and each block's scales per group (sz[b][gi][32 rows])
     thread_local avector<float> sz_buf;
-    sz_buf.resize(static_cast<size_t>((hi - lo) * G * 64));
+    thread_local avector<int8_t> z_buf;  // one block's zero points (zb[gi][32 rows])
+    sz_buf.resize(static_cast<size_t>((hi - lo) * G * 32));
+    z_buf.resize(static_cast<size_t>(G * 32));
+    int8_t* const zb = z_buf.data();
     const __m512i m4 = _mm512_set1_epi8(15);
-    alignas(64) uint8_t codes[16][64];
+    alignas(64) int8_t codes[16][64];
     for (int64_t b = lo; b < hi; ++b) {
-      const uint8_t* wb = q.data + (b0 + b) * 32 * rowB;
+      const uint8_t* wr[32];  // the block's weight rows
+      for (int h = 0; h < 2; ++h)
+        for (int r = 0; r < 16; ++r) wr[16 * h + r] = q.data + row(b0 + b, h, r) * rowB;
+      float* sz = sz_buf.data() + (b - lo) * G * 32;
+      bool integral = true;
+      for (int64_t gi = 0; gi < G; ++gi)
+        for (int r = 0; r < 32; ++r) {
+          sz[gi * 32 + r] = load_f32(wr[r] + gi * q.B + half);
+          const float z = load_f32(wr[r] + gi * q.B + half + 4);
+          integral &= z >= 0.f && z <= 15.f && z == std::nearbyint(z);
+          zb[gi * 32 + r] = static_cast<int8_t>(z);
+        }
+      TORCH_CHECK(integral, "a W4A8 weight's zero points are integers 0..15: pack it with impl.quant.pack");
       for (int h = 0; h < 2; ++h)
         for (int64_t kb = 0; kb < KB; ++kb) {
           const int64_t gi = kb / KBG, j = (kb % KBG) * 64;  // the k-block's first code in its group
           for (int r = 0; r < 16; ++r) {
-            const __m512i v = _mm512_loadu_si512(wb + (16 * h + r) * rowB + gi * q.B + j % half);
-            _mm512_store_si512(codes[r], j < half ? _mm512_and_si512(v, m4) : _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+            const __m512i v = _mm512_loadu_si512(wr[16 * h + r] + gi * q.B + j % half);
+            const __m512i c = j < half ? _mm512_and_si512(v, m4) : _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            _mm512_store_si512(codes[r], _mm512_sub_epi8(c, _mm512_set1_epi8(zb[gi * 32 + 16 * h + r])));
           }
-          transpose_words_16x16(reinterpret_cast<const int8_t*>(&codes[0][0]), 64, packed + b * 32 * K + kb * 2048 + h * 1024);
-        }
-      float* sz = sz_buf.data() + (b - lo) * G * 64;
-      for (int64_t gi = 0; gi < G; ++gi)
-        for (int r = 0; r < 32; ++r) {
-          sz[gi * 64 + r] = load_f32(wb + r * rowB + gi * q.B + half);
-          sz[gi * 64 + 32 + r] = load_f32(wb + r * rowB + gi * q.B + half + 4);
+          transpose_words_16x16(&codes[0][0], 64, packed + b * 32 * K + kb * 2048 + h * 1024);
         }
     }
     cpu_amx::config_16x64();
-    alignas(64) int32_t c[32][32];
+    alignas(64) int32_t c[2][32][32];
     alignas(64) float tot[32][32];
     for (int64_t mb0 = 0; mb0 < MB; mb0 += sb) {
       const int64_t mb1 = std::min(MB, mb0 + sb);
       for (int64_t b = lo; b < hi; ++b) {
         const int8_t* p = packed + b * 32 * K;
-        const float* sz = sz_buf.data() + (b - lo) * G * 64;
+        const float* sz = sz_buf.data() + (b - lo) * G * 32;
         for (int64_t mb = mb0; mb < mb1; ++mb) {
           const int64_t m0 = mb * 32, mt = std::min<int64_t>(32, M - m0);
           const int8_t* a = xt + mb * KB * 2048;
@@ -998,28 +1014,32 @@ void w4a8_amx(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t M,
             for (int64_t kb = gi * KBG; kb < (gi + 1) * KBG; ++kb) {
               _tile_loadd(4, a + kb * 2048, 64);
               _tile_loadd(6, p + kb * 2048, 64);
-              _tile_dpbsud(0, 4, 6);
+              _tile_dpbssd(0, 4, 6);
               _tile_loadd(7, p + kb * 2048 + 1024, 64);
-              _tile_dpbsud(1, 4, 7);
+              _tile_dpbssd(1, 4, 7);
               _tile_loadd(5, a + kb * 2048 + 1024, 64);
-              _tile_dpbsud(2, 5, 6);
-              _tile_dpbsud(3, 5, 7);
+              _tile_dpbssd(2, 5, 6);
+              _tile_dpbssd(3, 5, 7);
             }
-            _tile_stored(0, &c[0][0], 128);
-            _tile_stored(1, &c[0][16], 128);
-            _tile_stored(2, &c[16][0], 128);
-            _tile_stored(3, &c[16][16], 128);
+            int32_t(*cg)[32] = c[gi & 1];
+            _tile_stored(0, &cg[0][0], 128);
+            _tile_stored(1, &cg[0][16], 128);
+            _tile_stored(2, &cg[16][0], 128);
+            _tile_stored(3, &cg[16][16], 128);
+            const __m512 s0 = _mm512_load_ps(sz + gi * 32), s1 = _mm512_load_ps(sz + gi * 32 + 16);
             for (int64_t i = 0; i < mt; ++i) {  // w4a8_step on 16 outputs at a time
-              const int64_t xi = (m0 + i) * G + gi;
-              const __m512 sx = _mm512_set1_ps(xs[xi]), sum = _mm512_set1_ps(static_cast<float>(xsum[xi]));
-              for (int h = 0; h < 2; ++h) {
-                const __m512 s = _mm512_load_ps(sz + gi * 64 + 16 * h), z = _mm512_load_ps(sz + gi * 64 + 32 + 16 * h);
-                const __m512 d = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_load_si512(&c[i][16 * h])), _mm512_mul_ps(z, sum));
-                _mm512_store_ps(&tot[i][16 * h], _mm512_fmadd_ps(_mm512_mul_ps(s, sx), d, _mm512_load_ps(&tot[i][16 * h])));
-              }
+              const __m512 sx = _mm512_set1_ps(xs[(m0 + i) * G + gi]);
+              const __m512 d0 = _mm512_cvtepi32_ps(_mm512_load_si512(&cg[i][0]));
+              const __m512 d1 = _mm512_cvtepi32_ps(_mm512_load_si512(&cg[i][16]));
+              _mm512_store_ps(&tot[i][0], _mm512_fmadd_ps(_mm512_mul_ps(s0, sx), d0, _mm512_load_ps(&tot[i][0])));
+              _mm512_store_ps(&tot[i][16], _mm512_fmadd_ps(_mm512_mul_ps(s1, sx), d1, _mm512_load_ps(&tot[i][16])));
             }
           }
-          for (int64_t i = 0; i < mt; ++i) std::memcpy(out + (m0 + i) * N + (b0 + b) * 32, tot[i], 32 * sizeof(float));
+          for (int64_t i = 0; i < mt; ++i) {
+            float* o = out + (m0 + i) * ldo + (b0 + b) * (gate_cols ? 16 : 32);
+            if (gate_cols) act::gelu_mul(tot[i], tot[i] + 16, o, 16);  // the gate's 16 columns and their up columns
+            else std::memcpy(o, tot[i], 32 * sizeof(float));
+          }
         }
       }
     }
@@ -1249,32 +1269,42 @@ void w8a8_linear_into(const torch::Tensor& x, const torch::Tensor& w, torch::Ten
   w8a8_product(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), M, q, out.data_ptr<float>());
 }
 
-bool w8a8_gelu_mul_fused(int64_t M, const torch::Tensor& w, int64_t K) {
+bool quant_gelu_mul_fused(int64_t M, const torch::Tensor& w, int64_t K) {
 #if defined(QUANT_AMX_INT8)
-  return is_w8a8(w, K) && use_amx_w8a8(M, quant_view(w, K));
+  if (!is_quantized(w) || !takes_inputs(w, K)) return false;
+  const QuantView q = quant_view(w, K);
+  if (q.kind == QuantKind::kW8A8) return use_amx_w8a8(M, q);
+  return q.kind == QuantKind::kW4A8 && use_amx_w4a8(M, q);
 #else
   (void)M, (void)w, (void)K;
   return false;
 #endif
 }
 
-void w8a8_gelu_mul_into(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& out) {
-  TORCH_CHECK(x.dim() == 2, "w8a8_gelu_mul_into takes x [M, K]");
+void quant_gelu_mul_into(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& out) {
+  TORCH_CHECK(x.dim() == 2, "quant_gelu_mul_into takes x [M, K]");
   const QuantView q = quant_view(w, x.size(1));
   const int64_t M = x.size(0), I = q.N / 2;
-  TORCH_CHECK(q.kind == QuantKind::kW8A8 && q.N % 2 == 0, "w8a8_gelu_mul_into takes a W8A8 gate / up weight [2I, K]");
+  TORCH_CHECK((q.kind == QuantKind::kW8A8 || q.kind == QuantKind::kW4A8) && q.N % 2 == 0,
+              "quant_gelu_mul_into takes a W8A8 or W4A8 gate / up weight [2I, K]");
   TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous() && out.dim() == 2 && out.size(0) == M &&
-                  out.size(1) == I, "w8a8_gelu_mul_into: out must be contiguous float32 [M, I]");
+                  out.size(1) == I, "quant_gelu_mul_into: out must be contiguous float32 [M, I]");
   if (M == 0 || I == 0) return;
 #if defined(QUANT_AMX_INT8)
-  if (use_amx_w8a8(M, q)) {
-    auto qs = quantize_rows(x);
-    w8a8_amx(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), M, q, out.data_ptr<float>(), I);
+  if (quant_gelu_mul_fused(M, w, x.size(1))) {
+    if (q.kind == QuantKind::kW8A8) {
+      auto qs = quantize_rows(x);
+      w8a8_amx(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), M, q, out.data_ptr<float>(), I);
+    } else {
+      auto qs = quantize_groups(x, q.g);
+      w4a8_amx(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), M, q, out.data_ptr<float>(), I);
+    }
     return;
   }
 #endif
   auto gu = torch::empty({M, q.N}, out.options());  // the two steps: the products, then the activation per row
-  w8a8_linear_into(x, w, gu);
+  if (q.kind == QuantKind::kW8A8) w8a8_linear_into(x, w, gu);
+  else gu = quant_linear(x, w);
   const float* g = gu.data_ptr<float>();
   float* o = out.data_ptr<float>();
   for (int64_t m = 0; m < M; ++m) act::gelu_mul(g + m * q.N, g + m * q.N + I, o + m * I, I);
@@ -1294,7 +1324,7 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w) {
     auto qs = quantize_groups(x, q.g);
 #if defined(QUANT_AMX_INT8)
     if (use_amx_w4a8(M, q)) {
-      w4a8_amx(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), qs[2].data_ptr<int32_t>(), M, q, out.data_ptr<float>());
+      w4a8_amx(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), M, q, out.data_ptr<float>());
       return out;
     }
 #endif

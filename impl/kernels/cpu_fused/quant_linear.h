@@ -77,13 +77,13 @@ torch::Tensor w8a8_linear_codes(const torch::Tensor& codes, const torch::Tensor&
 // quant_linear for a W8A8 weight into `out` (float32 [M, N], contiguous: a buffer the caller keeps between calls).
 void w8a8_linear_into(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& out);
 
-// out [M, I] float32 = gelu_tanh(x @ gate^T) * (x @ up^T) for a W8A8 gate / up weight w [2I, K] (gate rows
-// first): the same bits as w8a8_linear_into, then act::gelu_mul on each row's two halves. On AMX-int8 tiles
-// (w8a8_gelu_mul_fused) the activation runs in the matmul's epilogue and the [M, 2I] products are never written.
-void w8a8_gelu_mul_into(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& out);
+// out [M, I] float32 = gelu_tanh(x @ gate^T) * (x @ up^T) for a W8A8 or W4A8 gate / up weight w [2I, K] (gate
+// rows first): the same bits as quant_linear, then act::gelu_mul on each row's two halves. On AMX-int8 tiles
+// (quant_gelu_mul_fused) the activation runs in the matmul's epilogue and the [M, 2I] products are never written.
+void quant_gelu_mul_into(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& out);
 
-// True when w8a8_gelu_mul_into runs fused on AMX-int8 tiles for M rows of W8A8 weight `w` with inputs of width K.
-bool w8a8_gelu_mul_fused(int64_t M, const torch::Tensor& w, int64_t K);
+// True when quant_gelu_mul_into runs fused on AMX-int8 tiles for M rows of weight `w` with inputs of width K.
+bool quant_gelu_mul_fused(int64_t M, const torch::Tensor& w, int64_t K);
 
 // W8A8 weight w [N, 1, K + 4] in tile order, in place: returns the view [N / 32, 1, 32 K + 128] of its storage, whose
 // bytes it rearranges (w's row layout must not be read afterwards), where the CPU has AMX-int8 tiles (and
