@@ -102,7 +102,7 @@ def test_quantize_rows_exact_quotients(ext):
 
 
 @pytest.mark.parametrize("fmt", [WeightFormat("w8a8"), WeightFormat("w4a8", 128, symmetric=False)], ids=WeightFormat.name)
-@pytest.mark.parametrize("rows,inter", [(3, 96), (40, 96), (77, 4160)])  # row kernel; AMX tiles from 32 rows
+@pytest.mark.parametrize("rows,inter", [(1, 96), (3, 96), (40, 96), (77, 4160)])  # row kernels; AMX tiles (W4A8 from 2)
 def test_gate_up_activation_in_the_matmul_is_the_two_steps(ext, fmt, rows, inter):
     """A W8A8 or W4A8 gate / up weight [2I, K] with the MLP's activation in the matmul (fused into the AMX tiles'
     epilogue where the CPU has them, pairing gate and up columns): the same bits as the products, then
@@ -113,7 +113,8 @@ def test_gate_up_activation_in_the_matmul_is_the_two_steps(ext, fmt, rows, inter
     gu = ext.quant_linear(x, w)
     y = ext.quant_gelu_mul(x, w)
     assert torch.equal(y, ext.gelu_mul(gu[:, :inter].contiguous(), gu[:, inter:].contiguous()))
-    assert ext.quant_gelu_mul_fused(rows, w, 256) == (rows >= 32 and ext.quant_w8a8_prefill_isa() == "amx_int8")
+    tiles_from = 32 if fmt.kind == "w8a8" else 2  # W4A8 decode of several requests takes the tiles too
+    assert ext.quant_gelu_mul_fused(rows, w, 256) == (rows >= tiles_from and ext.quant_w8a8_prefill_isa() == "amx_int8")
 
 
 @pytest.mark.parametrize("fmt", [WeightFormat("w8a8"), WeightFormat("w4a8", 128, symmetric=False)], ids=WeightFormat.name)
@@ -153,8 +154,8 @@ def test_fused_activation_quantization_is_the_two_steps(ext, rows):
 @pytest.mark.parametrize("group", [32, 64, 128, 256])
 def test_w4a8_rows_are_exact_at_every_size(ext, group, rows):
     """W4A8 takes exact integer dot products per group at every row count and weight size (decode's 4-row passes,
-    prefill's 2 x 2 tiles, row-block tails; from 32 rows AMX-int8 tiles where the CPU has them, for groups of 128
-    and 256 and weights of a multiple of 32 rows), and adds their terms in one order: a row's bits never depend on
+    prefill's 2 x 2 tiles, row-block tails; from 2 rows AMX-int8 tiles where the CPU has them, for groups of 128
+    and 256 and weights of a multiple of 32 rows: one row block streamed, more unpacked first), and adds their terms in one order: a row's bits never depend on
     the call, even on a weight above the small-weight floor (where the weight-only kinds switch to the dequantized
     GEMM). Every group size: with VNNI, groups of 128 and 256 take their own integer loop."""
     g = torch.Generator().manual_seed(5)

@@ -934,7 +934,7 @@ void w4a8_kernel(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t
 }
 
 #if defined(QUANT_AMX_INT8)
-// W4A8 from kAmxMinRows rows on AMX-int8 tiles (groups of 128 or 256, N a multiple of 32). Each 32-row weight
+// W4A8 from kW4A8AmxMinRows rows on AMX-int8 tiles (groups of 128 or 256, N a multiple of 32). Each 32-row weight
 // block is unpacked per call into B tiles of one signed byte per code, its group's zero point taken off
 // (q - z in -15..15; a 64-code k-block is all low or all high nibbles of 64 bytes when half a group is a
 // multiple of 64), and x is laid out in tile order once per call, as w8a8_amx does. Per group, TDPBSSD gives
@@ -943,8 +943,12 @@ void w4a8_kernel(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t
 // outputs at a time, the same operations on the same values as the row kernel (its bits). The C tiles of
 // consecutive groups go to alternating buffers, so one group's stores need not wait for the previous group's
 // epilogue loads.
+// One row stays on the row kernel (it streams the weight at the memory's rate); from two rows the row kernel's
+// per-group epilogue for every (weight row, x row) pair outweighs the tiles' unpacking per 32 weight rows.
+constexpr int64_t kW4A8AmxMinRows = 2;
+
 inline bool use_amx_w4a8(int64_t M, const QuantView& q) {
-  return M >= kAmxMinRows && q.N % 32 == 0 && q.g % 128 == 0 && cpu_amx::tiles_allowed();
+  return M >= kW4A8AmxMinRows && q.N % 32 == 0 && q.g % 128 == 0 && cpu_amx::tiles_allowed();
 }
 
 void w4a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out, int64_t gate_cols = 0) {
@@ -952,96 +956,136 @@ void w4a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
   const int64_t ldo = gate_cols ? gate_cols : N;
   // the weight row of tile half h's row r in block b (w8a8_amx's pairing of 16 gate rows with their 16 up rows)
   auto row = [&](int64_t b, int h, int r) { return (gate_cols ? 16 * b + h * gate_cols : 32 * b + 16 * h) + r; };
-  const int64_t blocks = N / 32, MB = (M + 31) / 32, chunk = std::min(blocks, kAmxPackBlocks);
+  const int64_t blocks = N / 32, MB = (M + 31) / 32;
+  // One row block (decode of 2-32 requests): each block is unpacked right before its tiles run, into one block's
+  // scratch that stays in L2, and the weight streams from memory once. More: each thread unpacks its blocks of a
+  // chunk first, then passes them over x's row superblocks (the unpacking paid once per block per call).
+  const bool stream = MB == 1;
+  const int64_t chunk = stream ? blocks : std::min(blocks, kAmxPackBlocks);
   thread_local avector<int8_t> packed_buf;
-  if (packed_buf.size() < static_cast<size_t>(chunk * 32 * K)) packed_buf.resize(static_cast<size_t>(chunk * 32 * K));
+  const int64_t packed_blocks = stream ? 1 : chunk;
+  if (packed_buf.size() < static_cast<size_t>(packed_blocks * 32 * K)) packed_buf.resize(static_cast<size_t>(packed_blocks * 32 * K));
   const int8_t* const xt = x_in_tile_order(xq, M, K);
   int8_t* const packed = packed_buf.data();
   const int64_t sb = std::max<int64_t>(1, kAmxXBlockBytes / (32 * K));
   int64_t b0 = 0;
   auto body = [&](int64_t lo, int64_t hi) {
     // this thread's blocks: codes less their zero points as B tiles (block b's k-block kb, half h at
-    // b 32 K + 2048 kb + 1024 h), and each block's scales per group (sz[b][gi][32 rows])
+    // b 32 K + 2048 kb + 1024 h; streaming: the one block at 0, in the calling thread's scratch, or a worker's),
+    // and each block's scales per group (sz[b][gi][32 rows])
+    thread_local avector<int8_t> own_buf;  // a worker's one block when streaming
     thread_local avector<float> sz_buf;
     thread_local avector<int8_t> z_buf;  // one block's zero points (zb[gi][32 rows])
-    sz_buf.resize(static_cast<size_t>((hi - lo) * G * 32));
+    if (stream && own_buf.size() < static_cast<size_t>(32 * K)) own_buf.resize(static_cast<size_t>(32 * K));
+    int8_t* const base = stream ? own_buf.data() : packed;
+    sz_buf.resize(static_cast<size_t>((stream ? 1 : hi - lo) * G * 32));
     z_buf.resize(static_cast<size_t>(G * 32));
     int8_t* const zb = z_buf.data();
     const __m512i m4 = _mm512_set1_epi8(15);
     alignas(64) int8_t codes[16][64];
-    for (int64_t b = lo; b < hi; ++b) {
-      const uint8_t* wr[32];  // the block's weight rows
+    auto rows_of = [&](int64_t b, const uint8_t** wr) {  // block b's 32 weight rows
       for (int h = 0; h < 2; ++h)
         for (int r = 0; r < 16; ++r) wr[16 * h + r] = q.data + row(b0 + b, h, r) * rowB;
-      float* sz = sz_buf.data() + (b - lo) * G * 32;
-      bool integral = true;
+    };
+    // Block b into dst / sz; with `ahead`, block b + 1's code bytes are asked into L2 as b's are read (streaming:
+    // the next block's rows come from memory while this one's tiles run), a line or two per 64 codes read
+    const __m512i rstep = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                             _mm512_set1_epi32(static_cast<int32_t>(rowB)));
+    auto unpack = [&](int64_t b, int8_t* dst, float* sz, bool ahead) {
+      const uint8_t* wr[32];
+      const uint8_t* nx[32];
+      rows_of(b, wr);
+      if (ahead) rows_of(b + 1, nx);
+      // each group's scales and zero points, 16 rows (rowB apart) at a time; the zero points must be integers 0..15
+      __mmask16 integral = 0xFFFF;
       for (int64_t gi = 0; gi < G; ++gi)
-        for (int r = 0; r < 32; ++r) {
-          sz[gi * 32 + r] = load_f32(wr[r] + gi * q.B + half);
-          const float z = load_f32(wr[r] + gi * q.B + half + 4);
-          integral &= z >= 0.f && z <= 15.f && z == std::nearbyint(z);
-          zb[gi * 32 + r] = static_cast<int8_t>(z);
+        for (int h = 0; h < 2; ++h) {
+          const uint8_t* meta = wr[16 * h] + gi * q.B + half;
+          const __m512 sv = _mm512_i32gather_ps(rstep, meta, 1), zv = _mm512_i32gather_ps(rstep, meta + 4, 1);
+          integral &= _mm512_cmp_ps_mask(zv, _mm512_roundscale_ps(zv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), _CMP_EQ_OQ) &
+                      _mm512_cmp_ps_mask(zv, _mm512_setzero_ps(), _CMP_GE_OQ) & _mm512_cmp_ps_mask(zv, _mm512_set1_ps(15.f), _CMP_LE_OQ);
+          _mm512_store_ps(sz + gi * 32 + 16 * h, sv);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(zb + gi * 32 + 16 * h), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(zv)));
         }
-      TORCH_CHECK(integral, "a W4A8 weight's zero points are integers 0..15: pack it with impl.quant.pack");
+      TORCH_CHECK(integral == 0xFFFF, "a W4A8 weight's zero points are integers 0..15: pack it with impl.quant.pack");
       for (int h = 0; h < 2; ++h)
-        for (int64_t kb = 0; kb < KB; ++kb) {
-          const int64_t gi = kb / KBG, j = (kb % KBG) * 64;  // the k-block's first code in its group
-          for (int r = 0; r < 16; ++r) {
-            const __m512i v = _mm512_loadu_si512(wr[16 * h + r] + gi * q.B + j % half);
-            const __m512i c = j < half ? _mm512_and_si512(v, m4) : _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            _mm512_store_si512(codes[r], _mm512_sub_epi8(c, _mm512_set1_epi8(zb[gi * 32 + 16 * h + r])));
+        for (int64_t gi = 0, kb = 0; gi < G; ++gi)
+          for (int64_t j = 0; j < 2 * half; j += 64, ++kb) {  // k-block kb: codes j.. of group gi
+            const int64_t off = gi * q.B + (j < half ? j : j - half);
+            for (int r = 0; r < 16; ++r) {
+              if (ahead && j < half) {
+                _mm_prefetch(reinterpret_cast<const char*>(nx[16 * h + r] + off), _MM_HINT_T1);
+                _mm_prefetch(reinterpret_cast<const char*>(nx[16 * h + r] + off + 63), _MM_HINT_T1);
+              }
+              const __m512i v = _mm512_loadu_si512(wr[16 * h + r] + off);
+              const __m512i c = j < half ? _mm512_and_si512(v, m4) : _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+              _mm512_store_si512(codes[r], _mm512_sub_epi8(c, _mm512_set1_epi8(zb[gi * 32 + 16 * h + r])));
+            }
+            transpose_words_16x16(&codes[0][0], 64, dst + kb * 2048 + h * 1024);
           }
-          transpose_words_16x16(&codes[0][0], 64, packed + b * 32 * K + kb * 2048 + h * 1024);
-        }
-    }
-    cpu_amx::config_16x64();
+    };
     alignas(64) int32_t c[2][32][32];
     alignas(64) float tot[32][32];
-    for (int64_t mb0 = 0; mb0 < MB; mb0 += sb) {
-      const int64_t mb1 = std::min(MB, mb0 + sb);
-      for (int64_t b = lo; b < hi; ++b) {
-        const int8_t* p = packed + b * 32 * K;
-        const float* sz = sz_buf.data() + (b - lo) * G * 32;
-        for (int64_t mb = mb0; mb < mb1; ++mb) {
-          const int64_t m0 = mb * 32, mt = std::min<int64_t>(32, M - m0);
-          const int8_t* a = xt + mb * KB * 2048;
-          std::memset(tot, 0, sizeof tot);
-          for (int64_t gi = 0; gi < G; ++gi) {
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            for (int64_t kb = gi * KBG; kb < (gi + 1) * KBG; ++kb) {
-              _tile_loadd(4, a + kb * 2048, 64);
-              _tile_loadd(6, p + kb * 2048, 64);
-              _tile_dpbssd(0, 4, 6);
-              _tile_loadd(7, p + kb * 2048 + 1024, 64);
-              _tile_dpbssd(1, 4, 7);
-              _tile_loadd(5, a + kb * 2048 + 1024, 64);
-              _tile_dpbssd(2, 5, 6);
-              _tile_dpbssd(3, 5, 7);
-            }
-            int32_t(*cg)[32] = c[gi & 1];
-            _tile_stored(0, &cg[0][0], 128);
-            _tile_stored(1, &cg[0][16], 128);
-            _tile_stored(2, &cg[16][0], 128);
-            _tile_stored(3, &cg[16][16], 128);
-            const __m512 s0 = _mm512_load_ps(sz + gi * 32), s1 = _mm512_load_ps(sz + gi * 32 + 16);
-            for (int64_t i = 0; i < mt; ++i) {  // w4a8_step on 16 outputs at a time
-              const __m512 sx = _mm512_set1_ps(xs[(m0 + i) * G + gi]);
-              const __m512 d0 = _mm512_cvtepi32_ps(_mm512_load_si512(&cg[i][0]));
-              const __m512 d1 = _mm512_cvtepi32_ps(_mm512_load_si512(&cg[i][16]));
-              _mm512_store_ps(&tot[i][0], _mm512_fmadd_ps(_mm512_mul_ps(s0, sx), d0, _mm512_load_ps(&tot[i][0])));
-              _mm512_store_ps(&tot[i][16], _mm512_fmadd_ps(_mm512_mul_ps(s1, sx), d1, _mm512_load_ps(&tot[i][16])));
-            }
-          }
-          for (int64_t i = 0; i < mt; ++i) {
-            float* o = out + (m0 + i) * ldo + (b0 + b) * (gate_cols ? 16 : 32);
-            if (gate_cols) act::gelu_mul(tot[i], tot[i] + 16, o, 16);  // the gate's 16 columns and their up columns
-            else std::memcpy(o, tot[i], 32 * sizeof(float));
-          }
+    // block b's outputs for x's row block mb from its unpacked tiles p and scales sz (x's rows 16-31 only where
+    // the block has them: decode of up to 16 requests runs two of the four products)
+    auto tiles = [&](int64_t b, int64_t mb, const int8_t* p, const float* sz) {
+      const int64_t m0 = mb * 32, mt = std::min<int64_t>(32, M - m0);
+      const int8_t* a = xt + mb * KB * 2048;
+      const bool low = mt <= 16;
+      std::memset(tot, 0, sizeof tot);
+      for (int64_t gi = 0; gi < G; ++gi) {
+        _tile_zero(0);
+        _tile_zero(1);
+        if (!low) {
+          _tile_zero(2);
+          _tile_zero(3);
+        }
+        for (int64_t kb = gi * KBG; kb < (gi + 1) * KBG; ++kb) {
+          _tile_loadd(4, a + kb * 2048, 64);
+          _tile_loadd(6, p + kb * 2048, 64);
+          _tile_dpbssd(0, 4, 6);
+          _tile_loadd(7, p + kb * 2048 + 1024, 64);
+          _tile_dpbssd(1, 4, 7);
+          if (low) continue;
+          _tile_loadd(5, a + kb * 2048 + 1024, 64);
+          _tile_dpbssd(2, 5, 6);
+          _tile_dpbssd(3, 5, 7);
+        }
+        int32_t(*cg)[32] = c[gi & 1];
+        _tile_stored(0, &cg[0][0], 128);
+        _tile_stored(1, &cg[0][16], 128);
+        if (!low) {
+          _tile_stored(2, &cg[16][0], 128);
+          _tile_stored(3, &cg[16][16], 128);
+        }
+        const __m512 s0 = _mm512_load_ps(sz + gi * 32), s1 = _mm512_load_ps(sz + gi * 32 + 16);
+        for (int64_t i = 0; i < mt; ++i) {  // w4a8_step on 16 outputs at a time
+          const __m512 sx = _mm512_set1_ps(xs[(m0 + i) * G + gi]);
+          const __m512 d0 = _mm512_cvtepi32_ps(_mm512_load_si512(&cg[i][0]));
+          const __m512 d1 = _mm512_cvtepi32_ps(_mm512_load_si512(&cg[i][16]));
+          _mm512_store_ps(&tot[i][0], _mm512_fmadd_ps(_mm512_mul_ps(s0, sx), d0, _mm512_load_ps(&tot[i][0])));
+          _mm512_store_ps(&tot[i][16], _mm512_fmadd_ps(_mm512_mul_ps(s1, sx), d1, _mm512_load_ps(&tot[i][16])));
         }
       }
+      for (int64_t i = 0; i < mt; ++i) {
+        float* o = out + (m0 + i) * ldo + (b0 + b) * (gate_cols ? 16 : 32);
+        if (gate_cols) act::gelu_mul(tot[i], tot[i] + 16, o, 16);  // the gate's 16 columns and their up columns
+        else std::memcpy(o, tot[i], 32 * sizeof(float));
+      }
+    };
+    if (stream) {
+      cpu_amx::config_16x64();
+      for (int64_t b = lo; b < hi; ++b) {
+        unpack(b, base, sz_buf.data(), b + 1 < hi);
+        tiles(b, 0, base, sz_buf.data());
+      }
+    } else {
+      for (int64_t b = lo; b < hi; ++b) unpack(b, base + b * 32 * K, sz_buf.data() + (b - lo) * G * 32, false);
+      cpu_amx::config_16x64();
+      for (int64_t mb0 = 0; mb0 < MB; mb0 += sb)
+        for (int64_t b = lo; b < hi; ++b)
+          for (int64_t mb = mb0; mb < std::min(MB, mb0 + sb); ++mb)
+            tiles(b, mb, base + b * 32 * K, sz_buf.data() + (b - lo) * G * 32);
     }
     _tile_release();
   };
