@@ -962,18 +962,17 @@ void w4a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
   // chunk first, then passes them over x's row superblocks (the unpacking paid once per block per call).
   const bool stream = MB == 1;
   const int64_t chunk = stream ? blocks : std::min(blocks, kAmxPackBlocks);
-  thread_local avector<int8_t> packed_buf;
-  const int64_t packed_blocks = stream ? 1 : chunk;
-  if (packed_buf.size() < static_cast<size_t>(packed_blocks * 32 * K)) packed_buf.resize(static_cast<size_t>(packed_blocks * 32 * K));
+  thread_local avector<int8_t> packed_buf;  // the calling thread's, for the chunk's blocks (not when streaming)
+  if (!stream && packed_buf.size() < static_cast<size_t>(chunk * 32 * K)) packed_buf.resize(static_cast<size_t>(chunk * 32 * K));
   const int8_t* const xt = x_in_tile_order(xq, M, K);
   int8_t* const packed = packed_buf.data();
   const int64_t sb = std::max<int64_t>(1, kAmxXBlockBytes / (32 * K));
   int64_t b0 = 0;
   auto body = [&](int64_t lo, int64_t hi) {
     // this thread's blocks: codes less their zero points as B tiles (block b's k-block kb, half h at
-    // b 32 K + 2048 kb + 1024 h; streaming: the one block at 0, in the calling thread's scratch, or a worker's),
-    // and each block's scales per group (sz[b][gi][32 rows])
-    thread_local avector<int8_t> own_buf;  // a worker's one block when streaming
+    // b 32 K + 2048 kb + 1024 h of packed_buf; streaming: one block at a time in this thread's own_buf), and each
+    // block's scales per group (sz[b][gi][32 rows])
+    thread_local avector<int8_t> own_buf;  // streaming: the block this thread unpacked last
     thread_local avector<float> sz_buf;
     thread_local avector<int8_t> z_buf;  // one block's zero points (zb[gi][32 rows])
     if (stream && own_buf.size() < static_cast<size_t>(32 * K)) own_buf.resize(static_cast<size_t>(32 * K));
