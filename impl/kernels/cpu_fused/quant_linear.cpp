@@ -1031,7 +1031,6 @@ void w4a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
       const int64_t m0 = mb * 32, mt = std::min<int64_t>(32, M - m0);
       const int8_t* a = xt + mb * KB * 2048;
       const bool low = mt <= 16;
-      std::memset(tot, 0, sizeof tot);
       for (int64_t gi = 0; gi < G; ++gi) {
         _tile_zero(0);
         _tile_zero(1);
@@ -1058,12 +1057,14 @@ void w4a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
           _tile_stored(3, &cg[16][16], 128);
         }
         const __m512 s0 = _mm512_load_ps(sz + gi * 32), s1 = _mm512_load_ps(sz + gi * 32 + 16);
-        for (int64_t i = 0; i < mt; ++i) {  // w4a8_step on 16 outputs at a time
+        for (int64_t i = 0; i < mt; ++i) {  // w4a8_step on 16 outputs at a time (the first group's onto +0: no memset)
           const __m512 sx = _mm512_set1_ps(xs[(m0 + i) * G + gi]);
           const __m512 d0 = _mm512_cvtepi32_ps(_mm512_load_si512(&cg[i][0]));
           const __m512 d1 = _mm512_cvtepi32_ps(_mm512_load_si512(&cg[i][16]));
-          _mm512_store_ps(&tot[i][0], _mm512_fmadd_ps(_mm512_mul_ps(s0, sx), d0, _mm512_load_ps(&tot[i][0])));
-          _mm512_store_ps(&tot[i][16], _mm512_fmadd_ps(_mm512_mul_ps(s1, sx), d1, _mm512_load_ps(&tot[i][16])));
+          const __m512 t0 = gi ? _mm512_load_ps(&tot[i][0]) : _mm512_setzero_ps();
+          const __m512 t1 = gi ? _mm512_load_ps(&tot[i][16]) : _mm512_setzero_ps();
+          _mm512_store_ps(&tot[i][0], _mm512_fmadd_ps(_mm512_mul_ps(s0, sx), d0, t0));
+          _mm512_store_ps(&tot[i][16], _mm512_fmadd_ps(_mm512_mul_ps(s1, sx), d1, t1));
         }
       }
       for (int64_t i = 0; i < mt; ++i) {
@@ -1245,6 +1246,7 @@ std::vector<torch::Tensor> quantize_groups(const torch::Tensor& x, int64_t g) {
       int8_t* qr = qp + i * g;
       quantize_row(xp + i * g, g, qr, sp + i);
       int32_t sum = 0;
+#pragma omp simd reduction(+ : sum)
       for (int64_t k = 0; k < g; ++k) sum += qr[k];
       up[i] = sum;
     }
