@@ -76,6 +76,19 @@ def profile_run(fn) -> tuple[float, dict[str, float]]:
     return wall, dict(out)
 
 
+# The server flags an in-process engine of the investigations takes from --server-args (the rest are the server's)
+ENGINE_KEYS = ("torchao_config", "quantization", "dtype", "chunked_prefill_size")
+
+
+def engine_kwargs(path: str, server_args: str) -> dict:
+    """``Engine`` keyword arguments from a server command line's flags (``--server-args``), parsed and checked as the
+    server parses them; only the ENGINE_KEYS the line sets."""
+    from impl.args import ServerArgs
+
+    extra = ServerArgs.parse(["--model-path", path, *shlex.split(server_args)])
+    return {k: getattr(extra, k) for k in ENGINE_KEYS if getattr(extra, k, None)}
+
+
 def _table(title: str, wall: float, phases: dict[str, float], bound: float, bound_what: str) -> list[str]:
     rows = [f"**{title}**: {wall * 1e3:.0f} ms; the machine's bound {bound * 1e3:.0f} ms ({bound_what}), so "
             f"{bound / wall:.0%} of it.", "", "| phase | ms | share |", "|---|---:|---:|"]
@@ -105,15 +118,13 @@ def main(argv=None) -> int:
 
     from bench.bench_full import measure_limits, model_costs
     from impl import Engine
-    from impl.args import ServerArgs
     from bench.bench_llamacpp import resolve_model
 
     torch.set_num_threads(args.threads)
     path = resolve_model(args.model)
     limits = [measure_limits()]  # again after the runs: a shared machine's figures, the higher of each kept
     costs = model_costs(path, args.prompt)
-    extra = ServerArgs.parse(["--model-path", path, *shlex.split(args.server_args)])
-    kw = {k: getattr(extra, k) for k in ("torchao_config", "quantization", "dtype") if getattr(extra, k, None)}
+    kw = engine_kwargs(path, args.server_args)
     ids = [(7 + 31 * i) % 200_000 + 100 for i in range(args.prompt)]
     weights = args.server_args or "bf16 weights"
     runs: list[tuple[str, float, dict[str, float], str]] = []  # (title, wall, phases, "prefill on/off" / "decode")

@@ -11,7 +11,6 @@ the mean decode step by batch size, the time outside forwards), so a slow tail c
 from __future__ import annotations
 
 import argparse
-import shlex
 import time
 from collections import defaultdict
 
@@ -34,16 +33,13 @@ def main(argv=None) -> int:
     import torch
 
     from bench.bench_llamacpp import resolve_model
-    from bench.profile_step import profile_run
+    from bench.profile_step import engine_kwargs, profile_run
     from impl import Engine
-    from impl.args import ServerArgs
 
     torch.set_num_threads(args.threads)
     path = resolve_model(args.model)
-    extra = ServerArgs.parse(["--model-path", path, *shlex.split(args.server_args)])
-    kw = {k: getattr(extra, k) for k in ("torchao_config", "quantization", "dtype", "chunked_prefill_size")
-          if getattr(extra, k, None)}
-    eng = Engine(model_path=path, kv_sharing_fast_prefill=args.flag == "on", random_seed=0, **kw)
+    eng = Engine(model_path=path, kv_sharing_fast_prefill=args.flag == "on", random_seed=0,
+                 **engine_kwargs(path, args.server_args))
     log: list[tuple[int, int, float]] = []  # (prefill tokens, decode rows, seconds) per forward
     runner = eng.runner
     inner = runner.forward

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -26,13 +25,12 @@ import time
 def _child(args) -> None:
     import torch
 
+    from bench.profile_step import engine_kwargs
     from impl import Engine
-    from impl.args import ServerArgs
 
     torch.set_num_threads(args.threads)
-    extra = ServerArgs.parse(["--model-path", args.model, *shlex.split(args.server_args)])
-    kw = {k: getattr(extra, k) for k in ("torchao_config", "quantization") if getattr(extra, k, None)}
-    eng = Engine(model_path=args.model, kv_sharing_fast_prefill=args.flag == "on", random_seed=0, **kw)
+    eng = Engine(model_path=args.model, kv_sharing_fast_prefill=args.flag == "on", random_seed=0,
+                 **engine_kwargs(args.model, args.server_args))
     sp = {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True}
     times, firsts = [], []
     try:
@@ -58,7 +56,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--server-args", default="", help="weight format flags, e.g. \"--torchao-config 8da4w-128\"")
+    ap.add_argument("--server-args", default="", help="engine flags (bench.profile_step.ENGINE_KEYS), e.g. \"--torchao-config 8da4w-128\"")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
