@@ -522,6 +522,14 @@ inline const int8_t* x_in_tile_order(const int8_t* xq, int64_t M, int64_t K) {
   return xt;
 }
 
+// The layout of a tile kernel's 32-row weight block b (w8a8_amx, w4a8_amx). gate_cols == 0: weight rows 32 b ..,
+// output columns 32 b ..; gate_cols == I (a gate / up weight [2I, K]): tile half 0 the 16 gate rows 16 b .., half 1
+// their 16 up rows I further on, and the block's 16 activation outputs at column 16 b.
+inline int64_t tile_block_row0(int64_t b, int h, int64_t gate_cols) {  // the first weight row of tile half h
+  return gate_cols ? 16 * b + h * gate_cols : 32 * b + 16 * h;
+}
+inline int64_t tile_block_col0(int64_t b, int64_t gate_cols) { return b * (gate_cols ? 16 : 32); }
+
 // out = x @ dequant(w)^T from x's row codes xq [M, K] and scales xs [M]. gate_cols == 0: out [M, N]. gate_cols == I
 // (a gate / up weight, N = 2I: gate rows first): out [M, I] = gelu_tanh(gate) * up, each tile block pairing 16 gate
 // rows with the 16 up rows I further on, so the activation runs on the float32 products while they are in
@@ -529,8 +537,6 @@ inline const int8_t* x_in_tile_order(const int8_t* xq, int64_t M, int64_t K) {
 void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out, int64_t gate_cols = 0) {
   const int64_t N = q.N, K = q.K, KB = K / 64;
   const int64_t blocks = N / 32, MB = (M + 31) / 32, ldo = gate_cols ? gate_cols : N;
-  // the weight rows of tile half h of block b (16 each)
-  auto row0 = [&](int64_t b, int h) { return gate_cols ? 16 * b + h * gate_cols : 32 * b + 16 * h; };
   // Scratch of the calling thread, kept between calls (the workers reach it through the pointers below).
   // A row-layout weight's 32-row blocks are packed once per call (tile_half), kAmxPackBlocks at a time; a tiled
   // weight's tiles are read in place.
@@ -548,7 +554,7 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
   auto body = [&](int64_t lo, int64_t hi) {
     std::vector<TileHalf> halves(2 * (hi - lo));
     for (int64_t b = lo; b < hi; ++b)
-      for (int h = 0; h < 2; ++h) halves[2 * (b - lo) + h] = tile_half(q, row0(b0 + b, h), packed + b * 32 * K + h * 1024);
+      for (int h = 0; h < 2; ++h) halves[2 * (b - lo) + h] = tile_half(q, tile_block_row0(b0 + b, h, gate_cols), packed + b * 32 * K + h * 1024);
     cpu_amx::config_16x64();
     alignas(64) int32_t c[32][32];
     alignas(64) float sw[32];
@@ -583,7 +589,7 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
           _tile_stored(3, &c[16][16], 128);
           for (int64_t i = 0; i < mt; ++i) {  // w8a8_kernel's epilogue, term for term: (float(acc) * s_w) * s_x
             const __m512 sx = _mm512_set1_ps(xs[m0 + i]);
-            float* o = out + (m0 + i) * ldo + (b0 + b) * (gate_cols ? 16 : 32);
+            float* o = out + (m0 + i) * ldo + tile_block_col0(b0 + b, gate_cols);
             for (int h = 0; h < 2; ++h) {
               const __m512 a32 = _mm512_cvtepi32_ps(_mm512_load_si512(&c[i][16 * h]));
               const __m512 y = _mm512_mul_ps(_mm512_mul_ps(a32, _mm512_load_ps(sw + 16 * h)), sx);
@@ -954,8 +960,6 @@ inline bool use_amx_w4a8(int64_t M, const QuantView& q) {
 void w4a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out, int64_t gate_cols = 0) {
   const int64_t N = q.N, K = q.K, KB = K / 64, G = q.G, half = q.g / 2, KBG = q.g / 64, rowB = G * q.B;
   const int64_t ldo = gate_cols ? gate_cols : N;
-  // the weight row of tile half h's row r in block b (w8a8_amx's pairing of 16 gate rows with their 16 up rows)
-  auto row = [&](int64_t b, int h, int r) { return (gate_cols ? 16 * b + h * gate_cols : 32 * b + 16 * h) + r; };
   const int64_t blocks = N / 32, MB = (M + 31) / 32;
   // One row block (decode of 2-32 requests): each block is unpacked right before its tiles run, into one block's
   // scratch that stays in L2, and the weight streams from memory once. More: each thread unpacks its blocks of a
@@ -984,7 +988,7 @@ void w4a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
     alignas(64) int8_t codes[16][64];
     auto rows_of = [&](int64_t b, const uint8_t** wr) {  // block b's 32 weight rows
       for (int h = 0; h < 2; ++h)
-        for (int r = 0; r < 16; ++r) wr[16 * h + r] = q.data + row(b0 + b, h, r) * rowB;
+        for (int r = 0; r < 16; ++r) wr[16 * h + r] = q.data + (tile_block_row0(b0 + b, h, gate_cols) + r) * rowB;
     };
     // Block b into dst / sz; with `ahead`, block b + 1's code bytes are asked into L2 as b's are read (streaming:
     // the next block's rows come from memory while this one's tiles run), a line or two per 64 codes read
@@ -1068,7 +1072,7 @@ void w4a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
         }
       }
       for (int64_t i = 0; i < mt; ++i) {
-        float* o = out + (m0 + i) * ldo + (b0 + b) * (gate_cols ? 16 : 32);
+        float* o = out + (m0 + i) * ldo + tile_block_col0(b0 + b, gate_cols);
         if (gate_cols) act::gelu_mul(tot[i], tot[i] + 16, o, 16);  // the gate's 16 columns and their up columns
         else std::memcpy(o, tot[i], 32 * sizeof(float));
       }
