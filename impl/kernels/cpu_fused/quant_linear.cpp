@@ -1351,9 +1351,7 @@ void quant_gelu_mul_into(const torch::Tensor& x, const torch::Tensor& w, torch::
     return;
   }
 #endif
-  auto gu = torch::empty({M, q.N}, out.options());  // the two steps: the products, then the activation per row
-  if (q.kind == QuantKind::kW8A8) w8a8_linear_into(x, w, gu);
-  else gu = quant_linear(x, w);
+  const torch::Tensor gu = quant_linear(x, w);  // the two steps: the products, then the activation per row
   const float* g = gu.data_ptr<float>();
   float* o = out.data_ptr<float>();
   for (int64_t m = 0; m < M; ++m) act::gelu_mul(g + m * q.N, g + m * q.N + I, o + m * I, I);
