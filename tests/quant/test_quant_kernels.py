@@ -155,9 +155,10 @@ def test_fused_activation_quantization_is_the_two_steps(ext, rows):
 def test_w4a8_rows_are_exact_at_every_size(ext, group, rows):
     """W4A8 takes exact integer dot products per group at every row count and weight size (decode's 4-row passes,
     prefill's 2 x 2 tiles, row-block tails; from 2 rows AMX-int8 tiles where the CPU has them, for groups of 128
-    and 256 and weights of a multiple of 32 rows: one row block streamed, more unpacked first), and adds their terms in one order: a row's bits never depend on
-    the call, even on a weight above the small-weight floor (where the weight-only kinds switch to the dequantized
-    GEMM). Every group size: with VNNI, groups of 128 and 256 take their own integer loop."""
+    and 256 and weights of a multiple of 32 rows: one row block streamed, more unpacked first), and adds their
+    terms in one order: a row's bits never depend on the call, even on a weight above the small-weight floor
+    (where the weight-only kinds switch to the dequantized GEMM). Every group size: with VNNI, groups of 128 and
+    256 take their own integer loop."""
     g = torch.Generator().manual_seed(5)
     p = pack.pack(torch.randn(rows, 512, generator=g), WeightFormat("w4a8", group, False))
     x = torch.randn(37, 512, generator=g)
