@@ -272,6 +272,25 @@ def test_w8a8_amx_tiles_give_the_row_kernels_bits(ext):
     assert torch.equal(ext.quant_linear(x[39:], p), full[39:])
 
 
+@pytest.mark.parametrize("fmt", [WeightFormat("w8a8"), WeightFormat("w4a8", 128, False)])
+def test_large_outputs_streamed_to_memory_keep_their_bits(ext, fmt):
+    """From 8 MB of float32 output the tile kernels store it non-temporally (AMX; ``kAmxStreamOutBytes``), for the
+    plain product and the gated MLP's GELU x up: every row has the bits it gets alone (an ordinary store, the row
+    kernels), including the last rows of a partial 32-row block, and the tiled W8A8 weight the same."""
+    g = torch.Generator().manual_seed(13)
+    w, x = torch.randn(32768, 128, generator=g), torch.randn(130, 128, generator=g) * 3  # gated: 130 x 16384 x 4 B
+    p = pack.pack(w, fmt)
+    full, gated = ext.quant_linear(x, p), ext.quant_gelu_mul(x, p)
+    assert full.shape == (130, 32768) and gated.shape == (130, 16384)
+    torch.testing.assert_close(full, reference.linear(x, p), rtol=1e-5, atol=1e-4)
+    for rows in (slice(0, 1), slice(31, 33), slice(129, 130)):
+        assert torch.equal(ext.quant_linear(x[rows], p), full[rows])
+        assert torch.equal(ext.quant_gelu_mul(x[rows], p), gated[rows])
+    if fmt.kind == "w8a8":
+        t = ext.w8a8_tile_order_(p.clone(), 128)
+        assert torch.equal(ext.quant_linear(x, t), full) and torch.equal(ext.quant_gelu_mul(x, t), gated)
+
+
 def test_w8a8_tile_order_gives_the_same_bits(ext):
     """Where the CPU has AMX-int8 tiles a W8A8 weight is put in tile order in place (``w8a8_tile_order_``: the
     same bytes, rearranged per 32 output rows; prefill's tiles read it without repacking, decode's VNNI kernel

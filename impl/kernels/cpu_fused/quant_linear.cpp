@@ -530,6 +530,30 @@ inline int64_t tile_block_row0(int64_t b, int h, int64_t gate_cols) {  // the fi
 }
 inline int64_t tile_block_col0(int64_t b, int64_t gate_cols) { return b * (gate_cols ? 16 : 32); }
 
+// From this many bytes of float32 output (more than the L2 caches hold) the tile kernels store it non-temporally:
+// an ordinary store first reads each line from memory, and a block's 32 rows of 128 bytes lie an output row
+// apart (the reads were a fifth of a 1024 x 1536 -> 12288 W8A8 matmul's time; the next op's read from memory
+// instead of cache costs less). Smaller outputs stay in the cache for the op that reads them next.
+constexpr int64_t kAmxStreamOutBytes = int64_t{8} << 20;
+inline bool stream_out(const float* out, int64_t M, int64_t ldo) {
+  return reinterpret_cast<uintptr_t>(out) % 64 == 0 && ldo % 16 == 0 && M * ldo * 4 >= kAmxStreamOutBytes;
+}
+
+// One row of a tile block's float32 products v (32 values, 64-byte aligned) to its output o: the 32 values, or
+// (gate) gelu_tanh of the 16 gate values times their 16 up values (act::gelu_mul on 16 lanes: the bits of the
+// pass over a whole row). nt: non-temporal stores (o 64-byte aligned; the caller fences before the output is read).
+inline void store_block_row(float* v, float* o, bool gate, bool nt) {
+  if (gate) {
+    act::gelu_mul(v, v + 16, nt ? v : o, 16);
+    if (nt) _mm512_stream_ps(o, _mm512_load_ps(v));
+  } else if (nt) {
+    _mm512_stream_ps(o, _mm512_load_ps(v));
+    _mm512_stream_ps(o + 16, _mm512_load_ps(v + 16));
+  } else {
+    std::memcpy(o, v, 32 * sizeof(float));
+  }
+}
+
 // out = x @ dequant(w)^T from x's row codes xq [M, K] and scales xs [M]. gate_cols == 0: out [M, N]. gate_cols == I
 // (a gate / up weight, N = 2I: gate rows first): out [M, I] = gelu_tanh(gate) * up, each tile block pairing 16 gate
 // rows with the 16 up rows I further on, so the activation runs on the float32 products while they are in
@@ -550,6 +574,7 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
   // only the blocks it packed: no barrier between the two. Every output element is one exact int32 sum: the order
   // changes nothing. `b0`: the chunk's first block (the body's block indices are relative to it).
   const int64_t sb = std::max<int64_t>(1, kAmxXBlockBytes / (32 * K));
+  const bool nt = stream_out(out, M, ldo);
   int64_t b0 = 0;
   auto body = [&](int64_t lo, int64_t hi) {
     std::vector<TileHalf> halves(2 * (hi - lo));
@@ -558,7 +583,7 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
     cpu_amx::config_16x64();
     alignas(64) int32_t c[32][32];
     alignas(64) float sw[32];
-    alignas(64) float gu[2][16];
+    alignas(64) float y[32];
     for (int64_t mb0 = 0; mb0 < MB; mb0 += sb) {
       const int64_t mb1 = std::min(MB, mb0 + sb);
       for (int64_t b = lo; b < hi; ++b) {
@@ -589,19 +614,17 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
           _tile_stored(3, &c[16][16], 128);
           for (int64_t i = 0; i < mt; ++i) {  // w8a8_kernel's epilogue, term for term: (float(acc) * s_w) * s_x
             const __m512 sx = _mm512_set1_ps(xs[m0 + i]);
-            float* o = out + (m0 + i) * ldo + tile_block_col0(b0 + b, gate_cols);
             for (int h = 0; h < 2; ++h) {
               const __m512 a32 = _mm512_cvtepi32_ps(_mm512_load_si512(&c[i][16 * h]));
-              const __m512 y = _mm512_mul_ps(_mm512_mul_ps(a32, _mm512_load_ps(sw + 16 * h)), sx);
-              if (gate_cols) _mm512_store_ps(gu[h], y);
-              else _mm512_storeu_ps(o + 16 * h, y);
+              _mm512_store_ps(y + 16 * h, _mm512_mul_ps(_mm512_mul_ps(a32, _mm512_load_ps(sw + 16 * h)), sx));
             }
-            if (gate_cols) act::gelu_mul(gu[0], gu[1], o, 16);  // the gate's 16 columns and their up columns
+            store_block_row(y, out + (m0 + i) * ldo + tile_block_col0(b0 + b, gate_cols), gate_cols != 0, nt);
           }
         }
       }
     }
     _tile_release();
+    if (nt) _mm_sfence();  // this thread's streamed outputs visible before the barrier that ends for_blocks
   };
   for (; b0 < blocks; b0 += chunk) for_blocks(std::min(chunk, blocks - b0), 1, body);
 }
@@ -971,6 +994,7 @@ void w4a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
   const int8_t* const xt = x_in_tile_order(xq, M, K);
   int8_t* const packed = packed_buf.data();
   const int64_t sb = std::max<int64_t>(1, kAmxXBlockBytes / (32 * K));
+  const bool nt = stream_out(out, M, ldo);
   int64_t b0 = 0;
   auto body = [&](int64_t lo, int64_t hi) {
     // this thread's blocks: codes less their zero points as B tiles (block b's k-block kb, half h at
@@ -1071,11 +1095,8 @@ void w4a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
           _mm512_store_ps(&tot[i][16], _mm512_fmadd_ps(_mm512_mul_ps(s1, sx), d1, t1));
         }
       }
-      for (int64_t i = 0; i < mt; ++i) {
-        float* o = out + (m0 + i) * ldo + tile_block_col0(b0 + b, gate_cols);
-        if (gate_cols) act::gelu_mul(tot[i], tot[i] + 16, o, 16);  // the gate's 16 columns and their up columns
-        else std::memcpy(o, tot[i], 32 * sizeof(float));
-      }
+      for (int64_t i = 0; i < mt; ++i)
+        store_block_row(tot[i], out + (m0 + i) * ldo + tile_block_col0(b0 + b, gate_cols), gate_cols != 0, nt);
     };
     if (stream) {
       cpu_amx::config_16x64();
@@ -1092,6 +1113,7 @@ void w4a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
             tiles(b, mb, base + b * 32 * K, sz_buf.data() + (b - lo) * G * 32);
     }
     _tile_release();
+    if (nt) _mm_sfence();  // this thread's streamed outputs visible before the barrier that ends for_blocks
   };
   for (; b0 < blocks; b0 += chunk) for_blocks(std::min(chunk, blocks - b0), 1, body);
 }
