@@ -1,11 +1,12 @@
 """Decode's quantized row kernels, two builds of the fused CPU extension side by side in one process (a benchmark,
 not a test): ``python -m bench.investigations.decode_kernels --builds OLD.so NEW.so --format w4a8 --rows 1``.
 
-The weights: 12 copies of one E2B layer's linears (q 2048 x 1536, k / v 512 x 1536, o 1536 x 2048, gate / up
-12288 x 1536 as one, down 1536 x 6144), packed in the format, about a quarter of a decode step's bytes (more than
-any cache). Each round times ``quant_linear`` over all of them with ``--rows`` rows of x (1: batch-1 decode), the
-two builds alternating, with the engine's allocator setting (``impl.engine.allocator``: without it every large output
-is a fresh zero-filled mapping, and the page faults hide what the kernels' stores cost); both must give the same bits (``--arithmetic-changed``: the same to float rounding). Prints each build's median, its GB/s of packed weights and
+The weights: 12 copies of one E2B layer's linears (q 2048 x 1536, k / v 512 x 1536, o 1536 x 2048, gate / up 12288 x
+1536 as one, down 1536 x 6144), packed in the format, about a quarter of a decode step's bytes (more than any
+cache). Each round times ``quant_linear`` over all of them with ``--rows`` rows of x (1: batch-1 decode), the two
+builds alternating, with the engine's allocator setting (``impl.engine.allocator``: without it every large output is
+a fresh zero-filled mapping, and the page faults hide what the kernels' stores cost); both must give the same bits
+(``--arithmetic-changed``: the same to float rounding). Prints each build's median, its GB/s of packed weights and
 the ratio. A build is the ``.so`` of ``impl_cpu_fused`` in torch's extension cache
 (``~/.cache/torch_extensions/py311_cpu/impl_cpu_fused_<hash>/``): build one checkout, then the other (a
 ``git worktree`` of the old commit), and give both paths."""
