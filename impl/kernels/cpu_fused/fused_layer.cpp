@@ -414,7 +414,7 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
       cpu_fused::quant_gelu_mul_into(xb, gate_up[0], y);
       if (w8a8_down) {
         auto qs = cpu_fused::quantize_rows(y);
-        m_rows.copy_(cpu_fused::w8a8_linear_codes(qs[0], qs[1], down_w));
+        cpu_fused::w8a8_linear_codes_into(qs[0], qs[1], down_w, m_rows);  // m: float32 rows (down_bf16 is false)
       } else {
         m_rows.copy_(linear(y, down_w, onednn));
       }
@@ -442,7 +442,7 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
       auto codes = torch::empty({rows, inter}, gate.options().dtype(torch::kInt8));
       auto scales = torch::empty({rows}, gate.options());
       gelu_mul_quantize_rows(gate, up, codes, scales);
-      m_rows.copy_(cpu_fused::w8a8_linear_codes(codes, scales, down_w));
+      cpu_fused::w8a8_linear_codes_into(codes, scales, down_w, m_rows);
       continue;
     }
     auto y = split ? gate : torch::empty({rows, inter}, gate.options());  // [rows, I] contiguous (split: gate's own)

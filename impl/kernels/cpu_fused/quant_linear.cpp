@@ -1314,7 +1314,8 @@ void w8a8_product(const int8_t* codes, const float* scales, int64_t M, const Qua
 }
 }  // namespace
 
-torch::Tensor w8a8_linear_codes(const torch::Tensor& codes, const torch::Tensor& scales, const torch::Tensor& w) {
+void w8a8_linear_codes_into(const torch::Tensor& codes, const torch::Tensor& scales, const torch::Tensor& w,
+                            torch::Tensor& out) {
   TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == torch::kInt8 && codes.is_contiguous(),
               "w8a8_linear_codes takes contiguous int8 codes [M, K]");
   TORCH_CHECK(scales.dim() == 1 && scales.size(0) == codes.size(0) && scales.scalar_type() == torch::kFloat32 &&
@@ -1322,9 +1323,15 @@ torch::Tensor w8a8_linear_codes(const torch::Tensor& codes, const torch::Tensor&
   const QuantView q = quant_view(w, codes.size(1));
   TORCH_CHECK(q.kind == QuantKind::kW8A8, "w8a8_linear_codes takes a W8A8 weight");
   const int64_t M = codes.size(0);
-  auto out = torch::empty({M, q.N}, scales.options());
-  if (M == 0 || q.N == 0) return out;
+  TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous() && out.dim() == 2 && out.size(0) == M &&
+                  out.size(1) == q.N, "w8a8_linear_codes_into: out must be contiguous float32 [M, N]");
+  if (M == 0 || q.N == 0) return;
   w8a8_product(codes.data_ptr<int8_t>(), scales.data_ptr<float>(), M, q, out.data_ptr<float>());
+}
+
+torch::Tensor w8a8_linear_codes(const torch::Tensor& codes, const torch::Tensor& scales, const torch::Tensor& w) {
+  auto out = torch::empty({codes.size(0), out_features(w, codes.size(1))}, scales.options());
+  w8a8_linear_codes_into(codes, scales, w, out);
   return out;
 }
 

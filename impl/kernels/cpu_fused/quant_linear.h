@@ -73,6 +73,9 @@ void quantize_row(const float* x, int64_t K, int8_t* codes, float* scale);
 // quant_linear for a W8A8 weight on activations already quantized per row (codes [M, K] int8, scales [M] float32,
 // contiguous: quantize_rows' outputs, or rows quantize_row wrote): the same bits as quant_linear on x.
 torch::Tensor w8a8_linear_codes(const torch::Tensor& codes, const torch::Tensor& scales, const torch::Tensor& w);
+// The same into out [M, N] (contiguous float32): a row block of the caller's output, with no copy.
+void w8a8_linear_codes_into(const torch::Tensor& codes, const torch::Tensor& scales, const torch::Tensor& w,
+                            torch::Tensor& out);
 
 // quant_linear for a W8A8 weight into `out` (float32 [M, N], contiguous: a buffer the caller keeps between calls).
 void w8a8_linear_into(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& out);
