@@ -1312,6 +1312,16 @@ void w8a8_product(const int8_t* codes, const float* scales, int64_t M, const Qua
   }
   w8a8_kernel(codes, scales, M, q, out);
 }
+
+// The W8A8 weight w for inputs of width K, checked with `out` (contiguous float32 [M, N]) for the *_into entry
+// points (`who` names the caller in the messages).
+QuantView w8a8_view_into(const torch::Tensor& w, int64_t K, int64_t M, const torch::Tensor& out, const char* who) {
+  const QuantView q = quant_view(w, K);
+  TORCH_CHECK(q.kind == QuantKind::kW8A8, who, " takes a W8A8 weight");
+  TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous() && out.dim() == 2 && out.size(0) == M &&
+                  out.size(1) == q.N, who, ": out must be contiguous float32 [M, N]");
+  return q;
+}
 }  // namespace
 
 void w8a8_linear_codes_into(const torch::Tensor& codes, const torch::Tensor& scales, const torch::Tensor& w,
@@ -1320,11 +1330,8 @@ void w8a8_linear_codes_into(const torch::Tensor& codes, const torch::Tensor& sca
               "w8a8_linear_codes takes contiguous int8 codes [M, K]");
   TORCH_CHECK(scales.dim() == 1 && scales.size(0) == codes.size(0) && scales.scalar_type() == torch::kFloat32 &&
                   scales.is_contiguous(), "w8a8_linear_codes takes one float32 scale per row");
-  const QuantView q = quant_view(w, codes.size(1));
-  TORCH_CHECK(q.kind == QuantKind::kW8A8, "w8a8_linear_codes takes a W8A8 weight");
   const int64_t M = codes.size(0);
-  TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous() && out.dim() == 2 && out.size(0) == M &&
-                  out.size(1) == q.N, "w8a8_linear_codes_into: out must be contiguous float32 [M, N]");
+  const QuantView q = w8a8_view_into(w, codes.size(1), M, out, "w8a8_linear_codes");
   if (M == 0 || q.N == 0) return;
   w8a8_product(codes.data_ptr<int8_t>(), scales.data_ptr<float>(), M, q, out.data_ptr<float>());
 }
@@ -1337,11 +1344,8 @@ torch::Tensor w8a8_linear_codes(const torch::Tensor& codes, const torch::Tensor&
 
 void w8a8_linear_into(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& out) {
   TORCH_CHECK(x.dim() == 2, "w8a8_linear_into takes x [M, K]");
-  const QuantView q = quant_view(w, x.size(1));
   const int64_t M = x.size(0);
-  TORCH_CHECK(q.kind == QuantKind::kW8A8, "w8a8_linear_into takes a W8A8 weight");
-  TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous() && out.dim() == 2 && out.size(0) == M &&
-                  out.size(1) == q.N, "w8a8_linear_into: out must be contiguous float32 [M, N]");
+  const QuantView q = w8a8_view_into(w, x.size(1), M, out, "w8a8_linear_into");
   if (M == 0 || q.N == 0) return;
   auto qs = quantize_rows(x);
   w8a8_product(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), M, q, out.data_ptr<float>());
