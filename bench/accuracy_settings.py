@@ -46,7 +46,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "int4 weights in groups of 32, asymmetric (W4A16) vs float32"),
     Setting("weights-w4a8", F32, (*F32, "--torchao-config", "8da4w-32"),
             "int4 weights in groups of 32, asymmetric, int8 activations per group (W4A8) vs float32"),
+    # two formats in one model: W8A8, with W4A8 in the KV-shared layers (--torchao-config-kv-shared)
+    Setting("weights-w8a8-shared-w4a8", F32, (*F32, "--torchao-config", "int8dq", "--torchao-config-kv-shared", "8da4w-32"),
+            "W8A8, the KV-shared layers W4A8 (int4 in groups of 32, int8 activations per group) vs float32"),
 )}
 
 DEFAULT_SETTINGS = ("kv-fp8_e4m3", "kv-fp8_e5m2", "weights-bf16", "weights-w8a8", "weights-w8a16", "weights-w4a16",
-                    "weights-w4a8")
+                    "weights-w4a8", "weights-w8a8-shared-w4a8")

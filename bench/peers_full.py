@@ -8,7 +8,8 @@ gap between a system's top-10 logprob and transformers' logprob of the same id, 
 and how many greedy ids agree before the paths part.
 
 * ours (``impl.Engine`` in process): bf16 weights with bf16 KV, the same with ``--kv-cache-dtype fp8_e4m3`` and
-  ``fp8_e5m2``, bf16 with ``--kv-sharing-fast-prefill``, and ``--torchao-config int8dq`` / ``8da4w-128``;
+  ``fp8_e5m2``, bf16 with ``--kv-sharing-fast-prefill``, and ``--torchao-config int8dq`` / ``8da4w-128`` (and
+  int8dq with ``--torchao-config-kv-shared 8da4w-128``);
 * llama.cpp (``bench/bench_llamacpp.py``'s build and GGUFs: bf16 by its converter, Q8_0 and Q4_0 by
   ``llama-quantize``): ``llama-server`` with its default f16 KV and the prompt cache off, ``/completion`` with the
   prompt as token ids; the top-10 from ``n_probs`` 10 with ``post_sampling_probs`` false (the raw logits'
@@ -45,6 +46,7 @@ OURS = {  # --only key -> Engine keyword arguments beyond the checkpoint
     "fp8_e5m2": {"dtype": "bfloat16", "kv_cache_dtype": "fp8_e5m2"},
     "int8dq": {"dtype": "bfloat16", "torchao_config": "int8dq"},
     "8da4w-128": {"dtype": "bfloat16", "torchao_config": "8da4w-128"},
+    "int8dq-shared-8da4w-128": {"dtype": "bfloat16", "torchao_config": "int8dq", "torchao_config_kv_shared": "8da4w-128"},
 }
 LLAMACPP = ("bf16", "q8_0", "q4_0")
 

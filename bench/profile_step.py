@@ -77,7 +77,7 @@ def profile_run(fn) -> tuple[float, dict[str, float]]:
 
 
 # The server flags an in-process engine of the investigations takes from --server-args (the rest are the server's)
-ENGINE_KEYS = ("torchao_config", "quantization", "dtype", "chunked_prefill_size")
+ENGINE_KEYS = ("torchao_config", "torchao_config_kv_shared", "quantization", "dtype", "chunked_prefill_size")
 
 
 def engine_kwargs(path: str, server_args: str) -> dict:

@@ -1,7 +1,8 @@
 """Issue 32: fast prefill stays exact with quantized weights.
 
 QUANT-PARITY: for every weight format the engine serves (int8 W8A8, int8 and int4 weight-only, int4 weights with
-int8 activations, quantized while the checkpoint loads: ``--torchao-config``) and both KV dtypes (the model's and
+int8 activations, quantized while the checkpoint loads: ``--torchao-config``; and W8A8 with the KV-shared layers in
+W4A8, ``--torchao-config-kv-shared``) and both KV dtypes (the model's and
 fp8_e4m3), greedy tokens and logprobs with ``--kv-sharing-fast-prefill`` equal those without it (logprobs within the PARITY contracts'
 float32 bound), whole prompts and chunked, batched and one by one. The flag changes how many rows the
 cross-decoder runs on; a quantized kernel whose result for a row depended on the rows beside it (an
@@ -19,7 +20,9 @@ from contracts.yoco_engine import FLAG, LOGPROB_TOL, MODEL, _argv, _compare, pro
 from contracts.subject import GenRequest
 
 FORMATS = (("--torchao-config", "int8dq"), ("--torchao-config", "int8wo"), ("--torchao-config", "int4wo-32"),
-           ("--torchao-config", "8da4w-32"))
+           ("--torchao-config", "8da4w-32"),
+           # two formats in one model: the KV-shared layers (the rows the flag cuts) in W4A8, the rest W8A8
+           ("--torchao-config", "int8dq", "--torchao-config-kv-shared", "8da4w-32"))
 KV = ((), ("--kv-cache-dtype", "fp8_e4m3"))
 LENGTHS = [1, 5, 9, 16, 17, 33, 41, 64]
 

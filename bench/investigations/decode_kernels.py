@@ -44,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tile-order", action="store_true",
-                    help="w8a8: the weights in AMX tile order (w8a8_tile_order_ of the first build), as the engine "
-                         "keeps them where the CPU has AMX-int8")
+                    help="w8a8 / w4a8: each build's copy of the weights in AMX tile order as that build lays them out "
+                         "(its quant_tile_order_, or an older build's w8a8_tile_order_: a build that does not tile a "
+                         "format keeps its row layout), as the engine keeps them where the CPU has AMX-int8")
     ap.add_argument("--arithmetic-changed", action="store_true",
                     help="the builds add terms differently: outputs must agree to float rounding, not bit for bit")
     args = ap.parse_args(argv)
@@ -67,23 +68,31 @@ def main(argv: list[str] | None = None) -> int:
     builds = [load_build(p) for p in args.builds]
     packed = {s: pack(torch.randn(*s) * 0.03, fmt) for s in set(SHAPES)}
     ks = [k for _ in range(args.copies) for _, k in SHAPES]  # each weight's in_features
-    weights = [packed[s].clone() for _ in range(args.copies) for s in SHAPES]
-    if args.tile_order:
-        if args.format != "w8a8":
-            ap.error("--tile-order is for --format w8a8")
-        weights = [builds[0].w8a8_tile_order_(w, k) for w, k in zip(weights, ks)]
+    if args.tile_order and args.format not in ("w8a8", "w4a8"):
+        ap.error("--tile-order is for --format w8a8 or w4a8")
+
+    def copies(m):  # one build's weights (its own tile order with --tile-order)
+        ws = [packed[s].clone() for _ in range(args.copies) for s in SHAPES]
+        if not args.tile_order:
+            return ws
+        tile = getattr(m, "quant_tile_order_", None) or m.w8a8_tile_order_
+        return [tile(w, k) for w, k in zip(ws, ks)]
+
+    weights = [copies(m) for m in builds]
+    if not args.tile_order:
+        weights[1] = weights[0]
     xs = {k: torch.randn(args.rows, k).bfloat16() for _, k in SHAPES}
-    for w, k in zip(weights[: len(SHAPES)], ks):
-        a, b = (m.quant_linear(xs[k], w) for m in builds)
+    for wa, wb, k in zip(weights[0][: len(SHAPES)], weights[1], ks):
+        a, b = builds[0].quant_linear(xs[k], wa), builds[1].quant_linear(xs[k], wb)
         same = torch.equal(a, b) or (args.arithmetic_changed and torch.allclose(a, b, rtol=1e-5, atol=1e-5))
         if not same:
-            raise SystemExit(f"the builds differ on a {tuple(w.shape)} weight: {(a - b).abs().max().item():.3g}")
-    nbytes = sum(w.numel() for w in weights)
+            raise SystemExit(f"the builds differ on a {tuple(wa.shape)} weight: {(a - b).abs().max().item():.3g}")
+    nbytes = sum(w.numel() for w in weights[0])
     times: list[list[float]] = [[], []]
     for _ in range(args.rounds):
-        for m, t in zip(builds, times):
+        for m, ws, t in zip(builds, weights, times):
             start = time.perf_counter()
-            for w, k in zip(weights, ks):
+            for w, k in zip(ws, ks):
                 m.quant_linear(xs[k], w)
             t.append(time.perf_counter() - start)
     med = [statistics.median(t) for t in times]

@@ -19,7 +19,8 @@ def validate_quantization(server_args: Any) -> None:
     cfg = resolved_view(server_args)
     mc = model_config_of(server_args)
     qc = getattr(mc, "quantization_config", None) if mc is not None else None
-    scheme = resolve_scheme(cfg.quantization, cfg.torchao_config, qc, device_of(server_args))
+    scheme = resolve_scheme(cfg.quantization, cfg.torchao_config, qc, device_of(server_args), cfg.torchao_config_kv_shared,
+                            mc.num_kv_shared_layers if mc is not None else None)
     if scheme is not None and cfg.enable_deterministic_inference:
         raise ValueError(f"--enable-deterministic-inference is implemented for bf16 weights; these are quantized "
                          f"({scheme.describe()}). Drop one of them.")

@@ -76,6 +76,12 @@ class ServerArgs:
         "Quantize a float checkpoint's linear layers while loading (SGLang's names): int8dq (int8 weights and "
         "activations), int8wo (int8 weights), int4wo-<group> (int4 weights, group 32/64/128/256). CPU only.",
     )
+    torchao_config_kv_shared: str = _f(
+        "",
+        "Beside --torchao-config: the format of the KV-shared layers (the last num_kv_shared_layers; the same names). "
+        "With --kv-sharing-fast-prefill they run on a few rows per prompt, so int4 there (8da4w-<group>) cuts the "
+        "bytes a decode step reads while int8dq keeps the prefill's matmuls fast. Default: --torchao-config's.",
+    )
     # ---- HTTP -------------------------------------------------------------
     host: str = _f("127.0.0.1", "HTTP host to bind.")
     port: int = _f(30000, "HTTP port.", type=int)

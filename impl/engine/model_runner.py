@@ -74,7 +74,8 @@ class ModelRunner:
         probe = TokenToKVPool(model_config, 2, kv_dtype, "meta")
         # --quantization / --torchao-config / a quantized checkpoint (impl/quant/config.py; the args rules checked it)
         self.quant = resolve_scheme(getattr(server_args, "quantization", None), getattr(server_args, "torchao_config", ""),
-                                    model_config.quantization_config, device.type)
+                                    model_config.quantization_config, device.type,
+                                    getattr(server_args, "torchao_config_kv_shared", ""), model_config.num_kv_shared_layers)
         # refused here, before any weight is read, when it cannot fit (impl/engine/memory_plan.py)
         self.weight_plan = check_memory(server_args, model_config, self.dtype, probe.bytes_per_token, device, quant=self.quant)
         self.deterministic = bool(getattr(server_args, "enable_deterministic_inference", False))
@@ -180,7 +181,9 @@ class ModelRunner:
         q = self.weight_plan.quant
         if q is None:
             return None
+        shared = q.scheme.kv_shared
         return {"format": q.scheme.fmt.kind, "group_size": q.scheme.fmt.group_size, "describe": q.scheme.describe(),
+                "kv_shared_format": None if shared is None else {"format": shared.kind, "group_size": shared.group_size},
                 "source": q.scheme.source, "lm_head": None if q.scheme.lm_head is None else q.scheme.lm_head.kind,
                 "quantized_weights": len(q.shapes), "kept_float": dict(q.kept),
                 "decode_weight_bytes": self.decode_weight_bytes}

@@ -92,10 +92,15 @@ class QuantScheme:
     source: str  # e.g. "--torchao-config int4wo-128", "checkpoint (compressed-tensors)"
     prequantized: bool  # the checkpoint holds the codes (else: quantized while loading)
     lm_head: WeightFormat | None = LM_HEAD_FORMAT  # None: the LM head keeps the float embedding
+    # the KV-shared layers' format where it differs (--torchao-config-kv-shared; None: fmt): with fast prefill
+    # those layers run on a few rows per prompt, so their weights' bytes per decode step matter more than their
+    # matmuls' rate
+    kv_shared: WeightFormat | None = None
 
     def describe(self) -> str:
         head = f"; LM head {self.lm_head.kind}" if self.lm_head is not None else "; LM head float"
-        return f"{self.fmt.name()} from {self.source}{head}"
+        shared = f"; KV-shared layers {self.kv_shared.name()}" if self.kv_shared is not None else ""
+        return f"{self.fmt.name()} from {self.source}{shared}{head}"
 
 
 def format_of(w: torch.Tensor, k: int) -> WeightFormat | None:

@@ -11,6 +11,10 @@ Rules (each violation is a ValueError naming the flag and the fix, raised before
   (torchao's name for int8 dynamic activations with int4 weights: the same int4 codes as ``int4wo``, the
   activations quantized per row and group, W4A8);
   ``--quantization w8a8_int8`` is the same as ``int8dq``;
+* ``--torchao-config-kv-shared`` (one of the same names) gives the KV-shared layers (the cross-decoder of a model
+  with ``num_kv_shared_layers > 0``) their own format: only beside ``--torchao-config`` and only on a model that has
+  such layers. With fast prefill those layers run on a few rows per prompt, so for them the bytes a decode step
+  reads matter, not the matmul rate (e.g. ``--torchao-config int8dq --torchao-config-kv-shared 8da4w-128``);
 * every other SGLang quantization method or torchao config is refused with the list of supported ones;
 * quantized weights run on CPU (the fused kernels); CUDA is refused.
 
@@ -63,11 +67,27 @@ def _lm_head(fmt: WeightFormat) -> WeightFormat | None:
 
 
 def resolve_scheme(quantization: str | None, torchao_config: str | None, quantization_config: Mapping[str, Any] | None,
-                   device_type: str = "cpu") -> QuantScheme | None:
-    """The scheme a model is served with (None: its float weights as they are)."""
+                   device_type: str = "cpu", kv_shared_config: str | None = None,
+                   num_kv_shared_layers: int | None = None) -> QuantScheme | None:
+    """The scheme a model is served with (None: its float weights as they are). ``kv_shared_config``:
+    ``--torchao-config-kv-shared``; ``num_kv_shared_layers``: the model's (None: not known here)."""
     from impl.quant.checkpoint import checkpoint_format
 
     torchao_config = (torchao_config or "").strip()
+    kv_shared_config = (kv_shared_config or "").strip()
+    kv_shared: WeightFormat | None = None
+    if kv_shared_config:
+        if not torchao_config:
+            raise ValueError(f"--torchao-config-kv-shared {kv_shared_config} gives the KV-shared layers their own format "
+                             "when --torchao-config quantizes a float checkpoint while loading; give --torchao-config "
+                             "too (e.g. --torchao-config int8dq --torchao-config-kv-shared 8da4w-128), or unset it.")
+        if num_kv_shared_layers is not None and num_kv_shared_layers <= 0:
+            raise ValueError(f"--torchao-config-kv-shared {kv_shared_config} formats the KV-shared layers, but this model "
+                             "has none (num_kv_shared_layers=0); unset it.")
+        try:
+            kv_shared = _torchao_format(kv_shared_config)
+        except ValueError as e:
+            raise ValueError(str(e).replace("--torchao-config", "--torchao-config-kv-shared", 1)) from None
     if quantization is not None and quantization not in QUANTIZATION_SUPPORTED:
         known = "a quantization method of SGLang's that this engine does not implement" if quantization in QUANTIZATION_KNOWN \
             else "not a known quantization method"
@@ -94,7 +114,9 @@ def resolve_scheme(quantization: str | None, torchao_config: str | None, quantiz
         scheme = QuantScheme(w8a8, "--quantization w8a8_int8", prequantized=False, lm_head=_lm_head(w8a8))
     elif torchao_config:
         fmt = _torchao_format(torchao_config)
-        scheme = QuantScheme(fmt, f"--torchao-config {torchao_config}", prequantized=False, lm_head=_lm_head(fmt))
+        source = f"--torchao-config {torchao_config}" + (f" --torchao-config-kv-shared {kv_shared_config}" if kv_shared else "")
+        scheme = QuantScheme(fmt, source, prequantized=False, lm_head=_lm_head(fmt),
+                             kv_shared=kv_shared if kv_shared != fmt else None)
     if scheme is not None and device_type != "cpu":
         raise ValueError(f"quantized weights ({scheme.describe()}) run on CPU only here (the fused CPU kernels); use "
                          "--device cpu or serve the float checkpoint.")

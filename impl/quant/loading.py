@@ -37,10 +37,14 @@ class QuantTargets:
     scheme: QuantScheme
     shapes: Mapping[str, tuple[int, int]]
     kept: Mapping[str, str]  # parameter -> why it keeps its float dtype
+    formats: Mapping[str, WeightFormat] = field(default_factory=dict)  # parameter -> its format where not scheme.fmt
+
+    def format_of(self, name: str) -> WeightFormat:
+        return self.formats.get(name, self.scheme.fmt)
 
     def packed_bytes(self, name: str) -> int:
         n, k = self.shapes[name]
-        return self.scheme.fmt.packed_bytes(n, k)
+        return self.format_of(name).packed_bytes(n, k)
 
     def describe(self) -> str:
         text = f"{self.scheme.describe()}: {len(self.shapes)} linear weights quantized"
@@ -59,9 +63,20 @@ def _candidates(model: nn.Module) -> list[tuple[str, nn.Linear]]:
     return out
 
 
+def _kv_shared_layer(model: nn.Module, name: str) -> bool:
+    """True when ``name`` lies in one of the model's KV-shared decoder layers (``layers.<i>.`` from
+    ``first_kv_shared_layer`` on)."""
+    parts = name.split(".")
+    config = getattr(model, "config", None)
+    if config is None or len(parts) < 2 or parts[0] != "layers" or not parts[1].isdigit():
+        return False
+    return config.num_kv_shared_layers > 0 and int(parts[1]) >= config.first_kv_shared_layer
+
+
 def plan_targets(model: nn.Module, scheme: QuantScheme, quantization_config: Mapping[str, Any] | None) -> QuantTargets:
     shapes: dict[str, tuple[int, int]] = {}
     kept: dict[str, str] = {}
+    formats: dict[str, WeightFormat] = {}
     keep = [p for p in (envs.IMPL_QUANT_KEEP.get() or "").split(",") if p]
     if keep and quantization_config is not None:
         raise ValueError(f"{envs.IMPL_QUANT_KEEP.name} chooses which layers stay float when quantizing while loading "
@@ -69,15 +84,22 @@ def plan_targets(model: nn.Module, scheme: QuantScheme, quantization_config: Map
                          f"list says which layers are float. Unset {envs.IMPL_QUANT_KEEP.name}.")
     for name, m in _candidates(model):
         n, k = m.weight.shape
+        fmt = scheme.kv_shared if scheme.kv_shared is not None and _kv_shared_layer(model, name) else scheme.fmt
         if quantization_config is not None and ignored(quantization_config, name):
             kept[f"{name}.weight"] = "in the checkpoint's ignore list"
         elif any(fnmatch.fnmatchcase(name, p) for p in keep):
             kept[f"{name}.weight"] = f"kept by {envs.IMPL_QUANT_KEEP.name}"
-        elif not scheme.fmt.applies_to(k):
+        elif not fmt.applies_to(k):
             kept[f"{name}.weight"] = f"{k} inputs do not split into groups of a multiple of 32"
         else:
             shapes[f"{name}.weight"] = (n, k)
-    return QuantTargets(scheme, shapes, kept)
+            if fmt != scheme.fmt:
+                formats[f"{name}.weight"] = fmt
+    if scheme.kv_shared is not None and not formats:
+        raise ValueError(f"--torchao-config-kv-shared gives the KV-shared layers {scheme.kv_shared.name()}, but no linear "
+                         "weight of this model lies in one (it has no KV-shared layers, or their weights are all kept "
+                         "float); unset it.")
+    return QuantTargets(scheme, shapes, kept, formats)
 
 
 @dataclass
@@ -107,7 +129,7 @@ class TargetLoader:
         if self.assembler is None:
             if tuple(shape) != self.targets.shapes[name]:
                 raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(shape)}, expected {self.targets.shapes[name]}")
-            self._install(name, pack(tmp, self.targets.scheme.fmt))
+            self._install(name, pack(tmp, self.targets.format_of(name)))
             return
         module, _, suffix = name.rpartition(".")
         self.assembler.offer(module, suffix, tmp)

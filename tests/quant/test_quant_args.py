@@ -35,6 +35,9 @@ def test_accepted(argv, kind):
     (("--quantization", "w8a8_int8", "--torchao-config", "int8wo"), r"both quantize the weights; give one"),
     (("--quantization", "compressed-tensors"), r"needs a checkpoint whose config.json has a compressed-tensors quantization_config"),
     (("--torchao-config", "int8dq", "--enable-deterministic-inference", "--dtype", "bfloat16"), r"--enable-deterministic-inference is implemented for bf16 weights"),
+    (("--torchao-config-kv-shared", "8da4w-128"), r"--torchao-config-kv-shared 8da4w-128 gives the KV-shared layers their own format when --torchao-config quantizes"),
+    (("--torchao-config", "int8dq", "--torchao-config-kv-shared", "int4wo"), r"--torchao-config-kv-shared 'int4wo' is not supported here; supported: int8dq"),
+    (("--quantization", "w8a8_int8", "--torchao-config-kv-shared", "8da4w-128"), r"give --torchao-config too"),
 ])
 def test_refused_naming_the_flag(argv, match):
     with pytest.raises(ValueError, match=match):
@@ -65,3 +68,36 @@ def test_prequantized_checkpoint_cannot_be_requantized():
     assert resolve_scheme("w8a8_int8", None, qc).fmt.kind == "w8a8"
     with pytest.raises(ValueError, match="cannot re-quantize"):
         resolve_scheme(None, "int4wo-128", qc)
+
+
+def test_kv_shared_layers_take_their_own_format():
+    """--torchao-config-kv-shared: the KV-shared layers' linears in that format, every other one (and the LM head,
+    the per-layer-input projection) in --torchao-config's; the plan's packed bytes follow each weight's format."""
+    from impl.config.model_config import ModelConfig
+    from impl.model.gemma4 import Gemma4ForCausalLM
+    from impl.quant.loading import plan_targets
+
+    args = _check("--torchao-config", "int8dq", "--torchao-config-kv-shared", "8da4w-32")
+    mc = ModelConfig.from_pretrained(tiny_checkpoint("e2b"))
+    scheme = resolve_scheme(args.quantization, args.torchao_config, None, "cpu", args.torchao_config_kv_shared,
+                            mc.num_kv_shared_layers)
+    assert scheme.kv_shared is not None and scheme.kv_shared.kind == "w4a8" and scheme.lm_head.kind == "w8a8"
+    assert "KV-shared layers w4a8" in scheme.describe()
+    targets = plan_targets(Gemma4ForCausalLM(mc, device="meta"), scheme, None)
+    shared = {n for n in targets.shapes if n.startswith("layers.") and int(n.split(".")[1]) >= mc.first_kv_shared_layer}
+    assert shared and set(targets.formats) == shared
+    for name, (n, k) in targets.shapes.items():
+        fmt = targets.format_of(name)
+        assert fmt.kind == ("w4a8" if name in shared else "w8a8") and targets.packed_bytes(name) == fmt.packed_bytes(n, k)
+    # the same format for both: one format, nothing per layer
+    assert resolve_scheme(None, "8da4w-32", None, "cpu", "8da4w-32", mc.num_kv_shared_layers).kv_shared is None
+
+
+def test_kv_shared_format_refused_without_kv_shared_layers():
+    with pytest.raises(ValueError, match=r"formats the KV-shared layers, but this model has none \(num_kv_shared_layers=0\); unset it"):
+        resolve_scheme(None, "int8dq", None, "cpu", "8da4w-128", 0)
+    with pytest.raises(ValueError, match="cannot re-quantize"):
+        qc = {"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"g": {
+            "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
+            "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True}}}}
+        resolve_scheme(None, "int8dq", qc, "cpu", "8da4w-128", 4)

@@ -286,13 +286,12 @@ def test_large_outputs_streamed_to_memory_keep_their_bits(ext, fmt):
     for rows in (slice(0, 1), slice(31, 33), slice(129, 130)):
         assert torch.equal(ext.quant_linear(x[rows], p), full[rows])
         assert torch.equal(ext.quant_gelu_mul(x[rows], p), gated[rows])
-    if fmt.kind == "w8a8":
-        t = ext.w8a8_tile_order_(p.clone(), 128)
-        assert torch.equal(ext.quant_linear(x, t), full) and torch.equal(ext.quant_gelu_mul(x, t), gated)
+    t = ext.quant_tile_order_(p.clone(), 128)  # W8A8 and W4A8 alike
+    assert torch.equal(ext.quant_linear(x, t), full) and torch.equal(ext.quant_gelu_mul(x, t), gated)
 
 
 def test_w8a8_tile_order_gives_the_same_bits(ext):
-    """Where the CPU has AMX-int8 tiles a W8A8 weight is put in tile order in place (``w8a8_tile_order_``: the
+    """Where the CPU has AMX-int8 tiles a W8A8 weight is put in tile order in place (``quant_tile_order_``: the
     same bytes, rearranged per 32 output rows; prefill's tiles read it without repacking, decode's VNNI kernel
     64 bytes per instruction at one row, tiles again from 2 rows): the same codes and scales (dequantized), and
     every kernel on it the bits of the row layout, at decode's row counts (1; 2-16: three blocks, so a thread
@@ -303,7 +302,7 @@ def test_w8a8_tile_order_gives_the_same_bits(ext):
     codes = torch.randint(-128, 128, (96, 192), generator=g, dtype=torch.int16).to(torch.int8)
     codes[0] = -128
     w = pack.from_codes(codes, torch.rand(96, 1, generator=g) * 0.01, None, WeightFormat("w8a8"))
-    t = ext.w8a8_tile_order_(w.clone(), 192)
+    t = ext.quant_tile_order_(w.clone(), 192)
     tiles = ext.quant_w8a8_prefill_isa() == "amx_int8"
     assert tuple(t.shape) == ((3, 1, 32 * 192 + 128) if tiles else tuple(w.shape))
     assert t.numel() == w.numel() and torch.equal(ext.quant_dequant(t, 192), ext.quant_dequant(w, 192))
@@ -312,4 +311,34 @@ def test_w8a8_tile_order_gives_the_same_bits(ext):
         assert torch.equal(ext.quant_linear(x, t), ext.quant_linear(x, w))
         assert torch.equal(ext.quant_gelu_mul(x, t), ext.quant_gelu_mul(x, w))
     odd = pack.pack(torch.randn(48, 192, generator=g), WeightFormat("w8a8"))  # N not a multiple of 32
-    assert ext.w8a8_tile_order_(odd, 192) is odd
+    assert ext.quant_tile_order_(odd, 192) is odd
+
+
+@pytest.mark.parametrize("group", [64, 128, 256])
+def test_w4a8_tile_order_gives_the_same_bits(ext, group):
+    """Where the CPU has AMX-int8 tiles a W4A8 weight is put in tile order in place (``quant_tile_order_``: per 32
+    output rows and group, each 64-byte line two rows of a B tile in its two nibbles, then the 32 scales and zero
+    points): the same codes, scales and zero points (dequantized), and every kernel on it the bits of the row layout:
+    the VNNI kernel at 1-4 rows (three blocks: a pair read as two streams and one alone; a fifth row in a second
+    pass), the tiles from 5 (one row block streamed; more unpacked first; a partial block of x), the gated MLP
+    product, zero points 0 and 15. Elsewhere (groups of 32, N off a multiple of 32, a zero point that is not an
+    integer 0..15) the weight comes back untouched."""
+    g = torch.Generator().manual_seed(17)
+    fmt = WeightFormat("w4a8", group, symmetric=False)
+    w = pack.pack(torch.randn(96, 512, generator=g), fmt)
+    w.view(96, -1, group // 2 + 8)[0, 0, group // 2 + 4 : group // 2 + 8] = torch.tensor([0.0]).view(torch.int8)
+    w.view(96, -1, group // 2 + 8)[1, 0, group // 2 + 4 : group // 2 + 8] = torch.tensor([15.0]).view(torch.int8)
+    t = ext.quant_tile_order_(w.clone(), 512)
+    tiles = ext.quant_w8a8_prefill_isa() == "amx_int8"
+    assert tuple(t.shape) == ((3, 512 // group, 16 * group + 256) if tiles else tuple(w.shape))
+    assert t.numel() == w.numel() and torch.equal(ext.quant_dequant(t, 512), ext.quant_dequant(w, 512))
+    for rows in (1, 2, 3, 4, 5, 9, 16, 17, 33, 40):
+        x = torch.randn(rows, 512, generator=g) * 3
+        assert torch.equal(ext.quant_linear(x, t), ext.quant_linear(x, w)), rows
+        assert torch.equal(ext.quant_gelu_mul(x, t), ext.quant_gelu_mul(x, w)), rows
+    untouched = [pack.pack(torch.randn(96, 512, generator=g), WeightFormat("w4a8", 32, symmetric=False)),
+                 pack.pack(torch.randn(48, 512, generator=g), fmt)]
+    half_z = w.clone()
+    half_z.view(96, -1, group // 2 + 8)[5, 1, group // 2 + 4 : group // 2 + 8] = torch.tensor([7.5]).view(torch.int8)
+    for u in untouched + [half_z]:
+        assert ext.quant_tile_order_(u, 512) is u

@@ -589,8 +589,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           return out;
         }, "gelu_tanh(x @ gate^T) * (x @ up^T) for a W8A8 or W4A8 gate / up weight [2I, K] (fused on AMX-int8 tiles)",
         release(), py::arg("x"), py::arg("w"));
-  m.def("w8a8_tile_order_", &cpu_fused::w8a8_tile_order_,
-        "a W8A8 weight put in AMX-int8 tile order in place where the CPU has the tiles (else the weight untouched)", release(),
+  m.def("quant_tile_order_", &cpu_fused::quant_tile_order_,
+        "a W8A8 or W4A8 weight put in AMX-int8 tile order in place where the CPU has the tiles (else the weight untouched)", release(),
         py::arg("w"), py::arg("k"));
   m.def("quant_gelu_mul_fused", &cpu_fused::quant_gelu_mul_fused, "True when quant_gelu_mul runs fused on AMX tiles",
         py::arg("m"), py::arg("w"), py::arg("k"));

@@ -57,6 +57,15 @@ inline float load_f32(const uint8_t* p) {
   return f;
 }
 
+// Where a tiled W4A8 weight keeps the 16-row tile half from weight row `row` (a multiple of 16) in group gi: its
+// g / 8 lines of codes, and its 16 scales (its 16 zero points 128 bytes further on).
+inline const uint8_t* w4_tiled_codes(const QuantView& q, int64_t row, int64_t gi) {
+  return q.data + ((row / 32) * q.G + gi) * q.B + ((row / 16) % 2) * 8 * q.g;
+}
+inline const uint8_t* w4_tiled_meta(const QuantView& q, int64_t row, int64_t gi) {  // the half's 16 scales; +128: zeros
+  return q.data + ((row / 32) * q.G + gi) * q.B + 16 * q.g + ((row / 16) % 2) * 64;
+}
+
 // body(lo, hi) over blocks [0, blocks): on this thread when there is one thread or at most `grain` blocks,
 // else split across threads `grain` blocks at a time (every row-block kernel below dispatches this way).
 template <typename F>
@@ -478,7 +487,7 @@ constexpr int64_t kAmxXBlockBytes = int64_t{768} << 10;
 constexpr int64_t kAmxPackBlocks = 128;
 
 // 16 rows of K codes `ld` bytes apart -> their K / 64 B tiles (1 KB each) 2048 bytes apart from `dst`: the tile
-// order's half of a 32-row block (quant_linear.h), for the per-call packing and for w8a8_tile_order_.
+// order's half of a 32-row block (quant_linear.h), for the per-call packing and for quant_tile_order_.
 inline void pack_tile_half(const uint8_t* rows, int64_t ld, int64_t K, int8_t* dst) {
   for (int64_t kb = 0; kb < K / 64; ++kb)
     transpose_words_16x16(reinterpret_cast<const int8_t*>(rows) + kb * 64, ld, dst + kb * 2048);
@@ -975,10 +984,15 @@ void w4a8_kernel(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t
 // One row stays on the row kernel (it streams the weight at the memory's rate); from two rows the row kernel's
 // per-group epilogue for every (weight row, x row) pair outweighs the tiles' unpacking per 32 weight rows.
 constexpr int64_t kW4A8AmxMinRows = 2;
+// A tiled W4A8 weight (quant_linear.h) takes the tiles from this many rows; below, w4a8_tiled_rows' VNNI kernel (its
+// nibbles need no unpacking into tiles there).
+constexpr int64_t kW4A8TiledAmxMinRows = 5;
 
 inline bool use_amx_w4a8(int64_t M, const QuantView& q) {
-  return M >= kW4A8AmxMinRows && q.N % 32 == 0 && q.g % 128 == 0 && cpu_amx::tiles_allowed();
+  return M >= (q.tiled ? kW4A8TiledAmxMinRows : kW4A8AmxMinRows) && q.N % 32 == 0 && (q.tiled || q.g % 128 == 0) &&
+         cpu_amx::tiles_allowed();
 }
+
 
 void w4a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out, int64_t gate_cols = 0) {
   const int64_t N = q.N, K = q.K, KB = K / 64, G = q.G, half = q.g / 2, KBG = q.g / 64, rowB = G * q.B;
@@ -1018,7 +1032,39 @@ void w4a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
     // the next block's rows come from memory while this one's tiles run), a line or two per 64 codes read
     const __m512i rstep = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                              _mm512_set1_epi32(static_cast<int32_t>(rowB)));
+    // a tiled weight: each line of codes is two B tile rows (low and high nibbles), the zero points integers
+    // (checked when it was tiled); the scales read in place. `ahead`: block b + 1's lines asked into L2 as b's are read.
+    auto unpack_tiled = [&](int64_t b, int8_t* dst, float* sz, bool ahead) {
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = tile_block_row0(b0 + b, h, gate_cols);
+        const int64_t next = ahead ? tile_block_row0(b0 + b + 1, h, gate_cols) : 0;
+        for (int64_t gi = 0; gi < G; ++gi) {
+          const uint8_t* src = w4_tiled_codes(q, row, gi);
+          const uint8_t* meta = w4_tiled_meta(q, row, gi);
+          const uint8_t* nsrc = ahead ? w4_tiled_codes(q, next, gi) : nullptr;
+          if (ahead) {
+            _mm_prefetch(reinterpret_cast<const char*>(w4_tiled_meta(q, next, gi)), _MM_HINT_T1);
+            _mm_prefetch(reinterpret_cast<const char*>(w4_tiled_meta(q, next, gi) + 128), _MM_HINT_T1);
+          }
+          _mm512_store_ps(sz + gi * 32 + 16 * h, _mm512_loadu_ps(reinterpret_cast<const float*>(meta)));
+          // z in each of a 4-byte lane's bytes (z <= 15)
+          const __m512i zq = _mm512_mullo_epi32(_mm512_cvttps_epi32(_mm512_loadu_ps(reinterpret_cast<const float*>(meta + 128))),
+                                                _mm512_set1_epi32(0x01010101));
+          for (int64_t l = 0; l < 8 * KBG; ++l) {  // line l: tile rows 2 (l % 8), + 1 of the group's k-block l / 8
+            if (ahead) _mm_prefetch(reinterpret_cast<const char*>(nsrc + 64 * l), _MM_HINT_T1);
+            const __m512i v = _mm512_loadu_si512(src + 64 * l);
+            int8_t* t = dst + (gi * KBG + l / 8) * 2048 + h * 1024 + (l % 8) * 128;
+            _mm512_store_si512(t, _mm512_sub_epi8(_mm512_and_si512(v, m4), zq));
+            _mm512_store_si512(t + 64, _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), zq));
+          }
+        }
+      }
+    };
     auto unpack = [&](int64_t b, int8_t* dst, float* sz, bool ahead) {
+      if (q.tiled) {
+        unpack_tiled(b, dst, sz, ahead);
+        return;
+      }
       const uint8_t* wr[32];
       const uint8_t* nx[32];
       rows_of(b, wr);
@@ -1117,6 +1163,90 @@ void w4a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
   };
   for (; b0 < blocks; b0 += chunk) for_blocks(std::min(chunk, blocks - b0), 1, body);
 }
+
+#if defined(QUANT_W8A8_TILED)
+#define QUANT_W4A8_TILED 1
+// W4A8 on a tiled weight at 1 to kW4A8TiledAmxMinRows - 1 rows (decode of a few requests; the cross-decoder's rows
+// with fast prefill): per 32-row block and group, each 64-byte line is two rows of a B tile, 16 weight rows x 4
+// codes in each nibble, so its low and high nibbles (one and, one shift) times 4 of an x row's codes broadcast, by
+// VPDPBUSD (unsigned codes 0..15 x signed x codes into int32 lanes), give 16 outputs' exact group sums in lanes:
+// no horizontal sums and no tiles to fill. Then w4a8_step's term on 16 outputs at a time, with the zero point's
+// z * sum xq taken off the exact integer sum (the row kernel's float(isum) - z * float(sum xq): the same values,
+// so the same bits). Each thread reads its blocks as two streams (the halves of its range, as w8a8_tiled_row),
+// every line asked for kTiledPrefetch bytes ahead.
+template <int P, int MT>
+inline void w4_tiled_blocks(const int8_t* xq, const float* xs, const int32_t* xsum, const QuantView& q, const int64_t* js,
+                            float* out, int64_t ldo) {
+  const int64_t K = q.K, G = q.G, g = q.g;
+  const __m512i m4 = _mm512_set1_epi8(15);
+  alignas(64) float tot[P][2][MT][16];
+  for (int64_t gi = 0; gi < G; ++gi) {
+    const uint8_t* base[P];
+    for (int p = 0; p < P; ++p) base[p] = q.data + (js[p] * G + gi) * q.B;
+    __m512i acc[P][2][MT];
+    for (int p = 0; p < P; ++p)
+      for (int h = 0; h < 2; ++h)
+        for (int m = 0; m < MT; ++m) acc[p][h][m] = _mm512_setzero_si512();
+    const int8_t* xg = xq + gi * g;
+    for (int64_t l = 0; l < g / 8; ++l) {  // line l: codes 8 l .. 8 l + 3 (low nibbles), 8 l + 4 .. 8 l + 7 (high)
+      __m512i xl[MT], xh[MT];
+      for (int m = 0; m < MT; ++m) {
+        int32_t a, b;
+        std::memcpy(&a, xg + m * K + 8 * l, 4);
+        std::memcpy(&b, xg + m * K + 8 * l + 4, 4);
+        xl[m] = _mm512_set1_epi32(a);
+        xh[m] = _mm512_set1_epi32(b);
+      }
+      for (int p = 0; p < P; ++p)
+        for (int h = 0; h < 2; ++h) {
+          const uint8_t* line = base[p] + h * 8 * g + 64 * l;
+          _mm_prefetch(reinterpret_cast<const char*>(line + kTiledPrefetch), _MM_HINT_T1);
+          const __m512i v = _mm512_loadu_si512(line);
+          const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+          for (int m = 0; m < MT; ++m) acc[p][h][m] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[p][h][m], lo, xl[m]), hi, xh[m]);
+        }
+    }
+    for (int p = 0; p < P; ++p) {
+      const float* meta = reinterpret_cast<const float*>(base[p] + 16 * g);  // 32 scales, 32 zero points
+      for (int h = 0; h < 2; ++h) {
+        const __m512 sv = _mm512_loadu_ps(meta + 16 * h), zv = _mm512_loadu_ps(meta + 32 + 16 * h);
+        for (int m = 0; m < MT; ++m) {  // w4a8_step on 16 outputs (the first group's onto +0)
+          const __m512 d = _mm512_sub_ps(_mm512_cvtepi32_ps(acc[p][h][m]),
+                                         _mm512_mul_ps(zv, _mm512_set1_ps(static_cast<float>(xsum[m * G + gi]))));
+          const __m512 t = gi ? _mm512_load_ps(tot[p][h][m]) : _mm512_setzero_ps();
+          _mm512_store_ps(tot[p][h][m], _mm512_fmadd_ps(_mm512_mul_ps(sv, _mm512_set1_ps(xs[m * G + gi])), d, t));
+        }
+      }
+    }
+  }
+  for (int p = 0; p < P; ++p)
+    for (int h = 0; h < 2; ++h)
+      for (int m = 0; m < MT; ++m) _mm512_storeu_ps(out + m * ldo + 32 * js[p] + 16 * h, _mm512_load_ps(tot[p][h][m]));
+}
+
+template <int MT>
+void w4a8_tiled_rows_mt(const int8_t* xq, const float* xs, const int32_t* xsum, const QuantView& q, float* out) {
+  for_blocks(q.N / 32, 1, [&](int64_t lo, int64_t hi) {
+    in_two_streams(lo, hi, [&](const int64_t* js) { w4_tiled_blocks<2, MT>(xq, xs, xsum, q, js, out, q.N); },
+                   [&](const int64_t* js) { w4_tiled_blocks<1, MT>(xq, xs, xsum, q, js, out, q.N); });
+  });
+}
+
+// out [M, N] for M rows (any count: four at a time) of a tiled W4A8 weight.
+void w4a8_tiled_rows(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t M, const QuantView& q, float* out) {
+  const int64_t K = q.K, G = q.G;
+  for (int64_t m = 0; m < M; m += 4) {
+    const int8_t* x = xq + m * K;
+    float* o = out + m * q.N;
+    switch (std::min<int64_t>(4, M - m)) {
+      case 1: w4a8_tiled_rows_mt<1>(x, xs + m * G, xsum + m * G, q, o); break;
+      case 2: w4a8_tiled_rows_mt<2>(x, xs + m * G, xsum + m * G, q, o); break;
+      case 3: w4a8_tiled_rows_mt<3>(x, xs + m * G, xsum + m * G, q, o); break;
+      default: w4a8_tiled_rows_mt<4>(x, xs + m * G, xsum + m * G, q, o); break;
+    }
+  }
+}
+#endif
 #endif
 
 }  // namespace
@@ -1129,6 +1259,11 @@ bool is_quantized(const torch::Tensor& w) {
 inline bool tiled_w8a8_shape(const torch::Tensor& w, int64_t K) {
   return w.scalar_type() == torch::kInt8 && w.size(1) == 1 && K % 64 == 0 && w.size(2) == 32 * K + 128;
 }
+// A W4A8 weight in tile order for inputs of width K: int8 [N / 32, G, 16 g + 256] (quant_linear.h).
+inline bool tiled_w4a8_shape(const torch::Tensor& w, int64_t K) {
+  const int64_t G = w.size(1);
+  return w.scalar_type() == torch::kInt8 && G > 0 && K % G == 0 && (K / G) % 64 == 0 && w.size(2) == 16 * (K / G) + 256;
+}
 
 QuantView quant_view(const torch::Tensor& w, int64_t K) {
   TORCH_CHECK(is_quantized(w), "a quantized weight is an int8 or uint8 [N, G, B] tensor");
@@ -1139,6 +1274,8 @@ QuantView quant_view(const torch::Tensor& w, int64_t K) {
   TORCH_CHECK(g % kGroupMultiple == 0, "quantization groups must be a multiple of ", kGroupMultiple, " inputs, got ", g);
   if (tiled_w8a8_shape(w, K))
     return QuantView{QuantKind::kW8A8, 32 * N, 1, K, K, B, reinterpret_cast<const uint8_t*>(w.data_ptr()), true};
+  if (tiled_w4a8_shape(w, K))
+    return QuantView{QuantKind::kW4A8, 32 * N, G, g, K, B, reinterpret_cast<const uint8_t*>(w.data_ptr()), true};
   QuantKind kind;
   if (w.scalar_type() == torch::kInt8 && B == g / 2 + 8) {
     kind = QuantKind::kW4A8;
@@ -1165,7 +1302,7 @@ bool takes_inputs(const torch::Tensor& w, int64_t K) {
   const int64_t G = w.size(1), B = w.size(2);
   if (G <= 0 || K % G != 0) return false;
   const int64_t g = K / G;
-  return B == g + 4 || B == g / 2 + 8 || tiled_w8a8_shape(w, K);
+  return B == g + 4 || B == g / 2 + 8 || tiled_w8a8_shape(w, K) || tiled_w4a8_shape(w, K);
 }
 
 // One row's codes: s = max|x| / 127 (NaNs skipped, as std::max skips them), q = clamp(nearbyint(x / s), -127, 127)
@@ -1408,6 +1545,14 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w) {
       return out;
     }
 #endif
+    if (q.tiled) {  // below use_amx_w4a8's rows (only a CPU with the tiles tiles a weight)
+#if defined(QUANT_W4A8_TILED)
+      w4a8_tiled_rows(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), qs[2].data_ptr<int32_t>(), M, q, out.data_ptr<float>());
+      return out;
+#else
+      TORCH_CHECK(false, "a W4A8 weight in tile order needs the AVX-512 VNNI build of the kernels");
+#endif
+    }
     w4a8_kernel(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), qs[2].data_ptr<int32_t>(), M, q, out.data_ptr<float>());
     return out;
   }
@@ -1443,6 +1588,21 @@ torch::Tensor quant_dequant(const torch::Tensor& w, int64_t K) {
     dequant_rows(q, 0, q.N, o);
     return out;
   }
+  if (q.kind == QuantKind::kW4A8) {  // code of (row n, input k) at its line and nibble; (q - z) * s as dequant_rows
+    for (int64_t n = 0; n < q.N; ++n) {
+      const int64_t c = n % 16;
+      for (int64_t gi = 0; gi < q.G; ++gi) {
+        const uint8_t* codes = w4_tiled_codes(q, n - c, gi);
+        const uint8_t* meta = w4_tiled_meta(q, n - c, gi);
+        const float s = load_f32(meta + 4 * c), z = load_f32(meta + 128 + 4 * c);
+        for (int64_t k = 0; k < q.g; ++k) {
+          const uint8_t byte = codes[64 * (k / 8) + 4 * c + k % 4];
+          o[n * K + gi * q.g + k] = (static_cast<float>(k % 8 < 4 ? byte & 15 : byte >> 4) - z) * s;
+        }
+      }
+    }
+    return out;
+  }
   for (int64_t n = 0; n < q.N; ++n) {  // code of (row n, input k) at its tile position; w = q * s as the rows' kernels
     const uint8_t* blk = q.data + (n / 32) * q.B;
     const int64_t t = n % 32, h = t / 16, c = t % 16;
@@ -1455,27 +1615,62 @@ torch::Tensor quant_dequant(const torch::Tensor& w, int64_t K) {
   return out;
 }
 
-torch::Tensor w8a8_tile_order_(const torch::Tensor& w, int64_t K) {
+torch::Tensor quant_tile_order_(const torch::Tensor& w, int64_t K) {
 #if defined(QUANT_W8A8_TILED)
   if (!is_quantized(w) || !takes_inputs(w, K)) return w;
   const QuantView q = quant_view(w, K);
-  if (q.kind != QuantKind::kW8A8 || q.tiled || q.N % 32 != 0 || K % 64 != 0 || !cpu_amx::tiles_allowed() ||
-      reinterpret_cast<uintptr_t>(q.data) % 64 != 0)
+  if (q.tiled || q.N % 32 != 0 || K % 64 != 0 || !cpu_amx::tiles_allowed() || reinterpret_cast<uintptr_t>(q.data) % 64 != 0)
     return w;
-  // block j's 32 rows occupy bytes [j B, (j + 1) B) in both layouts (B = 32 (K + 4) = 32 K + 128): each block is
-  // copied out and written back in tile order
-  const int64_t B = 32 * K + 128;
   uint8_t* const base = reinterpret_cast<uint8_t*>(w.data_ptr());
+  if (q.kind == QuantKind::kW8A8) {
+    // block j's 32 rows occupy bytes [j B, (j + 1) B) in both layouts (B = 32 (K + 4) = 32 K + 128): each block is
+    // copied out and written back in tile order
+    const int64_t B = 32 * K + 128;
+    for_blocks(q.N / 32, 1, [&](int64_t lo, int64_t hi) {
+      avector<uint8_t> rows(static_cast<size_t>(B));
+      for (int64_t j = lo; j < hi; ++j) {
+        uint8_t* blk = base + j * B;
+        std::memcpy(rows.data(), blk, static_cast<size_t>(B));
+        for (int h = 0; h < 2; ++h) pack_tile_half(rows.data() + 16 * h * (K + 4), K + 4, K, reinterpret_cast<int8_t*>(blk) + h * 1024);
+        for (int64_t r = 0; r < 32; ++r) std::memcpy(blk + 32 * K + 4 * r, rows.data() + r * (K + 4) + K, 4);
+      }
+    });
+    return w.view({q.N / 32, 1, B});
+  }
+  if (q.kind != QuantKind::kW4A8 || q.g % 64 != 0) return w;
+  // the tiles take q - z as signed bytes: every zero point an integer 0..15 (impl.quant.pack writes no other), or the
+  // weight keeps its row layout (whose kernels take any)
+  const int64_t G = q.G, g = q.g, half = g / 2, rowB = G * q.B, Bt = 16 * g + 256;
+  for (int64_t n = 0; n < q.N; ++n)
+    for (int64_t gi = 0; gi < G; ++gi) {
+      const float z = load_f32(base + n * rowB + gi * q.B + half + 4);
+      if (!(z >= 0.f && z <= 15.f && z == std::nearbyint(z))) return w;
+    }
+  // block j's 32 rows occupy bytes [j 32 rowB, (j + 1) 32 rowB) in both layouts (32 rowB = G Bt): each block is
+  // copied out and written back group by group
   for_blocks(q.N / 32, 1, [&](int64_t lo, int64_t hi) {
-    avector<uint8_t> rows(static_cast<size_t>(B));
+    avector<uint8_t> rows(static_cast<size_t>(32 * rowB));
+    auto code = [&](int64_t r, int64_t gi, int64_t k) -> uint8_t {  // row r's code k of group gi (row layout)
+      const uint8_t b = rows[r * rowB + gi * q.B + (k < half ? k : k - half)];
+      return k < half ? b & 15 : b >> 4;
+    };
     for (int64_t j = lo; j < hi; ++j) {
-      uint8_t* blk = base + j * B;
-      std::memcpy(rows.data(), blk, static_cast<size_t>(B));
-      for (int h = 0; h < 2; ++h) pack_tile_half(rows.data() + 16 * h * (K + 4), K + 4, K, reinterpret_cast<int8_t*>(blk) + h * 1024);
-      for (int64_t r = 0; r < 32; ++r) std::memcpy(blk + 32 * K + 4 * r, rows.data() + r * (K + 4) + K, 4);
+      uint8_t* blk = base + j * 32 * rowB;
+      std::memcpy(rows.data(), blk, static_cast<size_t>(32 * rowB));
+      for (int64_t gi = 0; gi < G; ++gi) {
+        uint8_t* dst = blk + gi * Bt;
+        for (int64_t r = 0; r < 32; ++r) {
+          const int64_t h = r / 16, c = r % 16;
+          for (int64_t l = 0; l < g / 8; ++l)
+            for (int64_t i = 0; i < 4; ++i)
+              dst[h * 8 * g + 64 * l + 4 * c + i] = static_cast<uint8_t>(code(r, gi, 8 * l + i) | code(r, gi, 8 * l + 4 + i) << 4);
+          std::memcpy(dst + 16 * g + 4 * r, rows.data() + r * rowB + gi * q.B + half, 4);
+          std::memcpy(dst + 16 * g + 128 + 4 * r, rows.data() + r * rowB + gi * q.B + half + 4, 4);
+        }
+      }
     }
   });
-  return w.view({q.N / 32, 1, B});
+  return w.view({q.N / 32, G, Bt});
 #else
   (void)K;
   return w;

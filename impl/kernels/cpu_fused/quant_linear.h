@@ -17,12 +17,20 @@
 // The two uint8 kinds are told apart by K (x's width): B == g + 4 or B == g / 2 + 8 (never both for g > 8).
 //
 //
-// W8A8 in tile order (`w8a8_tile_order_`, where the CPU has AMX-int8 tiles, N % 32 == 0 and K % 64 == 0): int8
+// W8A8 in tile order (`quant_tile_order_`, where the CPU has AMX-int8 tiles, N % 32 == 0 and K % 64 == 0): int8
 // [N / 32, 1, 32 K + 128], the same bytes as [N, 1, K + 4] rearranged per block of 32 output rows: the codes in
 // AMX-int8's B-tile order, byte (2 kb + h) * 1024 + 64 r + 4 c + i holding q[32 j + 16 h + c][64 kb + 4 r + i] (each
 // 1 KB a tile of 16 rows x 64 codes, each 64 bytes what one VNNI instruction multiplies), then the 32 rows' float32
 // scales. The same codes and scales, the same products bit for bit; prefill's tiles read it in place instead of
 // repacking every weight per call, and decode reads 64 contiguous bytes per instruction.
+//
+// W4A8 in tile order (`quant_tile_order_`, where the CPU has AMX-int8 tiles, N % 32 == 0, g % 64 == 0 and every
+// zero point an integer 0..15): int8 [N / 32, G, 16 g + 256], the same bytes as [N, G, g / 2 + 8] rearranged per
+// block of 32 output rows and group: the block's group gi holds, per tile half h (16 rows), g / 8 lines of 64 bytes
+// at h * 8 g, line l's byte 4 c + i holding q[32 j + 16 h + c][g gi + 8 l + i] in its low nibble and
+// q[..][g gi + 8 l + 4 + i] in its high nibble (two rows of a B tile: unpacked by and / shift, no transpose; each
+// nibble half what one VNNI instruction multiplies by 4 broadcast codes of x), then the 32 rows' float32 scales and
+// their 32 float32 zero points. The same codes, scales and zero points: every kernel gives the row layout's bits.
 #pragma once
 
 #include <torch/extension.h>
@@ -35,9 +43,9 @@ enum class QuantKind { kW8A8, kW8A16, kW4A16, kW4A8 };
 
 struct QuantView {
   QuantKind kind;
-  int64_t N, G, g, K, B;  // tiled W8A8: B is a 32-row block's bytes, 32 K + 128
+  int64_t N, G, g, K, B;  // tiled W8A8: B is a 32-row block's bytes, 32 K + 128; tiled W4A8: a block's group's, 16 g + 256
   const uint8_t* data;
-  bool tiled = false;  // W8A8 in tile order (above)
+  bool tiled = false;  // W8A8 or W4A8 in tile order (above)
 };
 
 
@@ -88,10 +96,11 @@ void quant_gelu_mul_into(const torch::Tensor& x, const torch::Tensor& w, torch::
 // True when quant_gelu_mul_into runs fused on AMX-int8 tiles for M rows of weight `w` with inputs of width K.
 bool quant_gelu_mul_fused(int64_t M, const torch::Tensor& w, int64_t K);
 
-// W8A8 weight w [N, 1, K + 4] in tile order, in place: returns the view [N / 32, 1, 32 K + 128] of its storage, whose
-// bytes it rearranges (w's row layout must not be read afterwards), where the CPU has AMX-int8 tiles (and
-// IMPL_CPU_AMX allows them), N % 32 == 0, K % 64 == 0 and w's data is 64-byte aligned; else returns w untouched.
-torch::Tensor w8a8_tile_order_(const torch::Tensor& w, int64_t K);
+// A W8A8 or W4A8 weight in tile order (above), in place: returns the view of its storage ([N / 32, 1, 32 K + 128],
+// [N / 32, G, 16 g + 256]) whose bytes it rearranges (w's row layout must not be read afterwards), where the CPU has
+// AMX-int8 tiles (and IMPL_CPU_AMX allows them), N % 32 == 0, K % 64 == 0 (W4A8: g % 64 == 0, integer zero points
+// 0..15) and w's data is 64-byte aligned; else (and for every other kind) returns w untouched.
+torch::Tensor quant_tile_order_(const torch::Tensor& w, int64_t K);
 
 // True when `w` is a W8A8 weight for inputs of width K.
 bool is_w8a8(const torch::Tensor& w, int64_t K);

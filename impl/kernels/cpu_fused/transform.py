@@ -110,7 +110,7 @@ class FusedWeights:
     def for_linear_mode(self, mode: str) -> "FusedWeights":
         """These weights as the kernels take them in linear mode ``mode`` (``linear.py``)."""
         if mode == "quant":
-            return self._w8a8_tiled()
+            return self._tiled()
         if mode == "mkl":
             return self
         (gate_up,) = self.gate_up
@@ -130,10 +130,10 @@ class FusedWeights:
         return replace(self, qkv_proj=p(self.qkv_proj), o_proj=p(self.o_proj), gate_up=(p(gate), p(up)), down=p(self.down),
                        **ple)
 
-    def _w8a8_tiled(self) -> "FusedWeights":
-        """Quantized weights as the extension reads them: W8A8 ones in AMX-int8 tile order where the CPU has the
-        tiles (``quant_linear.h``: prefill's tiles read them in place, decode's VNNI kernel too; same products
-        bit for bit), every other one as it is."""
+    def _tiled(self) -> "FusedWeights":
+        """Quantized weights as the extension reads them: W8A8 and W4A8 ones in AMX-int8 tile order where the CPU
+        has the tiles (``quant_linear.h``: prefill's tiles read them in place, decode's VNNI kernels too; same
+        products bit for bit), every other one as it is."""
         ext = cpu_fused.load()
         if ext is None:
             return self
@@ -141,7 +141,7 @@ class FusedWeights:
         head_dim = self.head_norm.shape[1]
 
         def t(w: torch.Tensor | None, k: int) -> torch.Tensor | None:
-            return w if w is None or not cpu_fused.is_quantized(w) else ext.w8a8_tile_order_(w, k)
+            return w if w is None or not cpu_fused.is_quantized(w) else ext.quant_tile_order_(w, k)
 
         (gate_up,) = self.gate_up
         ple_dim = 0 if self.ple_gate is None else self.ple_gate.shape[0]
@@ -501,7 +501,7 @@ class CpuKernels:
     linear: cpu_linear.LinearPlan | None  # the fused layers' linear library (None: no layer fused)
     isa: str  # SIMD the extension was built for ("" without it)
     other_linears: tuple[str, ...] = ()  # modules outside the fused layers on LinearForward ("project_to_vocab": LM head)
-    packed_bytes: int = 0  # bytes of prepacked weight copies (oneDNN bf16 / float32, W8A8 in tile order): they replace their parameters
+    packed_bytes: int = 0  # bytes of prepacked weight copies (oneDNN bf16 / float32, W8A8 / W4A8 in tile order): they replace their parameters
     # bytes the transform added to the loaded parameters' (stacked weights, prepacked copies, float32 norm
     # copies, minus the storages they replaced): what the engine adds to the weights' bytes
     extra_bytes: int = 0
@@ -622,7 +622,7 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
             modes[id(m)] = mode
             g = f.for_linear_mode(mode)
             copies = f.replaced(g) if mode in ("packed", "quant") else []  # (onednn: row views of gate_up)
-            if copies:  # prepacked (oneDNN) or tiled (W8A8) copies replace the plain weights
+            if copies:  # prepacked (oneDNN) or tiled (W8A8, W4A8) copies replace the plain weights
                 if w.ple is not None and g.ple_gate is not None and g.ple_proj is not None:
                     w = replace(w, ple=replace(w.ple, gate=g.ple_gate, proj=g.ple_proj))  # hold no plain copy
                 packed += sum(t.numel() * t.element_size() for t in copies)
@@ -671,9 +671,9 @@ def _install_linears(model: nn.Module, ext: ModuleType, plan: cpu_linear.LinearP
                 or not m.weight.is_contiguous():
             continue
         if cpu_fused.is_quantized(m.weight):  # packed (impl/quant): the extension's linear reads it
-            # (W8A8 in tile order where the CPU has AMX-int8 tiles: rearranged in place, so the parameter
+            # (W8A8 / W4A8 in tile order where the CPU has AMX-int8 tiles: rearranged in place, so the parameter
             # becomes the tiled view of its own storage)
-            tiled = ext.w8a8_tile_order_(m.weight, m.in_features)
+            tiled = ext.quant_tile_order_(m.weight, m.in_features)
             if tiled is not m.weight:
                 m.weight = nn.Parameter(tiled, requires_grad=False)
             m.forward = LinearForward(ext, m.weight, False)
@@ -686,7 +686,7 @@ def _install_linears(model: nn.Module, ext: ModuleType, plan: cpu_linear.LinearP
     if packed_head is not None:
         hidden = getattr(getattr(model, "config", None), "hidden_size", None)
         if hidden is not None:  # W8A8 in tile order where the CPU has AMX-int8 tiles (in place, as above)
-            model.lm_head_quant = packed_head = ext.w8a8_tile_order_(packed_head, hidden)
+            model.lm_head_quant = packed_head = ext.quant_tile_order_(packed_head, hidden)
         model.project_to_vocab = LinearForward(ext, packed_head, False, out_dtype=torch.float32)
         names.append("project_to_vocab")
     elif callable(head) and hasattr(model, "project_to_vocab"):
