@@ -37,12 +37,14 @@ from bench.machine import cpu_kind, min_seconds
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECTION = "## Quantized weights at E2B's full size, end to end"
 FORMATS = {"bf16": "", "int8dq": "--torchao-config int8dq", "int8wo": "--torchao-config int8wo",
-           "int4wo-128": "--torchao-config int4wo-128", "8da4w-128": "--torchao-config 8da4w-128"}
+           "int4wo-128": "--torchao-config int4wo-128", "8da4w-128": "--torchao-config 8da4w-128",
+           "int8dq-shared-8da4w-128": "--torchao-config int8dq --torchao-config-kv-shared 8da4w-128"}
 LABEL = {"bf16": "bf16", "int8dq": "int8 W8A8 (`--torchao-config int8dq`)", "int8wo": "int8 W8A16 (`int8wo`)",
-         "int4wo-128": "int4 W4A16 (`int4wo-128`)", "8da4w-128": "int4 W4A8 (`8da4w-128`)", "q8_0": "Q8_0",
+         "int4wo-128": "int4 W4A16 (`int4wo-128`)", "8da4w-128": "int4 W4A8 (`8da4w-128`)",
+         "int8dq-shared-8da4w-128": "W8A8, the KV-shared layers int4 W4A8 (`int8dq`, `--torchao-config-kv-shared 8da4w-128`)", "q8_0": "Q8_0",
          "q4_0": "Q4_0"}
 INT4 = ("int4wo-128", "8da4w-128")
-QUANTIZED = ("int8dq", "int8wo", *INT4)
+QUANTIZED = ("int8dq", "int8wo", *INT4, "int8dq-shared-8da4w-128")
 
 
 def int8_gemm_rate(tokens: int = 1024, hidden: int = 1536, inter: int = 6144) -> float:
