@@ -994,7 +994,6 @@ inline bool use_amx_w4a8(int64_t M, const QuantView& q) {
          cpu_amx::tiles_allowed();
 }
 
-
 void w4a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out, int64_t gate_cols = 0) {
   const int64_t N = q.N, K = q.K, KB = K / 64, G = q.G, half = q.g / 2, KBG = q.g / 64, rowB = G * q.B;
   const int64_t ldo = gate_cols ? gate_cols : N;
@@ -1173,8 +1172,8 @@ void w4a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
 // VPDPBUSD (unsigned codes 0..15 x signed x codes into int32 lanes), give 16 outputs' exact group sums in lanes:
 // no horizontal sums and no tiles to fill. Then w4a8_step's term on 16 outputs at a time, with the zero point's
 // z * sum xq taken off the exact integer sum (the row kernel's float(isum) - z * float(sum xq): the same values,
-// so the same bits). Each thread reads its blocks as two streams (the halves of its range, as w8a8_tiled_row),
-// every line asked for kTiledPrefetch bytes ahead.
+// so the same bits). Up to 4 rows each thread reads its blocks as two streams (the halves of its range, as
+// w8a8_tiled_row; w4a8_tiled_rows_mt), every line asked for kTiledPrefetch bytes ahead.
 template <int P, int MT>
 inline void w4_tiled_blocks(const int8_t* xq, const float* xs, const int32_t* xsum, const QuantView& q, const int64_t* js,
                             float* out, int64_t ldo) {
