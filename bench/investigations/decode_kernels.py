@@ -78,9 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         tile = getattr(m, "quant_tile_order_", None) or m.w8a8_tile_order_
         return [tile(w, k) for w, k in zip(ws, ks)]
 
-    weights = [copies(m) for m in builds]
-    if not args.tile_order:
-        weights[1] = weights[0]
+    first = copies(builds[0])  # one set both builds read in row layout; each its own in tile order
+    weights = [first, copies(builds[1]) if args.tile_order else first]
     xs = {k: torch.randn(args.rows, k).bfloat16() for _, k in SHAPES}
     for wa, wb, k in zip(weights[0][: len(SHAPES)], weights[1], ks):
         a, b = builds[0].quant_linear(xs[k], wa), builds[1].quant_linear(xs[k], wb)

@@ -64,13 +64,13 @@ def _candidates(model: nn.Module) -> list[tuple[str, nn.Linear]]:
 
 
 def _kv_shared_layer(model: nn.Module, name: str) -> bool:
-    """True when ``name`` lies in one of the model's KV-shared decoder layers (``layers.<i>.`` from
-    ``first_kv_shared_layer`` on)."""
+    """True when ``name`` lies in one of the model's KV-shared decoder layers (``layers.<i>.``,
+    ``ModelConfig.is_kv_shared``)."""
     parts = name.split(".")
     config = getattr(model, "config", None)
     if config is None or len(parts) < 2 or parts[0] != "layers" or not parts[1].isdigit():
         return False
-    return config.num_kv_shared_layers > 0 and int(parts[1]) >= config.first_kv_shared_layer
+    return config.is_kv_shared(int(parts[1]))
 
 
 def plan_targets(model: nn.Module, scheme: QuantScheme, quantization_config: Mapping[str, Any] | None) -> QuantTargets:

@@ -1181,8 +1181,9 @@ inline void w4_tiled_blocks(const int8_t* xq, const float* xs, const int32_t* xs
   const __m512i m4 = _mm512_set1_epi8(15);
   alignas(64) float tot[P][2][MT][16];
   for (int64_t gi = 0; gi < G; ++gi) {
-    const uint8_t* base[P];
-    for (int p = 0; p < P; ++p) base[p] = q.data + (js[p] * G + gi) * q.B;
+    const uint8_t* codes[P][2];  // each block's two tile halves in this group
+    for (int p = 0; p < P; ++p)
+      for (int h = 0; h < 2; ++h) codes[p][h] = w4_tiled_codes(q, 32 * js[p] + 16 * h, gi);
     __m512i acc[P][2][MT];
     for (int p = 0; p < P; ++p)
       for (int h = 0; h < 2; ++h)
@@ -1199,7 +1200,7 @@ inline void w4_tiled_blocks(const int8_t* xq, const float* xs, const int32_t* xs
       }
       for (int p = 0; p < P; ++p)
         for (int h = 0; h < 2; ++h) {
-          const uint8_t* line = base[p] + h * 8 * g + 64 * l;
+          const uint8_t* line = codes[p][h] + 64 * l;
           _mm_prefetch(reinterpret_cast<const char*>(line + kTiledPrefetch), _MM_HINT_T1);
           const __m512i v = _mm512_loadu_si512(line);
           const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
@@ -1207,9 +1208,10 @@ inline void w4_tiled_blocks(const int8_t* xq, const float* xs, const int32_t* xs
         }
     }
     for (int p = 0; p < P; ++p) {
-      const float* meta = reinterpret_cast<const float*>(base[p] + 16 * g);  // 32 scales, 32 zero points
       for (int h = 0; h < 2; ++h) {
-        const __m512 sv = _mm512_loadu_ps(meta + 16 * h), zv = _mm512_loadu_ps(meta + 32 + 16 * h);
+        const uint8_t* meta = w4_tiled_meta(q, 32 * js[p] + 16 * h, gi);
+        const __m512 sv = _mm512_loadu_ps(reinterpret_cast<const float*>(meta));
+        const __m512 zv = _mm512_loadu_ps(reinterpret_cast<const float*>(meta + 128));
         for (int m = 0; m < MT; ++m) {  // w4a8_step on 16 outputs (the first group's onto +0)
           const __m512 d = _mm512_sub_ps(_mm512_cvtepi32_ps(acc[p][h][m]),
                                          _mm512_mul_ps(zv, _mm512_set1_ps(static_cast<float>(xsum[m * G + gi]))));
