@@ -72,11 +72,16 @@ def test_row_kernel_rows_do_not_depend_on_the_batch():
     """Each output row of the row kernel equals that row computed alone, bit for bit (small weights take
     it at any row count, so a tiny bf16 model's rows do not depend on which other rows share the call)."""
     g = _gen(7)
-    for m, n, k in [(40, 256, 64), (16, 2048, 1536), (300, 200, 80)]:
-        x, w = torch.randn(m, k, generator=g), _bf16(n, k, g=g)
-        whole = EXT.linear(x, w, False)
-        for i in (0, 5, m - 1):
-            assert torch.equal(whole[i : i + 1], EXT.linear(x[i : i + 1], w, False)), (m, n, k, i)
+    # from 16 rows a weight under 65536 elements takes the column kernel, one row the row kernel: the same sums;
+    # shapes with K and N off the vector width (a K tail, outputs past the last whole vector), K under it
+    shapes = [(40, 256, 64), (16, 2048, 1536), (300, 200, 80), (64, 256, 16), (33, 13, 5), (20, 9, 250), (17, 40, 24)]
+    for m, n, k in shapes:
+        small = n * k < 65536  # a small float32 weight takes them too (a larger one ATen's mm)
+        for w in (_bf16(n, k, g=g),) + ((torch.randn(n, k, generator=g),) if small else ()):
+            x = torch.randn(m, k, generator=g)
+            whole = EXT.linear(x, w, False)
+            for i in (0, 5, m - 1):
+                assert torch.equal(whole[i : i + 1], EXT.linear(x[i : i + 1], w, False)), (m, n, k, i, w.dtype)
     assert cpu_linear.BF16_ROW_KERNEL_MAX_ROWS == EXT.bf16_row_kernel_max_rows()
 
 

@@ -10,11 +10,13 @@
 // The row kernel accumulates every output element in the same order whatever the row count, so its
 // results for a row do not depend on the other rows of the call (weights under the planner's oneDNN
 // size take it for every row count: the tiny test checkpoints are row-invariant in bf16; small float32
-// weights take the same kernel reading float32, so they are in float32 too).
+// weights take the same kernel reading float32, so they are in float32 too). From a few rows a small weight
+// takes column_kernel instead: the same sums, bit for bit, with the outputs in the vector lanes.
 
 #include "linear.h"
 #include "quant_linear.h"
 #include "simd.h"
+#include "../cpu_aligned.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -29,6 +31,7 @@ namespace cpu_fused {
 namespace {
 
 using namespace simd;
+using cpu_mem::avector;
 
 // A weight element in float32: bf16 (uint16_t bits, widened exactly) or float32.
 inline vfloat wload(const uint16_t* p) { return vload_bf16(p); }
@@ -87,6 +90,11 @@ inline void row_block(const float* x, int64_t M, int64_t K, const W* w, float* o
   }
 }
 
+// x rows from which a small weight takes column_kernel (fewer: transposing the weight costs more than it saves)
+constexpr int64_t kColumnMinRows = 4;
+// x rows per thread's share in column_kernel
+constexpr int64_t kColumnRowGrain = 32;
+
 // out [M, N] = x [M, K] (float32, contiguous) @ w [N, K]^T (bf16 bits or float32, contiguous).
 template <typename W>
 void row_kernel(const float* x, int64_t M, int64_t K, const W* w, int64_t N, float* out) {
@@ -105,6 +113,42 @@ void row_kernel(const float* x, int64_t M, int64_t K, const W* w, int64_t N, flo
     at::parallel_for(0, blocks, grain, body);
   }
   for (int64_t n = blocks * kRows; n < N; ++n) row_block<1>(x, M, K, w + n * K, out + n, N);
+}
+
+// out [M, N] = x [M, K] @ w [N, K]^T for a small weight (it stays in L1 / L2) and several rows, kVec outputs of
+// one x row at a time, each the row kernel's sum bit for bit: lane l of row_tile's accumulator is the FMA chain
+// over k = l, l + kVec, ... below K's last whole vector (from +0), here one vector of kVec outputs per lane l;
+// hsum adds the lanes in order into +0, as here the kVec vectors; then the K tail's products one at a time. No
+// reduction across lanes is left (the row kernel spent most of a small-K call there: a 16-wide per-layer-input
+// projection ran at 6 GFLOP/s), and a thread's rows write whole output rows.
+template <typename W>
+void column_kernel(const float* x, int64_t M, int64_t K, const W* w, int64_t N, float* out) {
+  const int64_t kv = K / kVec * kVec, nv = N / kVec * kVec;
+  // [nv / kVec, K, kVec]: the weight transposed (float32, exact), a block of kVec outputs' columns contiguous
+  avector<float> wt(static_cast<size_t>(K * nv));
+  for (int64_t n = 0; n < nv; ++n)
+    for (int64_t k = 0; k < K; ++k) wt[(n / kVec * K + k) * kVec + n % kVec] = wvalue(w[n * K + k]);
+  // rows [lo, hi) of x, a block of outputs at a time (its columns stay in L1 while the rows pass)
+  auto rows = [&](int64_t lo, int64_t hi) {
+    for (int64_t n0 = 0; n0 < nv; n0 += kVec) {
+      const float* wb = wt.data() + n0 * K;
+      for (int64_t m = lo; m < hi; ++m) {
+        const float* xr = x + m * K;
+        vfloat lane[kVec];
+        for (int l = 0; l < kVec; ++l) lane[l] = vfloat{};
+        for (int64_t k0 = 0; k0 < kv; k0 += kVec)
+          for (int l = 0; l < kVec; ++l) lane[l] = vfma(vbroadcast(xr[k0 + l]), vload(wb + (k0 + l) * kVec), lane[l]);
+        vfloat s = vfloat{};
+        for (int l = 0; l < kVec; ++l) s = s + lane[l];
+        for (int64_t k = kv; k < K; ++k) s = s + vload(wb + k * kVec) * vbroadcast(xr[k]);
+        vstore(out + m * N + n0, s);
+      }
+    }
+    for (int64_t m = lo; m < hi; ++m)
+      for (int64_t n = nv; n < N; ++n) row_block<1>(x + m * K, 1, K, w + n * K, out + m * N + n, N);
+  };
+  if (at::get_num_threads() == 1 || M <= kColumnRowGrain) rows(0, M);
+  else at::parallel_for(0, M, kColumnRowGrain, rows);
 }
 
 // Rows [n0, n0 + nb) of a bf16 weight [N, K] widened into dst [nb, K] float32.
@@ -167,6 +211,9 @@ bool runs_onednn(const torch::Tensor& w, int64_t rows, bool onednn) {
   return rows > kBf16RowKernelMaxRows && w.numel() >= kSmallWeightElems;
 }
 
+// A weight under oneDNN's size floor meets x rows: column_kernel from kColumnMinRows rows, else the row kernel.
+static bool takes_columns(int64_t M, int64_t N, int64_t K) { return M >= kColumnMinRows && N * K < kSmallWeightElems; }
+
 torch::Tensor bf16_rows(const torch::Tensor& x, const torch::Tensor& w) {
   TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.dim() == 2 && w.is_contiguous() && w.device().is_cpu(),
               "the bf16 row kernel takes a contiguous bfloat16 [N, K] CPU weight");
@@ -176,8 +223,9 @@ torch::Tensor bf16_rows(const torch::Tensor& x, const torch::Tensor& w) {
   auto out = torch::empty({M, N}, xf.options());
   if (M == 0 || N == 0) return out;
   if (K == 0) return out.zero_();
-  row_kernel(xf.data_ptr<float>(), M, K, reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), N,
-             out.data_ptr<float>());
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  if (takes_columns(M, N, K)) column_kernel(xf.data_ptr<float>(), M, K, wp, N, out.data_ptr<float>());
+  else row_kernel(xf.data_ptr<float>(), M, K, wp, N, out.data_ptr<float>());
   return out;
 }
 
@@ -195,7 +243,8 @@ static torch::Tensor f32_rows(const torch::Tensor& x, const torch::Tensor& w) {
   auto out = torch::empty({M, N}, xf.options());
   if (M == 0 || N == 0) return out;
   if (K == 0) return out.zero_();
-  row_kernel(xf.data_ptr<float>(), M, K, wc.data_ptr<float>(), N, out.data_ptr<float>());
+  if (takes_columns(M, N, K)) column_kernel(xf.data_ptr<float>(), M, K, wc.data_ptr<float>(), N, out.data_ptr<float>());
+  else row_kernel(xf.data_ptr<float>(), M, K, wc.data_ptr<float>(), N, out.data_ptr<float>());
   return out;
 }
 

@@ -20,7 +20,7 @@ constexpr int64_t kPrefetchRows = 16;
 
 // y = x @ w^T in float32 for any weight kind:
 //  * float32 [N, K]: ATen's mm, or oneDNN when `onednn`; under kSmallWeightElems elements the row kernel at every
-//    row count (row-invariant, as the bf16 weights' below);
+//    row count (row-invariant, as the bf16 weights' below; from 4 rows its column form, the same sums);
 //  * oneDNN-prepacked (mkldnn, float32 or bfloat16): oneDNN, x cast to the weight's dtype;
 //  * quantized [N, G, B] (int8 / uint8; quant_linear.h): quant_linear;
 //  * bfloat16 [N, K]: the row kernel (float32 arithmetic) up to kBf16RowKernelMaxRows rows or when the

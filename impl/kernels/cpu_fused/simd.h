@@ -27,6 +27,16 @@ typedef uint8_t vu8_u __attribute__((vector_size(kVec), aligned(1)));
 inline vfloat vload(const float* p) { return *reinterpret_cast<const vfloat_u*>(p); }
 inline void vstore(float* p, vfloat v) { *reinterpret_cast<vfloat_u*>(p) = v; }
 inline vfloat vsplat(float f) { return vfloat{} + f; }
+// f in every lane (-0 stays -0, unlike vsplat's 0 + f)
+inline vfloat vbroadcast(float f) {
+#if defined(__AVX512F__)
+  return _mm512_set1_ps(f);
+#elif defined(__AVX2__)
+  return _mm256_set1_ps(f);
+#else
+  return vfloat{f, f, f, f};
+#endif
+}
 // a * b + c in one rounding where the CPU has FMA (the build keeps -ffp-contract=off for the layer
 // kernels' RoPE, so the contraction is spelled out here).
 inline vfloat vfma(vfloat a, vfloat b, vfloat c) {
