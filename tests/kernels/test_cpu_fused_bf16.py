@@ -72,11 +72,11 @@ def test_row_kernel_rows_do_not_depend_on_the_batch():
     """Each output row of the row kernel equals that row computed alone, bit for bit (small weights take
     it at any row count, so a tiny bf16 model's rows do not depend on which other rows share the call)."""
     g = _gen(7)
-    # from 16 rows a weight under 65536 elements takes the column kernel, one row the row kernel: the same sums;
+    # from 4 rows a weight under MIN_WEIGHT_ELEMS takes the column kernel, one row the row kernel: the same sums;
     # shapes with K and N off the vector width (a K tail, outputs past the last whole vector), K under it
     shapes = [(40, 256, 64), (16, 2048, 1536), (300, 200, 80), (64, 256, 16), (33, 13, 5), (20, 9, 250), (17, 40, 24)]
     for m, n, k in shapes:
-        small = n * k < 65536  # a small float32 weight takes them too (a larger one ATen's mm)
+        small = n * k < cpu_linear.MIN_WEIGHT_ELEMS  # a small float32 weight takes them too (a larger one ATen's mm)
         for w in (_bf16(n, k, g=g),) + ((torch.randn(n, k, generator=g),) if small else ()):
             x = torch.randn(m, k, generator=g)
             whole = EXT.linear(x, w, False)

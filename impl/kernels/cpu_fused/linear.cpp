@@ -144,8 +144,7 @@ void column_kernel(const float* x, int64_t M, int64_t K, const W* w, int64_t N, 
         vstore(out + m * N + n0, s);
       }
     }
-    for (int64_t m = lo; m < hi; ++m)
-      for (int64_t n = nv; n < N; ++n) row_block<1>(x + m * K, 1, K, w + n * K, out + m * N + n, N);
+    for (int64_t n = nv; n < N; ++n) row_block<1>(x + lo * K, hi - lo, K, w + n * K, out + lo * N + n, N);
   };
   if (at::get_num_threads() == 1 || M <= kColumnRowGrain) rows(0, M);
   else at::parallel_for(0, M, kColumnRowGrain, rows);
