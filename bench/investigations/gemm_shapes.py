@@ -8,7 +8,8 @@ under ``torch.profiler`` with the input shapes recorded; every ``mkldnn::_linear
 shape (rows M, input K, output N): calls, ms per call, TFLOP/s (2 M K N per call) and the weight's GB/s. The ``--top``
 shapes by total time are then timed alone: prepacked copies of a random weight of that shape cycled until ~1 GiB has
 passed (more than the L3 of the VMs met so far, 480 MB on the AMX Xeon: each call finds its weight in memory, as a
-prefill does), random bf16 rows, the best of 3 passes. The last column is in-model time over alone time.
+prefill does), random rows, in the model's weight dtype (bf16 at full size; float32 for e2b_bench), the best of 3
+passes. The last column is in-model time over alone time.
 
 An investigation, not a test (a quiet machine; run it alone)."""
 
@@ -32,17 +33,18 @@ def _shapes(prof) -> dict[tuple[int, int, int], list[float]]:
     return out
 
 
-def _alone(m: int, k: int, n: int, ext, budget_bytes: int = 1 << 30) -> float:
-    """Seconds per call of an [m, k] x [k, n] bf16 matmul on prepacked weights cycled from memory."""
+def _alone(m: int, k: int, n: int, ext, dtype, budget_bytes: int = 1 << 30) -> float:
+    """Seconds per call of an [m, k] x [k, n] matmul in the model's dtype (bf16 or float32) on prepacked weights
+    cycled from memory."""
     import torch
 
     from impl.kernels.cpu_fused.linear import pack
 
     g = torch.Generator().manual_seed(0)
-    copies = max(2, budget_bytes // (2 * k * n))
-    base = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
+    copies = max(2, budget_bytes // (dtype.itemsize * k * n))
+    base = (torch.randn(n, k, generator=g) * 0.02).to(dtype)
     ws = [pack(base) for _ in range(copies)]
-    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    x = torch.randn(m, k, generator=g).to(dtype)
     best = float("inf")
     for _ in range(3):
         t = time.perf_counter()
@@ -76,8 +78,11 @@ def main(argv=None) -> int:
     eng = Engine(model_path=resolve_model(args.model), kv_sharing_fast_prefill=args.flag == "on", random_seed=0)
     sp = {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True}
 
+    vocab = eng.model_config.vocab_size  # ids past 100 inside the vocabulary (the small checkpoints' is 512)
+    span = max(1, min(200_000, vocab - 100))
+
     def prompt(seed: int) -> list[int]:
-        return [(7 + 31 * i + seed) % 200_000 + 100 for i in range(args.prompt)]
+        return [(7 + 31 * i + seed) % span + min(100, vocab - 1) for i in range(args.prompt)]
 
     try:
         for r in range(3):  # warm: kernels, primitives, page cache, the allocator's arenas
@@ -88,6 +93,7 @@ def main(argv=None) -> int:
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             eng.generate(input_ids=prompt(99), sampling_params=sp)
         wall = time.perf_counter() - t
+        dtype = eng.runner.dtype  # the weights' dtype: the shapes alone run in it
     finally:
         eng.shutdown()
     shapes = sorted(_shapes(prof).items(), key=lambda kv: -kv[1][1])
@@ -98,10 +104,10 @@ def main(argv=None) -> int:
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for i, ((m, k, n), (calls, secs)) in enumerate(shapes):
         per = secs / calls
-        flops, wbytes = 2.0 * m * k * n, 2.0 * k * n
+        flops, wbytes = 2.0 * m * k * n, float(dtype.itemsize * k * n)
         row = f"| {m} | {k} | {n} | {int(calls)} | {per * 1e3:.3f} | {flops / per / 1e12:.2f} | {wbytes / per / 1e9:.1f} |"
         if i < args.top:
-            alone = _alone(m, k, n, ext)
+            alone = _alone(m, k, n, ext, dtype)
             row += f" {alone * 1e3:.3f} | {flops / alone / 1e12:.2f} | {per / alone:.2f}x |"
         else:
             row += " | | |"

@@ -28,7 +28,7 @@ from types import ModuleType
 
 import torch
 
-from impl.kernels.checks import check_decode_launch, check_extend_launch, check_kv_scales, require
+from impl.kernels.checks import check_decode_launch, check_extend_launch, check_kv_scales
 from impl.envs import envs
 from impl.kernels.cpp_build import LazyExtension
 
@@ -107,7 +107,8 @@ def next_pack_epoch() -> int:
 
 def _check_cpu(*tensors: torch.Tensor, name: str) -> None:
     for t in tensors:
-        require(t.device.type == "cpu", f"{name}: the CPU kernels take CPU tensors, got one on {t.device}")
+        if t.device.type != "cpu":
+            raise ValueError(f"{name}: the CPU kernels take CPU tensors, got one on {t.device}")
 
 
 def extend_attention_fwd(

@@ -1,0 +1,143 @@
+"""Where one batched decode step's time goes: ``python -m bench.investigations.decode_step_split``.
+
+bench_peer's batch (``e2b_bench``, float32, 32 requests with 128-1024-token prompts, greedy) prefilled once; then
+``--steps`` decode steps over the cached prompts, ``--rounds`` times, each round printing ms per step and what the
+layers' three compiled calls took of it (``attn_pre``: norm, q/k/v, head norms, RoPE; ``decode_attention``;
+``decoder_post``: o_proj, MLP, norms, per-layer input) beside the model forward as a whole (the rest of the forward:
+embedding, per-layer inputs, RoPE tables, attention metadata, Python glue, LM head) and the step outside the forward
+(sampling, scheduling, output processing). The calls are timed by wrapping them (about a microsecond each). Then
+``decoder_post`` of the first and the last layer is called alone in a loop on rows of the same shape (its weights
+stay in cache there), beside its median call in the steps (where every layer's weights come from memory).
+A benchmark, not a test: on a shared VM rounds differ by tens of percent; compare shares within a round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import random
+import time
+
+from bench.machine import cpu_description
+
+
+class _Timed:
+    """An extension module whose calls add their wall time to ``totals[name]`` (and each ``decoder_post`` call's to
+    ``calls``, when given)."""
+
+    def __init__(self, ext, totals: collections.Counter, calls: list[float] | None = None):
+        self._ext, self._totals, self._calls = ext, totals, calls
+
+    def __getattr__(self, name):
+        f = getattr(self._ext, name)
+        if not callable(f):
+            return f
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                dt = time.perf_counter() - t
+                self._totals[name] += dt
+                if self._calls is not None and name == "decoder_post":
+                    self._calls.append(dt)
+
+        return timed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="e2b_bench", help="checkpoint name (impl.checkpoint_factory.checkpoints)")
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    if min(args.requests, args.steps, args.rounds, args.threads) < 1:
+        ap.error("--requests, --steps, --rounds and --threads must be at least 1")
+
+    import torch
+
+    from impl import Engine
+    from impl.checkpoint_factory.checkpoints import tiny_checkpoint
+    from impl.engine import model_runner
+    from impl.kernels import cpu_attn
+    from impl.kernels.cpu_fused import transform
+
+    torch.set_num_threads(args.threads)
+    eng = Engine(tiny_checkpoint(args.model), dtype="float32", chunked_prefill_size=2048)
+    r = random.Random(0)
+    ids = [[r.randrange(3, 500) for _ in range(r.randrange(128, 1024))] for _ in range(args.requests)]
+    eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 1, "ignore_eos": True, "temperature": 0})
+
+    totals: collections.Counter = collections.Counter()
+    layers = [o for o in gc.get_objects() if isinstance(o, transform.FusedLayerForward)]
+    if not layers:
+        print("no fused layer forwards installed (no C++ extension?): nothing to split")
+        return 1
+    layers.sort(key=lambda f: f.layer.layer_id)
+    post_calls: dict[int, list[float]] = {}
+    for i, layer in enumerate(layers):
+        post_calls[i] = []
+        layer.ext = _Timed(layer.ext, totals, post_calls[i])
+    attn = _Timed(cpu_attn._ext(), totals)
+    cpu_attn._ext = lambda: attn
+    forward = model_runner.ModelRunner.forward
+
+    def timed_forward(self, *a, **k):
+        t = time.perf_counter()
+        try:
+            return forward(self, *a, **k)
+        finally:
+            totals["forward"] += time.perf_counter() - t
+
+    model_runner.ModelRunner.forward = timed_forward
+    print(f"{cpu_description()}; {args.model}, float32, {args.requests} requests, {args.threads} threads")
+    sp = {"max_new_tokens": args.steps + 1, "ignore_eos": True, "temperature": 0}
+    for rnd in range(args.rounds):
+        totals.clear()
+        t = time.perf_counter()
+        eng.generate(input_ids=ids, sampling_params=sp)
+        steps = args.steps + 1  # the cached prompts' last token is recomputed: one extend step, then the decode steps
+        per = {k: 1000 * v / steps for k, v in totals.items()}
+        step = 1000 * (time.perf_counter() - t) / steps
+        calls = sum(per.get(k, 0.0) for k in ("attn_pre", "decode_attention", "decoder_post"))
+        print(f"round {rnd}: {step:.1f} ms a step: attn_pre {per.get('attn_pre', 0):.1f}, decode_attention "
+              f"{per.get('decode_attention', 0):.1f}, decoder_post {per.get('decoder_post', 0):.1f}, rest of the "
+              f"forward {per.get('forward', 0) - calls:.1f}, outside the forward {step - per.get('forward', 0):.1f}")
+    for i in (0, len(layers) - 1):
+        in_step = sorted(post_calls[i])[len(post_calls[i]) // 2]
+        print(f"layer {layers[i].layer.layer_id} decoder_post: median in the steps {in_step * 1e6:.0f} us, alone "
+              f"{_post_alone(layers[i], args.requests, torch) * 1e6:.0f} us ({args.requests} rows)")
+    return 0
+
+
+def _post_alone(fused, rows: int, torch) -> float:
+    """Seconds per ``decoder_post`` call of one fused layer on ``rows`` random rows, called 100 times in a row (best
+    of 3): its weights in cache."""
+    w, f, ext = fused.w, fused.f, fused.ext._ext
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(rows, w.input_norm.shape[0], generator=g)
+    attn = torch.randn(rows, f.o_proj.shape[1], generator=g)
+    ple = None if w.ple is None else torch.randn(rows, w.ple.gate.shape[0], generator=g)
+
+    def call():
+        return ext.decoder_post(h, attn, f.o_proj, w.post_attention_norm, w.pre_feedforward_norm, f.gate_up, f.down,
+                                w.post_feedforward_norm, ple, f.ple_gate, f.ple_proj,
+                                None if w.ple is None else w.ple.norm, w.scalar, w.eps, f.onednn)
+
+    for _ in range(10):
+        call()
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(100):
+            call()
+        best = min(best, (time.perf_counter() - t) / 100)
+    return best
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
