@@ -123,7 +123,7 @@ class TritonAttnBackend(AttentionBackend):
         k_scale, v_scale = self.token_to_kv_pool.get_kv_scales(layer.kv_layer_id)
         kv_indices = md.kv_indices_for(self.token_to_kv_pool.slot_map(layer.kv_layer_id))
         q3 = q.reshape(n, layer.num_heads, d)
-        if not is_fp8(k_buf.dtype):
+        if q3.dtype != k_buf.dtype and not is_fp8(k_buf.dtype):
             q3 = q3.to(k_buf.dtype)  # the kernels take q in the pool's dtype (fp8 pools: q keeps its own)
         o = torch.empty_like(q3)
         kw = {"pack_epoch": self._pack_epoch} if self._pack_epoch and layer.kv_layer_id in self._shared_kv else {}
@@ -139,4 +139,4 @@ class TritonAttnBackend(AttentionBackend):
                 q3, o, k_buf, v_buf, md.qo_indptr, md.q_positions, md.kv_indptr, kv_indices, md.max_q_len,
                 layer.scaling, layer.sliding_window, layer.logit_cap, k_scale, v_scale, **kw,
             )
-        return o.to(q.dtype).view(n, -1)
+        return (o if o.dtype == q.dtype else o.to(q.dtype)).view(n, -1)

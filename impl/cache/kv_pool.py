@@ -67,7 +67,7 @@ class TokenToKVPool(TokenToKVPoolBase):
         k, v = k.view(-1, *kb.shape[1:]), v.view(-1, *vb.shape[1:])
         rows = self.slot_map(kv_layer_id)
         if rows is not None:
-            loc = rows[loc]
+            loc = rows.index_select(0, loc)
         if self.quantized:
             # fp8 rows go in as bytes (index_copy_ has no fp8 kernel on CPU)
             ks, vs = self.scales.get(kv_layer_id)

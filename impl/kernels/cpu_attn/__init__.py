@@ -107,7 +107,7 @@ def next_pack_epoch() -> int:
 
 def _check_cpu(*tensors: torch.Tensor, name: str) -> None:
     for t in tensors:
-        if t.device.type != "cpu":
+        if not t.is_cpu:
             raise ValueError(f"{name}: the CPU kernels take CPU tensors, got one on {t.device}")
 
 

@@ -245,6 +245,12 @@ class WidenOnce:
 INVARIANT_ROWS = 64
 
 
+def _block(t: torch.Tensor, start: int, rows: int) -> torch.Tensor:
+    """Rows [start, start + rows) of t: t itself when that is all of it (a decode step's one block; a slice costs a
+    few microseconds, six a layer)."""
+    return t if start == 0 and rows == t.shape[0] else t[start:start + rows]
+
+
 def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     """[n, ...] -> [rows, ...]: the last row repeated (its copies' results are dropped)."""
     if t.shape[0] == rows:
@@ -304,8 +310,8 @@ class FusedLayerForward:
         n = int(h.shape[0])
         m, r, starts = self._blocks(h, fb)
         hp, cp, sp = _pad_rows(h, m), _pad_rows(cos, m), _pad_rows(sin, m)
-        parts = [self.ext.attn_pre(hp[i:i + r], w.input_norm, f.qkv_proj, f.head_norm, cp[i:i + r], sp[i:i + r],
-                                   f.q_heads, w.eps, f.onednn) for i in starts]
+        parts = [self.ext.attn_pre(_block(hp, i, r), w.input_norm, f.qkv_proj, f.head_norm, _block(cp, i, r),
+                                   _block(sp, i, r), f.q_heads, w.eps, f.onednn) for i in starts]
         q, k, v = parts[0] if len(parts) == 1 else tuple(torch.cat([p[j] for p in parts]) for j in range(3))
         if m != n:
             q, k, v = q[:n], k[:n], v[:n]
@@ -321,8 +327,8 @@ class FusedLayerForward:
             hp = _pad_rows(h, m)
         out, pp, p = _pad_rows(out, m), None if ple is None else _pad_rows(ple, m), w.ple
         outs = [self.ext.decoder_post(
-            hp[i:i + r], out[i:i + r], f.o_proj, w.post_attention_norm, w.pre_feedforward_norm, f.gate_up, f.down,
-            w.post_feedforward_norm, None if p is None or pp is None else pp[i:i + r], f.ple_gate, f.ple_proj,
+            _block(hp, i, r), _block(out, i, r), f.o_proj, w.post_attention_norm, w.pre_feedforward_norm, f.gate_up,
+            f.down, w.post_feedforward_norm, None if p is None or pp is None else _block(pp, i, r), f.ple_gate, f.ple_proj,
             None if p is None else p.norm, w.scalar, w.eps, f.onednn,
         ) for i in starts]
         h = outs[0] if len(outs) == 1 else torch.cat(outs)
