@@ -94,6 +94,15 @@ def main(argv: list[str] | None = None) -> int:
             totals["forward"] += time.perf_counter() - t
 
     model_runner.ModelRunner.forward = timed_forward
+    try:
+        _rounds(eng, ids, args, layers, totals, post_calls, torch)
+    finally:
+        model_runner.ModelRunner.forward = forward
+        eng.shutdown()
+    return 0
+
+
+def _rounds(eng, ids, args, layers, totals, post_calls, torch) -> None:
     print(f"{cpu_description()}; {args.model}, float32, {args.requests} requests, {args.threads} threads")
     sp = {"max_new_tokens": args.steps + 1, "ignore_eos": True, "temperature": 0}
     for rnd in range(args.rounds):
@@ -111,7 +120,6 @@ def main(argv: list[str] | None = None) -> int:
         in_step = sorted(post_calls[i])[len(post_calls[i]) // 2]
         print(f"layer {layers[i].layer.layer_id} decoder_post: median in the steps {in_step * 1e6:.0f} us, alone "
               f"{_post_alone(layers[i], args.requests, torch) * 1e6:.0f} us ({args.requests} rows)")
-    return 0
 
 
 def _post_alone(fused, rows: int, torch) -> float:

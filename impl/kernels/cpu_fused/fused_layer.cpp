@@ -185,7 +185,7 @@ void gelu_mul_rows(const torch::Tensor& g, const torch::Tensor& u, torch::Tensor
   char* op = static_cast<char*>(out.data_ptr());
   const int64_t lg = g.stride(0) * es, lu = u.stride(0) * es, lo_ = out.stride(0) * es;  // row strides in bytes
   // Split by elements, not kRowGrain rows: a decode step's 32 rows of a 2048-wide MLP are 64K tanh evaluations
-  // (one thread: ~40 us a layer); each row's values do not depend on which thread computes it.
+  // (on one thread: tens of microseconds a layer); each row's values do not depend on which thread computes it.
   const int64_t grain = std::max<int64_t>(1, kActGrainElems / std::max<int64_t>(d, 1));
   const auto body = [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
