@@ -9,6 +9,9 @@ embedding, per-layer inputs, RoPE tables, attention metadata, Python glue, LM he
 ``decoder_post`` of the first and the last layer is called alone in a loop on rows of the same shape (its weights
 stay in cache there), beside its median call in the steps (where every layer's weights come from memory).
 A benchmark, not a test: on a shared VM rounds differ by tens of percent; compare shares within a round.
+
+(``bench.profile_step`` splits a full-size forward into the same calls under ``torch.profiler``; its Python tracer
+slows the Python between the calls, which is a part this split measures, so the calls are wrapped here instead.)
 """
 
 from __future__ import annotations

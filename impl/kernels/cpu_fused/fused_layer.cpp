@@ -64,16 +64,17 @@ void check_f32(const torch::Tensor& t, const char* name, int64_t dim) {
   TORCH_CHECK(dim < 0 || t.dim() == dim, name, " must have ", dim, " dims");
 }
 
-// Row loops run on ATen's intra-op thread pool when torch has several threads (inline with one).
+// Row loops run on ATen's intra-op thread pool when torch has several threads (inline with one, or with
+// `grain` rows or fewer).
 constexpr int64_t kRowGrain = 64;
 constexpr int64_t kActGrainElems = 8192;  // elements per thread's share of the MLP activation (gelu_mul_rows)
 template <class F>
-void for_rows(int64_t n, const F& f) {
-  if (n <= kRowGrain || at::get_num_threads() == 1) {
+void for_rows(int64_t n, const F& f, int64_t grain = kRowGrain) {
+  if (n <= grain || at::get_num_threads() == 1) {
     f(int64_t{0}, n);
     return;
   }
-  at::parallel_for(0, n, kRowGrain, f);
+  at::parallel_for(0, n, grain, f);
 }
 
 // Activation rows in float32 or bfloat16. The row-local work always runs on float32 rows: a bf16 row is
@@ -187,7 +188,7 @@ void gelu_mul_rows(const torch::Tensor& g, const torch::Tensor& u, torch::Tensor
   // Split by elements, not kRowGrain rows: a decode step's 32 rows of a 2048-wide MLP are 64K tanh evaluations
   // (on one thread: tens of microseconds a layer); each row's values do not depend on which thread computes it.
   const int64_t grain = std::max<int64_t>(1, kActGrainElems / std::max<int64_t>(d, 1));
-  const auto body = [&](int64_t lo, int64_t hi) {
+  for_rows(rows, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       if (bf16) {
         cpu_fused::act::gelu_mul(reinterpret_cast<const uint16_t*>(gp + i * lg), reinterpret_cast<const uint16_t*>(up + i * lu),
@@ -197,9 +198,7 @@ void gelu_mul_rows(const torch::Tensor& g, const torch::Tensor& u, torch::Tensor
                                  reinterpret_cast<float*>(op + i * lo_), d);
       }
     }
-  };
-  if (rows <= grain || at::get_num_threads() == 1) body(int64_t{0}, rows);
-  else at::parallel_for(0, rows, grain, body);
+  }, grain);
 }
 
 // codes [rows, d] int8, scales [rows] = W8A8's row quantization (quantize_row) of gelu_tanh(g) * u, float32 rows
