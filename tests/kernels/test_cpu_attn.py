@@ -122,11 +122,23 @@ def test_long_context_spans_many_key_tiles(window):
         assert_close_to_truth(cpu_decode(last, [3, 2]), last, torch.float32)
 
 
-def test_consecutive_float32_slots_read_in_place():
-    """Contiguous slots take the no-copy path; scattered ones are gathered: both equal the truth."""
+@pytest.mark.parametrize("order", ["ascending", "descending", "scattered"])
+def test_float32_keys_are_read_in_place_in_any_slot_order(order):
+    """A float32 pool's rows are read where they lie, whatever order their slots come in (the hybrid pool's sliding
+    slots run downwards, a decode step's new tokens interleave with other requests'): extend and decode equal the
+    truth, and kv_indices read in place (contiguous int64) give the bits of an int32 or a strided copy of them."""
     case = make_case([50], [30], 4, 1, 64, torch.float32, seed=3)
-    case.kv_indices = torch.arange(1, 81, dtype=torch.int64)
-    assert_close_to_truth(cpu_extend(case), case, torch.float32)
+    slots = {"ascending": torch.arange(1, 81), "descending": torch.arange(80, 0, -1),
+             "scattered": torch.randperm(80, generator=torch.Generator().manual_seed(0)) + 1}[order]
+    case.kv_indices = slots.to(torch.int64)
+    out = cpu_extend(case)
+    assert_close_to_truth(out, case, torch.float32)
+    last = case.select([[29]])
+    dec = cpu_decode(last, [2])
+    assert_close_to_truth(dec, last, torch.float32)
+    for other in (slots.to(torch.int32), torch.stack([case.kv_indices, case.kv_indices], 1)[:, 0]):
+        assert torch.equal(cpu_extend(dataclasses.replace(case, kv_indices=other)), out)
+        assert torch.equal(cpu_decode(dataclasses.replace(last, kv_indices=other), [2]), dec)
 
 
 def test_query_without_visible_keys_gives_zeros():

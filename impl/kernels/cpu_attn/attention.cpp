@@ -191,39 +191,38 @@ struct PoolHead {
   int64_t capacity;
 };
 
-// Keys [t0, t0 + n) of a request (slots `slots[t0..]`) as a float32 [n, D] matrix; returns the
-// pointer and its row stride. float32 rows at consecutive slots are used in place (no copy).
+// Keys [t0, t0 + n) of a request (slots `slots[t0..]`) as float32 rows: rows[j] -> key j's D values. A float32
+// pool's rows are read in place in whatever order their slots come (the hybrid pool's sliding-window slots run
+// downwards, cache/allocator.py, and a decode step's new tokens interleave with the other requests'): a tile of
+// slots not in ascending order used to be copied into a buffer first, which made a 32-request decode launch over
+// downward slots 1.3x slower at e2b_bench's full-attention shapes; other dtypes are converted into buf [n, D].
 template <typename S>
-inline const float* key_tile(const PoolHead<S>& pool, const int64_t* slots, int64_t n, int64_t D, float* buf,
-                             int64_t* ld) {
+inline void key_rows(const PoolHead<S>& pool, const int64_t* slots, int64_t n, int64_t D, float* buf, const float** rows) {
   for (int64_t j = 0; j < n; ++j) {
     TORCH_CHECK(slots[j] >= 0 && slots[j] < pool.capacity, "KV slot ", slots[j], " outside the pool (capacity ",
                 pool.capacity, ")");
   }
   if constexpr (std::is_same_v<S, float>) {
-    bool consecutive = true;
-    for (int64_t j = 1; j < n && consecutive; ++j) consecutive = slots[j] == slots[0] + j;
-    if (consecutive) {
-      *ld = pool.row_stride;
-      return pool.base + slots[0] * pool.row_stride;
+    for (int64_t j = 0; j < n; ++j) rows[j] = pool.base + slots[j] * pool.row_stride;
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      row_to_f32<S>(pool.base + slots[j] * pool.row_stride, buf + j * D, D);
+      rows[j] = buf + j * D;
     }
   }
-  for (int64_t j = 0; j < n; ++j) row_to_f32<S>(pool.base + slots[j] * pool.row_stride, buf + j * D, D);
-  *ld = D;
-  return buf;
 }
 
-// S^T [n, LP] = scale * K Q^T for the lane vectors [c0, c0 + LV) of Q^T: k rows at k + j * ldk (D floats
-// each), qt = Q^T [D, LP]. Blocks of KB keys x LV SIMD vectors of query lanes accumulate in registers
+// S^T [n, LP] = scale * K Q^T for the lane vectors [c0, c0 + LV) of Q^T: key j's D floats at k[j], qt = Q^T
+// [D, LP]. Blocks of KB keys x LV SIMD vectors of query lanes accumulate in registers
 // over d (K entries broadcast, so K is read in place: no transposed copy).
 template <int LV>
-inline void qk_lanes(const float* k, int64_t ldk, int64_t n, int64_t D, const float* qt, int64_t LP, int64_t c0,
-                     float scale, float* st) {
+inline void qk_lanes(const float* const* k, int64_t n, int64_t D, const float* qt, int64_t LP, int64_t c0, float scale,
+                     float* st) {
   constexpr int KB = 16 / LV;
   for (int64_t j0 = 0; j0 < n; j0 += KB) {
     const int64_t kb = std::min<int64_t>(KB, n - j0);
     const float* kr[KB];
-    for (int b = 0; b < KB; ++b) kr[b] = k + (j0 + std::min<int64_t>(b, kb - 1)) * ldk;  // tail: last row again
+    for (int b = 0; b < KB; ++b) kr[b] = k[j0 + std::min<int64_t>(b, kb - 1)];  // tail: last row again
     vfloat acc[KB][LV] = {};
     for (int64_t d = 0; d < D; ++d) {
       vfloat qv[LV];
@@ -239,22 +238,21 @@ inline void qk_lanes(const float* k, int64_t ldk, int64_t n, int64_t D, const fl
   }
 }
 
-inline void qk_all_lanes(const float* k, int64_t ldk, int64_t n, int64_t D, const float* qt, int64_t LP, float scale,
-                         float* st) {
+inline void qk_all_lanes(const float* const* k, int64_t n, int64_t D, const float* qt, int64_t LP, float scale, float* st) {
   const int64_t nv = LP / kVec;
   int64_t c = 0;
-  for (; c + 8 <= nv; c += 8) qk_lanes<8>(k, ldk, n, D, qt, LP, c * kVec, scale, st);
-  for (; c + 4 <= nv; c += 4) qk_lanes<4>(k, ldk, n, D, qt, LP, c * kVec, scale, st);
-  for (; c + 2 <= nv; c += 2) qk_lanes<2>(k, ldk, n, D, qt, LP, c * kVec, scale, st);
-  for (; c < nv; ++c) qk_lanes<1>(k, ldk, n, D, qt, LP, c * kVec, scale, st);
+  for (; c + 8 <= nv; c += 8) qk_lanes<8>(k, n, D, qt, LP, c * kVec, scale, st);
+  for (; c + 4 <= nv; c += 4) qk_lanes<4>(k, n, D, qt, LP, c * kVec, scale, st);
+  for (; c + 2 <= nv; c += 2) qk_lanes<2>(k, n, D, qt, LP, c * kVec, scale, st);
+  for (; c < nv; ++c) qk_lanes<1>(k, n, D, qt, LP, c * kVec, scale, st);
 }
 
-// acc [LP, D] += P V over n keys: pt = P^T [n, LP], v rows at v + j * ldv. Blocks of kLaneBlk lanes x 2
+// acc [LP, D] += P V over n keys: pt = P^T [n, LP], key j's values at v[j]. Blocks of kLaneBlk lanes x 2
 // (or 1) SIMD vectors of head_dim accumulate in registers over the keys.
-inline void pv_blocks(const float* pt, int64_t LP, int64_t n, const float* v, int64_t ldv, int64_t D, float* acc) {
+inline void pv_blocks(const float* pt, int64_t LP, int64_t n, const float* const* v, int64_t D, float* acc) {
   if (D % kVec != 0) {  // head_dim not a multiple of the SIMD width (tiny test models): plain loops
     for (int64_t j = 0; j < n; ++j) {
-      const float* vr = v + j * ldv;
+      const float* vr = v[j];
       for (int64_t i = 0; i < LP; ++i) {
         const float w = pt[j * LP + i];
         float* o = acc + i * D;
@@ -275,7 +273,7 @@ inline void pv_blocks(const float* pt, int64_t LP, int64_t n, const float* v, in
         a1[i] = vload(ab + i * D + d0 + kVec);
       }
       for (int64_t j = 0; j < n; ++j) {
-        const vfloat v0 = vload(v + j * ldv + d0), v1 = vload(v + j * ldv + d0 + kVec);
+        const vfloat v0 = vload(v[j] + d0), v1 = vload(v[j] + d0 + kVec);
         for (int64_t i = 0; i < kLaneBlk; ++i) {
           const float w = pb[j * LP + i];
           a0[i] += w * v0;
@@ -291,7 +289,7 @@ inline void pv_blocks(const float* pt, int64_t LP, int64_t n, const float* v, in
       vfloat a0[kLaneBlk];
       for (int64_t i = 0; i < kLaneBlk; ++i) a0[i] = vload(ab + i * D + d0);
       for (int64_t j = 0; j < n; ++j) {
-        const vfloat v0 = vload(v + j * ldv + d0);
+        const vfloat v0 = vload(v[j] + d0);
         for (int64_t i = 0; i < kLaneBlk; ++i) a0[i] += pb[j * LP + i] * v0;
       }
       for (int64_t i = 0; i < kLaneBlk; ++i) vstore(ab + i * D + d0, a0[i]);
@@ -321,13 +319,13 @@ struct TileArgs {
 };
 
 // One key tile [t0, t0 + n) for `lanes` query lanes, LP = lanes rounded up to kVec (padding lanes see no
-// key); lane i sees keys [lo[i], hi[i]). qt: Q^T [D, LP]; k / v rows ldk / ldv apart; st_buf: S^T [n, LP]
+// key); lane i sees keys [lo[i], hi[i]). qt: Q^T [D, LP]; key j's rows at k[j] / v[j]; st_buf: S^T [n, LP]
 // scratch. Softmax runs down the keys with whole vectors of lanes; masked keys are -inf, then exactly 0.
-inline void attend_tile(const TileArgs& a, const float* qt, int64_t lanes, int64_t LP, const float* k, int64_t ldk,
-                        const float* v, int64_t ldv, int64_t t0, int64_t n, const int64_t* lo, const int64_t* hi,
+inline void attend_tile(const TileArgs& a, const float* qt, int64_t lanes, int64_t LP, const float* const* k,
+                        const float* const* v, int64_t t0, int64_t n, const int64_t* lo, const int64_t* hi,
                         float* st_buf, Softmax& st) {
   const int64_t D = a.D, nv = LP / kVec;
-  qk_all_lanes(k, ldk, n, D, qt, LP, a.scale, st_buf);
+  qk_all_lanes(k, n, D, qt, LP, a.scale, st_buf);
   thread_local std::vector<int32_t> blo, bhi;  // each lane's visible keys within this tile: [blo, bhi)
   blo.assign(LP, 0);
   bhi.assign(LP, 0);
@@ -369,7 +367,7 @@ inline void attend_tile(const TileArgs& a, const float* qt, int64_t lanes, int64
       for (int64_t d = 0; d < D; ++d) acc[d] *= alpha[i];
     }
   }
-  pv_blocks(st_buf, LP, n, v, ldv, D, st.acc.data());
+  pv_blocks(st_buf, LP, n, v, D, st.acc.data());
 }
 
 // Keys [key_lo, key_hi) of one request (pool slots `slots`) and KV head `h`, one tile of BN keys at a time,
@@ -383,6 +381,7 @@ void attend_keys(const TileArgs& a, const torch::Tensor& k_buf, const torch::Ten
   const PoolHead<S> kh{k_buf.data_ptr<S>() + h * k_buf.stride(1), k_buf.stride(0), cap_n};
   const PoolHead<S> vh{v_buf.data_ptr<S>() + h * v_buf.stride(1), v_buf.stride(0), cap_n};
   thread_local std::vector<int64_t> mapped;
+  thread_local std::vector<const float*> kr, vr;  // the tile's key / value rows
   for (int64_t t0 = key_lo; t0 < key_hi; t0 += BN) {
     const int64_t n = std::min(BN, key_hi - t0);
     const int64_t* ts = slots + t0;
@@ -394,10 +393,11 @@ void attend_keys(const TileArgs& a, const torch::Tensor& k_buf, const torch::Ten
       }
       ts = mapped.data();
     }
-    int64_t ldk, ldv;
-    const float* kt = key_tile(kh, ts, n, a.D, kbuf, &ldk);
-    const float* vt = key_tile(vh, ts, n, a.D, vbuf, &ldv);
-    attend_tile(a, qt, lanes, LP, kt, ldk, vt, ldv, t0, n, lo, hi, s, st);
+    kr.resize(n);
+    vr.resize(n);
+    key_rows(kh, ts, n, a.D, kbuf, kr.data());
+    key_rows(vh, ts, n, a.D, vbuf, vr.data());
+    attend_tile(a, qt, lanes, LP, kr.data(), vr.data(), t0, n, lo, hi, s, st);
   }
 }
 
@@ -1007,6 +1007,29 @@ std::vector<int64_t> as_i64(const torch::Tensor& t, const char* what) {
   return out;
 }
 
+// A 1-D integer tensor's values as int64, for the long ones (kv_indices: every key of the batch, ~20K entries a
+// 32-request decode launch, 35 launches a step): the tensor's own memory when it is contiguous int64 (what the
+// metadata builds), else as_i64's copy.
+struct I64Values {
+  std::vector<int64_t> own;
+  const int64_t* p = nullptr;
+  int64_t n = 0;
+  I64Values(const torch::Tensor& t, const char* what) {
+    if (t.dim() == 1 && t.scalar_type() == torch::kInt64 && (t.stride(0) == 1 || t.numel() <= 1)) {
+      p = t.data_ptr<int64_t>();
+      n = t.numel();
+    } else {
+      own = as_i64(t, what);
+      p = own.data();
+      n = static_cast<int64_t>(own.size());
+    }
+  }
+  I64Values(const I64Values&) = delete;
+  I64Values& operator=(const I64Values&) = delete;
+  const int64_t* data() const { return p; }
+  int64_t size() const { return n; }
+};
+
 void check_args(const torch::Tensor& q, const torch::Tensor& o, const torch::Tensor& k_buf, const torch::Tensor& v_buf) {
   for (const auto* t : {&q, &o, &k_buf, &v_buf}) {
     TORCH_CHECK(t->device().is_cpu(), "CPU attention kernels take CPU tensors");
@@ -1171,7 +1194,7 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
 
 template <typename T, typename S>
 void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
-                 const std::vector<int64_t>& qpos, const std::vector<int64_t>& kvp, const std::vector<int64_t>& kvi,
+                 const std::vector<int64_t>& qpos, const std::vector<int64_t>& kvp, const int64_t* kvi,
                  const std::vector<int64_t>& splits, int64_t max_splits, const TileArgs& args, int64_t window) {
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), Hkv = k_buf.size(1), G = H / Hkv;
   const int64_t BN = tile_keys(D);
@@ -1222,7 +1245,7 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
     tiles = amx_extend(q.scalar_type(), k_buf.scalar_type(), D);
     if (tiles) {
       std::vector<const int64_t*> slots(B);
-      for (int64_t b = 0; b < B; ++b) slots[b] = kvi.data() + kvp[b];
+      for (int64_t b = 0; b < B; ++b) slots[b] = kvi + kvp[b];
       const auto packed = amx_pack_requests<S>(k_buf, v_buf, slots, items, args);
       run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
         const Item& it = items[idx];
@@ -1260,7 +1283,7 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
         const T* src = qd + it.b * q.stride(0) + (it.h * G + g) * q.stride(1);
         for (int64_t d = 0; d < D; ++d) qt[d * LP + g] = to_f32(src[d]);
       }
-      attend_keys<S>(args, k_buf, v_buf, it.h, kvi.data() + kvp[it.b], it.lo, it.hi, BN, qt.data(), G, LP, lo.data(),
+      attend_keys<S>(args, k_buf, v_buf, it.h, kvi + kvp[it.b], it.lo, it.hi, BN, qt.data(), G, LP, lo.data(),
                      hi.data(), kbuf.data(), vbuf.data(), sbuf.data(), st);
       finish(it, st);
     });
@@ -1326,11 +1349,12 @@ void extend_attention(torch::Tensor q, torch::Tensor o, torch::Tensor k_buf, tor
                       double v_scale, int64_t pack_epoch) {
   check_args(q, o, k_buf, v_buf);
   const auto qo = as_i64(qo_indptr, "qo_indptr"), qpos = as_i64(q_positions, "q_positions");
-  const auto kvp = as_i64(kv_indptr, "kv_indptr"), kvi = as_i64(kv_indices, "kv_indices");
+  const auto kvp = as_i64(kv_indptr, "kv_indptr");
+  const I64Values kvi(kv_indices, "kv_indices");
   TORCH_CHECK(qo.size() == kvp.size() && !qo.empty(), "qo_indptr and kv_indptr must both have batch + 1 entries");
   TORCH_CHECK(qo.front() == 0 && qo.back() <= q.size(0) && static_cast<int64_t>(qpos.size()) == q.size(0),
               "qo_indptr / q_positions do not match q's rows");
-  TORCH_CHECK(kvp.front() >= 0 && kvp.back() <= static_cast<int64_t>(kvi.size()), "kv_indptr runs past kv_indices");
+  TORCH_CHECK(kvp.front() >= 0 && kvp.back() <= kvi.size(), "kv_indptr runs past kv_indices");
   std::vector<const int64_t*> slots;
   std::vector<int64_t> kv_lens;
   for (size_t b = 0; b + 1 < qo.size(); ++b) {
@@ -1387,18 +1411,19 @@ void decode_attention(torch::Tensor q, torch::Tensor o, torch::Tensor k_buf, tor
   check_args(q, o, k_buf, v_buf);
   TORCH_CHECK(kv_generation >= 0, "kv_generation must be >= 0 (0: nothing kept across launches)");
   const auto qpos = as_i64(q_positions, "q_positions"), kvp = as_i64(kv_indptr, "kv_indptr");
-  const auto kvi = as_i64(kv_indices, "kv_indices"), splits = as_i64(num_kv_splits, "num_kv_splits");
+  const I64Values kvi(kv_indices, "kv_indices");
+  const auto splits = as_i64(num_kv_splits, "num_kv_splits");
   const int64_t B = q.size(0);
   TORCH_CHECK(static_cast<int64_t>(qpos.size()) == B && static_cast<int64_t>(kvp.size()) == B + 1 &&
                   static_cast<int64_t>(splits.size()) == B,
               "decode: q_positions / num_kv_splits need one entry per request, kv_indptr batch + 1");
   TORCH_CHECK(max_kv_splits >= 1, "max_kv_splits must be >= 1");
-  TORCH_CHECK(kvp.front() >= 0 && kvp.back() <= static_cast<int64_t>(kvi.size()), "kv_indptr runs past kv_indices");
+  TORCH_CHECK(kvp.front() >= 0 && kvp.back() <= kvi.size(), "kv_indptr runs past kv_indices");
   TileArgs args = tile_args(q, sm_scale, logit_cap, k_scale, v_scale, torch::Tensor());
   args.pack_epoch = pack_epoch;
   args.kv_generation = kv_generation;
   dispatch_types(q, k_buf, [&](auto t, auto s) {
-    decode_impl<decltype(t), decltype(s)>(q, o, k_buf, v_buf, qpos, kvp, kvi, splits, max_kv_splits, args, window);
+    decode_impl<decltype(t), decltype(s)>(q, o, k_buf, v_buf, qpos, kvp, kvi.data(), splits, max_kv_splits, args, window);
   });
 }
 
