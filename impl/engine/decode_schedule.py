@@ -33,14 +33,11 @@ class DecodeSchedule:
 
     def items(self) -> list[BatchItem]:
         """One decode row per running request (after ``make_room``), in running order."""
-        items = []
-        for req in self.make_room():
-            start = req.kv_len
-            rows = req.logits_rows(start, 1)
-            slots = self.kv.extend(req, 1)
-            assert slots is not None, "make_room left every running request one slot"
-            items.append(BatchItem(req, start, 1, slots, rows))
-        return items
+        reqs = self.make_room()
+        starts = [req.kv_len for req in reqs]
+        slots = self.kv.extend_each(reqs)
+        assert slots is not None, "make_room left every running request one slot"
+        return [BatchItem(req, start, 1, s, req.logits_rows(start, 1)) for req, start, s in zip(reqs, starts, slots)]
 
     def make_room(self) -> list[Req]:
         """Every running request is about to add at least one token: retract the newest (the chunked

@@ -125,6 +125,24 @@ class KVLifecycle:
         req.kv_len += n
         return slots
 
+    def extend_each(self, reqs: list[Req]) -> list[torch.Tensor] | None:
+        """``extend(req, 1)`` for every request of a decode step at once: one allocation and one ``req_to_token``
+        write for the batch instead of one each (a 32-request step made 32 of both). [1] int64 slots per request,
+        or None if memory is short (nothing taken)."""
+        if not reqs:
+            return []
+        slots = self.alloc(len(reqs))
+        if slots is None:
+            return None
+        dev = self.req_to_token_pool.device
+        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64, device=dev)
+        cols = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64, device=dev)
+        self.req_to_token_pool.req_to_token[rows, cols] = slots.to(dev)
+        for r in reqs:
+            r.swa_query_from = r.kv_len  # this forward's query starts here
+            r.kv_len += 1
+        return list(slots.split(1))
+
     def trim(self, req: Req, kv_len: int) -> None:
         """Free the request's slots of positions ``kv_len ..`` (rejected speculative rows)."""
         if req.req_pool_idx is None or kv_len >= req.kv_len:
