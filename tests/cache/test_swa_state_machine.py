@@ -1,8 +1,9 @@
 """KVLifecycle over the hybrid pool (paired allocator + tombstone radix tree) against a shadow of what each
-slot holds: random admissions, prefill chunks, decode steps, speculative rows rejected, releases and
-flushes under a tight sliding-window budget. After every step every slot is owned once in both pools, and
-every live request reads the right token at each position a query of it may still see (full layers: all
-positions; sliding layers: its window), so no slot inside a window was freed or reused."""
+slot holds: random admissions, prefill chunks, decode steps (one request's, or every request's at once),
+speculative rows rejected, releases and flushes under a tight sliding-window budget. After every step every slot
+is owned once in both pools, and every live request reads the right token at each position a query of it may
+still see (full layers: all positions; sliding layers: its window), so no slot inside a window was freed or
+reused."""
 
 from __future__ import annotations
 
@@ -73,6 +74,22 @@ class HybridKVMachine(RuleBasedStateMachine):
         self._write(r, start, slots[:n])
         if extra:  # speculative rows beyond the token: written, then rejected
             self.kv.trim(r, start + n)
+
+    @precondition(lambda self: self.live)
+    @rule()
+    def decode_step(self):
+        """A decode step of every caught-up request at once (the scheduler's ``extend_each``); when the pools are
+        short nothing is taken, and the new tokens wait for a later extend."""
+        reqs = [r for r in self.live if r.kv_len == r.seq_len and r.seq_len < CTX - 3]
+        for r in reqs:
+            r.append_output(r.seq_len % 3)
+        starts = [r.kv_len for r in reqs]
+        slots = self.kv.extend_each(reqs)
+        if slots is None:
+            return
+        assert [r.kv_len for r in reqs] == [s + 1 for s in starts]
+        for r, start, slot in zip(reqs, starts, slots):
+            self._write(r, start, slot)
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 10))
