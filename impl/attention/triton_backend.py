@@ -45,6 +45,9 @@ class TritonAttnBackend(AttentionBackend):
         # decode launches then pass the KV generation, under which the CPU kernels keep packings across steps.
         # Off for a backend driven by hand (tests writing the pool directly, reusing slots without freeing them).
         self.keep_decode_packings = False
+        # decode launches prepared this pass (provider.prepare_decode), by metadata, KV layer and the layer's attention
+        # parameters: the layers sharing a KV layer launch over the same buffers and metadata
+        self._prepared: dict[tuple, tuple] = {}
 
     # ---- metadata -----------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -60,6 +63,7 @@ class TritonAttnBackend(AttentionBackend):
             self.provider.fill_units, ONE_SPLIT if self.deterministic else self.provider.split_policy,
         )
         self.cross_metadata = None  # a back half belongs to one pass
+        self._prepared.clear()
         self._batch = fb
         self._pack_epoch = self.provider.pack_epochs() if self.provider.pack_epochs and self._shared_kv else 0
 
@@ -94,6 +98,7 @@ class TritonAttnBackend(AttentionBackend):
             ONE_SPLIT,
         )
         # The window is not stored: forward() passes layer.sliding_window at launch, as for every layer.
+        self._prepared.clear()  # (keyed by the metadata's id: none may outlive the metadata it was made for)
 
     def _metadata_for(self, k, fb: ForwardBatch, n: int, layer: AttentionLayer) -> TritonAttnMetadata:
         if k is None and fb.fast_prefill:
@@ -119,6 +124,8 @@ class TritonAttnBackend(AttentionBackend):
             # New rows' K/V go to the pool first: the kernels read prefix and new keys alike through kv_indices.
             self.store_kv(k, v, layer, fb)
         md = self._metadata_for(k, fb, n, layer)
+        if md.use_decode_kernel and self.provider.prepare_decode is not None:
+            return self._decode_prepared(q, layer, fb, md)
         k_buf, v_buf = self.token_to_kv_pool.get_kv_buffer(layer.kv_layer_id)  # [capacity, KVH, D]
         k_scale, v_scale = self.token_to_kv_pool.get_kv_scales(layer.kv_layer_id)
         kv_indices = md.kv_indices_for(self.token_to_kv_pool.slot_map(layer.kv_layer_id))
@@ -139,4 +146,33 @@ class TritonAttnBackend(AttentionBackend):
                 q3, o, k_buf, v_buf, md.qo_indptr, md.q_positions, md.kv_indptr, kv_indices, md.max_q_len,
                 layer.scaling, layer.sliding_window, layer.logit_cap, k_scale, v_scale, **kw,
             )
+        return (o if o.dtype == q.dtype else o.to(q.dtype)).view(n, -1)
+
+    def _decode_prepared(self, q, layer: AttentionLayer, fb: ForwardBatch, md: TritonAttnMetadata) -> torch.Tensor:
+        """``forward``'s decode launch through a launch prepared once per pass for this metadata, KV layer and
+        attention parameters (the same arguments, so the same kernel call and bits)."""
+        n = q.shape[0]
+        key = (id(md), layer.kv_layer_id, layer.num_heads, layer.head_dim, layer.scaling, layer.sliding_window,
+               layer.logit_cap)
+        prepared = self._prepared.get(key)
+        q3 = q.reshape(n, layer.num_heads, layer.head_dim)
+        if prepared is None:
+            k_buf, v_buf = self.token_to_kv_pool.get_kv_buffer(layer.kv_layer_id)
+            k_scale, v_scale = self.token_to_kv_pool.get_kv_scales(layer.kv_layer_id)
+            kv_indices = md.kv_indices_for(self.token_to_kv_pool.slot_map(layer.kv_layer_id))
+            cast = k_buf.dtype if q3.dtype != k_buf.dtype and not is_fp8(k_buf.dtype) else None
+            qc = q3 if cast is None else q3.to(cast)
+            epoch = self._pack_epoch if self._pack_epoch and layer.kv_layer_id in self._shared_kv else 0
+            assert self.provider.prepare_decode is not None  # forward() checked
+            launch = self.provider.prepare_decode(
+                qc, torch.empty_like(qc), k_buf, v_buf, md.q_positions, md.kv_indptr, kv_indices, md.num_kv_splits,
+                md.max_kv_splits, layer.scaling, layer.sliding_window, layer.logit_cap, k_scale, v_scale, pack_epoch=epoch,
+            )
+            # the pool's KV generation keeps decode packings across steps (forward()'s rule for kv_generation)
+            keeps = self.keep_decode_packings and self.provider.keeps_packings and fb.forward_mode.is_decode
+            prepared = self._prepared[key] = (launch, cast, keeps)
+        launch, cast, keeps = prepared
+        if cast is not None:
+            q3 = q3.to(cast)
+        o = launch(q3, torch.empty_like(q3), kv_generation() if keeps else 0)
         return (o if o.dtype == q.dtype else o.to(q.dtype)).view(n, -1)

@@ -49,6 +49,10 @@ class KernelProvider:
     # compiled CPU kernels: decode launches take kv_generation= (impl.cache.allocator.kv_generation) and keep each
     # request's packed keys from one decode step to the next under it
     keeps_packings: bool = False
+    # compiled CPU kernels: a decode launch over one metadata and one layer's buffers prepared (checked) once and then
+    # called with each layer's q and o (cpu_attn.DecodeLaunch, decode's arguments as keywords less kv_generation);
+    # None: every launch goes through ``decode``
+    prepare_decode: Callable[..., Callable[..., torch.Tensor]] | None = None
 
     def startup_line(self) -> str:
         return f"Attention kernels: triton backend, {self.description}"
@@ -88,7 +92,7 @@ def select_provider(device: torch.device) -> KernelProvider:
         words = ", ".join(f"{k}: {v}" for k, v in isa.items())
         return KernelProvider("cpu", f"CPU kernels (compiled; {words})", cpu_attn.extend_attention_fwd,
                               cpu_attn.decode_attention_fwd, CPU_SPLIT_POLICY, torch.get_num_threads(), isa,
-                              cpu_attn.next_pack_epoch, keeps_packings=True)
+                              cpu_attn.next_pack_epoch, keeps_packings=True, prepare_decode=cpu_attn.DecodeLaunch)
     reason = f"{cpu_attn.ENV_SWITCH}=0" if not cpu_attn.enabled_by_env() else cpu_attn.error()
     if want == "cpu":
         raise ValueError(f"{ENV_PROVIDER}=cpu but the compiled CPU attention kernels are unavailable ({reason}); "

@@ -141,6 +141,24 @@ def test_float32_keys_are_read_in_place_in_any_slot_order(order):
         assert torch.equal(cpu_decode(dataclasses.replace(last, kv_indices=other), [2]), dec)
 
 
+def test_a_prepared_decode_launch_gives_the_checked_launchs_bits():
+    """cpu_attn.DecodeLaunch (checked once, then launched per layer) runs the same kernel call as decode_attention_fwd;
+    a q it was not checked for (another layout, another shape) goes through decode_attention_fwd and its checks."""
+    case = make_case([40, 9, 300], [1, 1, 1], 8, 1, 64, torch.float32, seed=9, window=None, logit_cap=30.0)
+    splits = torch.tensor([2, 1, 3], dtype=torch.int32)
+    launch = cpu_attn.DecodeLaunch(case.q, torch.empty_like(case.q), case.k_buf, case.v_buf, case.q_positions,
+                                   case.kv_indptr, case.kv_indices, splits, 3, case.scaling, case.window, case.logit_cap)
+    for q in (case.q, case.q * 0.5):
+        want = cpu_attn.decode_attention_fwd(q, torch.empty_like(q), case.k_buf, case.v_buf, case.q_positions,
+                                             case.kv_indptr, case.kv_indices, splits, 3, case.scaling, case.window,
+                                             case.logit_cap)
+        assert torch.equal(launch(q, torch.empty_like(q)), want)
+        strided = torch.empty(q.shape[0], q.shape[1], 2 * q.shape[2]).narrow(2, 0, q.shape[2]).copy_(q)
+        assert torch.equal(launch(strided, torch.empty_like(strided)), want)  # another layout: the checked path
+    with pytest.raises(ValueError, match="q_positions"):
+        launch(case.q[:2], torch.empty_like(case.q[:2]))  # two rows for three requests: refused by the checks
+
+
 def test_query_without_visible_keys_gives_zeros():
     """kv_len shorter than a query's position + 1 is fine; a request with no keys at all yields zeros."""
     case = make_case([0, 3], [2, 2], 2, 1, 16, torch.float32, seed=4)

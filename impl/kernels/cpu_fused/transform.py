@@ -286,6 +286,7 @@ class FusedLayerForward:
         self.ext, self.layer, self.w, self.f, self.batch_invariant = ext, layer, w, f, batch_invariant
         self.widen = widen or WidenOnce()
         self.fixed_rows = fixed_rows
+        self.att = layer.self_attn  # (its .layer is read per call: the assistant rebinds it)
 
     def pads_lone_row(self, h: torch.Tensor, fb: ForwardBatch) -> bool:
         return int(h.shape[0]) == 1 and (self.batch_invariant or bool(fb.fast_prefill))
@@ -304,9 +305,18 @@ class FusedLayerForward:
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ple: torch.Tensor | None,
                  fb: ForwardBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
-        w, f, att = self.w, self.f, self.layer.self_attn
+        w, f, att = self.w, self.f, self.att
         # (the per-layer inputs reach decoder_post as they are: it reads bf16 rows with their strides)
         cos, sin = self.widen(cos, fb), self.widen(sin, fb)
+        if rows is None and not self.fixed_rows and not self.pads_lone_row(h, fb):
+            # every row at once, in one call each (a decode step): the general path below without its blocks
+            q, k, v = self.ext.attn_pre(h, w.input_norm, f.qkv_proj, f.head_norm, cos, sin, f.q_heads, w.eps, f.onednn)
+            out = fb.attn_backend.forward(q, k, v, att.layer, fb) if att.owns_kv else \
+                fb.attn_backend.forward(q, None, None, att.layer, fb)
+            p = w.ple
+            return self.ext.decoder_post(h, out, f.o_proj, w.post_attention_norm, w.pre_feedforward_norm, f.gate_up,
+                                         f.down, w.post_feedforward_norm, None if p is None else ple, f.ple_gate,
+                                         f.ple_proj, None if p is None else p.norm, w.scalar, w.eps, f.onednn)
         n = int(h.shape[0])
         m, r, starts = self._blocks(h, fb)
         hp, cp, sp = _pad_rows(h, m), _pad_rows(cos, m), _pad_rows(sin, m)
