@@ -70,6 +70,17 @@ inline vfloat vload(const float* p) { return *reinterpret_cast<const vfloat_u*>(
 inline void vstore(float* p, vfloat v) { *reinterpret_cast<vfloat_u*>(p) = v; }
 
 constexpr int64_t kLaneBlk = 8;  // query lanes per block of the P V micro-kernel (kVec is a multiple)
+// Register blocking of the micro-kernels, sized to the vector registers: AVX-512 has 32, AVX2 16. Q K^T keeps
+// kQkAcc accumulators (keys x lane vectors) and P V kLaneBlk x kPvVecs (lanes x head_dim vectors). At AVX-512's
+// sizes an AVX2 build spilled 2 of Q K^T's 16 accumulators and 3 of P V's (and P V's two V vectors), each spilled one
+// a store / reload chain through memory per step of the inner loop.
+#if defined(__AVX512F__)
+constexpr int kQkAcc = 16;
+constexpr int kPvVecs = 2;
+#else
+constexpr int kQkAcc = 12;
+constexpr int kPvVecs = 1;
+#endif
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -213,12 +224,12 @@ inline void key_rows(const PoolHead<S>& pool, const int64_t* slots, int64_t n, i
 }
 
 // S^T [n, LP] = scale * K Q^T for the lane vectors [c0, c0 + LV) of Q^T: key j's D floats at k[j], qt = Q^T
-// [D, LP]. Blocks of KB keys x LV SIMD vectors of query lanes accumulate in registers
+// [D, LP]. Blocks of KB keys x LV SIMD vectors of query lanes (kQkAcc accumulators) accumulate in registers
 // over d (K entries broadcast, so K is read in place: no transposed copy).
 template <int LV>
 inline void qk_lanes(const float* const* k, int64_t n, int64_t D, const float* qt, int64_t LP, int64_t c0, float scale,
                      float* st) {
-  constexpr int KB = 16 / LV;
+  constexpr int KB = kQkAcc / LV > 0 ? kQkAcc / LV : 1;
   for (int64_t j0 = 0; j0 < n; j0 += KB) {
     const int64_t kb = std::min<int64_t>(KB, n - j0);
     const float* kr[KB];
@@ -247,8 +258,27 @@ inline void qk_all_lanes(const float* const* k, int64_t n, int64_t D, const floa
   for (; c < nv; ++c) qk_lanes<1>(k, n, D, qt, LP, c * kVec, scale, st);
 }
 
-// acc [LP, D] += P V over n keys: pt = P^T [n, LP], key j's values at v[j]. Blocks of kLaneBlk lanes x 2
-// (or 1) SIMD vectors of head_dim accumulate in registers over the keys.
+// ab [kLaneBlk, D] += P V for head_dim vectors [d0, d0 + NV * kVec) of kLaneBlk lanes (pb: their column of P^T,
+// LP apart), accumulated in registers over the keys.
+template <int NV>
+inline void pv_lanes(const float* pb, int64_t LP, int64_t n, const float* const* v, int64_t d0, int64_t D, float* ab) {
+  vfloat a[kLaneBlk][NV];
+  for (int64_t i = 0; i < kLaneBlk; ++i)
+    for (int c = 0; c < NV; ++c) a[i][c] = vload(ab + i * D + d0 + c * kVec);
+  for (int64_t j = 0; j < n; ++j) {
+    vfloat vv[NV];
+    for (int c = 0; c < NV; ++c) vv[c] = vload(v[j] + d0 + c * kVec);
+    for (int64_t i = 0; i < kLaneBlk; ++i) {
+      const float w = pb[j * LP + i];
+      for (int c = 0; c < NV; ++c) a[i][c] += w * vv[c];
+    }
+  }
+  for (int64_t i = 0; i < kLaneBlk; ++i)
+    for (int c = 0; c < NV; ++c) vstore(ab + i * D + d0 + c * kVec, a[i][c]);
+}
+
+// acc [LP, D] += P V over n keys: pt = P^T [n, LP], key j's values at v[j]. Blocks of kLaneBlk lanes x kPvVecs
+// (or, for the last one, 1) SIMD vectors of head_dim accumulate in registers over the keys (pv_lanes).
 inline void pv_blocks(const float* pt, int64_t LP, int64_t n, const float* const* v, int64_t D, float* acc) {
   if (D % kVec != 0) {  // head_dim not a multiple of the SIMD width (tiny test models): plain loops
     for (int64_t j = 0; j < n; ++j) {
@@ -266,34 +296,8 @@ inline void pv_blocks(const float* pt, int64_t LP, int64_t n, const float* const
     const float* pb = pt + i0;
     float* ab = acc + i0 * D;
     int64_t d0 = 0;
-    for (; d0 + 2 * kVec <= D; d0 += 2 * kVec) {
-      vfloat a0[kLaneBlk], a1[kLaneBlk];
-      for (int64_t i = 0; i < kLaneBlk; ++i) {
-        a0[i] = vload(ab + i * D + d0);
-        a1[i] = vload(ab + i * D + d0 + kVec);
-      }
-      for (int64_t j = 0; j < n; ++j) {
-        const vfloat v0 = vload(v[j] + d0), v1 = vload(v[j] + d0 + kVec);
-        for (int64_t i = 0; i < kLaneBlk; ++i) {
-          const float w = pb[j * LP + i];
-          a0[i] += w * v0;
-          a1[i] += w * v1;
-        }
-      }
-      for (int64_t i = 0; i < kLaneBlk; ++i) {
-        vstore(ab + i * D + d0, a0[i]);
-        vstore(ab + i * D + d0 + kVec, a1[i]);
-      }
-    }
-    if (d0 < D) {  // one vector of head_dim left
-      vfloat a0[kLaneBlk];
-      for (int64_t i = 0; i < kLaneBlk; ++i) a0[i] = vload(ab + i * D + d0);
-      for (int64_t j = 0; j < n; ++j) {
-        const vfloat v0 = vload(v[j] + d0);
-        for (int64_t i = 0; i < kLaneBlk; ++i) a0[i] += pb[j * LP + i] * v0;
-      }
-      for (int64_t i = 0; i < kLaneBlk; ++i) vstore(ab + i * D + d0, a0[i]);
-    }
+    for (; d0 + kPvVecs * kVec <= D; d0 += kPvVecs * kVec) pv_lanes<kPvVecs>(pb, LP, n, v, d0, D, ab);
+    for (; d0 < D; d0 += kVec) pv_lanes<1>(pb, LP, n, v, d0, D, ab);  // one vector of head_dim left
   }
 }
 
