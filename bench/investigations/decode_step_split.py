@@ -8,6 +8,8 @@ embedding, per-layer inputs, RoPE tables, attention metadata, Python glue, LM he
 (sampling, scheduling, output processing). The calls are timed by wrapping them (about a microsecond each). Then
 ``decoder_post`` of the first and the last layer is called alone in a loop on rows of the same shape (its weights
 stay in cache there), beside its median call in the steps (where every layer's weights come from memory).
+With ``--prefill`` each round splits one prefill chunk the same way instead (4 fresh 512-token prompts, the
+server's 2048-token chunk; ``extend_attention`` in place of ``decode_attention``).
 A benchmark, not a test: on a shared VM rounds differ by tens of percent; compare shares within a round.
 
 (``bench.profile_step`` splits a full-size forward into the same calls under ``torch.profiler``; its Python tracer
@@ -57,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prefill", action="store_true",
+                    help="split one prefill chunk instead (4 fresh 512-token prompts: the server's 2048-token chunk, "
+                         "the cache flushed before each round)")
     args = ap.parse_args(argv)
     if min(args.requests, args.steps, args.rounds, args.threads) < 1:
         ap.error("--requests, --steps, --rounds and --threads must be at least 1")
@@ -73,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     eng = Engine(tiny_checkpoint(args.model), dtype="float32", chunked_prefill_size=2048)
     r = random.Random(0)
     ids = [[r.randrange(3, 500) for _ in range(r.randrange(128, 1024))] for _ in range(args.requests)]
-    eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 1, "ignore_eos": True, "temperature": 0})
+    # the decode rounds' prompts prefilled (cached); --prefill: one short request, to build the kernels
+    eng.generate(input_ids=ids[:1] if args.prefill else ids,
+                 sampling_params={"max_new_tokens": 1, "ignore_eos": True, "temperature": 0})
 
     totals: collections.Counter = collections.Counter()
     layers = [o for o in gc.get_objects() if isinstance(o, transform.FusedLayerForward)]
@@ -98,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
 
     model_runner.ModelRunner.forward = timed_forward
     try:
-        _rounds(eng, ids, args, layers, totals, post_calls, torch)
+        if args.prefill:
+            _prefill_rounds(eng, args, totals)
+        else:
+            _rounds(eng, ids, args, layers, totals, post_calls, torch)
     finally:
         model_runner.ModelRunner.forward = forward
         eng.shutdown()
@@ -123,6 +133,22 @@ def _rounds(eng, ids, args, layers, totals, post_calls, torch) -> None:
         in_step = sorted(post_calls[i])[len(post_calls[i]) // 2]
         print(f"layer {layers[i].layer.layer_id} decoder_post: median in the steps {in_step * 1e6:.0f} us, alone "
               f"{_post_alone(layers[i], args.requests, torch) * 1e6:.0f} us ({args.requests} rows)")
+
+
+def _prefill_rounds(eng, args, totals) -> None:
+    print(f"{cpu_description()}; {args.model}, float32, one 2048-token prefill chunk (4 x 512), {args.threads} threads")
+    r = random.Random(1)
+    for rnd in range(args.rounds):
+        eng.flush_cache()
+        ids = [[r.randrange(3, 500) for _ in range(512)] for _ in range(4)]
+        totals.clear()
+        t = time.perf_counter()
+        eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 1, "ignore_eos": True, "temperature": 0})
+        wall, fwd = 1000 * (time.perf_counter() - t), 1000 * totals["forward"]
+        ms = {k: 1000 * totals[k] for k in ("attn_pre", "extend_attention", "decoder_post")}
+        rest = fwd - sum(ms.values())
+        print(f"round {rnd}: {wall:.0f} ms: " + ", ".join(f"{k} {v:.0f} ({100 * v / wall:.0f}%)" for k, v in ms.items())
+              + f", rest of the forward {rest:.0f} ({100 * rest / wall:.0f}%), outside the forward {wall - fwd:.0f}")
 
 
 def _post_alone(fused, rows: int, torch) -> float:
