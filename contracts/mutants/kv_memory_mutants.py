@@ -29,22 +29,33 @@ class Fp8WriteIgnoresScale(PatchedSubject):
 
 @mutant("KV-FP8-YOCO-PARITY")
 class Fp8DecodeKernelDropsKScale(PatchedSubject):
-    """The compiled split-KV decode kernel (the YOCO back half's one-row requests) ignores the K scale.
+    """The compiled split-KV decode kernel (the YOCO back half's one-row requests) ignores the K scale, in the checked
+    launch and in the launches the triton backend prepares once a pass (``cpu_attn.DecodeLaunch``).
 
     (A dropped V scale would be invisible: it scales a layer's attention output uniformly, and Gemma-4's
     post-attention RMSNorm removes any uniform scale.)"""
 
     def patches(self):
         orig = original("impl.kernels.cpu_attn", "decode_attention_fwd")
+        orig_launch = original("impl.kernels.cpu_attn", "DecodeLaunch")
 
-        def decode(*args, **kwargs):
+        def unscaled(args, kwargs):
             args = list(args)
             if len(args) > 12:
                 args[12] = 1.0
             kwargs.pop("k_scale", None)
+            return args, kwargs
+
+        def decode(*args, **kwargs):
+            args, kwargs = unscaled(args, kwargs)
             return orig(*args, **kwargs)
 
-        return {"impl.kernels.cpu_attn:decode_attention_fwd": decode}
+        class Launch(orig_launch):
+            def __init__(self, *args, **kwargs):
+                args, kwargs = unscaled(args, kwargs)
+                super().__init__(*args, **kwargs)
+
+        return {"impl.kernels.cpu_attn:decode_attention_fwd": decode, "impl.kernels.cpu_attn:DecodeLaunch": Launch}
 
 
 # ---- the hybrid sliding-window pool -----------------------------------------------------------
