@@ -126,16 +126,14 @@ class TritonAttnBackend(AttentionBackend):
         md = self._metadata_for(k, fb, n, layer)
         if md.use_decode_kernel and self.provider.prepare_decode is not None:
             return self._decode_prepared(q, layer, fb, md)
-        k_buf, v_buf = self.token_to_kv_pool.get_kv_buffer(layer.kv_layer_id)  # [capacity, KVH, D]
-        k_scale, v_scale = self.token_to_kv_pool.get_kv_scales(layer.kv_layer_id)
-        kv_indices = md.kv_indices_for(self.token_to_kv_pool.slot_map(layer.kv_layer_id))
+        k_buf, v_buf, k_scale, v_scale, kv_indices, cast, epoch = self._layer_launch(layer, md, q.dtype)
         q3 = q.reshape(n, layer.num_heads, d)
-        if q3.dtype != k_buf.dtype and not is_fp8(k_buf.dtype):
-            q3 = q3.to(k_buf.dtype)  # the kernels take q in the pool's dtype (fp8 pools: q keeps its own)
+        if cast is not None:
+            q3 = q3.to(cast)
         o = torch.empty_like(q3)
-        kw = {"pack_epoch": self._pack_epoch} if self._pack_epoch and layer.kv_layer_id in self._shared_kv else {}
+        kw = {"pack_epoch": epoch} if epoch else {}
         if md.use_decode_kernel:
-            if self.keep_decode_packings and self.provider.keeps_packings and fb.forward_mode.is_decode:
+            if self._keeps_packings(fb):
                 kw["kv_generation"] = kv_generation()
             self.provider.decode(
                 q3, o, k_buf, v_buf, md.q_positions, md.kv_indptr, kv_indices, md.num_kv_splits, md.max_kv_splits,
@@ -148,6 +146,21 @@ class TritonAttnBackend(AttentionBackend):
             )
         return (o if o.dtype == q.dtype else o.to(q.dtype)).view(n, -1)
 
+    def _layer_launch(self, layer: AttentionLayer, md: TritonAttnMetadata, q_dtype: torch.dtype) -> tuple:
+        """What a layer's launches over ``md`` pass besides q and o: its K/V buffers ([capacity, KVH, D]) and scales,
+        the slots they are read at, the dtype q is cast to (the pool's; None: q keeps its own, as over an fp8 pool)
+        and the pack epoch (0: none)."""
+        k_buf, v_buf = self.token_to_kv_pool.get_kv_buffer(layer.kv_layer_id)
+        k_scale, v_scale = self.token_to_kv_pool.get_kv_scales(layer.kv_layer_id)
+        kv_indices = md.kv_indices_for(self.token_to_kv_pool.slot_map(layer.kv_layer_id))
+        cast = k_buf.dtype if q_dtype != k_buf.dtype and not is_fp8(k_buf.dtype) else None
+        epoch = self._pack_epoch if self._pack_epoch and layer.kv_layer_id in self._shared_kv else 0
+        return k_buf, v_buf, k_scale, v_scale, kv_indices, cast, epoch
+
+    def _keeps_packings(self, fb: ForwardBatch) -> bool:
+        """Decode launches pass the pool's KV generation, under which the CPU kernels keep packings across steps."""
+        return self.keep_decode_packings and self.provider.keeps_packings and fb.forward_mode.is_decode
+
     def _decode_prepared(self, q, layer: AttentionLayer, fb: ForwardBatch, md: TritonAttnMetadata) -> torch.Tensor:
         """``forward``'s decode launch through a launch prepared once per pass for this metadata, KV layer and
         attention parameters (the same arguments, so the same kernel call and bits)."""
@@ -157,20 +170,14 @@ class TritonAttnBackend(AttentionBackend):
         prepared = self._prepared.get(key)
         q3 = q.reshape(n, layer.num_heads, layer.head_dim)
         if prepared is None:
-            k_buf, v_buf = self.token_to_kv_pool.get_kv_buffer(layer.kv_layer_id)
-            k_scale, v_scale = self.token_to_kv_pool.get_kv_scales(layer.kv_layer_id)
-            kv_indices = md.kv_indices_for(self.token_to_kv_pool.slot_map(layer.kv_layer_id))
-            cast = k_buf.dtype if q3.dtype != k_buf.dtype and not is_fp8(k_buf.dtype) else None
+            k_buf, v_buf, k_scale, v_scale, kv_indices, cast, epoch = self._layer_launch(layer, md, q.dtype)
             qc = q3 if cast is None else q3.to(cast)
-            epoch = self._pack_epoch if self._pack_epoch and layer.kv_layer_id in self._shared_kv else 0
             assert self.provider.prepare_decode is not None  # forward() checked
             launch = self.provider.prepare_decode(
                 qc, torch.empty_like(qc), k_buf, v_buf, md.q_positions, md.kv_indptr, kv_indices, md.num_kv_splits,
                 md.max_kv_splits, layer.scaling, layer.sliding_window, layer.logit_cap, k_scale, v_scale, pack_epoch=epoch,
             )
-            # the pool's KV generation keeps decode packings across steps (forward()'s rule for kv_generation)
-            keeps = self.keep_decode_packings and self.provider.keeps_packings and fb.forward_mode.is_decode
-            prepared = self._prepared[key] = (launch, cast, keeps)
+            prepared = self._prepared[key] = (launch, cast, self._keeps_packings(fb))
         launch, cast, keeps = prepared
         if cast is not None:
             q3 = q3.to(cast)

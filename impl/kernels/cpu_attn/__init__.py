@@ -163,10 +163,17 @@ def decode_attention_fwd(
     _check_cpu(q, k_buf, name=name)
     if batch == 0:
         return o
-    _ext().decode_attention(q, o, k_buf, v_buf, q_positions, kv_indptr, kv_indices, num_kv_splits, int(max_kv_splits),
-                            float(sm_scale), int(window or 0), float(logit_cap or 0.0), float(k_scale), float(v_scale),
-                            int(pack_epoch), int(kv_generation))
+    _ext().decode_attention(q, o, k_buf, v_buf, q_positions, kv_indptr, kv_indices, num_kv_splits,
+                            *_decode_scalars(max_kv_splits, sm_scale, window, logit_cap, k_scale, v_scale, pack_epoch),
+                            int(kv_generation))
     return o
+
+
+def _decode_scalars(max_kv_splits: int, sm_scale: float, window: int | None, logit_cap: float | None, k_scale: float,
+                    v_scale: float, pack_epoch: int) -> tuple[int, float, int, float, float, float, int]:
+    """The extension's decode_attention scalars, in its order (no window / cap: 0)."""
+    return (int(max_kv_splits), float(sm_scale), int(window or 0), float(logit_cap or 0.0), float(k_scale), float(v_scale),
+            int(pack_epoch))
 
 
 class DecodeLaunch:
@@ -188,8 +195,7 @@ class DecodeLaunch:
         self._ext = _ext()
         self._q = (q.shape, q.dtype, q.stride())
         self._bufs = (k_buf, v_buf, q_positions, kv_indptr, kv_indices, num_kv_splits)
-        self._scalars = (int(max_kv_splits), float(sm_scale), int(window or 0), float(logit_cap or 0.0), float(k_scale),
-                         float(v_scale), int(pack_epoch))
+        self._scalars = _decode_scalars(max_kv_splits, sm_scale, window, logit_cap, k_scale, v_scale, pack_epoch)
         self._given = (max_kv_splits, sm_scale, window, logit_cap, k_scale, v_scale, pack_epoch)  # as passed
 
     def __call__(self, q: torch.Tensor, o: torch.Tensor, kv_generation: int = 0) -> torch.Tensor:

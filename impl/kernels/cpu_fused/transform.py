@@ -303,25 +303,33 @@ class FusedLayerForward:
             r = m = 2 if self.pads_lone_row(h, fb) else n
         return m, r, range(0, m, r) if r else range(1)  # (no rows: one call on the empty batch)
 
+    def _attn_pre(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> list[torch.Tensor]:
+        """q, k, v of h's rows (one kernel call)."""
+        w, f = self.w, self.f
+        return self.ext.attn_pre(h, w.input_norm, f.qkv_proj, f.head_norm, cos, sin, f.q_heads, w.eps, f.onednn)
+
+    def _decoder_post(self, h: torch.Tensor, out: torch.Tensor, ple: torch.Tensor | None) -> torch.Tensor:
+        """The layer's output rows from its input rows h and their attention rows out (one kernel call)."""
+        w, f, p = self.w, self.f, self.w.ple
+        return self.ext.decoder_post(h, out, f.o_proj, w.post_attention_norm, w.pre_feedforward_norm, f.gate_up, f.down,
+                                     w.post_feedforward_norm, None if p is None else ple, f.ple_gate, f.ple_proj,
+                                     None if p is None else p.norm, w.scalar, w.eps, f.onednn)
+
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ple: torch.Tensor | None,
                  fb: ForwardBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
-        w, f, att = self.w, self.f, self.att
+        att = self.att
         # (the per-layer inputs reach decoder_post as they are: it reads bf16 rows with their strides)
         cos, sin = self.widen(cos, fb), self.widen(sin, fb)
         if rows is None and not self.fixed_rows and not self.pads_lone_row(h, fb):
             # every row at once, in one call each (a decode step): the general path below without its blocks
-            q, k, v = self.ext.attn_pre(h, w.input_norm, f.qkv_proj, f.head_norm, cos, sin, f.q_heads, w.eps, f.onednn)
-            out = fb.attn_backend.forward(q, k, v, att.layer, fb) if att.owns_kv else \
-                fb.attn_backend.forward(q, None, None, att.layer, fb)
-            p = w.ple
-            return self.ext.decoder_post(h, out, f.o_proj, w.post_attention_norm, w.pre_feedforward_norm, f.gate_up,
-                                         f.down, w.post_feedforward_norm, None if p is None else ple, f.ple_gate,
-                                         f.ple_proj, None if p is None else p.norm, w.scalar, w.eps, f.onednn)
+            q, k, v = self._attn_pre(h, cos, sin)
+            if not att.owns_kv:
+                k = v = None
+            return self._decoder_post(h, yoco.attend(q, k, v, att.layer, fb, None), ple)
         n = int(h.shape[0])
         m, r, starts = self._blocks(h, fb)
         hp, cp, sp = _pad_rows(h, m), _pad_rows(cos, m), _pad_rows(sin, m)
-        parts = [self.ext.attn_pre(_block(hp, i, r), w.input_norm, f.qkv_proj, f.head_norm, _block(cp, i, r),
-                                   _block(sp, i, r), f.q_heads, w.eps, f.onednn) for i in starts]
+        parts = [self._attn_pre(_block(hp, i, r), _block(cp, i, r), _block(sp, i, r)) for i in starts]
         q, k, v = parts[0] if len(parts) == 1 else tuple(torch.cat([p[j] for p in parts]) for j in range(3))
         if m != n:
             q, k, v = q[:n], k[:n], v[:n]
@@ -335,12 +343,9 @@ class FusedLayerForward:
             n = int(h.shape[0])
             m, r, starts = self._blocks(h, fb)
             hp = _pad_rows(h, m)
-        out, pp, p = _pad_rows(out, m), None if ple is None else _pad_rows(ple, m), w.ple
-        outs = [self.ext.decoder_post(
-            _block(hp, i, r), _block(out, i, r), f.o_proj, w.post_attention_norm, w.pre_feedforward_norm, f.gate_up,
-            f.down, w.post_feedforward_norm, None if p is None or pp is None else _block(pp, i, r), f.ple_gate, f.ple_proj,
-            None if p is None else p.norm, w.scalar, w.eps, f.onednn,
-        ) for i in starts]
+        out, pp = _pad_rows(out, m), None if ple is None else _pad_rows(ple, m)
+        outs = [self._decoder_post(_block(hp, i, r), _block(out, i, r), None if pp is None else _block(pp, i, r))
+                for i in starts]
         h = outs[0] if len(outs) == 1 else torch.cat(outs)
         return h[:n] if m != n else h
 
