@@ -7,7 +7,10 @@ carries the choice's last delta), then an optional usage chunk
 (``stream_options.include_usage``), then ``data: [DONE]``. Everything is read
 from typed ``ReqOutput`` objects (``impl/engine/output.py``), which carry what
 is new since the previous one: a chunk formats its output's deltas as they are,
-a non-streamed choice its request's only output.
+a non-streamed choice its request's only output. Completions' ``echo`` puts
+the prompt's text (``Submission.echo``) before a choice's text, in its first
+chunk when streamed, and with logprobs the prompt tokens' entries (the
+request's first output carries them) before the output's.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
@@ -66,18 +69,27 @@ class TokenText:
         return s
 
 
-def completion_logprobs(o: ReqOutput, text_offset: int, tt: TokenText) -> dict[str, Any]:
-    """OpenAI completions logprobs of the output tokens new in ``o`` (its text starts at ``text_offset``)."""
-    toks, tops = _output_logprobs(o)
+def completion_logprobs(o: ReqOutput, text_offset: int, tt: TokenText, echo: str | None = None) -> dict[str, Any]:
+    """OpenAI completions logprobs of the output tokens new in ``o`` (its text starts at ``text_offset``). With
+    ``echo`` (the prompt's text, which the choice's text starts with) the prompt tokens' entries come first: their
+    logprobs given the tokens before them (the first one None, as its top entry), offsets running from 0 over the
+    tokens' texts, and the output tokens' offsets from the end of the echoed text."""
     out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    for i, (lp, tok) in enumerate(toks):
-        s = tt(tok)
-        out["tokens"].append(s)
-        out["token_logprobs"].append(lp)
-        top = tops[i] if i < len(tops) else None
-        out["top_logprobs"].append({tt(t): l for l, t in top} if top else None)
-        out["text_offset"].append(text_offset)
-        text_offset += len(s)
+
+    def add(entries: Sequence[tuple[float | None, int]], tops: Sequence[Any], offset: int) -> None:
+        for i, (lp, tok) in enumerate(entries):
+            s = tt(tok)
+            out["tokens"].append(s)
+            out["token_logprobs"].append(lp)
+            top = tops[i] if i < len(tops) else None
+            out["top_logprobs"].append({tt(t): l for l, t in top} if top else None)
+            out["text_offset"].append(offset)
+            offset += len(s)
+
+    if echo is not None and o.logprobs_delta is not None:
+        add(o.logprobs_delta.input_token_logprobs, o.logprobs_delta.input_top_logprobs, 0)
+        text_offset = len(echo)
+    add(*_output_logprobs(o), text_offset)
     return out
 
 
@@ -121,6 +133,10 @@ class Call:
     def object(self) -> str:
         return "text_completion" if self.kind == "completion" else "chat.completion"
 
+    def echo_of(self, k: int) -> str | None:
+        """Completions' echo: the prompt text choice ``k`` starts with (None without echo)."""
+        return None if self.sub.echo is None else self.sub.echo[self.sub.prompt_of(k)]
+
     def clean(self, text: str) -> str:
         for t in self.stop_texts:
             text = text.replace(t, "")
@@ -135,8 +151,9 @@ class Call:
         assert final.output_start == 0, "a non-streamed request has one output"
         c: dict[str, Any] = {"index": k}
         if self.kind == "completion":
-            c["text"] = final.text
-            c["logprobs"] = completion_logprobs(final, 0, self.token_text) if self.logprobs else None
+            echo = self.echo_of(k)
+            c["text"] = final.text if echo is None else echo + final.text
+            c["logprobs"] = completion_logprobs(final, 0, self.token_text, echo) if self.logprobs else None
             if self.token_ids:
                 c["token_ids"] = final.output_ids_delta
         else:
@@ -182,7 +199,7 @@ def tool_call_dict(call: ParsedCall, index: int | None = None) -> dict[str, Any]
 @dataclass
 class _ChoiceState:
     sent_chars: int = 0  # text already sent (completions' text_offset)
-    started: bool = False
+    started: bool = False  # a chunk was sent (chat: the role; completions with echo: the prompt)
     tools: ToolCallStream | None = None  # chat with tools: content vs calls of the streamed text
 
 
@@ -210,14 +227,20 @@ def _delta_chunk(call: Call, k: int, out: ReqOutput, st: _ChoiceState) -> dict[s
     fr = out.finish_type
     delta = out.text_delta
     per_token = call.logprobs or call.token_ids  # a chunk per new token, even one with no text of its own
-    if not delta and fr is None and (not per_token or not out.output_ids_delta) and (call.kind != "chat" or st.started):
+    # echo: the choice's first chunk starts with the prompt (the request's first output carries its logprobs)
+    echo = call.echo_of(k) if call.kind == "completion" and not st.started else None
+    if not delta and fr is None and (not per_token or not out.output_ids_delta) and echo is None \
+            and (call.kind != "chat" or st.started):
         return None
     c: dict[str, Any] = {"index": k}
     if call.kind == "completion":
+        if echo is not None:
+            delta = echo + delta
         c["text"] = delta
-        c["logprobs"] = completion_logprobs(out, st.sent_chars, call.token_text) if call.logprobs else None
+        c["logprobs"] = completion_logprobs(out, st.sent_chars, call.token_text, echo) if call.logprobs else None
         if call.token_ids:
             c["token_ids"] = out.output_ids_delta
+        st.started = True
     else:
         d: dict[str, Any] = {} if st.started else {"role": "assistant"}
         if delta or not st.started:

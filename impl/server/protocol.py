@@ -252,17 +252,12 @@ def request_models(lim: RequestLimits) -> RequestModels:
         prompt: Union[TextT, many(TextT), IdsT, many(IdsT)]
         max_tokens: Optional[NewTokensT] = 16
         logprobs: Optional[LogprobsNumT] = None
-        echo: Annotated[bool, Field(json_schema_extra={"const": False})] = False
+        # the prompt before each choice's text (and, with logprobs, its tokens' logprobs first; OpenAI's legacy field,
+        # what lm-evaluation-harness's local-completions scores with: echo, logprobs 1, max_tokens 1 or 0)
+        echo: bool = False
         suffix: Optional[Literal[""]] = None
         # vLLM's extension: each choice carries its output token ids ("token_ids"; per chunk when streamed)
         return_token_ids: bool = False
-
-        @field_validator("echo", mode="before")
-        @classmethod
-        def _echo(cls, v: Any) -> Any:
-            if v is True:
-                raise _unsupported("echo", "the prompt is not echoed; send echo=false")
-            return v
 
         @field_validator("suffix", mode="before")
         @classmethod

@@ -45,6 +45,7 @@ class Submission:
     n: int
     single: bool  # one prompt given as a scalar (not a batch)
     tool_calls: bool = False  # chat with tools: parse the output's function calls (impl/tool_calls)
+    echo: tuple[str, ...] | None = None  # completions' echo: each prompt's text, put before its choices' text
 
     def prompt_of(self, k: int) -> int:
         return k // self.n
@@ -138,14 +139,28 @@ def from_completion(engine: Engine, body: CompletionBody) -> Submission:
     default = None if explicit and body.max_tokens is not None else (
         16 if not explicit else engine.intake_policy.max_req_len)
     with _named("prompt", _OPENAI_NAMES):
-        if isinstance(p, str) or isinstance(p[0], str):
-            prompts = [engine.encode_prompt(t) for t in ([p] if isinstance(p, str) else p)]
+        texts = [p] if isinstance(p, str) else list(p) if isinstance(p[0], str) else None
+        if texts is not None:
+            prompts = [engine.encode_prompt(t) for t in texts]
         else:
             prompts = [list(p)] if single else [list(x) for x in p]
+        # echo: with logprobs, every prompt token's logprob comes first (the first one None: nothing precedes it)
         reqs = engine.expand_requests(prompts, _openai_sampling(body, body.max_tokens if explicit else None),
-                                      body.logprobs is not None, None, body.logprobs or 0, body.rid,
+                                      body.logprobs is not None, 0 if body.echo else None, body.logprobs or 0, body.rid,
                                       default_max_new_tokens=default, grammar_field="response_format")
-    return Submission(reqs, len(prompts), body.n, single)
+    return Submission(reqs, len(prompts), body.n, single,
+                      echo=_echo_texts(engine, texts, prompts, reqs, body.n) if body.echo else None)
+
+
+def _echo_texts(engine: Engine, texts: list[str] | None, prompts: list[list[int]], reqs: list[Req],
+                n: int) -> tuple[str, ...]:
+    """The text each prompt's choices start with under echo: a text prompt as sent, token ids decoded with their special
+    tokens (vLLM's echo of token prompts), a prompt cut by --allow-auto-truncate as what was kept."""
+    out = []
+    for p, ids in enumerate(prompts):
+        kept = reqs[p * n].origin_input_ids
+        out.append(texts[p] if texts is not None and len(kept) == len(ids) else engine.tokenizer.decode(kept, False))
+    return tuple(out)
 
 
 def from_chat(engine: Engine, body: ChatBody, chat_template: str | None) -> Submission:

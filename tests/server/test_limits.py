@@ -215,7 +215,7 @@ def test_unused_values_of_optional_fields_are_accepted(url):
                          "response_format": {"type": "text"}, "logit_bias": {}, "user": "u"})
     assert r.status_code == 200, r.text
     _refused(post(url, "/v1/completions", {"prompt": "hi", "suffix": "end"}), 400, "suffix")
-    _refused(post(url, "/v1/completions", {"prompt": "hi", "echo": True}), 400, "echo")
+    _refused(post(url, "/v1/completions", {"prompt": "hi", "echo": "yes"}), 400, "echo")
 
 
 def test_duplicate_live_rid_is_400(url):
@@ -284,6 +284,13 @@ def test_allowed_origins_hosts_and_flags(hardened_url):
     out = post(open_url, "/generate", {"input_ids": prompt_ids(7, ctx + 40), "sampling_params": {
         **GREEDY, "max_new_tokens": 30}}).json()  # --allow-auto-truncate: prompt cut, max_new_tokens capped
     assert out["meta_info"]["prompt_tokens"] == ctx - 1 and out["meta_info"]["completion_tokens"] == 1
+    # echo of a cut prompt: what was kept (its tokens and logprobs), not what was sent
+    text = " ".join(["sea"] * (2 * ctx))
+    cut = post(open_url, "/v1/completions", {"prompt": text, "echo": True, "logprobs": 0, "max_tokens": 1, **GREEDY})
+    assert cut.status_code == 200, cut.text
+    ch = cut.json()["choices"][0]
+    assert len(ch["logprobs"]["tokens"]) == ctx and text.startswith(ch["text"][len("<bos>"):][:20])
+    assert len(ch["text"]) < len(text)
 
 
 def test_max_logprobs_flag_bounds_every_route(hardened_url):

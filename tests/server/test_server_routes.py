@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from contracts.http_support import openai_client, post, post_stream, prompt_ids
+from contracts.http_support import ARGV_ON, openai_client, post, post_stream, prompt_ids
 from tests.helpers.busy_server import while_generating
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
@@ -107,6 +107,74 @@ def test_completions_return_token_ids(url):
     sse = post_stream(url, "/v1/completions", body)
     assert [t for ev in sse.events for ch in ev["choices"] for t in ch["token_ids"]] == want
     assert "token_ids" not in post(url, "/v1/completions", {**body, "return_token_ids": False}).json()["choices"][0]
+
+
+def _echo_scored(url, ids, **extra):
+    """lm-evaluation-harness's loglikelihood request (local-completions): token ids, echo, logprobs 1, greedy."""
+    body = {"prompt": [ids], "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0, "seed": 1234, **extra}
+    r = post(url, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def test_completions_echo_scores_the_prompt_as_lm_eval_reads_it(url):
+    """echo + logprobs: the prompt's tokens first (the first logprob null), each the logprob /generate gives for
+    that prompt token, then the output token's; the text is the prompt's decoding and then the output's."""
+    ids = [2, *prompt_ids(21, 9)]
+    ref = _gen(url, input_ids=ids, sampling_params={**GREEDY, "max_new_tokens": 1}, return_logprob=True,
+               logprob_start_len=0, top_logprobs_num=1)
+    meta = ref["meta_info"]
+    want = [lp for lp, _, _ in meta["input_token_logprobs"]] + [lp for lp, _, _ in meta["output_token_logprobs"]]
+    for _ in range(2):  # the second time the prompt is in the radix cache: its logprobs are still all there
+        ch = _echo_scored(url, ids)
+        lp = ch["logprobs"]
+        assert lp["token_logprobs"] == want and lp["token_logprobs"][0] is None
+        assert lp["top_logprobs"][0] is None and all(len(t) == 1 for t in lp["top_logprobs"][1:])
+        assert len(lp["tokens"]) == len(lp["text_offset"]) == len(ids) + 1
+        echoed = ch["text"][: len(ch["text"]) - len(ref["text"])]
+        assert ch["text"] == echoed + ref["text"] and echoed.startswith("<bos>")
+        assert lp["text_offset"][0] == 0 and lp["text_offset"][-1] == len(echoed)
+        assert lp["text_offset"] == sorted(lp["text_offset"])
+    # lm-eval's parse: the continuation's logprob sums the entries [ctxlen:-1]; greedy iff each is its top entry
+    ctxlen = 4
+    cont = lp["token_logprobs"][ctxlen:-1]
+    assert cont == want[ctxlen:-1] and sum(cont) < 0
+    greedy = all(t == max(top.values()) for t, top in zip(cont, lp["top_logprobs"][ctxlen:-1]))
+    assert greedy == all(i == top[0][1] for i, top in zip(ids[ctxlen:], meta["input_top_logprobs"][ctxlen:]))
+
+
+def test_completions_echo_with_fast_prefill_scores_as_without(url):
+    """The flag-on server's echo logprobs are the flag-off server's, bit for bit: every prompt row reaches the LM
+    head (the cross-decoder runs on them), so a loglikelihood evaluation reads the same numbers."""
+    from contracts.adapters.impl_http import base_url
+
+    on = base_url(ARGV_ON)
+    for ids in ([2, *prompt_ids(23, 40)], prompt_ids(24, 17)):
+        assert _echo_scored(on, ids) == _echo_scored(url, ids)
+
+
+def test_completions_echo_without_generation_text_prompts_and_streams(url):
+    ids = prompt_ids(22, 7)
+    zero = _echo_scored(url, ids, max_tokens=0)
+    assert zero["finish_reason"] == "length" and len(zero["logprobs"]["token_logprobs"]) == len(ids)
+    assert zero["logprobs"]["token_logprobs"] == _echo_scored(url, ids)["logprobs"]["token_logprobs"][:-1]
+    # a text prompt is echoed as sent, before every choice of it; without logprobs none are computed
+    body = {"prompt": ["The sea is", "A cat"], "max_tokens": 3, "n": 2, "echo": True, **GREEDY}
+    r = post(url, "/v1/completions", body).json()
+    plain = post(url, "/v1/completions", {**body, "echo": False}).json()
+    assert [c["text"] for c in r["choices"]] == [p + c["text"] for p, c in
+                                                 zip(["The sea is"] * 2 + ["A cat"] * 2, plain["choices"])]
+    counts = ("prompt_tokens", "completion_tokens")  # (cached_tokens follows the radix cache: the second call hits it)
+    assert [r["usage"][k] for k in counts] == [plain["usage"][k] for k in counts]
+    assert all(c["logprobs"] is None for c in r["choices"])
+    # streamed: the first chunk of each choice starts with the prompt, the logprobs as the answer's
+    one = {"prompt": ids, "max_tokens": 4, "logprobs": 2, "echo": True, **GREEDY}
+    whole = post(url, "/v1/completions", one).json()["choices"][0]
+    sse = post_stream(url, "/v1/completions", one)
+    chunks = [ch for ev in sse.events for ch in ev["choices"]]
+    assert "".join(c["text"] for c in chunks) == whole["text"] and chunks[0]["text"].startswith(whole["text"][:5])
+    for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        assert [x for c in chunks for x in c["logprobs"][key]] == whole["logprobs"][key]
 
 
 def test_chat_stop_string_trims_like_the_engine(url):
