@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve serve-cluster bench-cluster test test-fast spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-structured bench-peer bench-full bench-quant bench-quant-full profile-prefill bench-kv bench-serving eval-choice gpu-check docs clean conformance-sglang conformance-vllm accuracy accuracy-llamacpp parity-full peers-full
+.PHONY: serve serve-cluster bench-cluster test test-fast spec lint soak bench bench-kernels bench-engine bench-yoco bench-spec bench-cpu-fused bench-cpu-attn bench-cpu-linear bench-cpu-bf16 bench-detokenize bench-structured bench-peer bench-full bench-quant bench-quant-full profile-prefill bench-kv bench-serving eval-choice lm-eval gpu-check docs clean conformance-sglang conformance-vllm accuracy accuracy-llamacpp parity-full peers-full
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -212,6 +212,11 @@ bench-serving: $(STAMP)
 # Multiple-choice accuracy through HTTP, fast prefill off vs on (N=500; MMLU CSVs with ARGS="--data-dir DIR").
 eval-choice: $(STAMP)
 	$(PY) -m bench.eval_choice $(ARGS)
+
+# lm-evaluation-harness (installed once into .cache/lmeval-venv) scoring a multiple-choice task through
+# /v1/completions' echo + logprobs, fast prefill off and on, checked against /generate's prompt logprobs
+lm-eval: $(STAMP)
+	$(PY) -m bench.lm_eval_check $(ARGS)
 
 gpu-check:
 	bash scripts/gpu_check.sh
