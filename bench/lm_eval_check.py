@@ -4,7 +4,8 @@
 
 lm-eval (``lm_eval[api]``, installed once into ``--venv`` beside its own CPU torch) scores multiple-choice items by
 sending each context + choice as token ids to POST /v1/completions with ``echo: true, logprobs: 1, max_tokens: 1``
-and summing the returned prompt logprobs of the choice's tokens (its ``parse_logprobs``). The task is written here:
+and summing the returned prompt logprobs of the choice's tokens (its ``parse_logprobs``). It tokenizes through the
+server (``tokenizer_backend=remote``: GET /tokenizer_info, POST /tokenize), so nothing but the URL is given to it. The task is written here:
 sentences of the Markov language the trained tiny checkpoint ``e2b_markov`` was trained on
 (``impl/checkpoint_factory/markov_language.py``); the right choice continues the context with its last token's most
 likely successor (probability 0.7 in the language), the wrong ones with the second and third (0.2, 0.1) and with a
@@ -112,9 +113,9 @@ def write_task(folder: str, items: list[dict]) -> None:
                 "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n")
 
 
-def run_lm_eval(exe: str, url: str, model_path: str, served: str, task_dir: str, out_dir: str) -> tuple[float, list]:
+def run_lm_eval(exe: str, url: str, served: str, task_dir: str, out_dir: str) -> tuple[float, list]:
     """(acc, per-item lists of the choices' loglikelihoods, in the items' order) of one lm-eval run."""
-    args = (f"model={served},base_url={url}/v1/completions,tokenizer={model_path},tokenizer_backend=huggingface,"
+    args = (f"model={served},base_url={url}/v1/completions,tokenizer_backend=remote,"
             "tokenized_requests=True,num_concurrent=2,max_retries=1")
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     cmd = [exe, "run", "--model", "local-completions", "--model_args", args, "--tasks", TASK, "--include_path",
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 served = json.loads(_get(server.url + "/v1/models"))["data"][0]["id"]
                 t = time.perf_counter()
-                acc, lm = run_lm_eval(exe, server.url, path, served, tmp, os.path.join(tmp, f"out-{name}"))
+                acc, lm = run_lm_eval(exe, server.url, served, tmp, os.path.join(tmp, f"out-{name}"))
                 wall = time.perf_counter() - t
                 ref = generate_scores(server.url, items)
             finally:
@@ -199,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [SECTION, "",
              f"Command: `python -m bench.lm_eval_check --model {args.model} --items {args.items}"
              f"{' --deterministic' if args.deterministic else ''}` (`make lm-eval`). CPU: {cpu_description()}. "
-             f"lm-eval {LM_EVAL_SPEC.split('==')[1]} (`local-completions`: token-id prompts, `echo`, `logprobs: 1`, "
+             f"lm-eval {LM_EVAL_SPEC.split('==')[1]} (`local-completions` with the server's tokenizer: token-id prompts, `echo`, "
+             "`logprobs: 1`, "
              f"2 concurrent requests) on a {args.items}-item multiple-choice task over the Markov language "
              f"`{args.model}` was trained on (4 choices of 2 tokens: the context's most likely successor against its second "
              "and third and a token that never follows it; chance 0.25); our server launched per "

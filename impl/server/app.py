@@ -123,7 +123,8 @@ def create_app(engine: Engine) -> FastAPI:
     _add_routes(app, state)
     m = state.models
     install_openapi(app, {"/generate": m.generate, "/v1/completions": m.completion,
-                          "/v1/chat/completions": m.chat, "/abort_request": m.abort},
+                          "/v1/chat/completions": m.chat, "/abort_request": m.abort, "/tokenize": m.tokenize,
+                          "/detokenize": m.detokenize},
                     streaming={"/generate", "/v1/completions", "/v1/chat/completions"})
     return app
 
@@ -196,6 +197,36 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         body, sub = await body_of(request, state.models.chat, build)
         call = _call(state, "chat", sub, body.logprobs, body)
         return await openai_api.openai_response(request, aengine, call, body.stream)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        """vLLM's: a text's (or a conversation's) token ids, their count and the context they must fit."""
+        def build(b):
+            _check_model(state, b.model)
+            return req_builder.tokenize(engine, b, state.args.chat_template)
+
+        _, ids = await body_of(request, state.models.tokenize, build)
+        return {"count": len(ids[0]), "max_model_len": state.max_req_len, "tokens": ids[0], "token_strs": ids[1]}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        """vLLM's: token ids -> their text, special tokens kept."""
+        def build(b):
+            _check_model(state, b.model)
+            return engine.tokenizer.decode(b.tokens, False)
+
+        _, text = await body_of(request, state.models.detokenize, build)
+        return {"prompt": text}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        """The tokenizer's special tokens and chat template (vLLM's route; lm-evaluation-harness's remote tokenizer
+        reads it, then /tokenize and /detokenize)."""
+        tok = engine.tokenizer
+        return {"tokenizer_class": type(tok).__name__, "bos_token": tok.bos_token, "eos_token": tok.eos_token,
+                "pad_token": tok.pad_token, "unk_token": tok.unk_token, "add_bos_token": tok.add_bos_token,
+                "chat_template": state.args.chat_template or tok.chat_template, "model_max_length": state.max_req_len,
+                "vocab_size": tok.vocab_size}
 
     @app.get("/v1/models")
     async def models():

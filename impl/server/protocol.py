@@ -86,6 +86,8 @@ class RequestModels:
     completion: type[BaseModel]
     chat: type[BaseModel]
     abort: type[BaseModel]
+    tokenize: type[BaseModel]
+    detokenize: type[BaseModel]
 
 
 def request_models(lim: RequestLimits) -> RequestModels:
@@ -383,7 +385,33 @@ def request_models(lim: RequestLimits) -> RequestModels:
         rid: Optional[RidT] = None
         abort_all: bool = False
 
-    return RequestModels(SamplingParamsBody, GenerateRequest, CompletionRequest, ChatCompletionRequest, AbortRequest)
+    class TokenizeRequest(_Body):
+        """POST /tokenize (vLLM's): a text, or chat messages rendered by the chat template."""
+
+        model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]})
+
+        model: Optional[str] = None
+        prompt: Optional[str] = None
+        messages: Optional[Annotated[list[ChatMessage], Field(min_length=1, max_length=4096)]] = None
+        # vLLM's defaults: a text gets the tokenizer's special tokens (Gemma's bos), messages their template's only
+        add_special_tokens: Optional[bool] = None
+        add_generation_prompt: bool = True
+        return_token_strs: bool = False
+
+        @model_validator(mode="after")
+        def _one_input(self) -> "TokenizeRequest":
+            if (self.prompt is None) == (self.messages is None):
+                raise ValueError("give exactly one of 'prompt' (a text) or 'messages' (a conversation)")
+            return self
+
+    class DetokenizeRequest(_Body):
+        """POST /detokenize (vLLM's): token ids -> their text (special tokens kept)."""
+
+        model: Optional[str] = None
+        tokens: list[TokT]
+
+    return RequestModels(SamplingParamsBody, GenerateRequest, CompletionRequest, ChatCompletionRequest, AbortRequest,
+                         TokenizeRequest, DetokenizeRequest)
 
 
 DEFAULT_MODELS = request_models(RequestLimits())

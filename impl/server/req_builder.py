@@ -163,6 +163,27 @@ def _echo_texts(engine: Engine, texts: list[str] | None, prompts: list[list[int]
     return tuple(out)
 
 
+def tokenize(engine: Engine, body: Any, chat_template: str | None) -> tuple[list[int], list[str] | None]:
+    """POST /tokenize: (the ids, each id's text when ``return_token_strs``). A text with the tokenizer's special tokens
+    unless ``add_special_tokens`` is false; messages through the chat template (``add_special_tokens`` true adds the
+    tokenizer's on top, as vLLM's does), refused as /v1/chat/completions refuses them."""
+    tok = engine.tokenizer
+    if body.prompt is not None:
+        ids = tok.encode(body.prompt, body.add_special_tokens is not False)
+    else:
+        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        with _named("messages"):
+            try:
+                msgs, extra = prepare_messages(messages, [], chat_template or tok.chat_template)
+            except ValueError as e:
+                raise InvalidRequest(str(e), "messages") from None
+            ids = engine.encode_chat(msgs, body.add_generation_prompt, chat_template, **extra)
+        if body.add_special_tokens and tok.bos_token_id is not None:
+            ids = [tok.bos_token_id, *ids]
+    strs = [tok.id_to_token(i) or "" for i in ids] if body.return_token_strs else None
+    return ids, strs
+
+
 def from_chat(engine: Engine, body: ChatBody, chat_template: str | None) -> Submission:
     name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens

@@ -177,6 +177,31 @@ def test_completions_echo_without_generation_text_prompts_and_streams(url):
         assert [x for c in chunks for x in c["logprobs"][key]] == whole["logprobs"][key]
 
 
+def test_tokenize_detokenize_and_tokenizer_info(url):
+    """vLLM's /tokenize, /detokenize and /tokenizer_info: the ids the generation routes use, what
+    lm-evaluation-harness's remote tokenizer checks for (eos_token; tokens of a text without special tokens)."""
+    text = "The sea is calm tonight"
+    tok = post(url, "/tokenize", {"prompt": text}).json()
+    gen = _gen(url, text=text, sampling_params={**GREEDY, "max_new_tokens": 1})
+    assert tok["count"] == len(tok["tokens"]) == gen["meta_info"]["prompt_tokens"] and tok["token_strs"] is None
+    assert tok["max_model_len"] == 512 and tok["tokens"][0] == 2  # Gemma's bos
+    bare = post(url, "/tokenize", {"prompt": text, "add_special_tokens": False, "return_token_strs": True}).json()
+    assert bare["tokens"] == tok["tokens"][1:] and len(bare["token_strs"]) == bare["count"]
+    assert post(url, "/detokenize", {"tokens": bare["tokens"]}).json() == {"prompt": text}
+    assert post(url, "/detokenize", {"tokens": tok["tokens"]}).json()["prompt"] == "<bos>" + text
+    msgs = [{"role": "user", "content": "Hi"}]
+    chat = post(url, "/tokenize", {"messages": msgs}).json()
+    done = post(url, "/v1/chat/completions", {"messages": msgs, "max_tokens": 1, **GREEDY}).json()
+    assert chat["count"] == done["usage"]["prompt_tokens"]
+    info = httpx.get(url + "/tokenizer_info").json()
+    assert info["eos_token"] and info["bos_token"] == "<bos>" and info["model_max_length"] == 512
+    for body, field in (({"prompt": "a", "messages": msgs}, "prompt"), ({}, "prompt"), ({"tokens": [10**6]}, "tokens"),
+                        ({"tokens": ["5"]}, "tokens"), ({"prompt": 5}, "prompt")):
+        path = "/detokenize" if "tokens" in body else "/tokenize"
+        r = post(url, path, body)
+        assert r.status_code == 400 and field in r.json()["error"]["message"], (body, r.text)
+
+
 def test_chat_stop_string_trims_like_the_engine(url):
     client = openai_client(url)
     model = client.models.list().data[0].id
