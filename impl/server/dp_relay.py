@@ -3,7 +3,7 @@
 The front holds no model; the replica processes are ``impl.server.dp_control``'s.
 
 * Generation routes (``/generate``, ``/v1/completions``, ``/v1/chat/completions``)
-  go whole to one replica, chosen by ``--load-balance-method`` (``round_robin``
+  and ``/tokenize``, ``/detokenize`` go whole to one replica, chosen by ``--load-balance-method`` (``round_robin``
   or ``shortest_queue``: fewest requests in flight from this front) among the
   live ranks, or by the body's ``data_parallel_rank`` (what ``sglang-router
   --dp-aware`` sends). Bodies are read within ``--max-request-body-bytes`` (the
@@ -14,6 +14,7 @@ The front holds no model; the replica processes are ``impl.server.dp_control``'s
 * ``/get_load``: one entry per rank (SGLang's shape). ``/health``: 503 naming the
   rank when a replica has exited or is unhealthy. ``/metrics``: the replicas'
   counters and histograms summed, ratio gauges averaged (``merge_metrics``).
+  ``/tokenizer_info``, ``/v1/models``, ``/get_model_info``: the first live rank's.
   ``/get_server_info``: rank 0's info with ``dp_size``, the loads summed and a
   per-rank list. ``/abort_request`` and ``/flush_cache`` go to every rank.
 * ``DrainingFront``: the front's uvicorn server; on SIGTERM every replica drains.
@@ -45,6 +46,7 @@ from impl.server.streaming import DONE, error_event, until_disconnect
 logger = logging.getLogger("impl.server.dp")
 
 GENERATE_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
+TOKENIZER_ROUTES = ("/tokenize", "/detokenize")  # any rank answers them (every rank has the same tokenizer)
 # hop-by-hop or recomputed headers that must not be copied from a replica's response
 _DROP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"})
 # gauges that are ratios: averaged over ranks (every other sample is summed)
@@ -84,7 +86,7 @@ async def _close_clients(ctrl: DataParallelController) -> None:
 
 
 def _add_routes(app: FastAPI, ctrl: DataParallelController, limits: RequestLimits) -> None:
-    for path in GENERATE_ROUTES:
+    for path in GENERATE_ROUTES + TOKENIZER_ROUTES:
         app.add_api_route(path, _generate_route(ctrl, path, limits), methods=["POST"])
 
     @app.get("/health")
@@ -105,6 +107,7 @@ def _add_routes(app: FastAPI, ctrl: DataParallelController, limits: RequestLimit
     @app.get("/v1/models")
     @app.get("/get_model_info")
     @app.get("/model_info")
+    @app.get("/tokenizer_info")
     async def first_rank(request: Request) -> Response:
         return await _forward(ctrl.pick(ctrl.first_live()), "GET", request.url.path)
 

@@ -116,6 +116,17 @@ def test_dp_startup_log_and_server_info_name_each_rank(cluster):
         assert env.get(b"OMP_NUM_THREADS") == str(len(r["cores"])).encode(), r
 
 
+def test_dp_front_relays_the_tokenizer_routes(cluster):
+    """/tokenize, /detokenize (to one rank) and /tokenizer_info (the first live rank's) through the --dp-size front."""
+    tok = httpx.post(cluster.url_b + "/tokenize", json={"prompt": "The sea"}, timeout=30).json()
+    assert tok["count"] == len(tok["tokens"]) and tok["tokens"][0] == 2
+    assert httpx.post(cluster.url_b + "/detokenize", json={"tokens": tok["tokens"][1:]}, timeout=30).json() == {
+        "prompt": "The sea"}
+    assert httpx.get(cluster.url_b + "/tokenizer_info", timeout=30).json()["bos_token"] == "<bos>"
+    bad = httpx.post(cluster.url_b + "/detokenize", json={"tokens": "x"}, timeout=30)
+    assert bad.status_code == 400 and "tokens" in bad.json()["error"]["message"]
+
+
 def test_dp_front_reads_bodies_within_the_limit(cluster):
     """The front holds a body only up to --max-request-body-bytes: 20 MB sent whole with 'Connection: close'
     gets the single server's 413 JSON (not a reset), and the front keeps serving."""
