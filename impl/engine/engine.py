@@ -49,7 +49,7 @@ from impl.engine.intake import IntakePolicy, InvalidRequest, expand_requests
 from impl.engine.kv_lifecycle import KVLifecycle
 from impl.engine.load import LoadView
 from impl.engine.model_runner import ModelRunner
-from impl.engine.output import ReqOutput, SGLangDicts, sglang_dict
+from impl.engine.output import ReqOutput, SGLangDicts, TokenText, sglang_dict
 from impl.engine.req import Req
 from impl.engine.step_lock import StepLock
 from impl.engine.request_handle import RequestHandle
@@ -157,21 +157,24 @@ class Engine:
         top_logprobs_num: int | list[int] | None = None,
         stream: bool = False,
         rid: str | list[str] | None = None,
+        return_text_in_logprobs: bool = False,
     ):
         """One request -> a dict (a list of n dicts when n > 1); a batch -> a list of dicts
-        (prompt-major when n > 1). ``stream=True`` -> an iterator of cumulative dicts."""
+        (prompt-major when n > 1). ``stream=True`` -> an iterator of cumulative dicts. ``return_text_in_logprobs``
+        (SGLang's): each logprob entry's third slot is its token's text."""
         ids_list, single = self.tokenize_prompts(prompt, input_ids)
         reqs = self.expand_requests(ids_list, sampling_params, return_logprob, logprob_start_len, top_logprobs_num, rid)
         handles = self.submit(reqs, stream)
+        tt = TokenText(self.tokenizer.decode) if return_text_in_logprobs else None
         if stream:
-            return self._stream(handles)
+            return self._stream(handles, tt)
         self._drive_until(lambda: all(h.done.is_set() for h in handles))
-        outs = [sglang_dict(h.result()) for h in handles]
+        outs = [sglang_dict(h.result(), tt) for h in handles]
         return outs[0] if single and len(outs) == 1 else outs
 
-    def _stream(self, handles: list[RequestHandle]) -> Iterator[dict[str, Any]]:
+    def _stream(self, handles: list[RequestHandle], tt: TokenText | None = None) -> Iterator[dict[str, Any]]:
         pending = list(handles)
-        dicts = {id(h): SGLangDicts() for h in handles}
+        dicts = {id(h): SGLangDicts(token_text=tt) for h in handles}
         try:
             while pending:
                 for h in list(pending):

@@ -27,8 +27,8 @@ the ``/generate`` stream) only the new entries. ``sglang_dict(out)`` is the dict
 of a request's only emission (the offline ``Engine.generate`` result and the
 ``/generate`` body). The OpenAI routes format the deltas directly
 (``impl/server/openai_api.py``). Logprob entries in the dicts use SGLang's tuple
-format ``(logprob, token_id, None)`` (the third slot is the token text, filled
-only with ``return_text_in_logprobs``, which this engine does not offer).
+format ``(logprob, token_id, text)``: the third slot is the token's text (special
+tokens included, ``TokenText``) with SGLang's ``return_text_in_logprobs``, else None.
 ``input_token_logprobs`` runs over prompt tokens ``logprob_start_len ..``; its
 first entry is ``(None, id, None)`` when ``logprob_start_len == 0``. Without
 prompt logprobs the input lists are empty.
@@ -37,7 +37,7 @@ prompt logprobs the input lists are empty.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from impl.engine.req import FinishReason
 
@@ -93,11 +93,27 @@ class ReqOutput:
         return self.completion_tokens - len(self.output_ids_delta)
 
 
-class SGLangDicts:
-    """SGLang's dicts of one request's outputs, fed in emission order."""
+class TokenText:
+    """Token id -> its text (special tokens included), cached: the text of a logprob entry."""
 
-    def __init__(self, incremental_logprobs: bool = False):
+    def __init__(self, decode: Callable[[list[int], bool], str]):
+        self.decode = decode
+        self.cache: dict[int, str] = {}
+
+    def __call__(self, tok: int) -> str:
+        s = self.cache.get(tok)
+        if s is None:
+            s = self.cache[tok] = self.decode([tok], False)
+        return s
+
+
+class SGLangDicts:
+    """SGLang's dicts of one request's outputs, fed in emission order; with ``token_text`` (SGLang's
+    ``return_text_in_logprobs``) each logprob entry carries its token's text."""
+
+    def __init__(self, incremental_logprobs: bool = False, token_text: TokenText | None = None):
         self.incremental_logprobs = incremental_logprobs
+        self.token_text = token_text
         self.output_ids: list[int] = []
         self._logprobs: tuple[list[Any], list[Any], list[Any], list[Any]] = ([], [], [], [])
 
@@ -123,25 +139,26 @@ class SGLangDicts:
                     acc.extend(entries)
                 new = self._logprobs
             inp, outp, inp_top, out_top = new
+            tt = self.token_text
             meta.update(
-                input_token_logprobs=_triples(inp),
-                output_token_logprobs=_triples(outp),
-                input_top_logprobs=_top(inp_top) if lp.top_logprobs_num else [],
-                output_top_logprobs=_top(out_top) if lp.top_logprobs_num else [],
+                input_token_logprobs=_triples(inp, tt),
+                output_token_logprobs=_triples(outp, tt),
+                input_top_logprobs=_top(inp_top, tt) if lp.top_logprobs_num else [],
+                output_top_logprobs=_top(out_top, tt) if lp.top_logprobs_num else [],
             )
         if out.spec_verify_ct:
             meta.update(spec_verify_ct=out.spec_verify_ct, spec_accept_length=out.spec_accept_length)
         return {"text": out.text, "output_ids": list(self.output_ids), "meta_info": meta}
 
 
-def sglang_dict(out: ReqOutput) -> dict[str, Any]:
+def sglang_dict(out: ReqOutput, token_text: TokenText | None = None) -> dict[str, Any]:
     """The SGLang dict of a request's only emission (a non-streamed request's final output)."""
-    return SGLangDicts().add(out)
+    return SGLangDicts(token_text=token_text).add(out)
 
 
-def _triples(pairs: list[LogprobPair]) -> list[tuple[float | None, int, None]]:
-    return [(lp, tok, None) for lp, tok in pairs]
+def _triples(pairs: list[LogprobPair], tt: TokenText | None) -> list[tuple[float | None, int, str | None]]:
+    return [(lp, tok, None if tt is None else tt(tok)) for lp, tok in pairs]
 
 
-def _top(entries: list[TopEntry]) -> list[list[tuple[float, int, None]] | None]:
-    return [None if e is None else [(lp, tok, None) for lp, tok in e] for e in entries]
+def _top(entries: list[TopEntry], tt: TokenText | None) -> list[list[tuple[float, int, str | None]] | None]:
+    return [None if e is None else [(lp, tok, None if tt is None else tt(tok)) for lp, tok in e] for e in entries]

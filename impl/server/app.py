@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 import impl
 from impl.engine.engine import Engine, EngineUnhealthyError
-from impl.engine.output import ReqOutput
+from impl.engine.output import ReqOutput, TokenText
 from impl.engine.req import Req
 from impl.server import generate_api, openai_api, req_builder
 from impl.server.async_engine import AsyncEngine, EngineDeadError
@@ -176,7 +176,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def generate(request: Request):
         body, sub = await body_of(request, state.models.generate,
                                   lambda b: req_builder.from_generate(engine, b))
-        return await generate_api.generate_response(request, aengine, sub, body.stream)
+        tt = TokenText(engine.tokenizer.decode) if body.return_text_in_logprobs else None
+        return await generate_api.generate_response(request, aengine, sub, body.stream, tt)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -297,7 +298,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 def _call(state: ServerState, kind: str, sub, logprobs: bool, body: Any) -> openai_api.Call:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return openai_api.Call(kind, state.model_name, sub, logprobs, include_usage,
-                           openai_api.TokenText(state.engine.tokenizer.decode),
+                           TokenText(state.engine.tokenizer.decode),
                            token_ids=bool(getattr(body, "return_token_ids", False)),
                            tool_calls=sub.tool_calls, stop_texts=_stop_texts(state.engine))
 

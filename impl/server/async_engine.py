@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 from impl.engine.engine import Engine
 from impl.engine.load import LoadView
-from impl.engine.output import ReqOutput, SGLangDicts, sglang_dict
+from impl.engine.output import ReqOutput, SGLangDicts, TokenText, sglang_dict
 from impl.engine.req import Req
 from impl.engine.request_handle import RequestHandle
 
@@ -128,20 +128,22 @@ class AsyncEngine:
     async def generate(self, prompt: str | list[str] | None = None, sampling_params: Any = None,
                        input_ids: list[int] | list[list[int]] | None = None, return_logprob: Any = False,
                        logprob_start_len: Any = None, top_logprobs_num: Any = None, stream: bool = False,
-                       rid: Any = None):
+                       rid: Any = None, return_text_in_logprobs: bool = False):
         """``Engine.generate`` from a coroutine (the background loop starts on first use)."""
         self.start()  # idempotent; binds the wake-ups to the running event loop
         ids_list, single = self.engine.tokenize_prompts(prompt, input_ids)
         reqs = self.engine.expand_requests(ids_list, sampling_params, return_logprob, logprob_start_len,
                                            top_logprobs_num, rid)
         streams = self.submit(reqs, stream)
+        tt = TokenText(self.engine.tokenizer.decode) if return_text_in_logprobs else None
         if stream:
-            return self._stream_dicts(streams)
-        outs = [sglang_dict(await s.result()) for s in streams]
+            return self._stream_dicts(streams, tt)
+        outs = [sglang_dict(await s.result(), tt) for s in streams]
         return outs[0] if single and len(outs) == 1 else outs
 
-    async def _stream_dicts(self, streams: list[RequestStream]) -> AsyncIterator[dict[str, Any]]:
-        dicts = [SGLangDicts() for _ in streams]
+    async def _stream_dicts(self, streams: list[RequestStream],
+                            tt: TokenText | None = None) -> AsyncIterator[dict[str, Any]]:
+        dicts = [SGLangDicts(token_text=tt) for _ in streams]
         try:
             async for i, out in merge(streams):
                 yield dicts[i].add(out)

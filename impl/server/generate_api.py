@@ -20,18 +20,20 @@ from typing import AsyncIterator
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
-from impl.engine.output import ReqOutput, SGLangDicts, sglang_dict
+from impl.engine.output import ReqOutput, SGLangDicts, TokenText, sglang_dict
 from impl.server.async_engine import AsyncEngine, RequestStream
 from impl.server.req_builder import Submission
 from impl.server.errors import error_response
 from impl.server.streaming import abort_unfinished, failure_of, json_safe, sse, sse_stream, until_disconnect
 
 
-async def generate_response(request: Request, aengine: AsyncEngine, sub: Submission, stream: bool):
+async def generate_response(request: Request, aengine: AsyncEngine, sub: Submission, stream: bool,
+                            token_text: TokenText | None = None):
+    """``token_text``: SGLang's ``return_text_in_logprobs`` (each logprob entry with its token's text)."""
     streams = aengine.submit(sub.reqs, stream)
     many = len(streams) > 1
     if stream:
-        return StreamingResponse(_stream(aengine, streams, many), media_type="text/event-stream")
+        return StreamingResponse(_stream(aengine, streams, many, token_text), media_type="text/event-stream")
 
     async def collect() -> list[ReqOutput]:
         return [await s.result() for s in streams]
@@ -42,12 +44,13 @@ async def generate_response(request: Request, aengine: AsyncEngine, sub: Submiss
     failed = next((f for f in map(failure_of, finals) if f is not None), None)
     if failed is not None:
         return error_response(failed[0], failed[1])
-    outs = [sglang_dict(f) for f in finals]
+    outs = [sglang_dict(f, token_text) for f in finals]
     return JSONResponse(json_safe(outs if many or not sub.single else outs[0]))
 
 
-def _stream(aengine: AsyncEngine, streams: list[RequestStream], many: bool) -> AsyncIterator[bytes]:
-    dicts = [SGLangDicts(incremental_logprobs=True) for _ in streams]
+def _stream(aengine: AsyncEngine, streams: list[RequestStream], many: bool,
+            token_text: TokenText | None) -> AsyncIterator[bytes]:
+    dicts = [SGLangDicts(incremental_logprobs=True, token_text=token_text) for _ in streams]
 
     def event(i: int, out: ReqOutput) -> bytes:
         body = dicts[i].add(out)

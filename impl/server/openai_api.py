@@ -18,12 +18,12 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Sequence
 
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
-from impl.engine.output import ReqOutput
+from impl.engine.output import ReqOutput, TokenText
 from impl.server.async_engine import AsyncEngine, RequestStream
 from impl.server.req_builder import Submission
 from impl.server.errors import error_response
@@ -53,20 +53,6 @@ def _output_logprobs(out: ReqOutput) -> tuple[list[tuple[float, int]], list[Any]
 
 
 # ---------------------------------------------------------------- logprobs
-
-
-class TokenText:
-    """Token id -> its text (special tokens included), cached."""
-
-    def __init__(self, decode: Callable[[list[int], bool], str]):
-        self.decode = decode
-        self.cache: dict[int, str] = {}
-
-    def __call__(self, tok: int) -> str:
-        s = self.cache.get(tok)
-        if s is None:
-            s = self.cache[tok] = self.decode([tok], False)
-        return s
 
 
 def completion_logprobs(o: ReqOutput, text_offset: int, tt: TokenText, echo: str | None = None) -> dict[str, Any]:

@@ -174,6 +174,8 @@ def request_models(lim: RequestLimits) -> RequestModels:
         return_logprob: Union[bool, many(bool), None] = None
         logprob_start_len: Union[StartT, many(StartT), None] = None
         top_logprobs_num: Union[LogprobsNumT, many(LogprobsNumT), None] = None
+        # each logprob entry's third slot: its token's text (SGLang's field; None without it)
+        return_text_in_logprobs: bool = False
         stream: bool = False
 
         @model_validator(mode="after")

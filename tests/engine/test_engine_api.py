@@ -46,6 +46,18 @@ def test_without_prompt_logprobs_input_lists_are_empty():
     assert o["meta_info"]["input_token_logprobs"] == [] and len(o["meta_info"]["output_token_logprobs"]) == 6
 
 
+def test_return_text_in_logprobs_names_each_token():
+    eng = engine("e2b")
+    kw = dict(input_ids=[2, 5, 9], sampling_params=GREEDY, return_logprob=True, logprob_start_len=0, top_logprobs_num=1)
+    o = eng.generate(**kw, return_text_in_logprobs=True)["meta_info"]
+    for lp, tok, text in o["input_token_logprobs"] + o["output_token_logprobs"]:
+        assert text == eng.tokenizer.decode([tok], False)
+    assert all(t[0][2] == eng.tokenizer.decode([t[0][1]], False) for t in o["output_top_logprobs"])
+    streamed = list(eng.generate(**kw, return_text_in_logprobs=True, stream=True))[-1]["meta_info"]
+    assert streamed["output_token_logprobs"] == o["output_token_logprobs"]
+    assert all(e[2] is None for e in eng.generate(**kw)["meta_info"]["output_token_logprobs"])
+
+
 def test_seeded_sampling_repeats_exactly_whatever_the_batch():
     eng = engine("e2b")
     sp = {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 10, "seed": 42, "ignore_eos": True}

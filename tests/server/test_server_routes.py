@@ -71,6 +71,24 @@ def test_generate_logprobs(url):
     assert [top[0][1] for top in meta["output_top_logprobs"]] == out["output_ids"]
 
 
+def test_generate_return_text_in_logprobs(url):
+    """SGLang's return_text_in_logprobs: every entry's third slot is its token's text (what /detokenize gives for that
+    one id, special tokens kept), the prompt's and the output's, top entries too, streamed or not; None without it."""
+    body = {"input_ids": [2, *prompt_ids(25, 5)], "sampling_params": {**GREEDY, "max_new_tokens": 3},
+            "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2}
+    plain = post(url, "/generate", body).json()["meta_info"]
+    assert all(e[2] is None for e in plain["input_token_logprobs"] + plain["output_token_logprobs"])
+    meta = post(url, "/generate", {**body, "return_text_in_logprobs": True}).json()["meta_info"]
+    entries = meta["input_token_logprobs"] + meta["output_token_logprobs"] + [
+        e for top in meta["input_top_logprobs"] + meta["output_top_logprobs"] if top for e in top]
+    texts = {i: post(url, "/detokenize", {"tokens": [i]}).json()["prompt"] for i in {e[1] for e in entries}}
+    assert all(e[2] == texts[e[1]] for e in entries) and meta["input_token_logprobs"][0][2] == "<bos>"
+    assert [e[:2] for e in meta["output_token_logprobs"]] == [e[:2] for e in plain["output_token_logprobs"]]
+    sse = post_stream(url, "/generate", {**body, "return_text_in_logprobs": True})
+    streamed = [e for ev in sse.events for e in ev["meta_info"]["output_token_logprobs"]]
+    assert streamed == meta["output_token_logprobs"]
+
+
 def test_stream_framing_is_sse(url):
     with httpx.stream("POST", url + "/generate", json={"input_ids": prompt_ids(6, 4), "stream": True,
                                                        "sampling_params": {**GREEDY, "max_new_tokens": 2}}) as r:
