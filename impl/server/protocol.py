@@ -69,6 +69,25 @@ def _no_zero_top_k(v: Optional[int]) -> Optional[int]:
     return v
 
 
+# Template variables the server binds itself (impl/model/tokenizer.py apply_chat_template, tools): a request's
+# chat_template_kwargs may not replace them.
+RESERVED_TEMPLATE_VARS = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "pad_token",
+                                    "unk_token", "tools", "raise_exception", "strftime_now"})
+TemplateKwargsT = Annotated[dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")], Any],
+                            Field(max_length=32)]
+
+
+def _template_kwargs(v: Any) -> Any:
+    """``chat_template_kwargs`` (SGLang's and vLLM's): more variables for the chat template (e.g. a template's
+    ``enable_thinking``), never one the server binds."""
+    bad = sorted(set(v or ()) & RESERVED_TEMPLATE_VARS)
+    if bad:
+        raise ValueError(f"chat_template_kwargs may not set {', '.join(map(repr, bad))}: the server binds "
+                         f"{', '.join(sorted(RESERVED_TEMPLATE_VARS))} itself (send messages / tools / "
+                         "add_generation_prompt as their own fields)")
+    return v
+
+
 def _unsupported(name: str, what: str) -> ValueError:
     return ValueError(f"'{name}' is not supported by this server ({what}); remove the field")
 
@@ -333,7 +352,10 @@ def request_models(lim: RequestLimits) -> RequestModels:
         logprobs: bool = False
         top_logprobs: Optional[LogprobsNumT] = None
         add_generation_prompt: bool = True
+        chat_template_kwargs: Optional[TemplateKwargsT] = None
         tools: Optional[Annotated[list[Tool], Field(max_length=128)]] = None
+
+        _kwargs = field_validator("chat_template_kwargs")(_template_kwargs)
         tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
         parallel_tool_calls: Optional[bool] = None
         # the deprecated function-calling fields: use tools / tool_choice
@@ -398,7 +420,10 @@ def request_models(lim: RequestLimits) -> RequestModels:
         # vLLM's defaults: a text gets the tokenizer's special tokens (Gemma's bos), messages their template's only
         add_special_tokens: Optional[bool] = None
         add_generation_prompt: bool = True
+        chat_template_kwargs: Optional[TemplateKwargsT] = None
         return_token_strs: bool = False
+
+        _kwargs = field_validator("chat_template_kwargs")(_template_kwargs)
 
         @model_validator(mode="after")
         def _one_input(self) -> "TokenizeRequest":
@@ -421,3 +446,5 @@ GenerateRequest = DEFAULT_MODELS.generate
 CompletionRequest = DEFAULT_MODELS.completion
 ChatCompletionRequest = DEFAULT_MODELS.chat
 AbortRequest = DEFAULT_MODELS.abort
+TokenizeRequest = DEFAULT_MODELS.tokenize
+DetokenizeRequest = DEFAULT_MODELS.detokenize

@@ -56,3 +56,28 @@ def test_generate_names_sampling_params_and_the_prompt_field():
     assert err.param == "sampling_params" and err.message.startswith("'sampling_params': temperature")
     err = _api_error(InvalidRequest("the prompt is empty", "input_ids"), "prompt", _OPENAI_NAMES)
     assert err.param == "prompt" and err.message == "'prompt': the prompt is empty"
+
+
+def test_chat_template_kwargs_reach_the_template_and_reserved_names_are_400():
+    """SGLang's / vLLM's chat_template_kwargs: extra template variables (a template's enable_thinking), on chat and
+    /tokenize alike; the variables the server binds (messages, tools, bos_token, ...) cannot be replaced."""
+    from pydantic import ValidationError
+
+    from impl.server.protocol import ChatCompletionRequest, TokenizeRequest
+    from impl.server.req_builder import from_chat, tokenize
+    from tests.helpers.engines import engine
+
+    eng = engine("e2b")
+    template = ("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                "{% if enable_thinking %}<think>{% endif %}")
+    msgs = [{"role": "user", "content": "Hi"}]
+    think = tokenize(eng, TokenizeRequest.model_validate({"messages": msgs, "chat_template_kwargs": {"enable_thinking": True}}),
+                     template)[0]
+    plain = tokenize(eng, TokenizeRequest.model_validate({"messages": msgs}), template)[0]
+    assert eng.tokenizer.decode(think, False) == "<bos>Hi<think>" and eng.tokenizer.decode(plain, False) == "<bos>Hi"
+    body = ChatCompletionRequest.model_validate({"messages": msgs, "max_tokens": 1,
+                                                 "chat_template_kwargs": {"enable_thinking": True}})
+    assert from_chat(eng, body, template).reqs[0].origin_input_ids == think
+    for bad in ({"tools": []}, {"bos_token": "x"}, {"no-dash": 1}, {f"k{i}": i for i in range(33)}):
+        with pytest.raises(ValidationError, match="chat_template_kwargs"):
+            ChatCompletionRequest.model_validate({"messages": msgs, "chat_template_kwargs": bad})
