@@ -92,6 +92,25 @@ def _unsupported(name: str, what: str) -> ValueError:
     return ValueError(f"'{name}' is not supported by this server ({what}); remove the field")
 
 
+TEXT_ONLY = "Gemma-4's text model is served here; images, audio and video are not read"
+
+
+def _unused(v: Any, unused: tuple) -> bool:
+    """True for a field's "not used" value: one of ``unused``, an empty list, or a list of such values (a batch)."""
+    if isinstance(v, list):
+        return all(_unused(x, unused) for x in v)
+    return any(v is u or (v == u and type(v) is type(u)) for u in unused)
+
+
+def _only_unused(name: str, what: str, unused: tuple = (None,)) -> Any:
+    """A validator that accepts only the field's "not used" value (``_unused``) and refuses the rest as unsupported."""
+    def check(cls, v: Any) -> Any:
+        if not _unused(v, unused):
+            raise _unsupported(name, what)
+        return v
+    return field_validator(name, mode="before")(classmethod(check))
+
+
 class StreamOptions(_Body):
     include_usage: bool = False
 
@@ -196,6 +215,29 @@ def request_models(lim: RequestLimits) -> RequestModels:
         # each logprob entry's third slot: its token's text (SGLang's field; None without it)
         return_text_in_logprobs: bool = False
         stream: bool = False
+        # SGLang fields this server does not implement: only their "unused" value (null, false, empty, or a batch of
+        # those: SGLang's bench client sends lora_path null) is accepted; a request that means one is a 400
+        image_data: Optional[Any] = None
+        audio_data: Optional[Any] = None
+        video_data: Optional[Any] = None
+        input_embeds: Optional[Any] = None
+        lora_path: Optional[Any] = None
+        lora_id: Optional[Any] = None
+        return_hidden_states: Optional[Any] = None
+        token_ids_logprob: Optional[Any] = None
+        custom_logit_processor: Optional[Any] = None
+        session_params: Optional[Any] = None
+
+        _image = _only_unused("image_data", TEXT_ONLY, (None, ""))
+        _audio = _only_unused("audio_data", TEXT_ONLY, (None, ""))
+        _video = _only_unused("video_data", TEXT_ONLY, (None, ""))
+        _embeds = _only_unused("input_embeds", "prompts are text or token ids")
+        _lora_path = _only_unused("lora_path", "LoRA adapters are not served", (None, ""))
+        _lora_id = _only_unused("lora_id", "LoRA adapters are not served", (None, ""))
+        _hidden = _only_unused("return_hidden_states", "hidden states are not returned", (None, False))
+        _ids_lp = _only_unused("token_ids_logprob", "use top_logprobs_num (and logprob_start_len for the prompt)")
+        _clp = _only_unused("custom_logit_processor", "custom logit processors are not run; use logit_bias")
+        _session = _only_unused("session_params", "sessions are not kept; send the whole conversation")
 
         @model_validator(mode="after")
         def _batch_shape(self):
@@ -233,8 +275,28 @@ def request_models(lim: RequestLimits) -> RequestModels:
                                  "object); or use type 'json_object' for any JSON object")
             return self
 
+    ChoiceT = Annotated[list[Annotated[str, Field(min_length=1, max_length=GrammarLimits().max_source_bytes)]],
+                        Field(min_length=1, max_length=256)]
+    JsonSpecT = Union[dict[str, Any], GrammarT]  # a JSON Schema, as an object or as its JSON text
+
+    class StructuredOutputs(_Closed):
+        """vLLM's ``structured_outputs``: exactly one of a JSON Schema, a regex, a list of choices, an EBNF grammar."""
+
+        json_: Optional[JsonSpecT] = Field(default=None, alias="json")
+        regex: Optional[GrammarT] = None
+        choice: Optional[ChoiceT] = None
+        grammar: Optional[GrammarT] = None
+
+        @model_validator(mode="after")
+        def _exactly_one(self):
+            given = [k for k in ("json_", "regex", "choice", "grammar") if getattr(self, k) is not None]
+            if len(given) != 1:
+                raise ValueError("structured_outputs takes exactly one of 'json', 'regex', 'choice' or 'grammar', got "
+                                 f"{[g.rstrip('_') for g in given] or 'none'}")
+            return self
+
     class _OpenAISampling(_Body):
-        """Sampling fields shared by completions and chat (OpenAI names plus SGLang's extras)."""
+        """Sampling fields shared by completions and chat (OpenAI names plus SGLang's and vLLM's extras)."""
 
         model: Optional[str] = None
         temperature: Optional[Sampling("temperature")] = None
@@ -257,10 +319,32 @@ def request_models(lim: RequestLimits) -> RequestModels:
         user: Optional[str] = None
         logit_bias: Optional[LogitBiasT] = None
         response_format: Optional[ResponseFormat] = None
-        # OpenAI fields this server does not implement: only their "unused" value is accepted
+        # SGLang's extras: the output matches a regex or an EBNF grammar (one constraint in all, response_format
+        # included); the stop string left in the text
+        regex: Optional[GrammarT] = None
+        ebnf: Optional[GrammarT] = None
+        no_stop_trim: bool = False
+        # vLLM's: structured_outputs, and its older spellings guided_json / guided_regex / guided_choice /
+        # guided_grammar (the same constraints); include_stop_str_in_output (SGLang's no_stop_trim)
+        structured_outputs: Optional[StructuredOutputs] = None
+        guided_json: Optional[JsonSpecT] = None
+        guided_regex: Optional[GrammarT] = None
+        guided_choice: Optional[ChoiceT] = None
+        guided_grammar: Optional[GrammarT] = None
+        include_stop_str_in_output: bool = False
+        # OpenAI and vLLM fields this server does not implement: only their "unused" value is accepted
         best_of: Optional[Int(ge=1, le=1)] = None
+        use_beam_search: Optional[bool] = None
+        prompt_logprobs: Optional[Any] = None
+        allowed_token_ids: Optional[Any] = None
+        bad_words: Optional[Any] = None
 
         _top_k = field_validator("top_k")(_no_zero_top_k)
+        _beam = _only_unused("use_beam_search", "beam search is not implemented; sample with n instead", (None, False))
+        _prompt_lp = _only_unused("prompt_logprobs", "vLLM's prompt_logprobs is not implemented; on completions send "
+                                                     "echo with logprobs, or use /generate's logprob_start_len")
+        _allowed = _only_unused("allowed_token_ids", "not implemented; use logit_bias")
+        _bad = _only_unused("bad_words", "not implemented; use logit_bias")
 
         @field_validator("best_of", mode="before")
         @classmethod

@@ -112,9 +112,63 @@ def _openai_sampling(body: CompletionBody | ChatBody, max_tokens: int | None) ->
         "ignore_eos": body.ignore_eos,
         "skip_special_tokens": body.skip_special_tokens,
         "logit_bias": body.logit_bias or None,
-        **response_format_grammar(body.response_format),
+        "no_stop_trim": True if body.no_stop_trim or body.include_stop_str_in_output else None,
+        **output_constraint(body)[0],
     }
     return {k: v for k, v in d.items() if v is not None}
+
+
+def output_constraint(body: CompletionBody | ChatBody) -> tuple[dict[str, str], str]:
+    """(the engine's grammar field, the body field it came from) of the one constraint on an OpenAI route's output:
+    ``response_format``, SGLang's ``regex`` / ``ebnf``, vLLM's ``structured_outputs`` or its ``guided_*`` spellings
+    (a choice list becomes the regex of its literal alternatives, a JSON Schema object its JSON text). Two of them
+    are a 400 naming both."""
+    so = body.structured_outputs
+    given: dict[str, dict[str, str]] = {
+        "response_format": response_format_grammar(body.response_format),
+        "regex": {"regex": body.regex} if body.regex is not None else {},
+        "ebnf": {"ebnf": body.ebnf} if body.ebnf is not None else {},
+        "structured_outputs": {} if so is None else _vllm_constraint(so.json_, so.regex, so.choice, so.grammar),
+        "guided_json": _vllm_constraint(body.guided_json, None, None, None),
+        "guided_regex": _vllm_constraint(None, body.guided_regex, None, None),
+        "guided_choice": _vllm_constraint(None, None, body.guided_choice, None),
+        "guided_grammar": _vllm_constraint(None, None, None, body.guided_grammar),
+    }
+    named = [k for k, v in given.items() if v]
+    if len(named) > 1:
+        raise APIError(400, f"'{named[1]}': the output takes one constraint, but {', '.join(map(repr, named))} were "
+                            "given; keep one", named[1])
+    return (given[named[0]], named[0]) if named else ({}, "response_format")
+
+
+_REGEX_SPECIAL = frozenset(".^$*+?()[]{}|\\/")
+
+
+def _literal_regex(text: str) -> str:
+    """A regex matching exactly ``text`` (its metacharacters escaped, control characters as escapes)."""
+    out = []
+    for ch in text:
+        if ch in _REGEX_SPECIAL:
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _vllm_constraint(js: Any, regex: str | None, choice: list[str] | None, grammar: str | None) -> dict[str, str]:
+    if js is not None:
+        return {"json_schema": js if isinstance(js, str) else json.dumps(js)}
+    if regex is not None:
+        return {"regex": regex}
+    if choice is not None:
+        return {"regex": "(" + "|".join(_literal_regex(c) for c in choice) + ")"}
+    if grammar is not None:
+        return {"ebnf": grammar}
+    return {}
 
 
 # response_format json_object: any JSON object (SGLang's mapping)
@@ -147,7 +201,7 @@ def from_completion(engine: Engine, body: CompletionBody) -> Submission:
         # echo: with logprobs, every prompt token's logprob comes first (the first one None: nothing precedes it)
         reqs = engine.expand_requests(prompts, _openai_sampling(body, body.max_tokens if explicit else None),
                                       body.logprobs is not None, 0 if body.echo else None, body.logprobs or 0, body.rid,
-                                      default_max_new_tokens=default, grammar_field="response_format")
+                                      default_max_new_tokens=default, grammar_field=output_constraint(body)[1])
     return Submission(reqs, len(prompts), body.n, single,
                       echo=_echo_texts(engine, texts, prompts, reqs, body.n) if body.echo else None)
 
@@ -193,7 +247,7 @@ def from_chat(engine: Engine, body: ChatBody, chat_template: str | None) -> Subm
     # tool_choice "none": the declarations are not shown and the output is not parsed
     tools = [t.model_dump(exclude_none=True) for t in body.tools or []] if tc != "none" else []
     sampling = _openai_sampling(body, max_tokens)
-    grammar_field = "response_format"
+    grammar_field = output_constraint(body)[1]
     if tools:
         sampling["skip_special_tokens"] = False  # Gemma-4's call markers are special tokens: keep them to parse
         if tc == "required" or (tc is not None and not isinstance(tc, str)):

@@ -70,7 +70,7 @@ def _inline(msgs: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]]) -> l
             name = m.get("name") or names.get(m.get("tool_call_id") or "", "tool")
             rendered = render_response(name, _text(m))
             if out and out[-1]["role"] == "assistant":
-                out[-1] = {**out[-1], "content": out[-1]["content"] + rendered}
+                out[-1] = {**out[-1], "content": _text(out[-1]) + rendered}  # (its content may be absent or parts)
             else:
                 out.append({"role": "user", "content": rendered})
         else:

@@ -58,6 +58,16 @@ def test_messages_without_a_tools_template_carry_declarations_calls_and_results(
     assert extra == {"tools": tools} and native[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
 
 
+def test_a_tool_result_after_an_assistant_message_without_content_or_with_parts():
+    """A tool result joins the assistant turn before it whatever that turn's content is: absent (a client sends no
+    'content' key), or text parts (once a KeyError, a 500, found by the fuzzer)."""
+    for prev in ({"role": "assistant"}, {"role": "assistant", "content": [{"type": "text", "text": "a"}]}):
+        out, _ = prepare_messages([{"role": "user", "content": "q"}, prev, {"role": "tool", "content": "42"}], [],
+                                  "{{ messages }}")
+        assert out[-1] == {"role": "assistant", "content": ("a" if "content" in prev else "") +
+                           render_response("tool", "42")}
+
+
 def test_forced_call_grammar_accepts_valid_calls_only():
     import xgrammar as xgr
 

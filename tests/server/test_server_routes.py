@@ -220,6 +220,60 @@ def test_tokenize_detokenize_and_tokenizer_info(url):
         assert r.status_code == 400 and field in r.json()["error"]["message"], (body, r.text)
 
 
+def test_sglang_and_vllm_output_constraints_on_the_openai_routes(url):
+    """SGLang's regex / ebnf and vLLM's structured_outputs (and its guided_* spellings) constrain the output as
+    response_format does; two constraints are a 400 naming the second; vLLM fields not implemented are 400s."""
+    base = {"prompt": "Answer:", "max_tokens": 8, "temperature": 1.0, "seed": 3}
+    chat = {"messages": [{"role": "user", "content": "Answer"}], "max_tokens": 8, "temperature": 1.0, "seed": 3}
+    yes_no = {"yes", "no"}
+    for extra in ({"regex": "(yes|no)"}, {"ebnf": 'root ::= "yes" | "no"'}, {"guided_regex": "(yes|no)"},
+                  {"guided_choice": ["yes", "no"]}, {"guided_grammar": 'root ::= "yes" | "no"'},
+                  {"structured_outputs": {"choice": ["yes", "no"]}}, {"structured_outputs": {"regex": "(yes|no)"}}):
+        r = post(url, "/v1/completions", {**base, **extra})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] in yes_no, (extra, r.text)
+        r = post(url, "/v1/chat/completions", {**chat, **extra})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] in yes_no, (extra, r.text)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
+    for extra in ({"guided_json": schema}, {"structured_outputs": {"json": json.dumps(schema)}}):
+        r = post(url, "/v1/completions", {**base, "max_tokens": 40, **extra})
+        out = r.json()["choices"][0]
+        if out["finish_reason"] == "stop":
+            assert set(json.loads(out["text"])) == {"a"}
+        assert out["text"].startswith('{"a":') or out["text"].startswith('{ "a"') or out["text"].startswith('{\n'), out
+    # a choice's regex metacharacters are literal
+    r = post(url, "/v1/completions", {**base, "guided_choice": ["a.b", "(c)"]})
+    assert r.json()["choices"][0]["text"] in {"a.b", "(c)"}
+    for body, field in (({**base, "regex": "a", "ebnf": 'root ::= "a"'}, "ebnf"),
+                        ({**base, "response_format": {"type": "json_object"}, "guided_choice": ["x"]}, "guided_choice"),
+                        ({**base, "structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+                        ({**base, "regex": "(unclosed"}, "regex"), ({**base, "use_beam_search": True}, "use_beam_search"),
+                        ({**base, "prompt_logprobs": 1}, "prompt_logprobs")):
+        r = post(url, "/v1/completions", body)
+        assert r.status_code == 400 and field in r.json()["error"]["message"], (body, r.text)
+
+
+def test_generate_refuses_sglang_fields_it_does_not_serve(url):
+    """An image, a LoRA adapter or hidden states asked of /generate are 400s naming the field (not ignored, which
+    answered as if the image were not there); their unused values (SGLang's bench client sends lora_path null)
+    pass."""
+    body = {"text": "Describe it", "sampling_params": {**GREEDY, "max_new_tokens": 1}}
+    for field, value in (("image_data", "http://example.com/cat.png"), ("audio_data", ["a.wav"]), ("lora_path", "ad"),
+                         ("return_hidden_states", True), ("token_ids_logprob", [5]), ("input_embeds", [[0.1]])):
+        r = post(url, "/generate", {**body, field: value})
+        assert r.status_code == 400 and field in r.json()["error"]["message"], (field, r.text)
+    ok = post(url, "/generate", {**body, "lora_path": None, "image_data": [], "return_hidden_states": False})
+    assert ok.status_code == 200, ok.text
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(url):
+    body = {"prompt": prompt_ids(26, 6), "max_tokens": 12, **GREEDY}
+    full = post(url, "/v1/completions", body).json()["choices"][0]["text"]
+    stop = next(c for c in full[2:] if c.isascii() and c.isalnum())  # (a token may be part of a UTF-8 character)
+    for flag in ("include_stop_str_in_output", "no_stop_trim"):
+        kept = post(url, "/v1/completions", {**body, "stop": [stop], flag: True}).json()["choices"][0]
+        assert kept["finish_reason"] == "stop" and kept["text"].endswith(stop) and full.startswith(kept["text"])
+
+
 def test_chat_stop_string_trims_like_the_engine(url):
     client = openai_client(url)
     model = client.models.list().data[0].id
@@ -228,7 +282,7 @@ def test_chat_stop_string_trims_like_the_engine(url):
                                           extra_body={"ignore_eos": True}).choices[0].message.content
     if len(full) < 6:
         pytest.skip(f"greedy output too short for a stop string: {full!r}")
-    stop = full[3:5]
+    stop = next(c for c in full[2:] if c.isascii() and c.isalnum())  # (a token may be part of a UTF-8 character)
     cut = client.chat.completions.create(model=model, messages=msgs, max_tokens=10, temperature=0, stop=[stop],
                                          extra_body={"ignore_eos": True}).choices[0]
     assert cut.finish_reason == "stop" and cut.message.content == full[: full.index(stop)]
