@@ -85,6 +85,20 @@ def test_chat_template_renders_gemma_turns(tok):
     assert tok.decode(ids, skip_special_tokens=False) == expected + "<start_of_turn>model\n"
 
 
+def test_continue_final_message_ends_the_prompt_inside_the_assistant_turn(tok):
+    """vLLM's / SGLang's continue_final_message: the rendered prompt stops after the final assistant message's text
+    (no end of turn, no generation prompt), so the model continues that message."""
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The sea is "}]
+    text = tok.apply_chat_template(msgs, add_generation_prompt=False, continue_final_message=True)
+    assert text == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nThe sea is"
+    ids = tok.encode_chat(msgs, False, None, True)
+    assert tok.decode(ids, skip_special_tokens=False) == text
+    for bad, words in (((msgs, True), "add_generation_prompt"), ((msgs[:1], False), "final assistant message"),
+                       (([*msgs[:1], {"role": "assistant", "content": "  "}], False), "final assistant message")):
+        with pytest.raises(ValueError, match=words):
+            tok.apply_chat_template(bad[0], add_generation_prompt=bad[1], continue_final_message=True)
+
+
 def test_chat_template_errors_are_clear(tok):
     with pytest.raises(ValueError, match="alternate"):
         tok.apply_chat_template([{"role": "assistant", "content": "first"}])

@@ -242,7 +242,7 @@ class Engine:
         return self.encode(text[: self.intake_policy.text_budget(chars)])
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    chat_template: str | None = None, **extra: Any) -> list[int]:
+                    chat_template: str | None = None, continue_final_message: bool = False, **extra: Any) -> list[int]:
         """A conversation's token ids through the chat template (its refusals are InvalidRequest on
         ``messages``), bounded before rendering like ``encode_prompt``. ``extra``: more template variables
         (``tools``: the declarations, counted in the bound)."""
@@ -251,7 +251,8 @@ class Engine:
         chars += len(str(extra)) if extra else 0
         self.intake_policy.check_text(chars, self.tokenizer.max_token_chars)
         try:
-            return self.tokenizer.encode_chat(messages, add_generation_prompt, chat_template, **extra)
+            return self.tokenizer.encode_chat(messages, add_generation_prompt, chat_template, continue_final_message,
+                                              **extra)
         except ValueError as e:
             raise InvalidRequest(str(e), "messages") from None
 

@@ -142,17 +142,28 @@ class Tokenizer:
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         template: str | None = None,
+        continue_final_message: bool = False,
         **extra: Any,
     ) -> str:
-        """Render ``messages`` with the model's chat template (or ``template``: a template string or file path)."""
+        """Render ``messages`` with the model's chat template (or ``template``: a template string or file path).
+        ``continue_final_message`` (vLLM's and SGLang's): the text ends with the final message's own text, open for
+        the model to continue (the final message is the assistant's, its turn not closed; no generation prompt)."""
+        if continue_final_message:
+            if add_generation_prompt:
+                raise ValueError("continue_final_message continues the final message; it cannot be combined with "
+                                 "add_generation_prompt (send add_generation_prompt: false)")
+            final = normalize_messages(messages)[-1] if messages else {}
+            if final.get("role") != "assistant" or not final.get("content", "").strip():
+                raise ValueError("continue_final_message needs a final assistant message with text to continue")
         source = load_chat_template(template) if template is not None else self.chat_template
         if source is None:
             raise ValueError(
                 f"tokenizer {self.path!r} has no chat template (no 'chat_template' in {TOKENIZER_CONFIG_FILE}, "
                 f"no {CHAT_TEMPLATE_FILE}); pass --chat-template FILE or use the completions API"
             )
+        normalized = normalize_messages(messages)
         context = dict(
-            messages=normalize_messages(messages),
+            messages=normalized,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
@@ -163,20 +174,28 @@ class Tokenizer:
         import jinja2
 
         try:
-            return _compile(source).render(**context)
+            text = _compile(source).render(**context)
         except ChatTemplateError as e:
             raise ValueError(f"chat template rejected the messages: {e}") from None
         except jinja2.TemplateError as e:
             raise ValueError(f"chat template failed to render: {e}") from None
+        if continue_final_message:  # cut what the template writes after the final message's text (its turn's end)
+            content = normalized[-1]["content"].strip()  # (templates often trim it)
+            at = text.rfind(content)
+            if at < 0:
+                raise ValueError("continue_final_message: the chat template does not write the final message's text "
+                                 "as given, so the prompt cannot end with it")
+            text = text[: at + len(content)]
+        return text
 
     def encode_chat(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, template: str | None = None,
-        **extra: Any,
+        continue_final_message: bool = False, **extra: Any,
     ) -> list[int]:
         """Ids of the rendered chat prompt; the template supplies bos (added only if it did not). ``extra``: more
         template variables (``tools``)."""
-        ids = self.encode(self.apply_chat_template(messages, add_generation_prompt, template, **extra),
-                          add_special_tokens=False)
+        ids = self.encode(self.apply_chat_template(messages, add_generation_prompt, template, continue_final_message,
+                                                   **extra), add_special_tokens=False)
         if self.add_bos_token and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):
             ids.insert(0, self.bos_token_id)
         return ids

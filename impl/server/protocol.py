@@ -69,10 +69,12 @@ def _no_zero_top_k(v: Optional[int]) -> Optional[int]:
     return v
 
 
-# Template variables the server binds itself (impl/model/tokenizer.py apply_chat_template, tools): a request's
-# chat_template_kwargs may not replace them.
+# Template variables the server binds itself (impl/model/tokenizer.py apply_chat_template, tools) and the names of
+# the rendering calls' own parameters (Engine / Tokenizer encode_chat): a request's chat_template_kwargs may not
+# replace them.
 RESERVED_TEMPLATE_VARS = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "pad_token",
-                                    "unk_token", "tools", "raise_exception", "strftime_now"})
+                                    "unk_token", "tools", "raise_exception", "strftime_now", "self", "template",
+                                    "chat_template", "continue_final_message"})
 TemplateKwargsT = Annotated[dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")], Any],
                             Field(max_length=32)]
 
@@ -436,8 +438,15 @@ def request_models(lim: RequestLimits) -> RequestModels:
         logprobs: bool = False
         top_logprobs: Optional[LogprobsNumT] = None
         add_generation_prompt: bool = True
+        # vLLM's and SGLang's: the prompt ends inside the final (assistant) message, for the model to continue it
+        continue_final_message: bool = False
         chat_template_kwargs: Optional[TemplateKwargsT] = None
         tools: Optional[Annotated[list[Tool], Field(max_length=128)]] = None
+        # vLLM's chat echo (the final message's text before the answer): not implemented, only false is accepted
+        echo: Optional[bool] = None
+
+        _echo = _only_unused("echo", "chat does not echo; use continue_final_message, or /v1/completions' echo",
+                             (None, False))
 
         _kwargs = field_validator("chat_template_kwargs")(_template_kwargs)
         tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
@@ -504,6 +513,7 @@ def request_models(lim: RequestLimits) -> RequestModels:
         # vLLM's defaults: a text gets the tokenizer's special tokens (Gemma's bos), messages their template's only
         add_special_tokens: Optional[bool] = None
         add_generation_prompt: bool = True
+        continue_final_message: bool = False
         chat_template_kwargs: Optional[TemplateKwargsT] = None
         return_token_strs: bool = False
 

@@ -231,7 +231,7 @@ def tokenize(engine: Engine, body: Any, chat_template: str | None) -> tuple[list
                 msgs, extra = prepare_messages(messages, [], chat_template or tok.chat_template)
             except ValueError as e:
                 raise InvalidRequest(str(e), "messages") from None
-            ids = engine.encode_chat(msgs, body.add_generation_prompt, chat_template,
+            ids = engine.encode_chat(msgs, body.add_generation_prompt, chat_template, body.continue_final_message,
                                      **(body.chat_template_kwargs or {}), **extra)
         if body.add_special_tokens and tok.bos_token_id is not None:
             ids = [tok.bos_token_id, *ids]
@@ -259,8 +259,8 @@ def from_chat(engine: Engine, body: ChatBody, chat_template: str | None) -> Subm
             msgs, extra = prepare_messages(messages, tools, chat_template or engine.tokenizer.chat_template)
         except ValueError as e:
             raise InvalidRequest(str(e), "messages") from None
-        ids = engine.encode_chat(msgs, body.add_generation_prompt, chat_template, **(body.chat_template_kwargs or {}),
-                                 **extra)
+        ids = engine.encode_chat(msgs, body.add_generation_prompt, chat_template, body.continue_final_message,
+                                 **(body.chat_template_kwargs or {}), **extra)
         reqs = engine.expand_requests([ids], sampling, bool(body.logprobs), None,
                                       body.top_logprobs or 0, body.rid, grammar_field=grammar_field)
     return Submission(reqs, 1, body.n, True, tool_calls=bool(tools))

@@ -78,6 +78,7 @@ def test_chat_template_kwargs_reach_the_template_and_reserved_names_are_400():
     body = ChatCompletionRequest.model_validate({"messages": msgs, "max_tokens": 1,
                                                  "chat_template_kwargs": {"enable_thinking": True}})
     assert from_chat(eng, body, template).reqs[0].origin_input_ids == think
-    for bad in ({"tools": []}, {"bos_token": "x"}, {"no-dash": 1}, {f"k{i}": i for i in range(33)}):
+    for bad in ({"tools": []}, {"bos_token": "x"}, {"no-dash": 1}, {f"k{i}": i for i in range(33)}, {"template": 1},
+                {"chat_template": 1}, {"self": 1}, {"continue_final_message": True}):  # (the last: the calls' names)
         with pytest.raises(ValidationError, match="chat_template_kwargs"):
             ChatCompletionRequest.model_validate({"messages": msgs, "chat_template_kwargs": bad})

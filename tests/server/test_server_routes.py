@@ -265,6 +265,17 @@ def test_generate_refuses_sglang_fields_it_does_not_serve(url):
     assert ok.status_code == 200, ok.text
 
 
+def test_chat_continue_final_message(url):
+    msgs = [{"role": "user", "content": "Tell me"}, {"role": "assistant", "content": "The sea is"}]
+    body = {"messages": msgs, "add_generation_prompt": False, "continue_final_message": True}
+    tok = post(url, "/tokenize", body).json()
+    assert post(url, "/detokenize", {"tokens": tok["tokens"]}).json()["prompt"].endswith("<start_of_turn>model\nThe sea is")
+    r = post(url, "/v1/chat/completions", {**body, "max_tokens": 2, **GREEDY})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == tok["count"]
+    bad = post(url, "/v1/chat/completions", {"messages": msgs, "continue_final_message": True, "max_tokens": 2})
+    assert bad.status_code == 400 and "add_generation_prompt" in bad.json()["error"]["message"]
+
+
 def test_include_stop_str_in_output_keeps_the_stop_string(url):
     body = {"prompt": prompt_ids(26, 6), "max_tokens": 12, **GREEDY}
     full = post(url, "/v1/completions", body).json()["choices"][0]["text"]
