@@ -300,6 +300,8 @@ def _call(state: ServerState, kind: str, sub, logprobs: bool, body: Any) -> open
     return openai_api.Call(kind, state.model_name, sub, logprobs, include_usage,
                            TokenText(state.engine.tokenizer.decode),
                            token_ids=bool(getattr(body, "return_token_ids", False)),
+                           continuous_usage=bool(body.stream and body.stream_options
+                                                 and body.stream_options.continuous_usage_stats),
                            tool_calls=sub.tool_calls, stop_texts=_stop_texts(state.engine))
 
 

@@ -4,7 +4,8 @@ Choice ``k`` of a batch is prompt ``k // n``, choice ``k % n``. Usage counts
 each prompt once and every choice's tokens (OpenAI's rule). Streams send text
 deltas; every choice gets exactly one chunk with a ``finish_reason`` (it also
 carries the choice's last delta), then an optional usage chunk
-(``stream_options.include_usage``), then ``data: [DONE]``. Everything is read
+(``stream_options.include_usage``; with vLLM's ``continuous_usage_stats``
+every chunk also carries its choice's usage so far), then ``data: [DONE]``. Everything is read
 from typed ``ReqOutput`` objects (``impl/engine/output.py``), which carry what
 is new since the previous one: a chunk formats its output's deltas as they are,
 a non-streamed choice its request's only output. Completions' ``echo`` puts
@@ -106,6 +107,7 @@ class Call:
     include_usage: bool
     token_text: TokenText
     token_ids: bool = False  # completions' return_token_ids (vLLM's extension): each choice's output token ids
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats (vLLM's): usage so far in every chunk
     tool_calls: bool = False  # chat with tools: function calls in the text become message.tool_calls
     stop_texts: tuple[str, ...] = ()  # dropped from a tool-call answer's text (decoded with special tokens)
     id: str = field(default="")
@@ -195,7 +197,13 @@ def _stream(aengine: AsyncEngine, call: Call, streams: list[RequestStream]) -> A
 
     def event(k: int, out: ReqOutput) -> bytes | None:
         chunk = _delta_chunk(call, k, out, states[k])
-        return None if chunk is None else sse(call.envelope([chunk], chunk=True, **extra))
+        if chunk is None:
+            return None
+        if call.continuous_usage:  # this choice's request so far
+            done = {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
+                    "total_tokens": out.prompt_tokens + out.completion_tokens}
+            return sse(call.envelope([chunk], chunk=True, usage=done))
+        return sse(call.envelope([chunk], chunk=True, **extra))
 
     def usage_event() -> list[bytes]:
         if not call.include_usage:

@@ -115,6 +115,8 @@ def _only_unused(name: str, what: str, unused: tuple = (None,)) -> Any:
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    # vLLM's: every chunk carries its choice's usage so far (prompt, completion and total tokens)
+    continuous_usage_stats: bool = False
 
 
 @dataclass(frozen=True)

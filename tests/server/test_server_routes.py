@@ -285,6 +285,22 @@ def test_include_stop_str_in_output_keeps_the_stop_string(url):
         assert kept["finish_reason"] == "stop" and kept["text"].endswith(stop) and full.startswith(kept["text"])
 
 
+def test_stream_continuous_usage_stats(url):
+    """vLLM's stream_options.continuous_usage_stats: every chunk carries its choice's usage so far, the last one the
+    whole; include_usage's final usage chunk is unchanged."""
+    for path, body in (("/v1/completions", {"prompt": prompt_ids(27, 5)}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})):
+        sse = post_stream(url, path, {**body, "max_tokens": 4, **GREEDY,
+                                      "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+        chunks = [ev for ev in sse.events if ev["choices"]]
+        done = [ev["usage"]["completion_tokens"] for ev in chunks]
+        assert done == sorted(done) and done[-1] == 4 and all(ev["usage"]["prompt_tokens"] > 0 for ev in chunks)
+        final = sse.events[-1]
+        assert final["choices"] == [] and final["usage"]["completion_tokens"] == 4
+        plain = post_stream(url, path, {**body, "max_tokens": 4, **GREEDY, "stream_options": {"include_usage": True}})
+        assert all(ev["usage"] is None for ev in plain.events if ev["choices"])
+
+
 def test_chat_stop_string_trims_like_the_engine(url):
     client = openai_client(url)
     model = client.models.list().data[0].id
