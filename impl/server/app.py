@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -136,6 +136,14 @@ def _check_model(state: ServerState, model: str | None) -> None:
     raise APIError(400, f"model '{model}' is not served here; the 'model' field must be '{state.model_name}'", "model")
 
 
+def _checked(state: ServerState, make: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A body's builder (run on the intake pool) that first refuses a body naming a model not served here."""
+    def build(b: Any) -> Any:
+        _check_model(state, b.model)
+        return make(b)
+    return build
+
+
 def _add_routes(app: FastAPI, state: ServerState) -> None:
     aengine, engine = state.aengine, state.engine
 
@@ -181,42 +189,30 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        def build(b):
-            _check_model(state, b.model)
-            return req_builder.from_completion(engine, b)
-
-        body, sub = await body_of(request, state.models.completion, build)
+        body, sub = await body_of(request, state.models.completion,
+                                  _checked(state, lambda b: req_builder.from_completion(engine, b)))
         call = _call(state, "completion", sub, body.logprobs is not None, body)
         return await openai_api.openai_response(request, aengine, call, body.stream)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        def build(b):
-            _check_model(state, b.model)
-            return req_builder.from_chat(engine, b, state.args.chat_template)
-
-        body, sub = await body_of(request, state.models.chat, build)
+        body, sub = await body_of(request, state.models.chat,
+                                  _checked(state, lambda b: req_builder.from_chat(engine, b, state.args.chat_template)))
         call = _call(state, "chat", sub, body.logprobs, body)
         return await openai_api.openai_response(request, aengine, call, body.stream)
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
         """vLLM's: a text's (or a conversation's) token ids, their count and the context they must fit."""
-        def build(b):
-            _check_model(state, b.model)
-            return req_builder.tokenize(engine, b, state.args.chat_template)
-
-        _, ids = await body_of(request, state.models.tokenize, build)
+        _, ids = await body_of(request, state.models.tokenize,
+                               _checked(state, lambda b: req_builder.tokenize(engine, b, state.args.chat_template)))
         return {"count": len(ids[0]), "max_model_len": state.max_req_len, "tokens": ids[0], "token_strs": ids[1]}
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
         """vLLM's: token ids -> their text, special tokens kept."""
-        def build(b):
-            _check_model(state, b.model)
-            return engine.tokenizer.decode(b.tokens, False)
-
-        _, text = await body_of(request, state.models.detokenize, build)
+        _, text = await body_of(request, state.models.detokenize,
+                                _checked(state, lambda b: engine.tokenizer.decode(b.tokens, False)))
         return {"prompt": text}
 
     @app.get("/tokenizer_info")

@@ -93,8 +93,9 @@ def from_generate(engine: Engine, body: GenerateBody) -> Submission:
 # ---------------------------------------------------------------- OpenAI
 
 
-def _openai_sampling(body: CompletionBody | ChatBody, max_tokens: int | None) -> dict[str, Any]:
-    """The engine's sampling dict; ``max_new_tokens`` only when the client chose it (else the route's default)."""
+def _openai_sampling(body: CompletionBody | ChatBody, max_tokens: int | None, grammar: dict[str, str]) -> dict[str, Any]:
+    """The engine's sampling dict; ``max_new_tokens`` only when the client chose it (else the route's default);
+    ``grammar``: the output's constraint (``output_constraint``)."""
     d = {
         "max_new_tokens": max_tokens,
         "min_new_tokens": body.min_tokens,
@@ -113,7 +114,7 @@ def _openai_sampling(body: CompletionBody | ChatBody, max_tokens: int | None) ->
         "skip_special_tokens": body.skip_special_tokens,
         "logit_bias": body.logit_bias or None,
         "no_stop_trim": True if body.no_stop_trim or body.include_stop_str_in_output else None,
-        **output_constraint(body)[0],
+        **grammar,
     }
     return {k: v for k, v in d.items() if v is not None}
 
@@ -192,6 +193,7 @@ def from_completion(engine: Engine, body: CompletionBody) -> Submission:
     # max_tokens unset: OpenAI's default 16; an explicit null: as many as the context leaves
     default = None if explicit and body.max_tokens is not None else (
         16 if not explicit else engine.intake_policy.max_req_len)
+    grammar, grammar_field = output_constraint(body)
     with _named("prompt", _OPENAI_NAMES):
         texts = [p] if isinstance(p, str) else list(p) if isinstance(p[0], str) else None
         if texts is not None:
@@ -199,9 +201,9 @@ def from_completion(engine: Engine, body: CompletionBody) -> Submission:
         else:
             prompts = [list(p)] if single else [list(x) for x in p]
         # echo: with logprobs, every prompt token's logprob comes first (the first one None: nothing precedes it)
-        reqs = engine.expand_requests(prompts, _openai_sampling(body, body.max_tokens if explicit else None),
+        reqs = engine.expand_requests(prompts, _openai_sampling(body, body.max_tokens if explicit else None, grammar),
                                       body.logprobs is not None, 0 if body.echo else None, body.logprobs or 0, body.rid,
-                                      default_max_new_tokens=default, grammar_field=output_constraint(body)[1])
+                                      default_max_new_tokens=default, grammar_field=grammar_field)
     return Submission(reqs, len(prompts), body.n, single,
                       echo=_echo_texts(engine, texts, prompts, reqs, body.n) if body.echo else None)
 
@@ -225,29 +227,34 @@ def tokenize(engine: Engine, body: Any, chat_template: str | None) -> tuple[list
     if body.prompt is not None:
         ids = tok.encode(body.prompt, body.add_special_tokens is not False)
     else:
-        messages = [m.model_dump(exclude_none=True) for m in body.messages]
         with _named("messages"):
-            try:
-                msgs, extra = prepare_messages(messages, [], chat_template or tok.chat_template)
-            except ValueError as e:
-                raise InvalidRequest(str(e), "messages") from None
-            ids = engine.encode_chat(msgs, body.add_generation_prompt, chat_template, body.continue_final_message,
-                                     **(body.chat_template_kwargs or {}), **extra)
+            ids = _chat_ids(engine, body, [], chat_template)
         if body.add_special_tokens and tok.bos_token_id is not None:
             ids = [tok.bos_token_id, *ids]
     strs = [tok.id_to_token(i) or "" for i in ids] if body.return_token_strs else None
     return ids, strs
 
 
+def _chat_ids(engine: Engine, body: Any, tools: list[dict[str, Any]], chat_template: str | None) -> list[int]:
+    """The ids of a chat body's messages (and ``tools``) through the chat template, with its add_generation_prompt,
+    continue_final_message and chat_template_kwargs; a refusal is an InvalidRequest on ``messages``."""
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    try:
+        msgs, extra = prepare_messages(messages, tools, chat_template or engine.tokenizer.chat_template)
+    except ValueError as e:
+        raise InvalidRequest(str(e), "messages") from None
+    return engine.encode_chat(msgs, body.add_generation_prompt, chat_template, body.continue_final_message,
+                              **(body.chat_template_kwargs or {}), **extra)
+
+
 def from_chat(engine: Engine, body: ChatBody, chat_template: str | None) -> Submission:
     name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
     tc = body.tool_choice
     # tool_choice "none": the declarations are not shown and the output is not parsed
     tools = [t.model_dump(exclude_none=True) for t in body.tools or []] if tc != "none" else []
-    sampling = _openai_sampling(body, max_tokens)
-    grammar_field = output_constraint(body)[1]
+    grammar, grammar_field = output_constraint(body)
+    sampling = _openai_sampling(body, max_tokens, grammar)
     if tools:
         sampling["skip_special_tokens"] = False  # Gemma-4's call markers are special tokens: keep them to parse
         if tc == "required" or (tc is not None and not isinstance(tc, str)):
@@ -255,12 +262,7 @@ def from_chat(engine: Engine, body: ChatBody, chat_template: str | None) -> Subm
                                                    parallel=body.parallel_tool_calls is not False)
             grammar_field = "tool_choice"
     with _named("messages", {"max_new_tokens": name, "min_new_tokens": "min_tokens"}):
-        try:
-            msgs, extra = prepare_messages(messages, tools, chat_template or engine.tokenizer.chat_template)
-        except ValueError as e:
-            raise InvalidRequest(str(e), "messages") from None
-        ids = engine.encode_chat(msgs, body.add_generation_prompt, chat_template, body.continue_final_message,
-                                 **(body.chat_template_kwargs or {}), **extra)
+        ids = _chat_ids(engine, body, tools, chat_template)
         reqs = engine.expand_requests([ids], sampling, bool(body.logprobs), None,
                                       body.top_logprobs or 0, body.rid, grammar_field=grammar_field)
     return Submission(reqs, 1, body.n, True, tool_calls=bool(tools))
