@@ -98,6 +98,7 @@ def build_output(em: Emission) -> ReqOutput:
             input_top_logprobs=req.input_top_logprobs[ki:ni],
             output_top_logprobs=req.output_top_logprobs[k:n],
             top_logprobs_num=req.top_logprobs_num,
+            input_token_ranks=None if req.input_token_ranks is None else req.input_token_ranks[ki:ni],
         )
     h.sent_ids, h.sent_input_logprobs = n, ni
     first = req.first_token_time

@@ -160,11 +160,13 @@ def expand_requests(
     policy: IntakePolicy,
     seed_generator: torch.Generator,
     default_max_new_tokens: int | None = None,
+    input_token_ranks: bool = False,
 ) -> list[Req]:
     """A batch of prompts (token ids) -> validated Reqs, ``B * n`` of them, prompt-major.
 
     ``default_max_new_tokens``: the route's default where the caller left ``max_new_tokens`` unset
-    (None: ``SamplingParams``' 128); a default is capped to the context, never refused."""
+    (None: ``SamplingParams``' 128); a default is capped to the context, never refused. ``input_token_ranks``: each
+    prompt logprob entry also gets its rank in its row (``Req.input_token_ranks``; vLLM's prompt_logprobs)."""
     b = len(input_ids)
     if b == 0:
         raise InvalidRequest("the batch is empty", "input_ids")
@@ -198,6 +200,7 @@ def expand_requests(
                 return_logprob=ret,
                 logprob_start_len=start if ret else -1,
                 top_logprobs_num=int(tops[i] or 0) if ret else 0,
+                input_token_ranks=[] if ret and start >= 0 and input_token_ranks else None,
                 generator=torch.Generator().manual_seed(seed),
             ))
     for r in reqs:

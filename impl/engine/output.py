@@ -31,7 +31,9 @@ format ``(logprob, token_id, text)``: the third slot is the token's text (specia
 tokens included, ``TokenText``) with SGLang's ``return_text_in_logprobs``, else None.
 ``input_token_logprobs`` runs over prompt tokens ``logprob_start_len ..``; its
 first entry is ``(None, id, None)`` when ``logprob_start_len == 0``. Without
-prompt logprobs the input lists are empty.
+prompt logprobs the input lists are empty. ``Logprobs.input_token_ranks`` (None
+unless the request asked: vLLM's ``prompt_logprobs``) gives each input entry's
+rank in its row (1: the most likely), None where its logprob is None.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Logprobs:
     input_top_logprobs: list[TopEntry]
     output_top_logprobs: list[TopEntry]
     top_logprobs_num: int
+    input_token_ranks: list[int | None] | None = None  # each input entry's rank in its row, when asked
 
 
 @dataclass(frozen=True)

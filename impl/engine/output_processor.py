@@ -95,6 +95,9 @@ class OutputProcessor:
         if not want:
             return
         lp = torch.log_softmax(rows[[j for j, _ in want]].float(), dim=-1)  # [w, V]
+        if req.input_token_ranks is not None:  # rank: how many tokens are at least as likely (vLLM's count)
+            toks = torch.tensor([req.origin_input_ids[p + 1] for _, p in want])
+            req.input_token_ranks.extend((lp >= lp.gather(1, toks[:, None])).sum(1).tolist())
         for i, (_, p) in enumerate(want):
             tok = req.origin_input_ids[p + 1]
             req.input_token_logprobs.append((float(lp[i, tok]), tok))

@@ -82,6 +82,9 @@ class Req:
     # logprobs: (logprob, token_id) pairs; prompt entries may be (None, token_id)
     input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    # each prompt entry's rank in its row (1: the most likely; ties count against it; None for token 0), when
+    # asked (vLLM's prompt_logprobs): None, else a list growing with input_token_logprobs
+    input_token_ranks: list[int | None] | None = None
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     input_logprob_next_pos: int = 0
@@ -125,6 +128,8 @@ class Req:
             if self.logprob_start_len == 0:
                 self.input_token_logprobs.append((None, self.origin_input_ids[0]))
                 self.input_top_logprobs.append(None)
+                if self.input_token_ranks is not None:
+                    self.input_token_ranks.append(None)
         else:
             self.input_logprob_next_pos = len(self.origin_input_ids)  # nothing to compute
 

@@ -11,7 +11,10 @@ is new since the previous one: a chunk formats its output's deltas as they are,
 a non-streamed choice its request's only output. Completions' ``echo`` puts
 the prompt's text (``Submission.echo``) before a choice's text, in its first
 chunk when streamed, and with logprobs the prompt tokens' entries (the
-request's first output carries them) before the output's.
+request's first output carries them) before the output's. vLLM's
+``prompt_logprobs`` (never streamed) comes from the same entries with their
+ranks; the engine's top entries are the larger of the two asked ``k``s, each
+list cut to its own.
 """
 
 from __future__ import annotations
@@ -56,11 +59,12 @@ def _output_logprobs(out: ReqOutput) -> tuple[list[tuple[float, int]], list[Any]
 # ---------------------------------------------------------------- logprobs
 
 
-def completion_logprobs(o: ReqOutput, text_offset: int, tt: TokenText, echo: str | None = None) -> dict[str, Any]:
-    """OpenAI completions logprobs of the output tokens new in ``o`` (its text starts at ``text_offset``). With
-    ``echo`` (the prompt's text, which the choice's text starts with) the prompt tokens' entries come first: their
-    logprobs given the tokens before them (the first one None, as its top entry), offsets running from 0 over the
-    tokens' texts, and the output tokens' offsets from the end of the echoed text."""
+def completion_logprobs(o: ReqOutput, text_offset: int, tt: TokenText, k: int, echo: str | None = None
+                        ) -> dict[str, Any]:
+    """OpenAI completions logprobs of the output tokens new in ``o`` (its text starts at ``text_offset``), each
+    with its ``k`` top entries. With ``echo`` (the prompt's text, which the choice's text starts with) the prompt
+    tokens' entries come first: their logprobs given the tokens before them (the first one None, as its top entry),
+    offsets running from 0 over the tokens' texts, and the output tokens' offsets from the end of the echoed text."""
     out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
 
     def add(entries: Sequence[tuple[float | None, int]], tops: Sequence[Any], offset: int) -> None:
@@ -69,7 +73,7 @@ def completion_logprobs(o: ReqOutput, text_offset: int, tt: TokenText, echo: str
             out["tokens"].append(s)
             out["token_logprobs"].append(lp)
             top = tops[i] if i < len(tops) else None
-            out["top_logprobs"].append({tt(t): l for l, t in top} if top else None)
+            out["top_logprobs"].append({tt(t): l for l, t in top[:k]} if top and k else None)
             out["text_offset"].append(offset)
             offset += len(s)
 
@@ -80,17 +84,35 @@ def completion_logprobs(o: ReqOutput, text_offset: int, tt: TokenText, echo: str
     return out
 
 
-def chat_logprobs(o: ReqOutput, tt: TokenText) -> dict[str, Any]:
+def chat_logprobs(o: ReqOutput, tt: TokenText, k: int) -> dict[str, Any]:
     toks, tops = _output_logprobs(o)
     content = []
     for i, (lp, tok) in enumerate(toks):
         s = tt(tok)
-        top = (tops[i] if i < len(tops) else None) or []
+        top = ((tops[i] if i < len(tops) else None) or [])[:k]
         content.append({
             "token": s, "logprob": lp, "bytes": list(s.encode("utf-8")),
             "top_logprobs": [{"token": tt(t), "logprob": l, "bytes": list(tt(t).encode("utf-8"))} for l, t in top],
         })
     return {"content": content}
+
+
+def prompt_logprobs(o: ReqOutput, tt: TokenText, k: int) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's ``prompt_logprobs`` of a request's only output: per prompt token (the first None: nothing precedes
+    it) a dict keyed by token id, the prompt token's entry first, then the ``k`` most likely tokens of its position
+    (rank 1..k; the prompt token among them appears once), each ``{logprob, rank, decoded_token}``."""
+    lp = o.logprobs_delta
+    assert lp is not None and lp.input_token_ranks is not None, "the request asked for prompt ranks"
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for i, (l, tok) in enumerate(lp.input_token_logprobs):
+        if l is None:
+            out.append(None)
+            continue
+        d = {str(tok): {"logprob": l, "rank": lp.input_token_ranks[i], "decoded_token": tt(tok)}}
+        for rank, (tl, t) in enumerate((lp.input_top_logprobs[i] or [])[:k], 1):
+            d[str(t)] = {"logprob": tl, "rank": rank, "decoded_token": tt(t)}
+        out.append(d)
+    return out
 
 
 # ---------------------------------------------------------------- responses
@@ -141,12 +163,15 @@ class Call:
         if self.kind == "completion":
             echo = self.echo_of(k)
             c["text"] = final.text if echo is None else echo + final.text
-            c["logprobs"] = completion_logprobs(final, 0, self.token_text, echo) if self.logprobs else None
+            c["logprobs"] = completion_logprobs(final, 0, self.token_text, self.sub.top_logprobs, echo) \
+                if self.logprobs else None
             if self.token_ids:
                 c["token_ids"] = final.output_ids_delta
+            if self.sub.prompt_logprobs is not None:
+                c["prompt_logprobs"] = prompt_logprobs(final, self.token_text, self.sub.prompt_logprobs)
         else:
             c["message"] = {"role": "assistant", "content": final.text}
-            c["logprobs"] = chat_logprobs(final, self.token_text) if self.logprobs else None
+            c["logprobs"] = chat_logprobs(final, self.token_text, self.sub.top_logprobs) if self.logprobs else None
             if self.tool_calls:
                 content, calls = split_calls(self.clean(final.text))
                 c["message"]["content"] = content if content or not calls else None
@@ -174,7 +199,10 @@ async def openai_response(request: Request, aengine: AsyncEngine, call: Call, st
     failed = next((f for f in map(failure_of, finals) if f is not None), None)
     if failed is not None:
         return error_response(failed[0], failed[1])
-    body = call.envelope([call.choice(k, f) for k, f in enumerate(finals)], usage=usage(call.sub, finals))
+    extra: dict[str, Any] = {}
+    if call.kind == "chat" and call.sub.prompt_logprobs is not None:  # vLLM's: one prompt, beside the choices
+        extra["prompt_logprobs"] = prompt_logprobs(finals[0], call.token_text, call.sub.prompt_logprobs)
+    body = call.envelope([call.choice(k, f) for k, f in enumerate(finals)], usage=usage(call.sub, finals), **extra)
     return JSONResponse(json_safe(body))
 
 
@@ -231,7 +259,7 @@ def _delta_chunk(call: Call, k: int, out: ReqOutput, st: _ChoiceState) -> dict[s
         if echo is not None:
             delta = echo + delta
         c["text"] = delta
-        c["logprobs"] = completion_logprobs(out, st.sent_chars, call.token_text, echo) if call.logprobs else None
+        c["logprobs"] = completion_logprobs(out, st.sent_chars, call.token_text, call.sub.top_logprobs, echo) if call.logprobs else None
         if call.token_ids:
             c["token_ids"] = out.output_ids_delta
         st.started = True
@@ -240,7 +268,7 @@ def _delta_chunk(call: Call, k: int, out: ReqOutput, st: _ChoiceState) -> dict[s
         if delta or not st.started:
             d["content"] = delta
         c["delta"] = d
-        c["logprobs"] = chat_logprobs(out, call.token_text) if call.logprobs else None
+        c["logprobs"] = chat_logprobs(out, call.token_text, call.sub.top_logprobs) if call.logprobs else None
         st.started = True
     c["finish_reason"] = fr
     c["matched_stop"] = out.matched_stop if fr is not None else None
@@ -265,7 +293,7 @@ def _tool_delta_chunk(call: Call, k: int, out: ReqOutput, st: _ChoiceState, tool
         d["tool_calls"] = [tool_call_dict(c, first + i) for i, c in enumerate(calls)]
     st.started = True
     c: dict[str, Any] = {"index": k, "delta": d,
-                         "logprobs": chat_logprobs(out, call.token_text) if call.logprobs else None}
+                         "logprobs": chat_logprobs(out, call.token_text, call.sub.top_logprobs) if call.logprobs else None}
     c["finish_reason"] = "tool_calls" if fr is not None and fr != "abort" and tools.num_calls else fr
     c["matched_stop"] = out.matched_stop if fr is not None else None
     return c

@@ -336,17 +336,30 @@ def request_models(lim: RequestLimits) -> RequestModels:
         guided_choice: Optional[ChoiceT] = None
         guided_grammar: Optional[GrammarT] = None
         include_stop_str_in_output: bool = False
+        # vLLM's: each prompt token's logprob, rank and text, with its position's top-k (0: the token alone)
+        prompt_logprobs: Optional[LogprobsNumT] = None
         # OpenAI and vLLM fields this server does not implement: only their "unused" value is accepted
         best_of: Optional[Int(ge=1, le=1)] = None
         use_beam_search: Optional[bool] = None
-        prompt_logprobs: Optional[Any] = None
         allowed_token_ids: Optional[Any] = None
         bad_words: Optional[Any] = None
 
         _top_k = field_validator("top_k")(_no_zero_top_k)
         _beam = _only_unused("use_beam_search", "beam search is not implemented; sample with n instead", (None, False))
-        _prompt_lp = _only_unused("prompt_logprobs", "vLLM's prompt_logprobs is not implemented; on completions send "
-                                                     "echo with logprobs, or use /generate's logprob_start_len")
+
+        @field_validator("prompt_logprobs", mode="before")
+        @classmethod
+        def _prompt_lp_all(cls, v: Any) -> Any:
+            if v == -1 and type(v) is int:
+                raise ValueError(f"-1 (the whole vocabulary) is not served; ask for at most {lim.max_logprobs} "
+                                 "(--max-logprobs)")
+            return v
+
+        @model_validator(mode="after")
+        def _prompt_lp_not_streamed(self):
+            if self.prompt_logprobs is not None and self.stream:
+                raise ValueError("'prompt_logprobs' are not available when streaming (as in vLLM); send stream false")
+            return self
         _allowed = _only_unused("allowed_token_ids", "not implemented; use logit_bias")
         _bad = _only_unused("bad_words", "not implemented; use logit_bias")
 

@@ -46,6 +46,8 @@ class Submission:
     single: bool  # one prompt given as a scalar (not a batch)
     tool_calls: bool = False  # chat with tools: parse the output's function calls (impl/tool_calls)
     echo: tuple[str, ...] | None = None  # completions' echo: each prompt's text, put before its choices' text
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: each prompt token's entry with this many top tokens
+    top_logprobs: int = 0  # the output's (and echo's) top entries shown per token; the engine may give more
 
     def prompt_of(self, k: int) -> int:
         return k // self.n
@@ -201,11 +203,15 @@ def from_completion(engine: Engine, body: CompletionBody) -> Submission:
         else:
             prompts = [list(p)] if single else [list(x) for x in p]
         # echo: with logprobs, every prompt token's logprob comes first (the first one None: nothing precedes it)
+        plp = body.prompt_logprobs
         reqs = engine.expand_requests(prompts, _openai_sampling(body, body.max_tokens if explicit else None, grammar),
-                                      body.logprobs is not None, 0 if body.echo else None, body.logprobs or 0, body.rid,
-                                      default_max_new_tokens=default, grammar_field=grammar_field)
+                                      body.logprobs is not None or plp is not None,
+                                      0 if body.echo or plp is not None else None, max(body.logprobs or 0, plp or 0),
+                                      body.rid, default_max_new_tokens=default, grammar_field=grammar_field,
+                                      input_token_ranks=plp is not None)
     return Submission(reqs, len(prompts), body.n, single,
-                      echo=_echo_texts(engine, texts, prompts, reqs, body.n) if body.echo else None)
+                      echo=_echo_texts(engine, texts, prompts, reqs, body.n) if body.echo else None,
+                      prompt_logprobs=plp, top_logprobs=body.logprobs or 0)
 
 
 def _echo_texts(engine: Engine, texts: list[str] | None, prompts: list[list[int]], reqs: list[Req],
@@ -263,6 +269,9 @@ def from_chat(engine: Engine, body: ChatBody, chat_template: str | None) -> Subm
             grammar_field = "tool_choice"
     with _named("messages", {"max_new_tokens": name, "min_new_tokens": "min_tokens"}):
         ids = _chat_ids(engine, body, tools, chat_template)
-        reqs = engine.expand_requests([ids], sampling, bool(body.logprobs), None,
-                                      body.top_logprobs or 0, body.rid, grammar_field=grammar_field)
-    return Submission(reqs, 1, body.n, True, tool_calls=bool(tools))
+        plp = body.prompt_logprobs
+        reqs = engine.expand_requests([ids], sampling, bool(body.logprobs) or plp is not None,
+                                      None if plp is None else 0, max(body.top_logprobs or 0, plp or 0), body.rid,
+                                      grammar_field=grammar_field, input_token_ranks=plp is not None)
+    return Submission(reqs, 1, body.n, True, tool_calls=bool(tools), prompt_logprobs=plp,
+                      top_logprobs=body.top_logprobs or 0)

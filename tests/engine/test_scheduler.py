@@ -79,12 +79,17 @@ def test_prompt_logprobs_follow_sglang_definition_under_chunking_and_cache():
 
     prompt = PROMPTS[0]
     want = [None] + [float(torch.log_softmax(context_logits(prompt[:j]), -1)[prompt[j]]) for j in range(1, len(prompt))]
+    # vLLM's rank: the tokens at least as likely as the prompt token (itself included)
+    ranks = [None] + [int((context_logits(prompt[:j]) >= context_logits(prompt[:j])[prompt[j]]).sum())
+                      for j in range(1, len(prompt))]
+    assert len(set(ranks[1:])) > 1
     for kw in (dict(), dict(chunk=3), dict(total_tokens=30, max_len=30)):
         sched = make_scheduler(**kw)
         run(sched, [make_req("warm", prompt[:8], max_new_tokens=1)])  # cache part of the prompt
         for start in (0, 5):
             r = run(sched, [make_req("x", prompt, max_new_tokens=3, return_logprob=True, logprob_start_len=start,
-                                     top_logprobs_num=2)])[0]
+                                     top_logprobs_num=2, input_token_ranks=[])])[0]
+            assert r.input_token_ranks == ranks[start:]
             got = [lp for lp, _ in r.input_token_logprobs]
             assert [t for _, t in r.input_token_logprobs] == prompt[start:]
             assert got[0] is None if start == 0 else got[0] == pytest.approx(want[start], abs=1e-5)

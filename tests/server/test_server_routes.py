@@ -195,6 +195,53 @@ def test_completions_echo_without_generation_text_prompts_and_streams(url):
         assert [x for c in chunks for x in c["logprobs"][key]] == whole["logprobs"][key]
 
 
+def test_prompt_logprobs_as_vllm_returns_them(url):
+    """vLLM's prompt_logprobs: per prompt token (the first null) a dict keyed by token id, the prompt token first with
+    its rank in the vocabulary, then its position's top k (ranks 1..k); the numbers /generate's prompt logprobs give;
+    the output's logprobs keep their own k; chat puts them beside the choices; the flag-on server's are the same."""
+    from contracts.adapters.impl_http import base_url
+
+    base = [2, *prompt_ids(25, 10)]
+    ids = base + _gen(url, input_ids=base, sampling_params={**GREEDY, "max_new_tokens": 4})["output_ids"]
+    ref = _gen(url, input_ids=ids, sampling_params={**GREEDY, "max_new_tokens": 1}, return_logprob=True,
+               logprob_start_len=0, top_logprobs_num=20)["meta_info"]
+    body = {"prompt": ids, "max_tokens": 2, "logprobs": 1, "prompt_logprobs": 3, **GREEDY}
+    ch = post(url, "/v1/completions", body).json()["choices"][0]
+    plp = ch["prompt_logprobs"]
+    assert len(plp) == len(ids) and plp[0] is None
+    assert all(len(t) == 1 for t in ch["logprobs"]["top_logprobs"])  # logprobs 1, though the engine gave 3
+    for i in range(1, len(ids)):
+        entry, (lp, tok, _), top20 = plp[i], ref["input_token_logprobs"][i], ref["input_top_logprobs"][i]
+        keys = list(entry)
+        assert keys[0] == str(tok) == str(ids[i]) and entry[keys[0]]["logprob"] == lp
+        assert keys[1:] == [str(t) for _, t, _ in top20[:3] if t != tok] or keys == [str(t) for _, t, _ in top20[:3]]
+        assert [entry[str(t)]["logprob"] for _, t, _ in top20[:3]] == [l for l, _, _ in top20[:3]]
+        assert [entry[str(t)]["rank"] for _, t, _ in top20[:3]] == [1, 2, 3]
+        assert entry[str(tok)]["decoded_token"] == httpx.post(url + "/detokenize", json={"tokens": [tok]}).json()["prompt"]
+        # its rank: its place among the 20 most likely, or below them
+        top_ids = [t for _, t, _ in top20]
+        assert entry[str(tok)]["rank"] == top_ids.index(tok) + 1 if tok in top_ids else entry[str(tok)]["rank"] > 20
+    assert [plp[i][str(ids[i])]["rank"] for i in range(len(base), len(ids))] == [1] * 4  # the greedy continuation
+    assert max(plp[i][str(ids[i])]["rank"] for i in range(1, len(base))) > 20  # random tokens: far down
+    zero = post(url, "/v1/completions", {**body, "prompt_logprobs": 0, "logprobs": None}).json()["choices"][0]
+    assert zero["logprobs"] is None and [list(e) if e else e for e in zero["prompt_logprobs"]] == \
+        [None, *[[str(t)] for t in ids[1:]]]
+    assert [e and {k: v["rank"] for k, v in e.items()} for e in zero["prompt_logprobs"]] == \
+        [e and {k: v["rank"] for k, v in e.items() if k == k0} for e, k0 in zip(plp, [None, *map(str, ids[1:])])]
+    on = base_url(ARGV_ON)
+    assert post(on, "/v1/completions", body).json()["choices"][0]["prompt_logprobs"] == plp
+    msgs = {"messages": [{"role": "user", "content": "The sea is"}], "max_tokens": 2, **GREEDY}
+    chat = post(url, "/v1/chat/completions", {**msgs, "prompt_logprobs": 2, "n": 2}).json()
+    assert chat["prompt_logprobs"][0] is None and all(1 <= len(e) <= 3 for e in chat["prompt_logprobs"][1:])
+    assert all(c["logprobs"] is None for c in chat["choices"])
+    assert len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"]
+    for route, b in (("/v1/completions", body), ("/v1/chat/completions", msgs)):
+        for bad, says in (({"prompt_logprobs": 1, "stream": True}, "streaming"), ({"prompt_logprobs": -1}, "--max-logprobs"),
+                          ({"prompt_logprobs": 21}, "prompt_logprobs"), ({"prompt_logprobs": "3"}, "prompt_logprobs")):
+            r = post(url, route, {**b, **bad})
+            assert r.status_code == 400 and says in r.json()["error"]["message"], (route, bad, r.text)
+
+
 def test_tokenize_detokenize_and_tokenizer_info(url):
     """vLLM's /tokenize, /detokenize and /tokenizer_info: the ids the generation routes use, what
     lm-evaluation-harness's remote tokenizer checks for (eos_token; tokens of a text without special tokens)."""
@@ -247,7 +294,7 @@ def test_sglang_and_vllm_output_constraints_on_the_openai_routes(url):
                         ({**base, "response_format": {"type": "json_object"}, "guided_choice": ["x"]}, "guided_choice"),
                         ({**base, "structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
                         ({**base, "regex": "(unclosed"}, "regex"), ({**base, "use_beam_search": True}, "use_beam_search"),
-                        ({**base, "prompt_logprobs": 1}, "prompt_logprobs")):
+                        ({**base, "allowed_token_ids": [1, 2]}, "allowed_token_ids")):
         r = post(url, "/v1/completions", body)
         assert r.status_code == 400 and field in r.json()["error"]["message"], (body, r.text)
 
