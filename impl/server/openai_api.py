@@ -9,8 +9,8 @@ every chunk also carries its choice's usage so far), then ``data: [DONE]``. Ever
 from typed ``ReqOutput`` objects (``impl/engine/output.py``), which carry what
 is new since the previous one: a chunk formats its output's deltas as they are,
 a non-streamed choice its request's only output. Completions' ``echo`` puts
-the prompt's text (``Submission.echo``) before a choice's text, in its first
-chunk when streamed, and with logprobs the prompt tokens' entries (the
+the prompt's text (``Submission.echo``; chat's: a final assistant message's)
+before a choice's text, in its first chunk when streamed, and with logprobs the prompt tokens' entries (the
 request's first output carries them) before the output's. vLLM's
 ``prompt_logprobs`` (never streamed) comes from the same entries with their
 ranks; the engine's top entries are the larger of the two asked ``k``s, each
@@ -144,7 +144,8 @@ class Call:
         return "text_completion" if self.kind == "completion" else "chat.completion"
 
     def echo_of(self, k: int) -> str | None:
-        """Completions' echo: the prompt text choice ``k`` starts with (None without echo)."""
+        """The text choice ``k`` starts with (None without echo): completions' prompt, chat's final assistant
+        message (vLLM's chat echo)."""
         return None if self.sub.echo is None else self.sub.echo[self.sub.prompt_of(k)]
 
     def clean(self, text: str) -> str:
@@ -170,10 +171,12 @@ class Call:
             if self.sub.prompt_logprobs is not None:
                 c["prompt_logprobs"] = prompt_logprobs(final, self.token_text, self.sub.prompt_logprobs)
         else:
-            c["message"] = {"role": "assistant", "content": final.text}
+            echo = self.echo_of(k) or ""
+            c["message"] = {"role": "assistant", "content": echo + final.text}
             c["logprobs"] = chat_logprobs(final, self.token_text, self.sub.top_logprobs) if self.logprobs else None
             if self.tool_calls:
                 content, calls = split_calls(self.clean(final.text))
+                content = echo + content
                 c["message"]["content"] = content if content or not calls else None
                 if calls:
                     c["message"]["tool_calls"] = [tool_call_dict(call) for call in calls]
@@ -249,8 +252,9 @@ def _delta_chunk(call: Call, k: int, out: ReqOutput, st: _ChoiceState) -> dict[s
     fr = out.finish_type
     delta = out.text_delta
     per_token = call.logprobs or call.token_ids  # a chunk per new token, even one with no text of its own
-    # echo: the choice's first chunk starts with the prompt (the request's first output carries its logprobs)
-    echo = call.echo_of(k) if call.kind == "completion" and not st.started else None
+    # echo: the choice's first chunk starts with the prompt (the request's first output carries its logprobs), or on
+    # chat with the final assistant message
+    echo = call.echo_of(k) if not st.started else None
     if not delta and fr is None and (not per_token or not out.output_ids_delta) and echo is None \
             and (call.kind != "chat" or st.started):
         return None
@@ -265,6 +269,8 @@ def _delta_chunk(call: Call, k: int, out: ReqOutput, st: _ChoiceState) -> dict[s
         st.started = True
     else:
         d: dict[str, Any] = {} if st.started else {"role": "assistant"}
+        if echo is not None:
+            delta = echo + delta
         if delta or not st.started:
             d["content"] = delta
         c["delta"] = d
@@ -284,6 +290,8 @@ def _tool_delta_chunk(call: Call, k: int, out: ReqOutput, st: _ChoiceState, tool
     content, calls = tools.feed(call.clean(out.text_delta))
     if fr is not None:
         content += tools.flush()
+    if not st.started:  # vLLM's chat echo: the final assistant message's text first
+        content = (call.echo_of(k) or "") + content
     if not content and not calls and fr is None and (not call.logprobs or not out.output_ids_delta) and st.started:
         return None
     d: dict[str, Any] = {} if st.started else {"role": "assistant"}

@@ -457,11 +457,8 @@ def request_models(lim: RequestLimits) -> RequestModels:
         continue_final_message: bool = False
         chat_template_kwargs: Optional[TemplateKwargsT] = None
         tools: Optional[Annotated[list[Tool], Field(max_length=128)]] = None
-        # vLLM's chat echo (the final message's text before the answer): not implemented, only false is accepted
-        echo: Optional[bool] = None
-
-        _echo = _only_unused("echo", "chat does not echo; use continue_final_message, or /v1/completions' echo",
-                             (None, False))
+        # vLLM's chat echo: a final assistant message's text starts the answer's content
+        echo: bool = False
 
         _kwargs = field_validator("chat_template_kwargs")(_template_kwargs)
         tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None

@@ -45,7 +45,9 @@ class Submission:
     n: int
     single: bool  # one prompt given as a scalar (not a batch)
     tool_calls: bool = False  # chat with tools: parse the output's function calls (impl/tool_calls)
-    echo: tuple[str, ...] | None = None  # completions' echo: each prompt's text, put before its choices' text
+    # echo: per prompt, the text its choices' text starts with (completions: the prompt; chat: vLLM's echo of the final
+    # assistant message)
+    echo: tuple[str, ...] | None = None
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: each prompt token's entry with this many top tokens
     top_logprobs: int = 0  # the output's (and echo's) top entries shown per token; the engine may give more
 
@@ -274,4 +276,12 @@ def from_chat(engine: Engine, body: ChatBody, chat_template: str | None) -> Subm
                                       None if plp is None else 0, max(body.top_logprobs or 0, plp or 0), body.rid,
                                       grammar_field=grammar_field, input_token_ranks=plp is not None)
     return Submission(reqs, 1, body.n, True, tool_calls=bool(tools), prompt_logprobs=plp,
-                      top_logprobs=body.top_logprobs or 0)
+                      top_logprobs=body.top_logprobs or 0, echo=_chat_echo(body) if body.echo else None)
+
+
+def _chat_echo(body: ChatBody) -> tuple[str] | None:
+    """vLLM's chat echo: a final assistant message's text (text parts joined by newlines) starts the answer."""
+    last = body.messages[-1]
+    if last.role != "assistant" or not last.content:
+        return None
+    return (last.content if isinstance(last.content, str) else "\n".join(p.text for p in last.content),)

@@ -321,6 +321,24 @@ def test_chat_continue_final_message(url):
     assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == tok["count"]
     bad = post(url, "/v1/chat/completions", {"messages": msgs, "continue_final_message": True, "max_tokens": 2})
     assert bad.status_code == 400 and "add_generation_prompt" in bad.json()["error"]["message"]
+    # vLLM's chat echo: the final assistant message's text starts the answer (streamed: in the first chunk)
+    answer = r.json()["choices"][0]["message"]["content"]
+    echoed = post(url, "/v1/chat/completions", {**body, "max_tokens": 2, "echo": True, "n": 2, **GREEDY}).json()
+    assert [c["message"]["content"] for c in echoed["choices"]] == ["The sea is" + answer] * 2
+    assert echoed["usage"]["prompt_tokens"] == tok["count"] and echoed["usage"]["completion_tokens"] == 4
+    sse = post_stream(url, "/v1/chat/completions", {**body, "max_tokens": 2, "echo": True, "stream": True, **GREEDY})
+    deltas = [ch["delta"] for ev in sse.events for ch in ev["choices"]]
+    assert deltas[0] == {"role": "assistant", "content": "The sea is"} or deltas[0]["content"].startswith("The sea is")
+    assert "".join(d.get("content") or "" for d in deltas) == "The sea is" + answer
+    parts = [{"role": "user", "content": "Tell me"},
+             {"role": "assistant", "content": [{"type": "text", "text": "The"}, {"type": "text", "text": "sea"}]}]
+    two = post(url, "/v1/chat/completions", {"messages": parts, "add_generation_prompt": False,
+                                             "continue_final_message": True, "echo": True, "max_tokens": 1, **GREEDY})
+    assert two.json()["choices"][0]["message"]["content"].startswith("The\nsea")
+    # after a user message nothing is echoed
+    user = {"messages": msgs[:1], "max_tokens": 2, **GREEDY}
+    assert post(url, "/v1/chat/completions", {**user, "echo": True}).json()["choices"] == \
+        post(url, "/v1/chat/completions", user).json()["choices"]
 
 
 def test_include_stop_str_in_output_keeps_the_stop_string(url):
