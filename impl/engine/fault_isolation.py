@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from impl.engine.kv_lifecycle import KVLifecycle
 from impl.engine.req import FinishReason, Req, ReqState
 from impl.engine.req_queues import ReqQueues
+from impl.sampling.sampling_params import SamplingError
 
 logger = logging.getLogger("impl.engine")
 
@@ -72,7 +73,10 @@ class FaultIsolation:
         """Stop ``req`` with an error final output and free its KV; nothing else is touched."""
         if req.is_finished:
             return
-        if exc is not None:
+        if isinstance(exc, SamplingError):  # the request's own fields leave it nothing to do: the client's error
+            logger.warning("request %s stopped during %s: %s", req.rid, stage, exc)
+            status, message = 400, f"{exc}; this request was stopped"
+        elif exc is not None:
             logger.error("request %s failed during %s (%s); it is stopped, other requests continue", req.rid, stage,
                          describe(exc), exc_info=exc)
         if message is None:

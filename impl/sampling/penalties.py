@@ -5,6 +5,11 @@
 * repetition penalty: over prompt and generated tokens (HF / CTRL): a positive
   logit is divided by it, a negative one multiplied.
 * min_new_tokens: EOS and stop_token_ids are masked until that many tokens exist.
+* allowed_token_ids (vLLM's): every other token is masked.
+* bad words (vLLM's): for each token sequence, its last token is masked where the output ends with the rest
+  (a one-token sequence always).
+A row left with no token (allowed_token_ids against a grammar or min_new_tokens) is a SamplingError: the
+sampler's caller fails that request alone, as the client's error (a 400).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from impl.sampling.sampling_params import SamplingParams
+from impl.sampling.sampling_params import SamplingError, SamplingParams
 
 
 def apply_penalties(
@@ -40,6 +45,31 @@ def apply_penalties(
         banned = [t for t in list(params.stop_token_ids) + ([] if params.ignore_eos else list(eos_ids)) if t < vocab]
         if banned:
             logits[torch.tensor(banned, dtype=torch.int64, device=logits.device)] = float("-inf")
+
+
+def apply_token_limits(logits: torch.Tensor, params: SamplingParams, output_ids: Sequence[int]) -> None:
+    """vLLM's allowed_token_ids and bad words on one request's row ``logits`` [V] (in place)."""
+    if params.allowed_token_ids is not None:
+        idx = params.allowed_index().to(logits.device)
+        idx = idx[idx < logits.shape[-1]]
+        kept = logits[idx]
+        logits.fill_(float("-inf"))
+        logits[idx] = kept
+    for seq in params.bad_words_token_ids or ():
+        k = len(seq) - 1
+        if seq[-1] < logits.shape[-1] and k <= len(output_ids) and list(output_ids[len(output_ids) - k:]) == seq[:k]:
+            logits[seq[-1]] = float("-inf")
+
+
+def check_some_token_left(logits: torch.Tensor) -> None:
+    """``logits`` [V]: one request's row after its masks; refuse a row that allows no token."""
+    if not bool(torch.isfinite(logits).any()):
+        raise SamplingError("allowed_token_ids", "no token is left to sample: allowed_token_ids excludes every token "
+                            "the other constraints (the grammar, min_tokens, bad_words) allow; widen allowed_token_ids")
+
+
+def needs_token_limits(params: SamplingParams) -> bool:
+    return params.allowed_token_ids is not None or bool(params.bad_words_token_ids)
 
 
 def needs_penalties(params: SamplingParams, num_output: int) -> bool:

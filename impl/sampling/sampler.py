@@ -1,6 +1,6 @@
 """Sampler: one next token per request from its last-row logits.
 
-Order (SGLang's): penalties, ``logit_bias`` and the grammar's token bitmask
+Order (SGLang's): penalties, ``logit_bias``, vLLM's allowed_token_ids and bad words, and the grammar's token bitmask
 (``impl/constrained``: disallowed tokens get -inf) -> greedy argmax, or temperature -> top-k -> top-p
 -> min-p -> draw with the request's own ``torch.Generator`` (inverse CDF over
 the kept tokens, sorted by probability), so a seeded request draws the same
@@ -20,7 +20,8 @@ from typing import Sequence
 
 import torch
 
-from impl.sampling.penalties import apply_penalties, needs_penalties
+from impl.sampling.penalties import (apply_penalties, apply_token_limits, check_some_token_left, needs_penalties,
+                                    needs_token_limits)
 from impl.sampling.sampling_params import SamplingParams
 
 
@@ -103,15 +104,18 @@ def _penalised(logits: torch.Tensor, rows: Sequence[SampleRow], eos_ids: Sequenc
     has one)."""
     pen = [i for i, r in enumerate(rows) if needs_penalties(r.params, len(r.output_ids))]
     bias = [(i, r.params.logit_bias) for i, r in enumerate(rows) if r.params.logit_bias]
+    limited = [i for i, r in enumerate(rows) if needs_token_limits(r.params)]
     masks = [(i, r.token_bitmask) for i, r in enumerate(rows) if r.token_bitmask is not None]
     masked = [i for i, _ in masks]
-    if not (pen or bias or masked):
+    if not (pen or bias or limited or masked):
         return logits
     logits = logits.clone()
     for i in pen:
         apply_penalties(logits[i], rows[i].params, rows[i].prompt_ids, rows[i].output_ids, eos_ids)
     for i, b in bias:
         apply_logit_bias(logits[i], b)
+    for i in limited:
+        apply_token_limits(logits[i], rows[i].params, rows[i].output_ids)
     if masked:
         from impl.constrained.bitmask import apply_bitmask
 
@@ -120,6 +124,8 @@ def _penalised(logits: torch.Tensor, rows: Sequence[SampleRow], eos_ids: Sequenc
         for i, m in masks:
             bitmask[i, : m.shape[-1]] = m
         apply_bitmask(logits, bitmask, masked)
+    for i in limited:
+        check_some_token_left(logits[i])
     return logits
 
 

@@ -8,7 +8,11 @@ Constrained decoding (SGLang's fields): at most one of ``json_schema`` (a
 JSON Schema document as a string), ``regex`` and ``ebnf``; the engine compiles
 it (``impl/constrained/grammar.py``). ``logit_bias``: token id -> a bias in
 [-100, 100] added to that token's logit before sampling (OpenAI's
-semantics; at most ``MAX_LOGIT_BIAS`` entries).
+semantics; at most ``MAX_LOGIT_BIAS`` entries). vLLM's ``allowed_token_ids``
+(only these tokens may be sampled) and ``bad_words_token_ids`` (the token
+sequences of its ``bad_words``, which the server tokenizes: a sequence's last
+token is banned where the output ends with the rest; at most ``MAX_BAD_WORDS``
+sequences of ``MAX_BAD_WORD_TOKENS`` tokens).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import Any, Mapping
 
 _EPS = 1e-6
 MAX_LOGIT_BIAS = 1024  # entries of one request's logit_bias
+MAX_BAD_WORDS = 256  # token sequences of one request's bad words (up to two per word: without and with a space)
+MAX_BAD_WORD_TOKENS = 64
 LOGIT_BIAS_RANGE = 100.0
 
 
@@ -91,6 +97,18 @@ class SamplingParams:
     regex: str | None = None
     ebnf: str | None = None
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words_token_ids: list[list[int]] | None = None
+    # allowed_token_ids as an index tensor, built on first use (not a field a caller sets; not copied by replace)
+    _allowed_index: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def allowed_index(self) -> Any:
+        """``allowed_token_ids`` as an int64 tensor (built once per request)."""
+        if self._allowed_index is None:
+            import torch
+
+            self._allowed_index = torch.tensor(sorted(set(self.allowed_token_ids or ())), dtype=torch.int64)
+        return self._allowed_index
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | "SamplingParams" | None, vocab_size: int | None = None) -> "SamplingParams":
@@ -103,7 +121,7 @@ class SamplingParams:
             return p
         if not isinstance(d, Mapping):
             raise ValueError(f"sampling_params must be a dict, got {type(d).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls) if f.init}
         d = dict(d)
         if "sampling_seed" in d and "seed" not in d:  # SGLang's newer name
             d["seed"] = d.pop("sampling_seed")
@@ -185,6 +203,25 @@ class SamplingParams:
                              "ends); drop min_new_tokens or make the grammar require the length.")
         if self.logit_bias is not None:
             _verify_logit_bias(self.logit_bias, vocab_size)
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if not isinstance(ids, list) or not ids or not _token_ids(ids, vocab_size):
+                raise SamplingError("allowed_token_ids", "allowed_token_ids must be a non-empty list of token ids"
+                                    f"{_below(vocab_size)}, got {ids!r:.200}.")
+        if self.bad_words_token_ids is not None:
+            seqs = self.bad_words_token_ids
+            if not isinstance(seqs, list) or len(seqs) > MAX_BAD_WORDS or not all(
+                    isinstance(q, list) and 0 < len(q) <= MAX_BAD_WORD_TOKENS and _token_ids(q, vocab_size) for q in seqs):
+                raise SamplingError("bad_words", f"bad words must be at most {MAX_BAD_WORDS} token sequences of 1 to "
+                                    f"{MAX_BAD_WORD_TOKENS} token ids{_below(vocab_size)}, got {seqs!r:.200}.")
+
+
+def _token_ids(ids: list[Any], vocab_size: int | None) -> bool:
+    return all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < (vocab_size or 2**31) for t in ids)
+
+
+def _below(vocab_size: int | None) -> str:
+    return "" if vocab_size is None else f" below the vocabulary size {vocab_size}"
 
 
 def _token_bias(d: Mapping[Any, Any]) -> dict[Any, Any]:

@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from impl.constrained.limits import GrammarLimits
-from impl.sampling.sampling_params import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, SAMPLING_RANGES
+from impl.sampling.sampling_params import LOGIT_BIAS_RANGE, MAX_BAD_WORDS, MAX_LOGIT_BIAS, SAMPLING_RANGES
 from impl.server.limits import RequestLimits
 
 I64_MAX = 2**63 - 1
@@ -341,8 +341,10 @@ def request_models(lim: RequestLimits) -> RequestModels:
         # OpenAI and vLLM fields this server does not implement: only their "unused" value is accepted
         best_of: Optional[Int(ge=1, le=1)] = None
         use_beam_search: Optional[bool] = None
-        allowed_token_ids: Optional[Any] = None
-        bad_words: Optional[Any] = None
+        # vLLM's: only these tokens may be sampled; never these words (each as written and after a space)
+        allowed_token_ids: Optional[Annotated[list[TokT], Field(min_length=1, max_length=min(lim.vocab_size, 2**18))]] = None
+        bad_words: Optional[Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]],
+                                      Field(max_length=MAX_BAD_WORDS // 2)]] = None
 
         _top_k = field_validator("top_k")(_no_zero_top_k)
         _beam = _only_unused("use_beam_search", "beam search is not implemented; sample with n instead", (None, False))
@@ -360,8 +362,6 @@ def request_models(lim: RequestLimits) -> RequestModels:
             if self.prompt_logprobs is not None and self.stream:
                 raise ValueError("'prompt_logprobs' are not available when streaming (as in vLLM); send stream false")
             return self
-        _allowed = _only_unused("allowed_token_ids", "not implemented; use logit_bias")
-        _bad = _only_unused("bad_words", "not implemented; use logit_bias")
 
         @field_validator("best_of", mode="before")
         @classmethod

@@ -97,9 +97,10 @@ def from_generate(engine: Engine, body: GenerateBody) -> Submission:
 # ---------------------------------------------------------------- OpenAI
 
 
-def _openai_sampling(body: CompletionBody | ChatBody, max_tokens: int | None, grammar: dict[str, str]) -> dict[str, Any]:
+def _openai_sampling(body: CompletionBody | ChatBody, max_tokens: int | None, grammar: dict[str, str],
+                     engine: Engine) -> dict[str, Any]:
     """The engine's sampling dict; ``max_new_tokens`` only when the client chose it (else the route's default);
-    ``grammar``: the output's constraint (``output_constraint``)."""
+    ``grammar``: the output's constraint (``output_constraint``); ``bad_words`` tokenized by ``engine``'s tokenizer."""
     d = {
         "max_new_tokens": max_tokens,
         "min_new_tokens": body.min_tokens,
@@ -117,10 +118,29 @@ def _openai_sampling(body: CompletionBody | ChatBody, max_tokens: int | None, gr
         "ignore_eos": body.ignore_eos,
         "skip_special_tokens": body.skip_special_tokens,
         "logit_bias": body.logit_bias or None,
+        "allowed_token_ids": body.allowed_token_ids,
         "no_stop_trim": True if body.no_stop_trim or body.include_stop_str_in_output else None,
+        "bad_words_token_ids": bad_words_token_ids(engine, body.bad_words),
         **grammar,
     }
     return {k: v for k, v in d.items() if v is not None}
+
+
+def bad_words_token_ids(engine: Engine, words: list[str] | None) -> list[list[int]] | None:
+    """vLLM's bad_words as token sequences: each word (leading spaces dropped) as written, and after a space where
+    that starts with another token in as many tokens (the word inside a text); a word with no tokens is a 400."""
+    if not words:
+        return None
+    out: list[list[int]] = []
+    for word in dict.fromkeys(words):
+        plain = engine.tokenizer.encode(word.lstrip(), False)
+        if not plain:
+            raise APIError(400, f"bad_words entry {word!r} has no tokens; remove it", "bad_words")
+        spaced = engine.tokenizer.encode(" " + word.lstrip(), False)
+        out.append(plain)
+        if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+            out.append(spaced)
+    return out
 
 
 def output_constraint(body: CompletionBody | ChatBody) -> tuple[dict[str, str], str]:
@@ -198,6 +218,7 @@ def from_completion(engine: Engine, body: CompletionBody) -> Submission:
     default = None if explicit and body.max_tokens is not None else (
         16 if not explicit else engine.intake_policy.max_req_len)
     grammar, grammar_field = output_constraint(body)
+    sampling = _openai_sampling(body, body.max_tokens if explicit else None, grammar, engine)
     with _named("prompt", _OPENAI_NAMES):
         texts = [p] if isinstance(p, str) else list(p) if isinstance(p[0], str) else None
         if texts is not None:
@@ -206,7 +227,7 @@ def from_completion(engine: Engine, body: CompletionBody) -> Submission:
             prompts = [list(p)] if single else [list(x) for x in p]
         # echo: with logprobs, every prompt token's logprob comes first (the first one None: nothing precedes it)
         plp = body.prompt_logprobs
-        reqs = engine.expand_requests(prompts, _openai_sampling(body, body.max_tokens if explicit else None, grammar),
+        reqs = engine.expand_requests(prompts, sampling,
                                       body.logprobs is not None or plp is not None,
                                       0 if body.echo or plp is not None else None, max(body.logprobs or 0, plp or 0),
                                       body.rid, default_max_new_tokens=default, grammar_field=grammar_field,
@@ -262,7 +283,7 @@ def from_chat(engine: Engine, body: ChatBody, chat_template: str | None) -> Subm
     # tool_choice "none": the declarations are not shown and the output is not parsed
     tools = [t.model_dump(exclude_none=True) for t in body.tools or []] if tc != "none" else []
     grammar, grammar_field = output_constraint(body)
-    sampling = _openai_sampling(body, max_tokens, grammar)
+    sampling = _openai_sampling(body, max_tokens, grammar, engine)
     if tools:
         sampling["skip_special_tokens"] = False  # Gemma-4's call markers are special tokens: keep them to parse
         if tc == "required" or (tc is not None and not isinstance(tc, str)):

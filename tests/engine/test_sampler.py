@@ -84,3 +84,24 @@ def test_unknown_field_and_min_new_tokens():
         SamplingParams.from_dict({"min_new_tokens": 5, "max_new_tokens": 2})
     assert SamplingParams.from_dict({"stop": "x"}).stop == ["x"]
     assert SamplingParams.from_dict({"sampling_seed": 3}).seed == 3
+
+
+def test_allowed_token_ids_and_bad_words():
+    """vLLM's allowed_token_ids keep only their tokens (the reported logprobs over them); a bad word's last token is
+    masked where the output ends with the rest of it, a one-token word always; a row left with nothing is refused."""
+    logits = LOGITS.repeat(100, 1)
+    drawn = sample(logits, [row(seed=i, allowed_token_ids=[0, 3]) for i in range(100)], []).token_ids
+    assert set(drawn) == {0, 3}
+    g = sample(LOGITS, [row(temperature=0, allowed_token_ids=[3, 4], lp=True)], [])
+    assert g.token_ids == [4] and g.logprobs[0] == pytest.approx(float(torch.log_softmax(LOGITS[0, [3, 4]], -1)[1]))
+    assert sample(LOGITS, [row(temperature=0, bad_words_token_ids=[[1]])], []).token_ids == [2]
+    pair = [[4, 1]]  # "4 then 1": 1 is masked only right after a 4
+    assert sample(LOGITS, [row(out=[4], temperature=0, bad_words_token_ids=pair)], []).token_ids == [2]
+    assert sample(LOGITS, [row(out=[3], temperature=0, bad_words_token_ids=pair)], []).token_ids == [1]
+    assert sample(LOGITS, [row(temperature=0, bad_words_token_ids=pair)], []).token_ids == [1]
+    with pytest.raises(ValueError, match="allowed_token_ids"):  # allowed = {1}, which min_new_tokens masks as EOS
+        sample(LOGITS, [row(temperature=0, allowed_token_ids=[1], min_new_tokens=1, max_new_tokens=2)], eos_ids=[1])
+    for bad in ({"allowed_token_ids": []}, {"allowed_token_ids": [5]}, {"bad_words_token_ids": [[]]},
+                {"bad_words_token_ids": [[1]] * 257}):
+        with pytest.raises(ValueError, match="allowed_token_ids|bad words"):
+            SamplingParams.from_dict(bad, vocab_size=5)

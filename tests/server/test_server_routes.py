@@ -294,7 +294,7 @@ def test_sglang_and_vllm_output_constraints_on_the_openai_routes(url):
                         ({**base, "response_format": {"type": "json_object"}, "guided_choice": ["x"]}, "guided_choice"),
                         ({**base, "structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
                         ({**base, "regex": "(unclosed"}, "regex"), ({**base, "use_beam_search": True}, "use_beam_search"),
-                        ({**base, "allowed_token_ids": [1, 2]}, "allowed_token_ids")):
+                        ({**base, "best_of": 2}, "best_of")):
         r = post(url, "/v1/completions", body)
         assert r.status_code == 400 and field in r.json()["error"]["message"], (body, r.text)
 
@@ -339,6 +339,47 @@ def test_chat_continue_final_message(url):
     user = {"messages": msgs[:1], "max_tokens": 2, **GREEDY}
     assert post(url, "/v1/chat/completions", {**user, "echo": True}).json()["choices"] == \
         post(url, "/v1/chat/completions", user).json()["choices"]
+
+
+def test_allowed_token_ids_and_bad_words(url):
+    """vLLM's allowed_token_ids: every sampled token is one of them (greedy and sampled, both routes); bad_words: the
+    word's tokens never end the output (as written or after a space); a grammar that leaves no allowed token fails
+    that request alone with a message naming allowed_token_ids."""
+    base = {"prompt": prompt_ids(28, 6), "max_tokens": 8, **GREEDY}
+    free = post(url, "/v1/completions", {**base, "return_token_ids": True}).json()["choices"][0]["token_ids"]
+    allowed = [free[3], 17, 42]
+    for extra in ({}, {"temperature": 1.0, "seed": 3, "n": 3}):
+        r = post(url, "/v1/completions", {**base, **extra, "allowed_token_ids": allowed, "return_token_ids": True})
+        assert all(set(c["token_ids"]) <= set(allowed) and len(c["token_ids"]) == 8 for c in r.json()["choices"])
+    chat = post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                                              "allowed_token_ids": [100], "logprobs": True, **GREEDY}).json()
+    assert chat["choices"][0]["logprobs"]["content"][0]["logprob"] == 0.0  # one token left: probability 1
+    # bad words: a one-token word is never sampled; a two-token word's second token only not right after its first
+    def tok(text):
+        return httpx.post(url + "/tokenize", json={"prompt": text, "add_special_tokens": False}).json()["tokens"]
+
+    def text(ids):
+        return httpx.post(url + "/detokenize", json={"tokens": ids}).json()["prompt"]
+
+    long = {**base, "max_tokens": 32}
+    free = post(url, "/v1/completions", {**long, "return_token_ids": True}).json()["choices"][0]["token_ids"]
+    for k in (1, 2):  # the answer's first k-token span seen there first whose text (no leading space) tokenizes back
+        i = next(i for i in range(len(free) - k + 1) if text(free[i:i + k])[:1].strip()
+                 and tok(text(free[i:i + k])) == free[i:i + k] and all(free[j:j + k] != free[i:i + k] for j in range(i)))
+        word = text(free[i:i + k])
+        got = post(url, "/v1/completions", {**long, "bad_words": [word], "return_token_ids": True}).json()
+        ids = got["choices"][0]["token_ids"]
+        assert ids[:i + k - 1] == free[:i + k - 1] and ids[i + k - 1] != free[i + k - 1], (k, word, free, ids)
+        assert all(ids[j:j + k] != free[i:i + k] for j in range(len(ids))), (k, word, ids)
+    # nothing left to sample: the request fails alone, saying why
+    dead = post(url, "/v1/completions", {**base, "allowed_token_ids": [5], "regex": "x+"})
+    assert dead.status_code == 400 and "allowed_token_ids" in dead.json()["error"]["message"], dead.text
+    assert post(url, "/v1/completions", base).json()["choices"][0]["text"]
+    for bad, field in (({"allowed_token_ids": []}, "allowed_token_ids"), ({"allowed_token_ids": [10**9]}, "allowed_token_ids"),
+                       ({"bad_words": [""]}, "bad_words"), ({"bad_words": ["x"] * 200}, "bad_words"),
+                       ({"bad_words": [" "]}, "bad_words")):
+        r = post(url, "/v1/completions", {**base, **bad})
+        assert r.status_code == 400 and field in r.json()["error"]["message"], (bad, r.text)
 
 
 def test_include_stop_str_in_output_keeps_the_stop_string(url):
