@@ -19,6 +19,7 @@ list cut to its own.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
 from impl.engine.output import ReqOutput, TokenText
+from impl.server import beam_search
 from impl.server.async_engine import AsyncEngine, RequestStream
 from impl.server.req_builder import Submission
 from impl.server.errors import error_response
@@ -189,6 +191,8 @@ class Call:
 
 
 async def openai_response(request: Request, aengine: AsyncEngine, call: Call, stream: bool):
+    if call.sub.beam is not None:
+        return await _beam_response(request, aengine, call)
     streams = aengine.submit(call.sub.reqs, stream)
     if stream:
         return StreamingResponse(_stream(aengine, call, streams), media_type="text/event-stream")
@@ -206,6 +210,26 @@ async def openai_response(request: Request, aengine: AsyncEngine, call: Call, st
     if call.kind == "chat" and call.sub.prompt_logprobs is not None:  # vLLM's: one prompt, beside the choices
         extra["prompt_logprobs"] = prompt_logprobs(finals[0], call.token_text, call.sub.prompt_logprobs)
     body = call.envelope([call.choice(k, f) for k, f in enumerate(finals)], usage=usage(call.sub, finals), **extra)
+    return JSONResponse(json_safe(body))
+
+
+async def _beam_response(request: Request, aengine: AsyncEngine, call: Call):
+    """vLLM's beam search (``impl/server/beam_search.py``): each prompt's ``n`` best sequences are its choices."""
+    sub, spec = call.sub, call.sub.beam
+    assert spec is not None
+
+    async def run() -> list[ReqOutput]:
+        per_prompt = await asyncio.gather(*(beam_search.search(aengine, sub.reqs[p * sub.n], spec, sub.top_logprobs)
+                                            for p in range(sub.num_prompts)))
+        return [out for outs in per_prompt for out in outs]
+
+    try:
+        finals = await until_disconnect(request, run(), lambda: None)  # (cancelling run() aborts its step)
+    except beam_search.BeamFailure as e:
+        return error_response(e.status, str(e))
+    if finals is None:
+        return JSONResponse({}, status_code=499)
+    body = call.envelope([call.choice(k, f) for k, f in enumerate(finals)], usage=usage(call.sub, finals))
     return JSONResponse(json_safe(body))
 
 

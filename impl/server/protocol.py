@@ -338,16 +338,48 @@ def request_models(lim: RequestLimits) -> RequestModels:
         include_stop_str_in_output: bool = False
         # vLLM's: each prompt token's logprob, rank and text, with its position's top-k (0: the token alone)
         prompt_logprobs: Optional[LogprobsNumT] = None
-        # OpenAI and vLLM fields this server does not implement: only their "unused" value is accepted
-        best_of: Optional[Int(ge=1, le=1)] = None
+        # vLLM's beam search: n beams, ranked by cum_logprob / length ** length_penalty (impl/server/beam_search.py)
         use_beam_search: Optional[bool] = None
+        length_penalty: Optional[Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]] = None
+        # OpenAI fields this server does not implement: only their "unused" value is accepted
+        best_of: Optional[Int(ge=1, le=1)] = None
         # vLLM's: only these tokens may be sampled; never these words (each as written and after a space)
         allowed_token_ids: Optional[Annotated[list[TokT], Field(min_length=1, max_length=min(lim.vocab_size, 2**18))]] = None
         bad_words: Optional[Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]],
                                       Field(max_length=MAX_BAD_WORDS // 2)]] = None
 
         _top_k = field_validator("top_k")(_no_zero_top_k)
-        _beam = _only_unused("use_beam_search", "beam search is not implemented; sample with n instead", (None, False))
+
+        @model_validator(mode="after")
+        def _beam_search_fields(self):
+            if not self.use_beam_search:
+                if self.length_penalty is not None and self.length_penalty != 1.0:
+                    raise ValueError("'length_penalty' applies only with use_beam_search: true")
+                return self
+            if self.stream:
+                raise ValueError("beam search is not streamed (as in vLLM); send stream false")
+            rf = self.response_format
+            set_fields = {
+                "temperature": self.temperature not in (None, 0), "top_p": self.top_p not in (None, 1),
+                "top_k": self.top_k not in (None, -1), "min_p": self.min_p not in (None, 0),
+                "stop": bool(self.stop), "stop_token_ids": bool(self.stop_token_ids),
+                "presence_penalty": self.presence_penalty not in (None, 0),
+                "frequency_penalty": self.frequency_penalty not in (None, 0),
+                "repetition_penalty": self.repetition_penalty not in (None, 1), "min_tokens": self.min_tokens > 0,
+                "logit_bias": bool(self.logit_bias), "response_format": rf is not None and rf.type != "text",
+                **{k: getattr(self, k) is not None for k in ("regex", "ebnf", "structured_outputs", "guided_json",
+                                                              "guided_regex", "guided_choice", "guided_grammar",
+                                                              "allowed_token_ids", "prompt_logprobs")},
+                "bad_words": bool(self.bad_words), "no_stop_trim": self.no_stop_trim,
+                "tools": bool(getattr(self, "tools", None)) and getattr(self, "tool_choice", None) != "none",
+                "echo": bool(getattr(self, "echo", False)) and getattr(self, "logprobs", None) is not None
+                and not isinstance(getattr(self, "logprobs"), bool),
+            }
+            named = [k for k, v in set_fields.items() if v]
+            if named:
+                raise ValueError(f"'{named[0]}' does not apply to beam search (use_beam_search: it ranks whole "
+                                 "sequences by the model's own logprobs, deterministically); remove it")
+            return self
 
         @field_validator("prompt_logprobs", mode="before")
         @classmethod

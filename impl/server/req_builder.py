@@ -23,6 +23,7 @@ from typing import Any, Iterator
 from impl.engine.engine import Engine
 from impl.engine.intake import InvalidRequest
 from impl.engine.req import Req
+from impl.server.beam_search import BeamSpec
 from impl.server.errors import APIError
 from impl.tool_calls.chat import prepare_messages
 from impl.tool_calls.grammar import forced_call_grammar
@@ -50,6 +51,7 @@ class Submission:
     echo: tuple[str, ...] | None = None
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: each prompt token's entry with this many top tokens
     top_logprobs: int = 0  # the output's (and echo's) top entries shown per token; the engine may give more
+    beam: BeamSpec | None = None  # vLLM's use_beam_search: the requests are templates (prompt, max_new_tokens)
 
     def prompt_of(self, k: int) -> int:
         return k // self.n
@@ -234,7 +236,7 @@ def from_completion(engine: Engine, body: CompletionBody) -> Submission:
                                       input_token_ranks=plp is not None)
     return Submission(reqs, len(prompts), body.n, single,
                       echo=_echo_texts(engine, texts, prompts, reqs, body.n) if body.echo else None,
-                      prompt_logprobs=plp, top_logprobs=body.logprobs or 0)
+                      prompt_logprobs=plp, top_logprobs=body.logprobs or 0, beam=_beam_spec(body))
 
 
 def _echo_texts(engine: Engine, texts: list[str] | None, prompts: list[list[int]], reqs: list[Req],
@@ -297,7 +299,16 @@ def from_chat(engine: Engine, body: ChatBody, chat_template: str | None) -> Subm
                                       None if plp is None else 0, max(body.top_logprobs or 0, plp or 0), body.rid,
                                       grammar_field=grammar_field, input_token_ranks=plp is not None)
     return Submission(reqs, 1, body.n, True, tool_calls=bool(tools), prompt_logprobs=plp,
-                      top_logprobs=body.top_logprobs or 0, echo=_chat_echo(body) if body.echo else None)
+                      top_logprobs=body.top_logprobs or 0, echo=_chat_echo(body) if body.echo else None,
+                      beam=_beam_spec(body))
+
+
+def _beam_spec(body: CompletionBody | ChatBody) -> BeamSpec | None:
+    """vLLM's beam search: ``n`` beams (the body's model refused what does not apply to it)."""
+    if not body.use_beam_search:
+        return None
+    return BeamSpec(body.n, 1.0 if body.length_penalty is None else body.length_penalty,
+                    body.include_stop_str_in_output)
 
 
 def _chat_echo(body: ChatBody) -> tuple[str] | None:

@@ -382,6 +382,44 @@ def test_allowed_token_ids_and_bad_words(url):
         assert r.status_code == 400 and field in r.json()["error"]["message"], (bad, r.text)
 
 
+def test_beam_search_as_vllm_runs_it(url):
+    """vLLM's use_beam_search: n beams; width 1 is greedy; with width 2 over 2 tokens the best choice is the best
+    pair among the 2 most likely first tokens, each followed by its most likely second token; the choices are best
+    first, each token's logprob the model's; fields that do not apply to it are 400s."""
+    ids = prompt_ids(31, 7)
+    greedy = post(url, "/v1/completions", {"prompt": ids, "max_tokens": 5, "return_token_ids": True, **GREEDY}).json()
+    one = post(url, "/v1/completions", {"prompt": ids, "max_tokens": 5, "use_beam_search": True, "n": 1,
+                                        "ignore_eos": True, "return_token_ids": True}).json()
+    assert one["choices"][0]["token_ids"] == greedy["choices"][0]["token_ids"]
+    body = {"prompt": ids, "max_tokens": 2, "use_beam_search": True, "n": 2, "ignore_eos": True, "logprobs": 1,
+            "return_token_ids": True, "length_penalty": 0.0}
+    r = post(url, "/v1/completions", body).json()
+    first = _gen(url, input_ids=ids, sampling_params={**GREEDY, "max_new_tokens": 1}, return_logprob=True,
+                 top_logprobs_num=2)["meta_info"]["output_top_logprobs"][0]
+    pairs = []
+    for lp1, t1, _ in first:
+        lp2, t2, _ = _gen(url, input_ids=ids + [t1], sampling_params={**GREEDY, "max_new_tokens": 1},
+                          return_logprob=True, top_logprobs_num=1)["meta_info"]["output_top_logprobs"][0][0]
+        pairs.append((lp1 + lp2, [t1, t2]))
+    best = max(pairs)
+    got = r["choices"][0]
+    assert got["token_ids"] == best[1] and sum(got["logprobs"]["token_logprobs"]) == pytest.approx(best[0], abs=1e-4)
+    sums = [sum(c["logprobs"]["token_logprobs"]) for c in r["choices"]]
+    assert sums == sorted(sums, reverse=True) and len({tuple(c["token_ids"]) for c in r["choices"]}) == 2
+    assert r["usage"]["completion_tokens"] == 4 and r["usage"]["prompt_tokens"] == len(ids)
+    # two prompts, chat
+    two = post(url, "/v1/completions", {**body, "prompt": [ids, prompt_ids(32, 4)], "logprobs": None}).json()
+    assert len(two["choices"]) == 4 and two["choices"][0]["token_ids"] == best[1]
+    chat = post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
+                                              "use_beam_search": True, "n": 2}).json()
+    assert len(chat["choices"]) == 2 and all(c["finish_reason"] in ("stop", "length") for c in chat["choices"])
+    for bad, says in (({"stream": True}, "streamed"), ({"temperature": 0.7}, "temperature"), ({"stop": ["x"]}, "stop"),
+                      ({"regex": "a+"}, "regex"), ({"use_beam_search": False}, "length_penalty"),
+                      ({"echo": True}, "echo"), ({"length_penalty": "x"}, "length_penalty")):
+        r = post(url, "/v1/completions", {**body, **bad})
+        assert r.status_code == 400 and says in r.json()["error"]["message"], (bad, r.text)
+
+
 def test_include_stop_str_in_output_keeps_the_stop_string(url):
     body = {"prompt": prompt_ids(26, 6), "max_tokens": 12, **GREEDY}
     full = post(url, "/v1/completions", body).json()["choices"][0]["text"]
