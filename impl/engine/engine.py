@@ -45,7 +45,7 @@ from impl.constrained.limits import InvalidGrammar
 from impl.engine.allocator import keep_freed_memory
 from impl.engine.detokenizer import IncrementalDetokenizer
 from impl.engine.detokenizer_stage import DetokenizerStage, Emission
-from impl.engine.intake import IntakePolicy, InvalidRequest, expand_requests
+from impl.engine.intake import TEXT_BOUND_SLACK, IntakePolicy, InvalidRequest, expand_requests
 from impl.engine.kv_lifecycle import KVLifecycle
 from impl.engine.load import LoadView
 from impl.engine.model_runner import ModelRunner
@@ -233,13 +233,25 @@ class Engine:
             except InvalidGrammar as e:
                 raise InvalidRequest(str(e), e.field) from None
 
-    def encode_prompt(self, text: str) -> list[int]:
+    def encode_prompt(self, text: str, add_special_tokens: bool = True, keep: int | None = None,
+                      keep_last: bool = True) -> list[int]:
         """A prompt's token ids; a text that cannot fit the context is refused before it is tokenized
         (``IntakePolicy.check_text``), or, under --allow-auto-truncate, cut to what can hold the context
-        (``expand_requests`` then cuts the token ids)."""
+        (``expand_requests`` then cuts the token ids). ``keep`` (vLLM's truncate_prompt_tokens): only that many
+        tokens, the last (``keep_last``) or the first, the bos (with ``add_special_tokens``) still first; only
+        the end (or start) of the text that can hold them is tokenized."""
         chars = self.tokenizer.max_token_chars
-        self.intake_policy.check_text(len(text), chars)
-        return self.encode(text[: self.intake_policy.text_budget(chars)])
+        if keep is None:
+            self.intake_policy.check_text(len(text), chars)
+            return list(self.tokenizer.encode(text[: self.intake_policy.text_budget(chars)], add_special_tokens))
+        span = TEXT_BOUND_SLACK * chars * keep  # characters that hold more than ``keep`` tokens
+        body = text[max(len(text) - span, 0):] if keep_last else text[:span]
+        tok = self.tokenizer
+        bos = tok.bos_token_id if add_special_tokens and tok.add_bos_token else None
+        ids = tok.encode(body, False)
+        room = keep - (bos is not None)
+        ids = (ids[len(ids) - room:] if room > 0 else []) if keep_last else ids[:room]
+        return ([bos] if bos is not None else []) + ids
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                     chat_template: str | None = None, continue_final_message: bool = False, **extra: Any) -> list[int]:

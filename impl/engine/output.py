@@ -97,11 +97,16 @@ class ReqOutput:
 
 
 class TokenText:
-    """Token id -> its text (special tokens included), cached: the text of a logprob entry."""
+    """Token id -> its text (special tokens included), cached: the text of a logprob entry. ``label`` names a
+    token in a logprob entry: its text, or with ``as_ids`` (vLLM's return_tokens_as_token_ids) ``"token_id:N"``."""
 
-    def __init__(self, decode: Callable[[list[int], bool], str]):
+    def __init__(self, decode: Callable[[list[int], bool], str], as_ids: bool = False):
         self.decode = decode
+        self.as_ids = as_ids
         self.cache: dict[int, str] = {}
+
+    def label(self, tok: int) -> str:
+        return f"token_id:{tok}" if self.as_ids else self(tok)
 
     def __call__(self, tok: int) -> str:
         s = self.cache.get(tok)

@@ -293,9 +293,10 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
 def _call(state: ServerState, kind: str, sub, logprobs: bool, body: Any) -> openai_api.Call:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    prefix = "cmpl-" if kind == "completion" else "chatcmpl-"
     return openai_api.Call(kind, state.model_name, sub, logprobs, include_usage,
-                           TokenText(state.engine.tokenizer.decode),
-                           token_ids=bool(getattr(body, "return_token_ids", False)),
+                           TokenText(state.engine.tokenizer.decode, as_ids=bool(body.return_tokens_as_token_ids)),
+                           token_ids=bool(body.return_token_ids), id=prefix + body.request_id if body.request_id else "",
                            continuous_usage=bool(body.stream and body.stream_options
                                                  and body.stream_options.continuous_usage_stats),
                            tool_calls=sub.tool_calls, stop_texts=_stop_texts(state.engine))

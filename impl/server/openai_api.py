@@ -72,10 +72,10 @@ def completion_logprobs(o: ReqOutput, text_offset: int, tt: TokenText, k: int, e
     def add(entries: Sequence[tuple[float | None, int]], tops: Sequence[Any], offset: int) -> None:
         for i, (lp, tok) in enumerate(entries):
             s = tt(tok)
-            out["tokens"].append(s)
+            out["tokens"].append(tt.label(tok))
             out["token_logprobs"].append(lp)
             top = tops[i] if i < len(tops) else None
-            out["top_logprobs"].append({tt(t): l for l, t in top[:k]} if top and k else None)
+            out["top_logprobs"].append({tt.label(t): l for l, t in top[:k]} if top and k else None)
             out["text_offset"].append(offset)
             offset += len(s)
 
@@ -90,11 +90,11 @@ def chat_logprobs(o: ReqOutput, tt: TokenText, k: int) -> dict[str, Any]:
     toks, tops = _output_logprobs(o)
     content = []
     for i, (lp, tok) in enumerate(toks):
-        s = tt(tok)
+        s = tt.label(tok)
         top = ((tops[i] if i < len(tops) else None) or [])[:k]
         content.append({
-            "token": s, "logprob": lp, "bytes": list(s.encode("utf-8")),
-            "top_logprobs": [{"token": tt(t), "logprob": l, "bytes": list(tt(t).encode("utf-8"))} for l, t in top],
+            "token": s, "logprob": lp, "bytes": list(tt(tok).encode("utf-8")),
+            "top_logprobs": [{"token": tt.label(t), "logprob": l, "bytes": list(tt(t).encode("utf-8"))} for l, t in top],
         })
     return {"content": content}
 
@@ -130,7 +130,9 @@ class Call:
     logprobs: bool
     include_usage: bool
     token_text: TokenText
-    token_ids: bool = False  # completions' return_token_ids (vLLM's extension): each choice's output token ids
+    # vLLM's return_token_ids: each choice's output token ids and its prompt's (completions: in the choice; chat:
+    # beside the choices)
+    token_ids: bool = False
     continuous_usage: bool = False  # stream_options.continuous_usage_stats (vLLM's): usage so far in every chunk
     tool_calls: bool = False  # chat with tools: function calls in the text become message.tool_calls
     stop_texts: tuple[str, ...] = ()  # dropped from a tool-call answer's text (decoded with special tokens)
@@ -159,6 +161,16 @@ class Call:
         obj = self.object + (".chunk" if chunk and self.kind == "chat" else "")
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices, **extra}
 
+    def beside_choices(self, first: ReqOutput) -> dict[str, Any]:
+        """Chat's fields beside the choices (vLLM's: its one prompt's token ids and prompt logprobs), from the first
+        choice's output; none for completions, whose choices carry them."""
+        out: dict[str, Any] = {}
+        if self.kind == "chat" and self.token_ids:
+            out["prompt_token_ids"] = self.sub.reqs[0].origin_input_ids
+        if self.kind == "chat" and self.sub.prompt_logprobs is not None:
+            out["prompt_logprobs"] = prompt_logprobs(first, self.token_text, self.sub.prompt_logprobs)
+        return out
+
     def choice(self, k: int, final: ReqOutput) -> dict[str, Any]:
         """Choice ``k`` of a non-streamed call from its request's only output (deltas = everything)."""
         assert final.output_start == 0, "a non-streamed request has one output"
@@ -170,12 +182,15 @@ class Call:
                 if self.logprobs else None
             if self.token_ids:
                 c["token_ids"] = final.output_ids_delta
+                c["prompt_token_ids"] = self.sub.reqs[k].origin_input_ids
             if self.sub.prompt_logprobs is not None:
                 c["prompt_logprobs"] = prompt_logprobs(final, self.token_text, self.sub.prompt_logprobs)
         else:
             echo = self.echo_of(k) or ""
             c["message"] = {"role": "assistant", "content": echo + final.text}
             c["logprobs"] = chat_logprobs(final, self.token_text, self.sub.top_logprobs) if self.logprobs else None
+            if self.token_ids:
+                c["token_ids"] = final.output_ids_delta
             if self.tool_calls:
                 content, calls = split_calls(self.clean(final.text))
                 content = echo + content
@@ -206,10 +221,8 @@ async def openai_response(request: Request, aengine: AsyncEngine, call: Call, st
     failed = next((f for f in map(failure_of, finals) if f is not None), None)
     if failed is not None:
         return error_response(failed[0], failed[1])
-    extra: dict[str, Any] = {}
-    if call.kind == "chat" and call.sub.prompt_logprobs is not None:  # vLLM's: one prompt, beside the choices
-        extra["prompt_logprobs"] = prompt_logprobs(finals[0], call.token_text, call.sub.prompt_logprobs)
-    body = call.envelope([call.choice(k, f) for k, f in enumerate(finals)], usage=usage(call.sub, finals), **extra)
+    body = call.envelope([call.choice(k, f) for k, f in enumerate(finals)], usage=usage(call.sub, finals),
+                         **call.beside_choices(finals[0]))
     return JSONResponse(json_safe(body))
 
 
@@ -229,7 +242,8 @@ async def _beam_response(request: Request, aengine: AsyncEngine, call: Call):
         return error_response(e.status, str(e))
     if finals is None:
         return JSONResponse({}, status_code=499)
-    body = call.envelope([call.choice(k, f) for k, f in enumerate(finals)], usage=usage(call.sub, finals))
+    body = call.envelope([call.choice(k, f) for k, f in enumerate(finals)], usage=usage(call.sub, finals),
+                         **call.beside_choices(finals[0]))
     return JSONResponse(json_safe(body))
 
 
@@ -251,14 +265,19 @@ def _stream(aengine: AsyncEngine, call: Call, streams: list[RequestStream]) -> A
     extra = {"usage": None} if call.include_usage else {}
 
     def event(k: int, out: ReqOutput) -> bytes | None:
+        first = not states[k].started
         chunk = _delta_chunk(call, k, out, states[k])
         if chunk is None:
             return None
+        # return_token_ids: the prompt's ids in the choice's first chunk (chat: beside the choice, as vLLM's)
+        top = {"prompt_token_ids": call.sub.reqs[k].origin_input_ids} if first and call.token_ids else {}
+        if call.kind == "completion" and top:
+            chunk["prompt_token_ids"], top = top["prompt_token_ids"], {}
         if call.continuous_usage:  # this choice's request so far
             done = {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
                     "total_tokens": out.prompt_tokens + out.completion_tokens}
-            return sse(call.envelope([chunk], chunk=True, usage=done))
-        return sse(call.envelope([chunk], chunk=True, **extra))
+            return sse(call.envelope([chunk], chunk=True, usage=done, **top))
+        return sse(call.envelope([chunk], chunk=True, **extra, **top))
 
     def usage_event() -> list[bytes]:
         if not call.include_usage:
@@ -299,6 +318,8 @@ def _delta_chunk(call: Call, k: int, out: ReqOutput, st: _ChoiceState) -> dict[s
             d["content"] = delta
         c["delta"] = d
         c["logprobs"] = chat_logprobs(out, call.token_text, call.sub.top_logprobs) if call.logprobs else None
+        if call.token_ids:
+            c["token_ids"] = out.output_ids_delta
         st.started = True
     c["finish_reason"] = fr
     c["matched_stop"] = out.matched_stop if fr is not None else None
@@ -326,6 +347,8 @@ def _tool_delta_chunk(call: Call, k: int, out: ReqOutput, st: _ChoiceState, tool
     st.started = True
     c: dict[str, Any] = {"index": k, "delta": d,
                          "logprobs": chat_logprobs(out, call.token_text, call.sub.top_logprobs) if call.logprobs else None}
+    if call.token_ids:
+        c["token_ids"] = out.output_ids_delta
     c["finish_reason"] = "tool_calls" if fr is not None and fr != "abort" and tools.num_calls else fr
     c["matched_stop"] = out.matched_stop if fr is not None else None
     return c

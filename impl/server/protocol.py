@@ -104,6 +104,35 @@ def _unused(v: Any, unused: tuple) -> bool:
     return any(v is u or (v == u and type(v) is type(u)) for u in unused)
 
 
+# vLLM request fields this server does not serve: field -> (its "unused" values, what to do instead). A request
+# naming one with another value is a 400 (they would change the answer, or promise what is not done).
+VLLM_NOT_SERVED: dict[str, tuple[tuple, str]] = {
+    "priority": ((None, 0), "priority scheduling is not served; send 0"),
+    "cache_salt": ((None,), "the prefix cache is shared by every request of this server; run a server per tenant"),
+    "reasoning_effort": ((None,), "Gemma-4's template switches thinking with chat_template_kwargs.enable_thinking"),
+    "include_reasoning": ((None, True), "reasoning is not separated from the answer here"),
+    "thinking_token_budget": ((None,), "not implemented; bound the answer with max_tokens"),
+    "repetition_detection": ((None,), "not implemented; use frequency_penalty or stop"),
+    "logprob_token_ids": ((None,), "not implemented; use logprobs / top_logprobs"),
+    "documents": ((None,), "the chat template takes no documents here; put them in the messages"),
+    "chat_template": ((None,), "a request's own template is not run; start the server with --chat-template"),
+    "media_io_kwargs": ((None,), "the text model is served"),
+    "mm_processor_kwargs": ((None,), "the text model is served"),
+    "mm_payload": ((None,), "the text model is served"),
+    "prompt_embeds": ((None,), "send the prompt as text or token ids"),
+    "kv_transfer_params": ((None,), "KV transfer between servers is not served"),
+    "ec_transfer_params": ((None,), "encoder cache transfer is not served"),
+    "vllm_xargs": ((None,), "no extra sampling arguments are read"),
+    "watermarking": ((None, False), "not implemented"),
+    "return_token_offsets": ((None, False), "not implemented"),
+    "return_prompt_text": ((None, False), "not implemented; POST /tokenize with the messages, then /detokenize"),
+    "routed_experts_prompt_start": ((None, 0), "Gemma-4 E2B has no experts"),
+    "return_mm_kwargs": ((None, False), "the text model is served"),
+    "spaces_between_special_tokens": ((None, True), "special tokens are decoded as the tokenizer writes them"),
+    "stream_interval": ((None,), "the server's --stream-interval sets it"),
+}
+
+
 def _only_unused(name: str, what: str, unused: tuple = (None,)) -> Any:
     """A validator that accepts only the field's "not used" value (``_unused``) and refuses the rest as unsupported."""
     def check(cls, v: Any) -> Any:
@@ -341,8 +370,30 @@ def request_models(lim: RequestLimits) -> RequestModels:
         # vLLM's beam search: n beams, ranked by cum_logprob / length ** length_penalty (impl/server/beam_search.py)
         use_beam_search: Optional[bool] = None
         length_penalty: Optional[Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]] = None
+        # vLLM's prompt handling: the tokenizer's special tokens (completions' default true, chat's false: the template
+        # has them), and keeping only truncate_prompt_tokens prompt tokens (-1: as many as the context holds), the
+        # last ones (truncation_side "left", the default) or the first
+        add_special_tokens: Optional[bool] = None
+        truncate_prompt_tokens: Optional[Int(ge=-1, le=I32_MAX)] = None
+        truncation_side: Optional[Literal["left", "right"]] = None
+        # vLLM's: logprob tokens as "token_id:N"; the response id "cmpl-" / "chatcmpl-" + request_id; session_id (a
+        # client's grouping of its requests) changes nothing on one server, as on vLLM's
+        return_tokens_as_token_ids: Optional[bool] = None
+        # vLLM's: each choice carries its output token ids ("token_ids"; per chunk when streamed) and its prompt's
+        return_token_ids: bool = False
+        request_id: Optional[RidT] = None
+        session_id: Optional[RidT] = None
         # OpenAI fields this server does not implement: only their "unused" value is accepted
         best_of: Optional[Int(ge=1, le=1)] = None
+
+        @model_validator(mode="before")
+        @classmethod
+        def _vllm_fields_not_served(cls, data: Any) -> Any:
+            if isinstance(data, dict):
+                for name, (unused, hint) in VLLM_NOT_SERVED.items():
+                    if name in data and not _unused(data[name], unused):
+                        raise _unsupported(name, hint)
+            return data
         # vLLM's: only these tokens may be sampled; never these words (each as written and after a space)
         allowed_token_ids: Optional[Annotated[list[TokT], Field(min_length=1, max_length=min(lim.vocab_size, 2**18))]] = None
         bad_words: Optional[Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]],
@@ -412,8 +463,6 @@ def request_models(lim: RequestLimits) -> RequestModels:
         # what lm-evaluation-harness's local-completions scores with: echo, logprobs 1, max_tokens 1 or 0)
         echo: bool = False
         suffix: Optional[Literal[""]] = None
-        # vLLM's extension: each choice carries its output token ids ("token_ids"; per chunk when streamed)
-        return_token_ids: bool = False
 
         @field_validator("suffix", mode="before")
         @classmethod

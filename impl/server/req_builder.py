@@ -221,12 +221,15 @@ def from_completion(engine: Engine, body: CompletionBody) -> Submission:
         16 if not explicit else engine.intake_policy.max_req_len)
     grammar, grammar_field = output_constraint(body)
     sampling = _openai_sampling(body, body.max_tokens if explicit else None, grammar, engine)
+    keep, keep_last = _truncation(engine, body)
     with _named("prompt", _OPENAI_NAMES):
         texts = [p] if isinstance(p, str) else list(p) if isinstance(p[0], str) else None
         if texts is not None:
-            prompts = [engine.encode_prompt(t) for t in texts]
+            prompts = [engine.encode_prompt(t, body.add_special_tokens is not False, keep, keep_last) for t in texts]
         else:
-            prompts = [list(p)] if single else [list(x) for x in p]
+            prompts = [_truncated(list(x), keep, keep_last) for x in ([p] if single else p)]
+        if keep is not None:
+            texts = None  # echo: what was kept, decoded
         # echo: with logprobs, every prompt token's logprob comes first (the first one None: nothing precedes it)
         plp = body.prompt_logprobs
         reqs = engine.expand_requests(prompts, sampling,
@@ -237,6 +240,24 @@ def from_completion(engine: Engine, body: CompletionBody) -> Submission:
     return Submission(reqs, len(prompts), body.n, single,
                       echo=_echo_texts(engine, texts, prompts, reqs, body.n) if body.echo else None,
                       prompt_logprobs=plp, top_logprobs=body.logprobs or 0, beam=_beam_spec(body))
+
+
+def _truncation(engine: Engine, body: CompletionBody | ChatBody) -> tuple[int | None, bool]:
+    """vLLM's truncate_prompt_tokens (-1: the context's prompt room) and truncation_side, as (tokens kept or None,
+    whether the last ones are); more than the context's prompt room is a 400."""
+    n, room = body.truncate_prompt_tokens, engine.intake_policy.max_prompt_len
+    if n is None:
+        return None, True
+    if n > room:
+        raise APIError(400, f"'truncate_prompt_tokens': {n} is more than the context's {room} prompt tokens; ask for "
+                            f"at most {room}, or -1", "truncate_prompt_tokens")
+    return (room if n == -1 else n), body.truncation_side != "right"
+
+
+def _truncated(ids: list[int], keep: int | None, keep_last: bool) -> list[int]:
+    if keep is None:
+        return ids
+    return (ids[len(ids) - keep:] if keep else []) if keep_last else ids[:keep]
 
 
 def _echo_texts(engine: Engine, texts: list[str] | None, prompts: list[list[int]], reqs: list[Req],
@@ -292,8 +313,12 @@ def from_chat(engine: Engine, body: ChatBody, chat_template: str | None) -> Subm
             sampling["ebnf"] = forced_call_grammar(tools, None if tc == "required" else tc.function.name,
                                                    parallel=body.parallel_tool_calls is not False)
             grammar_field = "tool_choice"
+    keep, keep_last = _truncation(engine, body)
     with _named("messages", {"max_new_tokens": name, "min_new_tokens": "min_tokens"}):
         ids = _chat_ids(engine, body, tools, chat_template)
+        if body.add_special_tokens and engine.tokenizer.bos_token_id is not None:  # on top of the template's
+            ids = [engine.tokenizer.bos_token_id, *ids]
+        ids = _truncated(ids, keep, keep_last)
         plp = body.prompt_logprobs
         reqs = engine.expand_requests([ids], sampling, bool(body.logprobs) or plp is not None,
                                       None if plp is None else 0, max(body.top_logprobs or 0, plp or 0), body.rid,

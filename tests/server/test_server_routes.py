@@ -420,6 +420,61 @@ def test_beam_search_as_vllm_runs_it(url):
         assert r.status_code == 400 and says in r.json()["error"]["message"], (bad, r.text)
 
 
+def test_vllm_prompt_and_id_fields(url):
+    """vLLM's add_special_tokens, truncate_prompt_tokens / truncation_side, return_tokens_as_token_ids, request_id and
+    chat's return_token_ids (prompt ids beside the choices, streamed in the first chunk); its fields this server does
+    not serve are 400s naming them, their unused values pass."""
+    text = "The sea is wide and the sky is blue"
+    full = post(url, "/tokenize", {"prompt": text}).json()["tokens"]
+    assert full[0] == 2 and len(full) > 6
+
+    def completion(**extra):
+        r = post(url, "/v1/completions", {"prompt": text, "max_tokens": 2, "return_token_ids": True, **GREEDY, **extra})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    assert completion()["choices"][0]["prompt_token_ids"] == full
+    assert completion(add_special_tokens=False)["choices"][0]["prompt_token_ids"] == full[1:]
+    assert completion(truncate_prompt_tokens=4)["choices"][0]["prompt_token_ids"] == [2, *full[-3:]]
+    assert completion(truncate_prompt_tokens=4, truncation_side="right")["choices"][0]["prompt_token_ids"] == full[:4]
+    assert completion(truncate_prompt_tokens=-1)["choices"][0]["prompt_token_ids"] == full
+    ids = post(url, "/v1/completions", {"prompt": full, "max_tokens": 1, "truncate_prompt_tokens": 3, "echo": True,
+                                        "return_token_ids": True, **GREEDY}).json()["choices"][0]
+    assert ids["prompt_token_ids"] == full[-3:]
+    cut = completion(truncate_prompt_tokens=3, echo=True, max_tokens=0)["choices"][0]
+    assert cut["text"] == httpx.post(url + "/detokenize", json={"tokens": [2, *full[-2:]]}).json()["prompt"]
+    r = post(url, "/v1/completions", {"prompt": text, "truncate_prompt_tokens": 10**6})
+    assert r.status_code == 400 and "truncate_prompt_tokens" in r.json()["error"]["message"]
+    # token ids as labels; the response id from request_id
+    lp = completion(logprobs=2, return_tokens_as_token_ids=True, request_id="abc")
+    assert lp["id"] == "cmpl-abc"
+    ch = lp["choices"][0]
+    assert ch["logprobs"]["tokens"] == [f"token_id:{t}" for t in ch["token_ids"]]
+    assert all(k.startswith("token_id:") for top in ch["logprobs"]["top_logprobs"] for k in top)
+    # chat: token ids, the prompt's beside the choices, and add_special_tokens on top of the template's bos
+    msgs = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, **GREEDY}
+    prompt = post(url, "/tokenize", {"messages": msgs["messages"], "add_generation_prompt": True}).json()["tokens"]
+    chat = post(url, "/v1/chat/completions", {**msgs, "return_token_ids": True, "request_id": "q"}).json()
+    assert chat["id"] == "chatcmpl-q" and chat["prompt_token_ids"] == prompt
+    assert len(chat["choices"][0]["token_ids"]) == chat["usage"]["completion_tokens"]
+    more = post(url, "/v1/chat/completions", {**msgs, "add_special_tokens": True, "return_token_ids": True}).json()
+    assert more["prompt_token_ids"] == [2, *prompt]
+    sse = post_stream(url, "/v1/chat/completions", {**msgs, "return_token_ids": True, "stream": True})
+    assert sse.events[0]["prompt_token_ids"] == prompt and all("prompt_token_ids" not in e for e in sse.events[1:])
+    assert [t for e in sse.events for c in e["choices"] for t in c.get("token_ids", [])] == chat["choices"][0]["token_ids"]
+    lab = post(url, "/v1/chat/completions", {**msgs, "logprobs": True, "return_tokens_as_token_ids": True}).json()
+    assert [c["token"] for c in lab["choices"][0]["logprobs"]["content"]] == \
+        [f"token_id:{t}" for t in chat["choices"][0]["token_ids"]]
+    for field, value in (("cache_salt", "tenant-a"), ("priority", 1), ("reasoning_effort", "low"),
+                         ("include_reasoning", False), ("chat_template", "{{ 1 }}"), ("logprob_token_ids", [1]),
+                         ("stream_interval", 4), ("kv_transfer_params", {"a": 1})):
+        r = post(url, "/v1/chat/completions", {**msgs, field: value})
+        assert r.status_code == 400 and field in r.json()["error"]["message"], (field, r.text)
+    ok = post(url, "/v1/chat/completions", {**msgs, "priority": 0, "include_reasoning": True, "session_id": "s1",
+                                            "spaces_between_special_tokens": True})
+    assert ok.status_code == 200, ok.text
+
+
 def test_include_stop_str_in_output_keeps_the_stop_string(url):
     body = {"prompt": prompt_ids(26, 6), "max_tokens": 12, **GREEDY}
     full = post(url, "/v1/completions", body).json()["choices"][0]["text"]
