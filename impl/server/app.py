@@ -185,7 +185,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         body, sub = await body_of(request, state.models.generate,
                                   lambda b: req_builder.from_generate(engine, b))
         tt = TokenText(engine.tokenizer.decode) if body.return_text_in_logprobs else None
-        return await generate_api.generate_response(request, aengine, sub, body.stream, tt)
+        return await generate_api.generate_response(request, aengine, sub, body.stream, tt, body.return_prompt_token_ids)
 
     @app.post("/v1/completions")
     async def completions(request: Request):

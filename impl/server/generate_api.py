@@ -15,7 +15,7 @@ its stream's error event, then ``[DONE]``).
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
@@ -28,12 +28,20 @@ from impl.server.streaming import abort_unfinished, failure_of, json_safe, sse, 
 
 
 async def generate_response(request: Request, aengine: AsyncEngine, sub: Submission, stream: bool,
-                            token_text: TokenText | None = None):
-    """``token_text``: SGLang's ``return_text_in_logprobs`` (each logprob entry with its token's text)."""
+                            token_text: TokenText | None = None, prompt_ids: bool = False):
+    """``token_text``: SGLang's ``return_text_in_logprobs`` (each logprob entry with its token's text);
+    ``prompt_ids``: SGLang's ``return_prompt_token_ids`` (every output dict with its prompt's ids)."""
     streams = aengine.submit(sub.reqs, stream)
     many = len(streams) > 1
+
+    def with_prompt(i: int, d: dict) -> dict:
+        if prompt_ids:
+            d["prompt_token_ids"] = sub.reqs[i].origin_input_ids
+        return d
+
     if stream:
-        return StreamingResponse(_stream(aengine, streams, many, token_text), media_type="text/event-stream")
+        return StreamingResponse(_stream(aengine, streams, many, token_text, with_prompt),
+                                 media_type="text/event-stream")
 
     async def collect() -> list[ReqOutput]:
         return [await s.result() for s in streams]
@@ -44,16 +52,16 @@ async def generate_response(request: Request, aengine: AsyncEngine, sub: Submiss
     failed = next((f for f in map(failure_of, finals) if f is not None), None)
     if failed is not None:
         return error_response(failed[0], failed[1])
-    outs = [sglang_dict(f, token_text) for f in finals]
+    outs = [with_prompt(i, sglang_dict(f, token_text)) for i, f in enumerate(finals)]
     return JSONResponse(json_safe(outs if many or not sub.single else outs[0]))
 
 
-def _stream(aengine: AsyncEngine, streams: list[RequestStream], many: bool,
-            token_text: TokenText | None) -> AsyncIterator[bytes]:
+def _stream(aengine: AsyncEngine, streams: list[RequestStream], many: bool, token_text: TokenText | None,
+            finish: Callable[[int, dict], dict]) -> AsyncIterator[bytes]:
     dicts = [SGLangDicts(incremental_logprobs=True, token_text=token_text) for _ in streams]
 
     def event(i: int, out: ReqOutput) -> bytes:
-        body = dicts[i].add(out)
+        body = finish(i, dicts[i].add(out))
         if many:
             body["index"] = i
         return sse(body)

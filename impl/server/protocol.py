@@ -33,6 +33,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 from impl.constrained.limits import GrammarLimits
 from impl.sampling.sampling_params import LOGIT_BIAS_RANGE, MAX_BAD_WORDS, MAX_LOGIT_BIAS, SAMPLING_RANGES
 from impl.server.limits import RequestLimits
+from impl.server.unserved_fields import GENERATE_UNSERVED, OPENAI_UNSERVED, TEXT_ONLY, Unserved
 
 I64_MAX = 2**63 - 1
 I32_MAX = 2**31 - 1
@@ -94,7 +95,6 @@ def _unsupported(name: str, what: str) -> ValueError:
     return ValueError(f"'{name}' is not supported by this server ({what}); remove the field")
 
 
-TEXT_ONLY = "Gemma-4's text model is served here; images, audio and video are not read"
 
 
 def _unused(v: Any, unused: tuple) -> bool:
@@ -104,33 +104,14 @@ def _unused(v: Any, unused: tuple) -> bool:
     return any(v is u or (v == u and type(v) is type(u)) for u in unused)
 
 
-# vLLM request fields this server does not serve: field -> (its "unused" values, what to do instead). A request
-# naming one with another value is a 400 (they would change the answer, or promise what is not done).
-VLLM_NOT_SERVED: dict[str, tuple[tuple, str]] = {
-    "priority": ((None, 0), "priority scheduling is not served; send 0"),
-    "cache_salt": ((None,), "the prefix cache is shared by every request of this server; run a server per tenant"),
-    "reasoning_effort": ((None,), "Gemma-4's template switches thinking with chat_template_kwargs.enable_thinking"),
-    "include_reasoning": ((None, True), "reasoning is not separated from the answer here"),
-    "thinking_token_budget": ((None,), "not implemented; bound the answer with max_tokens"),
-    "repetition_detection": ((None,), "not implemented; use frequency_penalty or stop"),
-    "logprob_token_ids": ((None,), "not implemented; use logprobs / top_logprobs"),
-    "documents": ((None,), "the chat template takes no documents here; put them in the messages"),
-    "chat_template": ((None,), "a request's own template is not run; start the server with --chat-template"),
-    "media_io_kwargs": ((None,), "the text model is served"),
-    "mm_processor_kwargs": ((None,), "the text model is served"),
-    "mm_payload": ((None,), "the text model is served"),
-    "prompt_embeds": ((None,), "send the prompt as text or token ids"),
-    "kv_transfer_params": ((None,), "KV transfer between servers is not served"),
-    "ec_transfer_params": ((None,), "encoder cache transfer is not served"),
-    "vllm_xargs": ((None,), "no extra sampling arguments are read"),
-    "watermarking": ((None, False), "not implemented"),
-    "return_token_offsets": ((None, False), "not implemented"),
-    "return_prompt_text": ((None, False), "not implemented; POST /tokenize with the messages, then /detokenize"),
-    "routed_experts_prompt_start": ((None, 0), "Gemma-4 E2B has no experts"),
-    "return_mm_kwargs": ((None, False), "the text model is served"),
-    "spaces_between_special_tokens": ((None, True), "special tokens are decoded as the tokenizer writes them"),
-    "stream_interval": ((None,), "the server's --stream-interval sets it"),
-}
+def refuse_unserved(data: Any, unserved: Unserved) -> Any:
+    """A body (before validation) that gives a field of ``unserved`` another value than its unused ones: a 400
+    naming the field."""
+    if isinstance(data, dict):
+        for name, (unused, hint) in unserved.items():
+            if name in data and not _unused(data[name], unused):
+                raise _unsupported(name, hint)
+    return data
 
 
 def _only_unused(name: str, what: str, unused: tuple = (None,)) -> Any:
@@ -271,6 +252,13 @@ def request_models(lim: RequestLimits) -> RequestModels:
         _ids_lp = _only_unused("token_ids_logprob", "use top_logprobs_num (and logprob_start_len for the prompt)")
         _clp = _only_unused("custom_logit_processor", "custom logit processors are not run; use logit_bias")
         _session = _only_unused("session_params", "sessions are not kept; send the whole conversation")
+        # return_prompt_token_ids (SGLang's): each output dict carries its prompt's ids
+        return_prompt_token_ids: bool = False
+
+        @model_validator(mode="before")
+        @classmethod
+        def _unserved(cls, data: Any) -> Any:
+            return refuse_unserved(data, GENERATE_UNSERVED)
 
         @model_validator(mode="after")
         def _batch_shape(self):
@@ -352,10 +340,11 @@ def request_models(lim: RequestLimits) -> RequestModels:
         user: Optional[str] = None
         logit_bias: Optional[LogitBiasT] = None
         response_format: Optional[ResponseFormat] = None
-        # SGLang's extras: the output matches a regex or an EBNF grammar (one constraint in all, response_format
-        # included); the stop string left in the text
+        # SGLang's extras: the output matches a regex, an EBNF grammar or a JSON Schema (one constraint in all,
+        # response_format included); the stop string left in the text
         regex: Optional[GrammarT] = None
         ebnf: Optional[GrammarT] = None
+        json_schema: Optional[JsonSpecT] = None
         no_stop_trim: bool = False
         # vLLM's: structured_outputs, and its older spellings guided_json / guided_regex / guided_choice /
         # guided_grammar (the same constraints); include_stop_str_in_output (SGLang's no_stop_trim)
@@ -388,12 +377,8 @@ def request_models(lim: RequestLimits) -> RequestModels:
 
         @model_validator(mode="before")
         @classmethod
-        def _vllm_fields_not_served(cls, data: Any) -> Any:
-            if isinstance(data, dict):
-                for name, (unused, hint) in VLLM_NOT_SERVED.items():
-                    if name in data and not _unused(data[name], unused):
-                        raise _unsupported(name, hint)
-            return data
+        def _unserved(cls, data: Any) -> Any:
+            return refuse_unserved(data, OPENAI_UNSERVED)
         # vLLM's: only these tokens may be sampled; never these words (each as written and after a space)
         allowed_token_ids: Optional[Annotated[list[TokT], Field(min_length=1, max_length=min(lim.vocab_size, 2**18))]] = None
         bad_words: Optional[Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]],
@@ -418,9 +403,9 @@ def request_models(lim: RequestLimits) -> RequestModels:
                 "frequency_penalty": self.frequency_penalty not in (None, 0),
                 "repetition_penalty": self.repetition_penalty not in (None, 1), "min_tokens": self.min_tokens > 0,
                 "logit_bias": bool(self.logit_bias), "response_format": rf is not None and rf.type != "text",
-                **{k: getattr(self, k) is not None for k in ("regex", "ebnf", "structured_outputs", "guided_json",
-                                                              "guided_regex", "guided_choice", "guided_grammar",
-                                                              "allowed_token_ids", "prompt_logprobs")},
+                **{k: getattr(self, k) is not None for k in (
+                    "regex", "ebnf", "json_schema", "structured_outputs", "guided_json", "guided_regex",
+                    "guided_choice", "guided_grammar", "allowed_token_ids", "prompt_logprobs")},
                 "bad_words": bool(self.bad_words), "no_stop_trim": self.no_stop_trim,
                 "tools": bool(getattr(self, "tools", None)) and getattr(self, "tool_choice", None) != "none",
                 "echo": bool(getattr(self, "echo", False)) and getattr(self, "logprobs", None) is not None

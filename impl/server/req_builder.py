@@ -147,7 +147,7 @@ def bad_words_token_ids(engine: Engine, words: list[str] | None) -> list[list[in
 
 def output_constraint(body: CompletionBody | ChatBody) -> tuple[dict[str, str], str]:
     """(the engine's grammar field, the body field it came from) of the one constraint on an OpenAI route's output:
-    ``response_format``, SGLang's ``regex`` / ``ebnf``, vLLM's ``structured_outputs`` or its ``guided_*`` spellings
+    ``response_format``, SGLang's ``regex`` / ``ebnf`` / ``json_schema``, vLLM's ``structured_outputs`` or its ``guided_*`` spellings
     (a choice list becomes the regex of its literal alternatives, a JSON Schema object its JSON text). Two of them
     are a 400 naming both."""
     so = body.structured_outputs
@@ -155,6 +155,7 @@ def output_constraint(body: CompletionBody | ChatBody) -> tuple[dict[str, str], 
         "response_format": response_format_grammar(body.response_format),
         "regex": {"regex": body.regex} if body.regex is not None else {},
         "ebnf": {"ebnf": body.ebnf} if body.ebnf is not None else {},
+        "json_schema": _vllm_constraint(body.json_schema, None, None, None),
         "structured_outputs": {} if so is None else _vllm_constraint(so.json_, so.regex, so.choice, so.grammar),
         "guided_json": _vllm_constraint(body.guided_json, None, None, None),
         "guided_regex": _vllm_constraint(None, body.guided_regex, None, None),

@@ -299,6 +299,26 @@ def test_sglang_and_vllm_output_constraints_on_the_openai_routes(url):
         assert r.status_code == 400 and field in r.json()["error"]["message"], (body, r.text)
 
 
+def test_generate_prompt_token_ids_and_sglang_fields_not_served(url):
+    """SGLang's return_prompt_token_ids: every output dict carries its prompt's ids (streamed: every event); its
+    request fields this server does not serve are 400s naming them, their defaults pass."""
+    body = {"text": ["The sea is", "A cat"], "sampling_params": {**GREEDY, "max_new_tokens": 2},
+            "return_prompt_token_ids": True}
+    outs = _gen(url, **body)
+    want = [post(url, "/tokenize", {"prompt": t}).json()["tokens"] for t in body["text"]]
+    assert [o["prompt_token_ids"] for o in outs] == want
+    sse = post_stream(url, "/generate", {**body, "stream": True})
+    assert all(ev["prompt_token_ids"] == want[ev["index"]] for ev in sse.events)
+    assert "prompt_token_ids" not in _gen(url, text="Hi", sampling_params={"max_new_tokens": 1})
+    for field, value in (("priority", 2), ("cache_salt", "t"), ("return_entropy", True), ("bootstrap_room", 7),
+                         ("max_thinking_tokens", 5), ("data_parallel_rank", 0), ("modalities", ["image"])):
+        r = post(url, "/generate", {"text": "Hi", field: value})
+        assert r.status_code == 400 and field in r.json()["error"]["message"], (field, r.text)
+    ok = post(url, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 1}, "priority": None,
+                                 "log_metrics": True, "return_entropy": False, "session_id": "s", "custom_labels": {}})
+    assert ok.status_code == 200, ok.text
+
+
 def test_generate_refuses_sglang_fields_it_does_not_serve(url):
     """An image, a LoRA adapter or hidden states asked of /generate are 400s naming the field (not ignored, which
     answered as if the image were not there); their unused values (SGLang's bench client sends lora_path null)
@@ -467,12 +487,20 @@ def test_vllm_prompt_and_id_fields(url):
         [f"token_id:{t}" for t in chat["choices"][0]["token_ids"]]
     for field, value in (("cache_salt", "tenant-a"), ("priority", 1), ("reasoning_effort", "low"),
                          ("include_reasoning", False), ("chat_template", "{{ 1 }}"), ("logprob_token_ids", [1]),
-                         ("stream_interval", 4), ("kv_transfer_params", {"a": 1})):
+                         ("stream_interval", 4), ("kv_transfer_params", {"a": 1}), ("stop_regex", "a+"),
+                         ("separate_reasoning", False), ("return_meta_info", True), ("lora_path", "x")):
         r = post(url, "/v1/chat/completions", {**msgs, field: value})
         assert r.status_code == 400 and field in r.json()["error"]["message"], (field, r.text)
     ok = post(url, "/v1/chat/completions", {**msgs, "priority": 0, "include_reasoning": True, "session_id": "s1",
-                                            "spaces_between_special_tokens": True})
+                                            "spaces_between_special_tokens": True, "lora_path": None,
+                                            "return_cached_tokens_details": True})
     assert ok.status_code == 200, ok.text
+    # SGLang's json_schema on the OpenAI routes
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    js = post(url, "/v1/completions", {"prompt": "x", "max_tokens": 3, "json_schema": json.dumps(schema), **GREEDY})
+    assert js.status_code == 200 and js.json()["choices"][0]["text"].startswith("{")
+    two = post(url, "/v1/completions", {"prompt": "x", "json_schema": schema, "regex": "a"})
+    assert two.status_code == 400 and "json_schema" in two.json()["error"]["message"]
 
 
 def test_include_stop_str_in_output_keeps_the_stop_string(url):
