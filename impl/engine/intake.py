@@ -31,6 +31,7 @@ enqueued.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import uuid
 from dataclasses import dataclass
@@ -149,6 +150,16 @@ def _sampling(value: SamplingParams | Mapping[str, Any] | None, policy: IntakePo
         raise InvalidRequest(str(e), "sampling_params", e.field if isinstance(e, SamplingError) else None) from None
 
 
+def cache_namespace(salt: str | None) -> int:
+    """The radix cache namespace of a cache salt: 0 without one, else 128 bits of its hash above every token id
+    (a key token is ``token + namespace``), so salted prefixes never meet unsalted or other salts' ones."""
+    if salt is None:
+        return 0
+    if not isinstance(salt, str) or not salt:
+        raise InvalidRequest(f"cache_salt must be a non-empty string, got {salt!r:.100}", "cache_salt")
+    return (int.from_bytes(hashlib.blake2b(salt.encode(), digest_size=16).digest(), "little") + 1) << 32
+
+
 def expand_requests(
     input_ids: Sequence[Sequence[int]],
     sampling_params: SamplingParams | dict | None | Sequence[SamplingParams | dict | None] = None,
@@ -161,12 +172,15 @@ def expand_requests(
     seed_generator: torch.Generator,
     default_max_new_tokens: int | None = None,
     input_token_ranks: bool = False,
+    cache_salt: str | None | Sequence[str | None] = None,
 ) -> list[Req]:
     """A batch of prompts (token ids) -> validated Reqs, ``B * n`` of them, prompt-major.
 
     ``default_max_new_tokens``: the route's default where the caller left ``max_new_tokens`` unset
     (None: ``SamplingParams``' 128); a default is capped to the context, never refused. ``input_token_ranks``: each
-    prompt logprob entry also gets its rank in its row (``Req.input_token_ranks``; vLLM's prompt_logprobs)."""
+    prompt logprob entry also gets its rank in its row (``Req.input_token_ranks``; vLLM's prompt_logprobs).
+    ``cache_salt`` (per prompt or one for all): the prefix cache shares a prompt's prefixes only with requests of the
+    same salt (``cache_namespace``)."""
     b = len(input_ids)
     if b == 0:
         raise InvalidRequest("the batch is empty", "input_ids")
@@ -175,6 +189,7 @@ def expand_requests(
     starts = per_prompt(logprob_start_len, b, "logprob_start_len")
     tops = per_prompt(top_logprobs_num, b, "top_logprobs_num")
     rids = per_prompt(rid, b, "rid")
+    salts = per_prompt(cache_salt, b, "cache_salt")
     for t in tops:
         if t is not None and t < 0:
             raise InvalidRequest(f"top_logprobs_num must be >= 0, got {t}", "top_logprobs_num")
@@ -201,6 +216,7 @@ def expand_requests(
                 logprob_start_len=start if ret else -1,
                 top_logprobs_num=int(tops[i] or 0) if ret else 0,
                 input_token_ranks=[] if ret and start >= 0 and input_token_ranks else None,
+                cache_namespace=cache_namespace(salts[i]),
                 generator=torch.Generator().manual_seed(seed),
             ))
     for r in reqs:

@@ -2,7 +2,8 @@
 
 Both answer the same questions, so the request lifecycle never asks which one it has: how many cached
 slots could be evicted, what prefix a request would reuse, where a finished request's slots go, and what
-the integrity check must count.
+the integrity check must count. A request with a cache salt (``Req.cache_namespace``) keys the tree with its
+token ids moved into its namespace, so it shares prefixes only with requests of the same salt.
 """
 
 from __future__ import annotations
@@ -70,6 +71,14 @@ class NoPrefixCache:
         pass
 
 
+def _key(req: Req, n: int) -> list[int]:
+    """The tree key of ``req``'s first ``n`` tokens: the token ids, moved into the request's cache namespace
+    (``Req.cache_namespace``: a salt's tokens never equal another namespace's)."""
+    ids = req.fill_ids[:n]
+    ns = req.cache_namespace
+    return ids if not ns else [t + ns for t in ids]
+
+
 class RadixPrefixCache:
     """The radix tree (``RadixCache``, or ``SWARadixCache`` over the hybrid pool) owns finished prefixes; a
     request locks the prefix it reuses until it is released."""
@@ -84,18 +93,18 @@ class RadixPrefixCache:
         return self.tree.swa_evictable_size
 
     def match(self, req: Req) -> int:
-        return min(self.tree.match_prefix(req.fill_ids).prefix_len, req.max_prefix_len())
+        return min(self.tree.match_prefix(_key(req, len(req.fill_ids))).prefix_len, req.max_prefix_len())
 
     def lock(self, req: Req) -> torch.Tensor:
         """The slots of the cached prefix ``req`` reuses, locked (``req.last_node``, ``req.swa_lock``)."""
-        m = self.tree.match_prefix(req.fill_ids[: req.max_prefix_len()])
+        m = self.tree.match_prefix(_key(req, req.max_prefix_len()))
         req.swa_lock = self.tree.inc_lock_ref(m.last_node)
         req.last_node = m.last_node
         return m.slots
 
     def cache(self, req: Req, kv: torch.Tensor) -> None:
         # KV exists for fill_ids[:kv_len]; the tree keeps what it lacks, the duplicates are freed.
-        self.tree.cache_request(req.fill_ids[: req.kv_len], kv, req.prefix_len, req.swa_evicted_len)
+        self.tree.cache_request(_key(req, req.kv_len), kv, req.prefix_len, req.swa_evicted_len)
         self.unlock(req)
 
     def unlock(self, req: Req) -> None:

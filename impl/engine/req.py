@@ -88,6 +88,9 @@ class Req:
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     input_logprob_next_pos: int = 0
+    # the radix cache's namespace (vLLM's / SGLang's cache_salt, hashed; 0: the shared one): prefixes are shared only
+    # between requests of one namespace (``impl/engine/kv_prefix.py``)
+    cache_namespace: int = 0
     # text: the request's IncrementalDetokenizer (set by Engine.submit; stepped on the scheduler
     # thread only when the request has stop strings, else on the detokenizer thread)
     detok: Any = None

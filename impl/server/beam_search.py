@@ -78,7 +78,8 @@ async def search(aengine: AsyncEngine, template: Req, spec: BeamSpec, top_logpro
     live, done = [Beam()], []
     cached = 0
     for step in range(sp.max_new_tokens):
-        outs = await _step(aengine, [prompt + b.tokens for b in live], k, f"{template.rid}-beam{step}")
+        outs = await _step(aengine, [prompt + b.tokens for b in live], k, f"{template.rid}-beam{step}",
+                           template.cache_namespace)
         if step == 0:
             cached = outs[0].cached_tokens
         cands: list[tuple[float, int, Beam, list[tuple[float, int]]]] = []
@@ -104,9 +105,11 @@ async def search(aengine: AsyncEngine, template: Req, spec: BeamSpec, top_logpro
     return [_output(engine.tokenizer, template, b, cached, took, top_logprobs, spec.include_stop) for b in best]
 
 
-async def _step(aengine: AsyncEngine, prompts: list[list[int]], k: int, rid: str) -> list[ReqOutput]:
+async def _step(aengine: AsyncEngine, prompts: list[list[int]], k: int, rid: str, namespace: int) -> list[ReqOutput]:
     reqs = aengine.engine.expand_requests(prompts, {"max_new_tokens": 1, "temperature": 0.0, "ignore_eos": True},
                                           True, None, k, [f"{rid}-{i}" for i in range(len(prompts))])
+    for r in reqs:  # the call's cache salt holds for its steps
+        r.cache_namespace = namespace
     streams = aengine.submit(reqs, False)
     try:
         outs = list(await asyncio.gather(*(s.result() for s in streams)))

@@ -159,6 +159,7 @@ def request_models(lim: RequestLimits) -> RequestModels:
     StartT = Int(ge=-1, le=I32_MAX)
     batch = lim.max_batch_size
     RidT = Annotated[str, Field(min_length=1, max_length=256)]
+    SaltT = Annotated[str, Field(min_length=1, max_length=1024)]
     GrammarT = Annotated[str, Field(min_length=1, max_length=GrammarLimits().max_source_bytes)]
     BiasT = Annotated[float, Field(ge=-LOGIT_BIAS_RANGE, le=LOGIT_BIAS_RANGE, allow_inf_nan=False)]
     # token id (a JSON object key, so a string) -> bias; ids are checked against the vocabulary by the engine
@@ -254,6 +255,8 @@ def request_models(lim: RequestLimits) -> RequestModels:
         _session = _only_unused("session_params", "sessions are not kept; send the whole conversation")
         # return_prompt_token_ids (SGLang's): each output dict carries its prompt's ids
         return_prompt_token_ids: bool = False
+        # SGLang's: prefixes are shared only between requests of one salt (one for all prompts, or one each)
+        cache_salt: Union[SaltT, many(SaltT), None] = None
 
         @model_validator(mode="before")
         @classmethod
@@ -266,7 +269,8 @@ def request_models(lim: RequestLimits) -> RequestModels:
                 raise ValueError("pass exactly one of 'text' or 'input_ids'")
             prompts = self.text if self.text is not None else self.input_ids
             b = 1 if isinstance(prompts, str) or not isinstance(prompts[0], list) else len(prompts)
-            for name in ("sampling_params", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num"):
+            for name in ("sampling_params", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num",
+                         "cache_salt"):
                 v = getattr(self, name)
                 if isinstance(v, list) and len(v) != b:
                     raise ValueError(f"'{name}' has {len(v)} entries for a batch of {b} prompts")
@@ -372,6 +376,8 @@ def request_models(lim: RequestLimits) -> RequestModels:
         return_token_ids: bool = False
         request_id: Optional[RidT] = None
         session_id: Optional[RidT] = None
+        # vLLM's / SGLang's: the prefix cache shares this request's prefixes only with requests of the same salt
+        cache_salt: Optional[SaltT] = None
         # OpenAI fields this server does not implement: only their "unused" value is accepted
         best_of: Optional[Int(ge=1, le=1)] = None
 

@@ -92,7 +92,7 @@ def from_generate(engine: Engine, body: GenerateBody) -> Submission:
         else:
             prompts = [list(body.input_ids)] if single else [list(x) for x in body.input_ids]
         reqs = engine.expand_requests(prompts, sampling, body.return_logprob, body.logprob_start_len,
-                                      body.top_logprobs_num, body.rid)
+                                      body.top_logprobs_num, body.rid, cache_salt=body.cache_salt)
     return Submission(reqs, len(prompts), (first.n if first is not None else None) or 1, single)
 
 
@@ -237,7 +237,7 @@ def from_completion(engine: Engine, body: CompletionBody) -> Submission:
                                       body.logprobs is not None or plp is not None,
                                       0 if body.echo or plp is not None else None, max(body.logprobs or 0, plp or 0),
                                       body.rid, default_max_new_tokens=default, grammar_field=grammar_field,
-                                      input_token_ranks=plp is not None)
+                                      input_token_ranks=plp is not None, cache_salt=body.cache_salt)
     return Submission(reqs, len(prompts), body.n, single,
                       echo=_echo_texts(engine, texts, prompts, reqs, body.n) if body.echo else None,
                       prompt_logprobs=plp, top_logprobs=body.logprobs or 0, beam=_beam_spec(body))
@@ -323,7 +323,8 @@ def from_chat(engine: Engine, body: ChatBody, chat_template: str | None) -> Subm
         plp = body.prompt_logprobs
         reqs = engine.expand_requests([ids], sampling, bool(body.logprobs) or plp is not None,
                                       None if plp is None else 0, max(body.top_logprobs or 0, plp or 0), body.rid,
-                                      grammar_field=grammar_field, input_token_ranks=plp is not None)
+                                      grammar_field=grammar_field, input_token_ranks=plp is not None,
+                                      cache_salt=body.cache_salt)
     return Submission(reqs, 1, body.n, True, tool_calls=bool(tools), prompt_logprobs=plp,
                       top_logprobs=body.top_logprobs or 0, echo=_chat_echo(body) if body.echo else None,
                       beam=_beam_spec(body))

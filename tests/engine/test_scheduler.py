@@ -65,6 +65,23 @@ def test_radix_hits_reuse_prefix_and_count_cached_tokens():
     assert c.cached_tokens == 5 and c.output_ids == _reference([2, 5, 7, 3, 9, 11], 2)
 
 
+def test_cache_salt_keeps_prefixes_apart():
+    """Requests share cached prefixes only within one cache namespace (a salt): another salt, or none, misses."""
+    from impl.engine.intake import cache_namespace
+
+    sched = make_scheduler()
+    p = [2, 5, 7, 3, 9, 11]
+    a, b = cache_namespace("tenant-a"), cache_namespace("tenant-b")
+    assert a != b and a > 2**32 and cache_namespace(None) == 0
+    run(sched, [make_req("a1", p, max_new_tokens=1, cache_namespace=a)])
+    hits = {}
+    for rid, ns in (("none", 0), ("b1", b), ("a2", a)):
+        hits[rid] = run(sched, [make_req(rid, p, max_new_tokens=2, ignore_eos=True, cache_namespace=ns)])[0]
+    assert [hits[r].cached_tokens for r in ("none", "b1", "a2")] == [0, 0, 5]
+    assert hits["a2"].output_ids == hits["none"].output_ids == _reference(p, 2)  # the same tokens either way
+    sched.check_integrity()
+
+
 def test_chunked_prefill_splits_and_mixes_with_decode():
     sched = make_scheduler(chunk=4)
     run(sched, _reqs(max_new=3))

@@ -76,7 +76,8 @@ def make_scheduler(total_tokens=512, chunk=-1, radix=True, max_running=16, max_l
 
 
 def make_req(rid, ids, seed=0, **kw) -> Req:
-    lp = {k: kw.pop(k) for k in ("return_logprob", "logprob_start_len", "top_logprobs_num", "input_token_ranks")
+    lp = {k: kw.pop(k) for k in ("return_logprob", "logprob_start_len", "top_logprobs_num", "input_token_ranks",
+                                    "cache_namespace")
           if k in kw}
     kw.setdefault("temperature", 0.0)
     return Req(rid, list(ids), SamplingParams.from_dict(kw), generator=torch.Generator().manual_seed(seed), **lp)

@@ -40,7 +40,7 @@ class FakeAsyncEngine:
 
     def _expand(self, prompts, sampling, ret, start, k, rids):
         assert sampling == {"max_new_tokens": 1, "temperature": 0.0, "ignore_eos": True} and ret and start is None
-        return [SimpleNamespace(rid=r, prompt=tuple(p[1:]), k=k) for p, r in zip(prompts, rids)]
+        return [SimpleNamespace(rid=r, prompt=tuple(p[1:]), k=k, cache_namespace=0) for p, r in zip(prompts, rids)]
 
     def submit(self, reqs, stream):
         self.steps.append([r.prompt for r in reqs])
@@ -58,7 +58,7 @@ class FakeAsyncEngine:
 
 def _run(width=2, max_tokens=3, length_penalty=1.0, include_stop=False, ignore_eos=False, top=0):
     sp = SimpleNamespace(max_new_tokens=max_tokens, ignore_eos=ignore_eos, skip_special_tokens=True)
-    template = SimpleNamespace(rid="r", origin_input_ids=[0], sampling_params=sp)
+    template = SimpleNamespace(rid="r", origin_input_ids=[0], sampling_params=sp, cache_namespace=0)
     fake = FakeAsyncEngine()
     outs = asyncio.run(search(fake, template, BeamSpec(width, length_penalty, include_stop), top))
     return outs, fake

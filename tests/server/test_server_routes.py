@@ -310,13 +310,38 @@ def test_generate_prompt_token_ids_and_sglang_fields_not_served(url):
     sse = post_stream(url, "/generate", {**body, "stream": True})
     assert all(ev["prompt_token_ids"] == want[ev["index"]] for ev in sse.events)
     assert "prompt_token_ids" not in _gen(url, text="Hi", sampling_params={"max_new_tokens": 1})
-    for field, value in (("priority", 2), ("cache_salt", "t"), ("return_entropy", True), ("bootstrap_room", 7),
+    for field, value in (("priority", 2), ("extra_key", "t"), ("return_entropy", True), ("bootstrap_room", 7),
                          ("max_thinking_tokens", 5), ("data_parallel_rank", 0), ("modalities", ["image"])):
         r = post(url, "/generate", {"text": "Hi", field: value})
         assert r.status_code == 400 and field in r.json()["error"]["message"], (field, r.text)
     ok = post(url, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 1}, "priority": None,
                                  "log_metrics": True, "return_entropy": False, "session_id": "s", "custom_labels": {}})
     assert ok.status_code == 200, ok.text
+
+
+def test_cache_salt_shares_prefixes_only_within_a_salt(url):
+    """vLLM's and SGLang's cache_salt: a prompt cached under one salt is a hit for that salt only (usage's and
+    meta_info's cached tokens), on both routes; the answer is the same."""
+    ids = prompt_ids(33, 24)
+    sp = {**GREEDY, "max_new_tokens": 2}
+
+    def cached(**extra):
+        return _gen(url, input_ids=ids, sampling_params=sp, **extra)["meta_info"]["cached_tokens"]
+
+    assert cached(cache_salt="s1-" + "k" * 40) == 0
+    assert cached(cache_salt="s2-" + "k" * 40) == 0 and cached() == 0
+    assert cached(cache_salt="s1-" + "k" * 40) == len(ids) - 1
+    body = {"prompt": prompt_ids(34, 20), "max_tokens": 2, **GREEDY}
+    first = post(url, "/v1/completions", {**body, "cache_salt": "t"}).json()
+    other = post(url, "/v1/completions", {**body, "cache_salt": "u"}).json()
+    again = post(url, "/v1/completions", {**body, "cache_salt": "t"}).json()
+    assert [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in (first, other, again)] == [0, 0, 19]
+    assert first["choices"][0]["text"] == other["choices"][0]["text"] == again["choices"][0]["text"]
+    two = _gen(url, input_ids=[ids, ids], sampling_params=sp, cache_salt=["s1-" + "k" * 40, "z"])
+    assert [o["meta_info"]["cached_tokens"] for o in two] == [len(ids) - 1, 0]
+    for bad in ("", ["a"], 5):
+        r = post(url, "/generate", {"input_ids": [ids, ids], "cache_salt": bad})
+        assert r.status_code == 400 and "cache_salt" in r.json()["error"]["message"], (bad, r.text)
 
 
 def test_generate_refuses_sglang_fields_it_does_not_serve(url):
@@ -485,7 +510,7 @@ def test_vllm_prompt_and_id_fields(url):
     lab = post(url, "/v1/chat/completions", {**msgs, "logprobs": True, "return_tokens_as_token_ids": True}).json()
     assert [c["token"] for c in lab["choices"][0]["logprobs"]["content"]] == \
         [f"token_id:{t}" for t in chat["choices"][0]["token_ids"]]
-    for field, value in (("cache_salt", "tenant-a"), ("priority", 1), ("reasoning_effort", "low"),
+    for field, value in (("extra_key", "tenant-a"), ("priority", 1), ("reasoning_effort", "low"),
                          ("include_reasoning", False), ("chat_template", "{{ 1 }}"), ("logprob_token_ids", [1]),
                          ("stream_interval", 4), ("kv_transfer_params", {"a": 1}), ("stop_regex", "a+"),
                          ("separate_reasoning", False), ("return_meta_info", True), ("lora_path", "x")):
