@@ -110,7 +110,10 @@ async def _step(aengine: AsyncEngine, prompts: list[list[int]], k: int, rid: str
                                           True, None, k, [f"{rid}-{i}" for i in range(len(prompts))])
     for r in reqs:  # the call's cache salt holds for its steps
         r.cache_namespace = namespace
-    streams = aengine.submit(reqs, False)
+    try:
+        streams = aengine.submit(reqs, False)
+    except ValueError as e:  # its rid is in use by a live request
+        raise BeamFailure(400, str(e)) from None
     try:
         outs = list(await asyncio.gather(*(s.result() for s in streams)))
     finally:
@@ -133,4 +136,3 @@ def _output(tokenizer: Any, template: Req, beam: Beam, cached: int, took: float,
     return ReqOutput(rid=template.rid, text=text, text_delta=text, output_ids_delta=list(beam.tokens),
                      finish_reason=fr, prompt_tokens=len(template.origin_input_ids),
                      completion_tokens=len(beam.tokens), cached_tokens=cached, e2e_latency=took, logprobs_delta=lp)
-

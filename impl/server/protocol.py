@@ -26,7 +26,7 @@ compiles) is checked by the engine (``impl/constrained``), still a 400.
 """
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
@@ -93,8 +93,6 @@ def _template_kwargs(v: Any) -> Any:
 
 def _unsupported(name: str, what: str) -> ValueError:
     return ValueError(f"'{name}' is not supported by this server ({what}); remove the field")
-
-
 
 
 def _unused(v: Any, unused: tuple) -> bool:
@@ -323,6 +321,8 @@ def request_models(lim: RequestLimits) -> RequestModels:
     class _OpenAISampling(_Body):
         """Sampling fields shared by completions and chat (OpenAI names plus SGLang's and vLLM's extras)."""
 
+        route: ClassVar[str] = "chat"
+
         model: Optional[str] = None
         temperature: Optional[Sampling("temperature")] = None
         top_p: Optional[Sampling("top_p")] = None
@@ -378,17 +378,18 @@ def request_models(lim: RequestLimits) -> RequestModels:
         session_id: Optional[RidT] = None
         # vLLM's / SGLang's: the prefix cache shares this request's prefixes only with requests of the same salt
         cache_salt: Optional[SaltT] = None
-        # OpenAI fields this server does not implement: only their "unused" value is accepted
+        # vLLM's: only these tokens may be sampled; never these words (each as written and after a space)
+        allowed_token_ids: Optional[Annotated[list[TokT], Field(min_length=1, max_length=min(lim.vocab_size, 2**18))]] = None
+        bad_words: Optional[Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]],
+                                      Field(max_length=MAX_BAD_WORDS // 2)]] = None
+        # OpenAI fields this server does not implement: only their "unused" value is accepted (and SGLang's and
+        # vLLM's in unserved_fields.OPENAI_UNSERVED)
         best_of: Optional[Int(ge=1, le=1)] = None
 
         @model_validator(mode="before")
         @classmethod
         def _unserved(cls, data: Any) -> Any:
             return refuse_unserved(data, OPENAI_UNSERVED)
-        # vLLM's: only these tokens may be sampled; never these words (each as written and after a space)
-        allowed_token_ids: Optional[Annotated[list[TokT], Field(min_length=1, max_length=min(lim.vocab_size, 2**18))]] = None
-        bad_words: Optional[Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]],
-                                      Field(max_length=MAX_BAD_WORDS // 2)]] = None
 
         _top_k = field_validator("top_k")(_no_zero_top_k)
 
@@ -413,9 +414,10 @@ def request_models(lim: RequestLimits) -> RequestModels:
                     "regex", "ebnf", "json_schema", "structured_outputs", "guided_json", "guided_regex",
                     "guided_choice", "guided_grammar", "allowed_token_ids", "prompt_logprobs")},
                 "bad_words": bool(self.bad_words), "no_stop_trim": self.no_stop_trim,
+                # chat only: declared tools; completions only: echo with logprobs (the prompt's are not computed)
                 "tools": bool(getattr(self, "tools", None)) and getattr(self, "tool_choice", None) != "none",
-                "echo": bool(getattr(self, "echo", False)) and getattr(self, "logprobs", None) is not None
-                and not isinstance(getattr(self, "logprobs"), bool),
+                "echo": self.route == "completion" and bool(getattr(self, "echo", False))
+                and getattr(self, "logprobs", None) is not None,
             }
             named = [k for k, v in set_fields.items() if v]
             if named:
@@ -446,6 +448,8 @@ def request_models(lim: RequestLimits) -> RequestModels:
 
     class CompletionRequest(_OpenAISampling):
         """POST /v1/completions."""
+
+        route: ClassVar[str] = "completion"
 
         prompt: Union[TextT, many(TextT), IdsT, many(IdsT)]
         max_tokens: Optional[NewTokensT] = 16
@@ -530,7 +534,7 @@ def request_models(lim: RequestLimits) -> RequestModels:
         chat_template_kwargs: Optional[TemplateKwargsT] = None
         tools: Optional[Annotated[list[Tool], Field(max_length=128)]] = None
         # vLLM's chat echo: a final assistant message's text starts the answer's content
-        echo: bool = False
+        echo: Optional[bool] = None
 
         _kwargs = field_validator("chat_template_kwargs")(_template_kwargs)
         tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
