@@ -24,7 +24,7 @@ import impl
 from impl.engine.engine import Engine, EngineUnhealthyError
 from impl.engine.output import ReqOutput, TokenText
 from impl.engine.req import Req
-from impl.server import generate_api, openai_api, req_builder
+from impl.server import generate_api, openai_api, req_builder, responses_api
 from impl.server.async_engine import AsyncEngine, EngineDeadError
 from impl.server.cluster_api import add_cluster_routes, flush_when_idle
 from impl.server.errors import APIError, error_response, install_error_handlers, parse_json
@@ -200,6 +200,17 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
                                   _checked(state, lambda b: req_builder.from_chat(engine, b, state.args.chat_template)))
         call = _call(state, "chat", sub, body.logprobs, body)
         return await openai_api.openai_response(request, aengine, call, body.stream)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        """OpenAI's Responses API, stateless, through the chat path (``impl/server/responses_api.py``)."""
+        def build(b: Any) -> Any:
+            chat = responses_api.chat_request(b, state.models.chat)
+            sub = req_builder.from_chat(engine, chat, state.args.chat_template)
+            return _call(state, "chat", sub, False, chat)
+
+        body, call = await body_of(request, state.models.responses, _checked(state, build))
+        return await responses_api.respond(request, aengine, call, body, state.model_name)
 
     @app.post("/tokenize")
     async def tokenize(request: Request):

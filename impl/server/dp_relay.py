@@ -2,7 +2,7 @@
 
 The front holds no model; the replica processes are ``impl.server.dp_control``'s.
 
-* Generation routes (``/generate``, ``/v1/completions``, ``/v1/chat/completions``)
+* Generation routes (``/generate``, ``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``)
   and ``/tokenize``, ``/detokenize`` go whole to one replica, chosen by ``--load-balance-method`` (``round_robin``
   or ``shortest_queue``: fewest requests in flight from this front) among the
   live ranks, or by the body's ``data_parallel_rank`` (what ``sglang-router
@@ -45,7 +45,7 @@ from impl.server.streaming import DONE, error_event, until_disconnect
 
 logger = logging.getLogger("impl.server.dp")
 
-GENERATE_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
+GENERATE_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses")
 TOKENIZER_ROUTES = ("/tokenize", "/detokenize")  # any rank answers them (every rank has the same tokenizer)
 # hop-by-hop or recomputed headers that must not be copied from a replica's response
 _DROP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"})

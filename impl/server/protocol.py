@@ -138,6 +138,7 @@ class RequestModels:
     abort: type[BaseModel]
     tokenize: type[BaseModel]
     detokenize: type[BaseModel]
+    responses: type[BaseModel]
 
 
 def request_models(lim: RequestLimits) -> RequestModels:
@@ -255,6 +256,9 @@ def request_models(lim: RequestLimits) -> RequestModels:
         return_prompt_token_ids: bool = False
         # SGLang's: prefixes are shared only between requests of one salt (one for all prompts, or one each)
         cache_salt: Union[SaltT, many(SaltT), None] = None
+        # SGLang's (sglang-router --dp-aware): the --dp-size front sends the request to this rank; a replica, or a
+        # server without a front (SGLang's too), serves it where it is
+        data_parallel_rank: Optional[Int(ge=0, le=I32_MAX)] = None
 
         @model_validator(mode="before")
         @classmethod
@@ -378,6 +382,9 @@ def request_models(lim: RequestLimits) -> RequestModels:
         session_id: Optional[RidT] = None
         # vLLM's / SGLang's: the prefix cache shares this request's prefixes only with requests of the same salt
         cache_salt: Optional[SaltT] = None
+        # SGLang's (sglang-router --dp-aware): the --dp-size front sends the request to this rank; a replica, or a
+        # server without a front (SGLang's too), serves it where it is
+        data_parallel_rank: Optional[Int(ge=0, le=I32_MAX)] = None
         # vLLM's: only these tokens may be sampled; never these words (each as written and after a space)
         allowed_token_ids: Optional[Annotated[list[TokT], Field(min_length=1, max_length=min(lim.vocab_size, 2**18))]] = None
         bad_words: Optional[Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]],
@@ -619,8 +626,72 @@ def request_models(lim: RequestLimits) -> RequestModels:
         model: Optional[str] = None
         tokens: list[TokT]
 
+    class ResponseTextFormat(_Body):
+        type: Literal["text", "json_object", "json_schema"] = "text"
+        name: Optional[Annotated[str, Field(max_length=256)]] = None
+        schema_: Union[dict[str, Any], bool, None] = Field(default=None, alias="schema")
+        strict: Optional[bool] = None
+        description: Optional[str] = None
+
+        model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    class ResponseText(_Body):
+        format: Optional[ResponseTextFormat] = None
+
+    class ResponseTool(_Body):
+        type: Literal["function"]
+        name: FuncNameT
+        description: Optional[Annotated[str, Field(max_length=GrammarLimits().max_source_bytes)]] = None
+        parameters: Optional[dict[str, Any]] = None
+        strict: Optional[bool] = None
+
+    class ResponseToolChoice(_Body):
+        type: Literal["function"]
+        name: FuncNameT
+
+    class ResponsesRequest(_Body):
+        """POST /v1/responses (OpenAI's Responses API, stateless): ``input`` (a text, or message and function-call
+        items, ``impl/server/responses_api.py`` reads them) answered through the chat path."""
+
+        model: Optional[str] = None
+        input: Union[TextT, Annotated[list[dict[str, Any]], Field(min_length=1, max_length=4096)]]
+        instructions: Optional[str] = None
+        max_output_tokens: Optional[Int(ge=1, le=I32_MAX)] = None
+        temperature: Optional[Sampling("temperature")] = None
+        top_p: Optional[Sampling("top_p")] = None
+        stream: bool = False
+        tools: Optional[Annotated[list[ResponseTool], Field(max_length=128)]] = None
+        tool_choice: Union[Literal["none", "auto", "required"], ResponseToolChoice, None] = None
+        parallel_tool_calls: Optional[bool] = None
+        text: Optional[ResponseText] = None
+        metadata: Optional[Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+                                     Field(max_length=16)]] = None
+        user: Optional[str] = None
+        # not served: only their unused values pass
+        store: Optional[bool] = None
+        previous_response_id: Optional[Any] = None
+        background: Optional[bool] = None
+        reasoning: Optional[Any] = None
+        include: Optional[Any] = None
+        truncation: Optional[Literal["disabled", "auto"]] = None
+        top_logprobs: Optional[Any] = None
+        conversation: Optional[Any] = None
+        prompt: Optional[Any] = None
+
+        _store = _only_unused("store", "responses are not stored (GET /v1/responses/{id} is not served); send store "
+                              "false", (None, False))
+        _prev = _only_unused("previous_response_id", "responses are not stored; send the whole conversation as input")
+        _conversation = _only_unused("conversation", "conversations are not stored; send them as input")
+        _background = _only_unused("background", "responses are answered in the foreground", (None, False))
+        _reasoning = _only_unused("reasoning", "Gemma-4's template switches thinking with its own variable; use "
+                                               "/v1/chat/completions with chat_template_kwargs")
+        _include = _only_unused("include", "no extra output is included", (None,))
+        _truncation = _only_unused("truncation", "the input is not truncated; shorten it", (None, "disabled"))
+        _top_lp = _only_unused("top_logprobs", "use /v1/chat/completions for logprobs", (None, 0))
+        _prompt = _only_unused("prompt", "stored prompts are not served; send the input")
+
     return RequestModels(SamplingParamsBody, GenerateRequest, CompletionRequest, ChatCompletionRequest, AbortRequest,
-                         TokenizeRequest, DetokenizeRequest)
+                         TokenizeRequest, DetokenizeRequest, ResponsesRequest)
 
 
 DEFAULT_MODELS = request_models(RequestLimits())

@@ -127,6 +127,17 @@ def test_dp_front_relays_the_tokenizer_routes(cluster):
     assert bad.status_code == 400 and "tokens" in bad.json()["error"]["message"]
 
 
+def test_dp_front_relays_responses_and_a_named_rank(cluster):
+    """/v1/responses goes to one rank like the other generation routes; a body naming its data_parallel_rank
+    (sglang-router --dp-aware) is served by that rank's replica, which accepts the field."""
+    r = httpx.post(cluster.url_b + "/v1/responses", json={"input": "The sea", "max_output_tokens": 2}, timeout=60)
+    assert r.status_code == 200 and r.json()["object"] == "response", r.text
+    for rank in (0, 1):
+        g = httpx.post(cluster.url_b + "/generate", json={"text": "Hi", "data_parallel_rank": rank,
+                                                         "sampling_params": {"max_new_tokens": 1}}, timeout=60)
+        assert g.status_code == 200, g.text
+
+
 def test_dp_front_reads_bodies_within_the_limit(cluster):
     """The front holds a body only up to --max-request-body-bytes: 20 MB sent whole with 'Connection: close'
     gets the single server's 413 JSON (not a reset), and the front keeps serving."""

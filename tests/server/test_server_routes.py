@@ -311,11 +311,12 @@ def test_generate_prompt_token_ids_and_sglang_fields_not_served(url):
     assert all(ev["prompt_token_ids"] == want[ev["index"]] for ev in sse.events)
     assert "prompt_token_ids" not in _gen(url, text="Hi", sampling_params={"max_new_tokens": 1})
     for field, value in (("priority", 2), ("extra_key", "t"), ("return_entropy", True), ("bootstrap_room", 7),
-                         ("max_thinking_tokens", 5), ("data_parallel_rank", 0), ("modalities", ["image"])):
+                         ("max_thinking_tokens", 5), ("data_parallel_rank", -1), ("modalities", ["image"])):
         r = post(url, "/generate", {"text": "Hi", field: value})
         assert r.status_code == 400 and field in r.json()["error"]["message"], (field, r.text)
     ok = post(url, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 1}, "priority": None,
-                                 "log_metrics": True, "return_entropy": False, "session_id": "s", "custom_labels": {}})
+                                 "log_metrics": True, "return_entropy": False, "session_id": "s", "custom_labels": {},
+                                 "data_parallel_rank": 0})
     assert ok.status_code == 200, ok.text
 
 

@@ -1,0 +1,267 @@
+"""POST /v1/responses: OpenAI's Responses API, stateless, answered through the chat path.
+
+The body's ``instructions`` and ``input`` items become chat messages (a text input is one user message;
+``message`` items keep their role, ``developer`` as a system message; ``function_call`` items become an
+assistant message's ``tool_calls``, ``function_call_output`` items ``tool`` messages), ``tools`` /
+``tool_choice`` / ``text.format`` / ``max_output_tokens`` the chat fields, and the chat request model then
+validates the whole (so every chat bound and refusal holds). The answer's chat choice becomes the response's
+``output`` items: a ``message`` with one ``output_text`` part, and a ``function_call`` item per parsed call;
+``status`` is ``incomplete`` (``max_output_tokens``) when the token budget ended it. Streamed, the chat deltas
+become the Responses events (``response.created``, ``response.in_progress``, ``response.output_item.added``,
+``response.content_part.added``, ``response.output_text.delta`` ..., their ``.done`` events, and
+``response.completed`` / ``response.incomplete``), each with its ``sequence_number``. Nothing is stored:
+``store`` true and ``previous_response_id`` are 400s (the request model says so).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
+from starlette.requests import Request
+
+from impl.engine.output import ReqOutput
+from impl.server.async_engine import AsyncEngine, RequestStream
+from impl.server.errors import APIError, error_response, parse_json
+from impl.server.openai_api import Call, _ChoiceState, _delta_chunk
+from impl.server.streaming import failure_of, json_safe, sse, until_disconnect
+from impl.server.unserved_fields import TEXT_ONLY
+from impl.tool_calls.stream import ToolCallStream
+
+_ROLES = ("user", "assistant", "system", "developer")
+
+
+def chat_request(body: Any, chat_model: type[BaseModel]) -> Any:
+    """The chat request a Responses body asks for (validated by ``chat_model``; its refusals are 400s)."""
+    messages: list[dict[str, Any]] = []
+    if body.instructions:
+        messages.append({"role": "system", "content": body.instructions})
+    items = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
+    for i, item in enumerate(items):
+        messages.extend(_message(item, i, messages))
+    chat: dict[str, Any] = {
+        "model": body.model, "messages": messages, "max_tokens": body.max_output_tokens,
+        "temperature": body.temperature, "top_p": body.top_p, "parallel_tool_calls": body.parallel_tool_calls,
+        "user": body.user,
+    }
+    if body.tools:
+        chat["tools"] = [{"type": "function", "function": t.model_dump(exclude_none=True, exclude={"type"})}
+                         for t in body.tools]
+    tc = body.tool_choice
+    if tc is not None:
+        chat["tool_choice"] = tc if isinstance(tc, str) else {"type": "function", "function": {"name": tc.name}}
+    fmt = body.text.format if body.text is not None else None
+    if fmt is not None and fmt.type == "json_object":
+        chat["response_format"] = {"type": "json_object"}
+    elif fmt is not None and fmt.type == "json_schema":
+        chat["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": fmt.name or "response", "schema": fmt.schema_, "strict": fmt.strict}}
+    raw = json.dumps({k: v for k, v in chat.items() if v is not None}).encode()
+    try:
+        return parse_json(raw, chat_model)
+    except APIError as e:  # the chat model names its own fields: say where they came from
+        raise APIError(400, f"{e.message} (in the chat request built from the input)", e.param) from None
+
+
+def _message(item: Any, i: int, before: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chat message(s) of input item ``i`` (a function call joins the assistant message before it)."""
+    where = f"input[{i}]"
+    if not isinstance(item, dict):
+        raise APIError(400, f"'{where}' must be an object (a message, function_call or function_call_output item)",
+                       where)
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = item.get("role")
+        if role not in _ROLES:
+            raise APIError(400, f"'{where}.role' must be one of {list(_ROLES)}, got {role!r:.80}", f"{where}.role")
+        return [{"role": "system" if role == "developer" else role, "content": _content(item.get("content"), where)}]
+    if kind == "function_call":
+        call = {"id": _string(item, "call_id", where), "type": "function",
+                "function": {"name": _string(item, "name", where), "arguments": _string(item, "arguments", where)}}
+        last = before[-1] if before else None
+        if last is not None and last["role"] == "assistant" and last.get("tool_calls") and not last.get("content"):
+            last["tool_calls"].append(call)  # parallel calls: one assistant turn
+            return []
+        return [{"role": "assistant", "tool_calls": [call]}]
+    if kind == "function_call_output":
+        return [{"role": "tool", "tool_call_id": _string(item, "call_id", where),
+                 "content": _string(item, "output", where)}]
+    raise APIError(400, f"'{where}': items of type {kind!r:.80} are not served (message, function_call and "
+                        "function_call_output are)", f"{where}.type")
+
+
+def _string(item: dict[str, Any], key: str, where: str) -> str:
+    v = item.get(key)
+    if not isinstance(v, str):
+        raise APIError(400, f"'{where}.{key}' must be a string", f"{where}.{key}")
+    return v
+
+
+def _content(content: Any, where: str) -> Any:
+    """A message item's content as chat content: a text, or its text parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise APIError(400, f"'{where}.content' must be a string or a list of text parts", f"{where}.content")
+    parts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("input_text", "output_text", "text") or not isinstance(part.get("text"), str):
+            raise APIError(400, f"'{where}.content[{j}]': only text parts (input_text, output_text) are read; "
+                                f"{TEXT_ONLY}", f"{where}.content[{j}]")
+        parts.append({"type": "text", "text": part["text"]})
+    return parts
+
+
+# ---------------------------------------------------------------- the response object
+
+
+class _Response:
+    """The response object of one call, as it grows."""
+
+    def __init__(self, body: Any, model: str):
+        self.body, self.model = body, model
+        self.id = "resp_" + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def obj(self, status: str, output: list[dict[str, Any]], final: ReqOutput | None = None) -> dict[str, Any]:
+        b = self.body
+        tc = b.tool_choice
+        out: dict[str, Any] = {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status, "error": None,
+            "incomplete_details": None, "instructions": b.instructions, "max_output_tokens": b.max_output_tokens,
+            "model": self.model, "output": output, "parallel_tool_calls": b.parallel_tool_calls is not False,
+            "temperature": b.temperature, "top_p": b.top_p,
+            "tool_choice": (tc if isinstance(tc, str) else tc.model_dump()) if tc is not None else "auto",
+            "tools": [t.model_dump(exclude_none=True) for t in b.tools or []],
+            "text": {"format": b.text.format.model_dump(by_alias=True, exclude_none=True)
+                     if b.text is not None and b.text.format is not None else {"type": "text"}},
+            "metadata": b.metadata or {}, "store": False, "user": b.user, "usage": None,
+        }
+        if final is not None:
+            if status == "incomplete":
+                out["incomplete_details"] = {"reason": "max_output_tokens"}
+            out["usage"] = {
+                "input_tokens": final.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": final.cached_tokens},
+                "output_tokens": final.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": final.prompt_tokens + final.completion_tokens,
+            }
+        return out
+
+
+def _status(final: ReqOutput) -> str:
+    return "incomplete" if final.finish_type == "length" else "completed"
+
+
+def _message_item(text: str, status: str = "completed") -> dict[str, Any]:
+    """A message item: ``in_progress`` (streamed, no part yet), ``completed`` or ``incomplete`` (cut by the budget)."""
+    return {"type": "message", "id": "msg_" + uuid.uuid4().hex, "status": status, "role": "assistant",
+            "content": [] if status == "in_progress" else [{"type": "output_text", "text": text, "annotations": []}]}
+
+
+def _call_item(tool_call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+    fn = tool_call["function"]
+    return {"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": tool_call["id"], "name": fn["name"],
+            "arguments": fn["arguments"] if status == "completed" else "", "status": status}
+
+
+def output_items(choice: dict[str, Any], status: str) -> list[dict[str, Any]]:
+    """A non-streamed chat choice's message as the response's output items (the message ``status`` as the
+    response's)."""
+    msg = choice["message"]
+    items = []
+    if msg.get("content") or not msg.get("tool_calls"):
+        items.append(_message_item(msg.get("content") or "", status))
+    items += [_call_item(tc) for tc in msg.get("tool_calls") or []]
+    return items
+
+
+async def respond(request: Request, aengine: AsyncEngine, call: Call, body: Any, model: str):
+    resp = _Response(body, model)
+    (stream,) = aengine.submit(call.sub.reqs, body.stream)
+    if body.stream:
+        return StreamingResponse(_events(aengine, call, stream, resp), media_type="text/event-stream")
+    final = await until_disconnect(request, stream.result(), lambda: aengine.abort(stream.rid))
+    if final is None:
+        return JSONResponse({}, status_code=499)
+    failed = failure_of(final)
+    if failed is not None:
+        return error_response(failed[0], failed[1])
+    status = _status(final)
+    return JSONResponse(json_safe(resp.obj(status, output_items(call.choice(0, final), status), final)))
+
+
+async def _events(aengine: AsyncEngine, call: Call, stream: RequestStream, resp: _Response) -> AsyncIterator[bytes]:
+    seq = itertools.count()
+
+    def ev(kind: str, **fields: Any) -> bytes:
+        return sse(json_safe({"type": kind, "sequence_number": next(seq), **fields}))
+
+    output: list[dict[str, Any]] = []
+    msg: dict[str, Any] | None = None  # the open message item, while text streams into it
+    state = _ChoiceState(tools=ToolCallStream() if call.tool_calls else None)
+
+    def close_message(status: str = "completed") -> list[bytes]:
+        nonlocal msg
+        if msg is None:
+            return []
+        done = {**msg, "status": status, "content": [{"type": "output_text", "text": msg["text"], "annotations": []}]}
+        done.pop("text")
+        where = {"item_id": msg["id"], "output_index": len(output)}
+        part = done["content"][0]
+        out = [ev("response.output_text.done", **where, content_index=0, text=msg["text"]),
+               ev("response.content_part.done", **where, content_index=0, part=part),
+               ev("response.output_item.done", output_index=len(output), item=done)]
+        output.append(done)
+        msg = None
+        return out
+
+    try:
+        yield ev("response.created", response=resp.obj("in_progress", []))
+        yield ev("response.in_progress", response=resp.obj("in_progress", []))
+        async for out in stream.outputs():
+            failed = failure_of(out)
+            if failed is not None:
+                yield ev("error", code=str(failed[0]), message=failed[1], param=None)
+                yield ev("response.failed", response={**resp.obj("failed", output), "error": {
+                    "code": "server_error" if failed[0] >= 500 else "invalid_request", "message": failed[1]}})
+                return
+            chunk = _delta_chunk(call, 0, out, state)
+            delta = chunk["delta"] if chunk is not None else {}
+            if delta.get("content"):
+                if msg is None:
+                    item = _message_item("", "in_progress")
+                    msg = {**item, "text": ""}
+                    yield ev("response.output_item.added", output_index=len(output), item=item)
+                    yield ev("response.content_part.added", item_id=item["id"], output_index=len(output),
+                             content_index=0, part={"type": "output_text", "text": "", "annotations": []})
+                msg["text"] += delta["content"]
+                yield ev("response.output_text.delta", item_id=msg["id"], output_index=len(output), content_index=0,
+                         delta=delta["content"], logprobs=[])
+            for tc in delta.get("tool_calls") or []:
+                for b in close_message():
+                    yield b
+                item, where = _call_item(tc, "in_progress"), {"output_index": len(output)}
+                args = tc["function"]["arguments"]
+                yield ev("response.output_item.added", **where, item=item)
+                yield ev("response.function_call_arguments.delta", **where, item_id=item["id"], delta=args)
+                yield ev("response.function_call_arguments.done", **where, item_id=item["id"], arguments=args)
+                item = {**item, "arguments": args, "status": "completed"}
+                yield ev("response.output_item.done", **where, item=item)
+                output.append(item)
+        final = stream.final
+        assert final is not None
+        status = _status(final)
+        for b in close_message(status):
+            yield b
+        yield ev("response.completed" if status == "completed" else "response.incomplete",
+                 response=resp.obj(status, output, final))
+    finally:
+        if stream.final is None:  # the client left (or the engine died): stop the request
+            aengine.abort(stream.rid)

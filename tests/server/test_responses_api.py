@@ -1,0 +1,99 @@
+"""POST /v1/responses through the official openai client: the chat path's answer as Responses output items and
+events, function calls both ways, and the stateful features refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from contracts.http_support import openai_client, post
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+CLOCK = {"type": "function", "name": "now", "parameters": {"type": "object", "properties": {}}}
+GREEDY = {"temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    return openai_client(url)
+
+
+def _chat(url, messages, **extra):
+    r = post(url, "/v1/chat/completions", {"messages": messages, **GREEDY, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_text_input_answers_as_chat_does(url, client):
+    r = client.responses.create(model="default", input="The sea is", instructions="Answer briefly",
+                                max_output_tokens=6, **GREEDY)
+    chat = _chat(url, [{"role": "system", "content": "Answer briefly"}, {"role": "user", "content": "The sea is"}],
+                 max_tokens=6)
+    assert r.output_text == chat["choices"][0]["message"]["content"] and r.id.startswith("resp_")
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.output[0].status == "incomplete"
+    assert r.usage.input_tokens == chat["usage"]["prompt_tokens"] and r.usage.output_tokens == 6
+    (item,) = r.output
+    assert item.type == "message" and item.role == "assistant" and item.content[0].type == "output_text"
+    # message items with text parts, a developer message as a system one
+    items = [{"role": "developer", "content": "Answer briefly"},
+             {"role": "user", "content": [{"type": "input_text", "text": "The sea is"}]}]
+    assert client.responses.create(model="default", input=items, max_output_tokens=6, **GREEDY).output_text == \
+        r.output_text
+
+
+def test_streamed_events_build_the_same_answer(client):
+    kw = dict(model="default", input="A cat", max_output_tokens=8, **GREEDY)
+    whole = client.responses.create(**kw)
+    events = list(client.responses.create(stream=True, **kw))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.incomplete"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == whole.output_text == events[-1].response.output_text
+    assert events[-1].response.usage.output_tokens == 8
+
+
+def test_function_calls_out_and_back(client):
+    kw = dict(model="default", input="What is the weather in Paris?", tools=[WEATHER, CLOCK], tool_choice="required",
+              parallel_tool_calls=False, max_output_tokens=60, **GREEDY)
+    r = client.responses.create(**kw)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name in ("get_weather", "now") and r.status == "completed", r.output
+    assert isinstance(json.loads(calls[0].arguments), dict) and calls[0].call_id.startswith("call_")
+    streamed = list(client.responses.create(stream=True, **kw))
+    done = [e.item for e in streamed if e.type == "response.output_item.done" and e.item.type == "function_call"]
+    assert [(c.name, c.arguments) for c in done] == [(calls[0].name, calls[0].arguments)]
+    assert [e.arguments for e in streamed if e.type == "response.function_call_arguments.done"] == [calls[0].arguments]
+    # the call and its output go back as input items
+    follow = [{"role": "user", "content": "What is the weather in Paris?"},
+              {"type": "function_call", "call_id": calls[0].call_id, "name": calls[0].name,
+               "arguments": calls[0].arguments},
+              {"type": "function_call_output", "call_id": calls[0].call_id, "output": json.dumps({"temp_c": 21})}]
+    again = client.responses.create(model="default", input=follow, tools=[WEATHER, CLOCK], max_output_tokens=4, **GREEDY)
+    assert again.status in ("completed", "incomplete") and again.usage.input_tokens > r.usage.input_tokens
+
+
+def test_json_format_and_refusals(url):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    r = post(url, "/v1/responses", {"input": "x", "max_output_tokens": 4, **GREEDY,
+                                    "text": {"format": {"type": "json_schema", "name": "t", "schema": schema}}})
+    assert r.status_code == 200 and r.json()["output"][0]["content"][0]["text"].startswith("{"), r.text
+    for body, field in (({"input": "x", "store": True}, "store"),
+                        ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+                        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0]"),
+                        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
+                         "input[0].content[0]"),
+                        ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+                        ({"input": [{"type": "function_call", "call_id": 5, "name": "f", "arguments": "{}"}]},
+                         "input[0].call_id"),
+                        ({"input": "x", "stream": True, "max_output_tokens": 0}, "max_output_tokens"),
+                        ({"input": "x", "model": "other-model"}, "model")):
+        r = post(url, "/v1/responses", body)
+        assert r.status_code in (400, 404) and field in r.text, (body, r.text)
+    assert post(url, "/v1/responses", {"input": "x", "store": False, "max_output_tokens": 1}).status_code == 200
