@@ -1,7 +1,7 @@
 """POST /v1/responses: OpenAI's Responses API, stateless, answered through the chat path.
 
 The body's ``instructions`` and ``input`` items become chat messages (a text input is one user message;
-``message`` items keep their role, ``developer`` as a system message; ``function_call`` items become an
+``message`` items keep their role (``developer`` is the chat path's system); ``function_call`` items become an
 assistant message's ``tool_calls``, ``function_call_output`` items ``tool`` messages), ``tools`` /
 ``tool_choice`` / ``text.format`` / ``max_output_tokens`` the chat fields, and the chat request model then
 validates the whole (so every chat bound and refusal holds). The answer's chat choice becomes the response's
@@ -79,7 +79,7 @@ def _message(item: Any, i: int, before: list[dict[str, Any]]) -> list[dict[str, 
         role = item.get("role")
         if role not in _ROLES:
             raise APIError(400, f"'{where}.role' must be one of {list(_ROLES)}, got {role!r:.80}", f"{where}.role")
-        return [{"role": "system" if role == "developer" else role, "content": _content(item.get("content"), where)}]
+        return [{"role": role, "content": _content(item.get("content"), where)}]  # (developer: the chat path's)
     if kind == "function_call":
         call = {"id": _string(item, "call_id", where), "type": "function",
                 "function": {"name": _string(item, "name", where), "arguments": _string(item, "arguments", where)}}

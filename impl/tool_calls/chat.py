@@ -37,8 +37,10 @@ def _arguments(raw: Any) -> dict[str, Any]:
 
 def prepare_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]],
                      template_source: str | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(messages for the template, extra template variables). ``tools``: OpenAI tool dicts (may be empty)."""
-    msgs = [dict(m) for m in messages]
+    """(messages for the template, extra template variables). ``tools``: OpenAI tool dicts (may be empty). OpenAI's
+    ``developer`` role (its newer name for system instructions) reaches the template as ``system``, the role Gemma's
+    templates know."""
+    msgs = [{**m, "role": "system"} if m.get("role") == "developer" else dict(m) for m in messages]
     for m in msgs:
         for call in m.get("tool_calls") or []:
             call["function"] = {**call["function"], "arguments": _arguments(call["function"].get("arguments"))}
@@ -77,7 +79,7 @@ def _inline(msgs: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]]) -> l
             out.append({k: v for k, v in m.items() if k not in ("tool_calls", "tool_call_id")})
     if tools:
         decls = "".join(render_declaration(t["function"]) for t in tools)
-        if out and out[0]["role"] in ("system", "developer"):
+        if out and out[0]["role"] == "system":
             out[0] = {**out[0], "role": "system", "content": decls + "\n" + _text(out[0])}
         else:
             out.insert(0, {"role": "system", "content": decls})

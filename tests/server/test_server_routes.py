@@ -358,6 +358,16 @@ def test_generate_refuses_sglang_fields_it_does_not_serve(url):
     assert ok.status_code == 200, ok.text
 
 
+def test_chat_developer_role_is_a_system_message(url):
+    """OpenAI's developer role renders as the system message Gemma's template knows (it was a template error)."""
+    msgs = [{"role": "developer", "content": "Be brief"}, {"role": "user", "content": "Hi"}]
+    as_system = [{"role": "system", "content": "Be brief"}, msgs[1]]
+    ids = post(url, "/tokenize", {"messages": msgs}).json()["tokens"]
+    assert ids == post(url, "/tokenize", {"messages": as_system}).json()["tokens"]
+    r = post(url, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2, **GREEDY})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len(ids), r.text
+
+
 def test_chat_continue_final_message(url):
     msgs = [{"role": "user", "content": "Tell me"}, {"role": "assistant", "content": "The sea is"}]
     body = {"messages": msgs, "add_generation_prompt": False, "continue_final_message": True}
