@@ -124,8 +124,8 @@ def create_app(engine: Engine) -> FastAPI:
     m = state.models
     install_openapi(app, {"/generate": m.generate, "/v1/completions": m.completion,
                           "/v1/chat/completions": m.chat, "/abort_request": m.abort, "/tokenize": m.tokenize,
-                          "/detokenize": m.detokenize},
-                    streaming={"/generate", "/v1/completions", "/v1/chat/completions"})
+                          "/detokenize": m.detokenize, "/v1/responses": m.responses},
+                    streaming={"/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses"})
     return app
 
 
@@ -158,6 +158,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         return await off_loop(work)
 
     @app.get("/health")
+    @app.api_route("/ping", methods=["GET", "POST"])  # vLLM's (SageMaker's) name for it
     async def health():
         reason = engine.health()
         if reason is not None:
@@ -236,11 +237,23 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
                 "chat_template": state.args.chat_template or tok.chat_template, "model_max_length": state.max_req_len,
                 "vocab_size": tok.vocab_size}
 
+    def model_card() -> dict[str, Any]:
+        return {"id": state.model_name, "object": "model", "created": int(state.started), "owned_by": "yoco-gemma4",
+                "root": state.model_name, "max_model_len": state.max_req_len}
+
     @app.get("/v1/models")
     async def models():
-        card = {"id": state.model_name, "object": "model", "created": int(state.started), "owned_by": "yoco-gemma4",
-                "root": state.model_name, "max_model_len": state.max_req_len}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        """OpenAI's model retrieval: the served model's card under any name a request's ``model`` may use."""
+        try:
+            _check_model(state, model_id)
+        except APIError:
+            return error_response(404, f"the model '{model_id}' does not exist here; GET /v1/models lists the "
+                                       f"served one, '{state.model_name}'", "model")
+        return model_card()
 
     @app.get("/get_model_info")
     @app.get("/model_info")

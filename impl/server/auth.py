@@ -1,4 +1,4 @@
-"""``--api-key``: every route but /health needs ``Authorization: Bearer <key>`` (401 otherwise).
+"""``--api-key``: every route but /health (and its alias /ping) needs ``Authorization: Bearer <key>`` (401 otherwise).
 
 A pure ASGI middleware (not ``BaseHTTPMiddleware``), so streaming responses and
 client-disconnect detection pass through untouched.
@@ -12,7 +12,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from impl.server.errors import error_response
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/ping"})  # (/ping: vLLM's name for /health)
 
 
 class APIKeyMiddleware:

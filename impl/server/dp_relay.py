@@ -90,6 +90,7 @@ def _add_routes(app: FastAPI, ctrl: DataParallelController, limits: RequestLimit
         app.add_api_route(path, _generate_route(ctrl, path, limits), methods=["POST"])
 
     @app.get("/health")
+    @app.api_route("/ping", methods=["GET", "POST"])
     async def health() -> Response:
         for r in ctrl.replicas:
             if not r.alive():
@@ -105,6 +106,7 @@ def _add_routes(app: FastAPI, ctrl: DataParallelController, limits: RequestLimit
         return await _forward(ctrl.pick(), "GET", "/health_generate")
 
     @app.get("/v1/models")
+    @app.get("/v1/models/{model_id:path}")
     @app.get("/get_model_info")
     @app.get("/model_info")
     @app.get("/tokenizer_info")

@@ -44,6 +44,7 @@ SSE_EVENT: dict[str, Any] = {"type": "object", "required": ["data"], "properties
 _ERRORS = {
     "400": "Invalid request: the message names the field to fix",
     "401": "Missing or wrong API key (servers started with --api-key)",
+    "404": "No such item (a path parameter names something not served here)",
     "403": "Foreign Host or Origin header (see --allowed-hosts, --allowed-origins)",
     "413": "Body larger than --max-request-body-bytes",
     "415": "Body is not JSON (send Content-Type: application/json)",
@@ -83,8 +84,10 @@ def install_openapi(app: FastAPI, bodies: dict[str, type[BaseModel]], streaming:
                         content["text/event-stream"] = {"schema": SSE_EVENT}
                     ok["content"] = content
                     codes = _ERRORS
-                else:  # a route with query parameters refuses bad ones (and /flush_cache a busy server) with 400
-                    codes = {k: _ERRORS[k] for k in _GET_ERRORS + (("400",) if op.get("parameters") else ())}
+                else:  # a route with query parameters refuses bad ones (and /flush_cache a busy server) with 400,
+                    # one with a path parameter names what is not there with 404
+                    codes = {k: _ERRORS[k] for k in _GET_ERRORS + (("400",) if op.get("parameters") else ())
+                             + (("404",) if "{" in path else ())}
                 for code, desc in codes.items():
                     responses.setdefault(code, _error(desc))
         app.openapi_schema = schema

@@ -690,6 +690,13 @@ def request_models(lim: RequestLimits) -> RequestModels:
         _top_lp = _only_unused("top_logprobs", "use /v1/chat/completions for logprobs", (None, 0))
         _prompt = _only_unused("prompt", "stored prompts are not served; send the input")
 
+        @model_validator(mode="after")
+        def _named_tool_declared(self):
+            tc = self.tool_choice
+            if tc is not None and not isinstance(tc, str) and tc.name not in {t.name for t in self.tools or []}:
+                raise ValueError(f"'tool_choice' names function {tc.name!r}, which 'tools' does not declare")
+            return self
+
     return RequestModels(SamplingParamsBody, GenerateRequest, CompletionRequest, ChatCompletionRequest, AbortRequest,
                          TokenizeRequest, DetokenizeRequest, ResponsesRequest)
 

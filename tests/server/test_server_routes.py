@@ -24,6 +24,17 @@ def test_health_and_health_generate(url):
     assert httpx.get(url + "/health_generate", timeout=60).status_code == 200
 
 
+def test_model_retrieval_and_ping(url):
+    """OpenAI's GET /v1/models/{id} (the client's models.retrieve) under the names a request may use, a 404 for
+    others; vLLM's /ping answers as /health."""
+    served = httpx.get(url + "/v1/models").json()["data"][0]
+    assert openai_client(url).models.retrieve(served["id"]).id == served["id"]
+    assert httpx.get(url + "/v1/models/default").json() == served
+    missing = httpx.get(url + "/v1/models/no-such-model")
+    assert missing.status_code == 404 and "no-such-model" in missing.json()["error"]["message"]
+    assert httpx.get(url + "/ping").status_code == httpx.post(url + "/ping").status_code == 200
+
+
 def test_model_and_server_info(url):
     a, b = httpx.get(url + "/get_model_info").json(), httpx.get(url + "/model_info").json()
     assert a == b and a["is_generation"] is True and a["context_length"] == 512 and a["num_kv_shared_layers"] == 20
