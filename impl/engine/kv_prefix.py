@@ -74,7 +74,7 @@ class NoPrefixCache:
 def _key(req: Req, n: int) -> list[int]:
     """The tree key of ``req``'s first ``n`` tokens: the token ids, moved into the request's cache namespace
     (``Req.cache_namespace``: a salt's tokens never equal another namespace's)."""
-    ids = req.fill_ids[:n]
+    ids = req.fill_ids if n >= len(req.fill_ids) else req.fill_ids[:n]  # (the whole list uncopied: match's case)
     ns = req.cache_namespace
     return ids if not ns else [t + ns for t in ids]
 
