@@ -24,6 +24,11 @@ from impl.engine.scheduler_config import SchedulerConfig
 from impl.sampling.sampler import SampleRow, sample
 
 
+# Prompt-logprob rows handled at once: a block's log-softmax (and rank comparison) over the vocabulary is its
+# temporary, [256, 262144] float32 = 256 MiB at Gemma-4's vocabulary, whatever the chunk's row count.
+PROMPT_LOGPROB_BLOCK = 256
+
+
 class OutputProcessor:
     def __init__(self, config: SchedulerConfig, queues: ReqQueues, kv: KVLifecycle, faults: FaultIsolation):
         self.config = config
@@ -92,21 +97,21 @@ class OutputProcessor:
         req = it.req
         want = [(j, it.start + o) for j, o in enumerate(it.logits_rows) if req.input_logprob_next_pos <= it.start + o
                 < len(req.origin_input_ids) - 1]
-        if not want:
-            return
-        lp = torch.log_softmax(rows[[j for j, _ in want]].float(), dim=-1)  # [w, V]
-        if req.input_token_ranks is not None:  # rank: how many tokens are at least as likely (vLLM's count)
-            toks = torch.tensor([req.origin_input_ids[p + 1] for _, p in want])
-            req.input_token_ranks.extend((lp >= lp.gather(1, toks[:, None])).sum(1).tolist())
-        for i, (_, p) in enumerate(want):
-            tok = req.origin_input_ids[p + 1]
-            req.input_token_logprobs.append((float(lp[i, tok]), tok))
+        for b in range(0, len(want), PROMPT_LOGPROB_BLOCK):  # the [rows, V] temporaries stay a block's
+            block = want[b : b + PROMPT_LOGPROB_BLOCK]
+            lp = torch.log_softmax(rows[[j for j, _ in block]].float(), dim=-1)  # [w, V]
+            toks = [req.origin_input_ids[p + 1] for _, p in block]
+            own = lp.gather(1, torch.tensor(toks)[:, None])  # [w, 1]
+            if req.input_token_ranks is not None:  # rank: how many tokens are at least as likely (vLLM's count)
+                req.input_token_ranks.extend((lp >= own).sum(1).tolist())
+            tops = None
             if req.top_logprobs_num > 0:
-                v, idx = torch.topk(lp[i], min(req.top_logprobs_num, lp.shape[-1]))
-                req.input_top_logprobs.append(list(zip(v.tolist(), idx.tolist())))
-            else:
-                req.input_top_logprobs.append(None)
-            req.input_logprob_next_pos = p + 1
+                v, idx = torch.topk(lp, min(req.top_logprobs_num, lp.shape[-1]), dim=-1)
+                tops = [list(zip(vr, ir)) for vr, ir in zip(v.tolist(), idx.tolist())]
+            for i, ((_, p), tok, lp_tok) in enumerate(zip(block, toks, own[:, 0].tolist())):
+                req.input_token_logprobs.append((lp_tok, tok))
+                req.input_top_logprobs.append(None if tops is None else tops[i])
+                req.input_logprob_next_pos = p + 1
 
     # ---- the per-token path ---------------------------------------------------------------------
     def commit(self, req: Req, tokens: Sequence[int], logprobs: Sequence[float | None] | None = None,

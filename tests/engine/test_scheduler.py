@@ -91,8 +91,13 @@ def test_chunked_prefill_splits_and_mixes_with_decode():
     assert any(mode == "decode" for mode, _ in kinds)
 
 
-def test_prompt_logprobs_follow_sglang_definition_under_chunking_and_cache():
+@pytest.mark.parametrize("block", [256, 2])  # (2: the prompt's rows in several blocks of the output processor)
+def test_prompt_logprobs_follow_sglang_definition_under_chunking_and_cache(block, monkeypatch):
     import torch
+
+    from impl.engine import output_processor
+
+    monkeypatch.setattr(output_processor, "PROMPT_LOGPROB_BLOCK", block)
 
     prompt = PROMPTS[0]
     want = [None] + [float(torch.log_softmax(context_logits(prompt[:j]), -1)[prompt[j]]) for j in range(1, len(prompt))]
@@ -112,6 +117,8 @@ def test_prompt_logprobs_follow_sglang_definition_under_chunking_and_cache():
             assert got[0] is None if start == 0 else got[0] == pytest.approx(want[start], abs=1e-5)
             assert got[1:] == pytest.approx(want[start + 1 :], abs=1e-5)
             assert len(r.input_top_logprobs) == len(prompt) - start and len(r.output_token_logprobs) == 3
+            tops = [torch.topk(context_logits(prompt[:j]), 2).indices.tolist() for j in range(max(start, 1), len(prompt))]
+            assert [[t for _, t in e] for e in r.input_top_logprobs if e is not None] == tops
 
 
 def test_stop_tokens_eos_and_max_new_tokens():
