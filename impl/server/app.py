@@ -208,7 +208,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         def build(b: Any) -> Any:
             chat = responses_api.chat_request(b, state.models.chat)
             sub = req_builder.from_chat(engine, chat, state.args.chat_template)
-            return _call(state, "chat", sub, False, chat)
+            return _call(state, "chat", sub, chat.logprobs, chat)
 
         body, call = await body_of(request, state.models.responses, _checked(state, build))
         return await responses_api.respond(request, aengine, call, body, state.model_name)

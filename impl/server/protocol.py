@@ -672,9 +672,10 @@ def request_models(lim: RequestLimits) -> RequestModels:
         previous_response_id: Optional[Any] = None
         background: Optional[bool] = None
         reasoning: Optional[Any] = None
-        include: Optional[Any] = None
+        # the output text's logprobs, each token with its top_logprobs most likely ones (OpenAI's include entry)
+        include: Optional[Annotated[list[Literal["message.output_text.logprobs"]], Field(max_length=1)]] = None
+        top_logprobs: Optional[LogprobsNumT] = None
         truncation: Optional[Literal["disabled", "auto"]] = None
-        top_logprobs: Optional[Any] = None
         conversation: Optional[Any] = None
         prompt: Optional[Any] = None
 
@@ -685,9 +686,7 @@ def request_models(lim: RequestLimits) -> RequestModels:
         _background = _only_unused("background", "responses are answered in the foreground", (None, False))
         _reasoning = _only_unused("reasoning", "Gemma-4's template switches thinking with its own variable; use "
                                                "/v1/chat/completions with chat_template_kwargs")
-        _include = _only_unused("include", "no extra output is included", (None,))
         _truncation = _only_unused("truncation", "the input is not truncated; shorten it", (None, "disabled"))
-        _top_lp = _only_unused("top_logprobs", "use /v1/chat/completions for logprobs", (None, 0))
         _prompt = _only_unused("prompt", "stored prompts are not served; send the input")
 
         @model_validator(mode="after")

@@ -9,7 +9,9 @@ validates the whole (so every chat bound and refusal holds). The answer's chat c
 ``status`` is ``incomplete`` (``max_output_tokens``) when the token budget ended it. Streamed, the chat deltas
 become the Responses events (``response.created``, ``response.in_progress``, ``response.output_item.added``,
 ``response.content_part.added``, ``response.output_text.delta`` ..., their ``.done`` events, and
-``response.completed`` / ``response.incomplete``), each with its ``sequence_number``. Nothing is stored:
+``response.completed`` / ``response.incomplete``), each with its ``sequence_number``. With ``include:
+["message.output_text.logprobs"]`` the text part (and each delta) carries chat's logprob entries, each with its
+``top_logprobs`` most likely tokens. Nothing is stored:
 ``store`` true and ``previous_response_id`` are 400s (the request model says so).
 """
 
@@ -49,6 +51,8 @@ def chat_request(body: Any, chat_model: type[BaseModel]) -> Any:
         "temperature": body.temperature, "top_p": body.top_p, "parallel_tool_calls": body.parallel_tool_calls,
         "user": body.user,
     }
+    if body.include:  # message.output_text.logprobs
+        chat.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
     if body.tools:
         chat["tools"] = [{"type": "function", "function": t.model_dump(exclude_none=True, exclude={"type"})}
                          for t in body.tools]
@@ -173,11 +177,13 @@ def _call_item(tool_call: dict[str, Any], status: str = "completed") -> dict[str
 
 def output_items(choice: dict[str, Any], status: str) -> list[dict[str, Any]]:
     """A non-streamed chat choice's message as the response's output items (the message ``status`` as the
-    response's)."""
+    response's; its text part with the choice's logprobs when asked)."""
     msg = choice["message"]
     items = []
     if msg.get("content") or not msg.get("tool_calls"):
         items.append(_message_item(msg.get("content") or "", status))
+        if choice.get("logprobs") is not None:
+            items[0]["content"][0]["logprobs"] = choice["logprobs"]["content"]
     items += [_call_item(tc) for tc in msg.get("tool_calls") or []]
     return items
 
@@ -211,11 +217,15 @@ async def _events(aengine: AsyncEngine, call: Call, stream: RequestStream, resp:
         nonlocal msg
         if msg is None:
             return []
-        done = {**msg, "status": status, "content": [{"type": "output_text", "text": msg["text"], "annotations": []}]}
+        part = {"type": "output_text", "text": msg["text"], "annotations": []}
+        if call.logprobs:
+            part["logprobs"] = msg["logprobs"]
+        done = {**msg, "status": status, "content": [part]}
         done.pop("text")
+        done.pop("logprobs")
         where = {"item_id": msg["id"], "output_index": len(output)}
-        part = done["content"][0]
-        out = [ev("response.output_text.done", **where, content_index=0, text=msg["text"]),
+        out = [ev("response.output_text.done", **where, content_index=0, text=msg["text"],
+                  logprobs=msg["logprobs"]),
                ev("response.content_part.done", **where, content_index=0, part=part),
                ev("response.output_item.done", output_index=len(output), item=done)]
         output.append(done)
@@ -234,16 +244,19 @@ async def _events(aengine: AsyncEngine, call: Call, stream: RequestStream, resp:
                 return
             chunk = _delta_chunk(call, 0, out, state)
             delta = chunk["delta"] if chunk is not None else {}
-            if delta.get("content"):
+            # (a token whose text is held back, a partial character, still brings its logprob entry)
+            lps = chunk["logprobs"]["content"] if chunk is not None and chunk.get("logprobs") else []
+            if delta.get("content") or (lps and not delta.get("tool_calls")):
                 if msg is None:
                     item = _message_item("", "in_progress")
-                    msg = {**item, "text": ""}
+                    msg = {**item, "text": "", "logprobs": []}
                     yield ev("response.output_item.added", output_index=len(output), item=item)
                     yield ev("response.content_part.added", item_id=item["id"], output_index=len(output),
                              content_index=0, part={"type": "output_text", "text": "", "annotations": []})
-                msg["text"] += delta["content"]
+                msg["text"] += delta.get("content") or ""
+                msg["logprobs"] += lps
                 yield ev("response.output_text.delta", item_id=msg["id"], output_index=len(output), content_index=0,
-                         delta=delta["content"], logprobs=[])
+                         delta=delta.get("content") or "", logprobs=lps)
             for tc in delta.get("tool_calls") or []:
                 for b in close_message():
                     yield b

@@ -59,6 +59,28 @@ def test_streamed_events_build_the_same_answer(client):
     assert events[-1].response.usage.output_tokens == 8
 
 
+def test_logprobs_when_included(url, client):
+    """include ["message.output_text.logprobs"]: the text part carries chat's logprob entries (each with its
+    top_logprobs most likely tokens), streamed deltas too, the same as chat's."""
+    kw = dict(model="default", input="The sea is", max_output_tokens=5, top_logprobs=2,
+              include=["message.output_text.logprobs"], **GREEDY)
+    r = client.responses.create(**kw)
+    chat = _chat(url, [{"role": "user", "content": "The sea is"}], max_tokens=5, logprobs=True, top_logprobs=2)
+    want = chat["choices"][0]["logprobs"]["content"]
+    got = r.output[0].content[0].logprobs
+    # (the same numbers up to float32 rounding: a cached prompt prefix changes the matmuls' row counts)
+    assert [(e.token, [t.token for t in e.top_logprobs]) for e in got] == \
+        [(e["token"], [t["token"] for t in e["top_logprobs"]]) for e in want] and len(want) == 5
+    assert [e.logprob for e in got] == pytest.approx([e["logprob"] for e in want], abs=1e-5)
+    events = list(client.responses.create(stream=True, **kw))
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    assert [e.logprob for e in streamed] == pytest.approx([e["logprob"] for e in want], abs=1e-5)
+    final = events[-1].response.output[0].content[0].logprobs
+    assert [e.model_dump() for e in final] == [e.model_dump() for e in streamed]  # the deltas' entries, all of them
+    plain = client.responses.create(model="default", input="The sea is", max_output_tokens=5, **GREEDY)
+    assert not plain.output[0].content[0].logprobs
+
+
 def test_function_calls_out_and_back(client):
     kw = dict(model="default", input="What is the weather in Paris?", tools=[WEATHER, CLOCK], tool_choice="required",
               parallel_tool_calls=False, max_output_tokens=60, **GREEDY)
@@ -93,7 +115,9 @@ def test_json_format_and_refusals(url):
                         ({"input": [{"type": "function_call", "call_id": 5, "name": "f", "arguments": "{}"}]},
                          "input[0].call_id"),
                         ({"input": "x", "stream": True, "max_output_tokens": 0}, "max_output_tokens"),
-                        ({"input": "x", "model": "other-model"}, "model")):
+                        ({"input": "x", "model": "other-model"}, "model"),
+                        ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
+                        ({"input": "x", "top_logprobs": 21}, "top_logprobs")):
         r = post(url, "/v1/responses", body)
         assert r.status_code in (400, 404) and field in r.text, (body, r.text)
     assert post(url, "/v1/responses", {"input": "x", "store": False, "max_output_tokens": 1}).status_code == 200
