@@ -221,6 +221,11 @@ async def openai_response(request: Request, aengine: AsyncEngine, call: Call, st
     failed = next((f for f in map(failure_of, finals) if f is not None), None)
     if failed is not None:
         return error_response(failed[0], failed[1])
+    return _whole(call, finals)
+
+
+def _whole(call: Call, finals: list[ReqOutput]) -> JSONResponse:
+    """A non-streamed call's answer from its choices' only outputs."""
     body = call.envelope([call.choice(k, f) for k, f in enumerate(finals)], usage=usage(call.sub, finals),
                          **call.beside_choices(finals[0]))
     return JSONResponse(json_safe(body))
@@ -242,9 +247,7 @@ async def _beam_response(request: Request, aengine: AsyncEngine, call: Call):
         return error_response(e.status, str(e))
     if finals is None:
         return JSONResponse({}, status_code=499)
-    body = call.envelope([call.choice(k, f) for k, f in enumerate(finals)], usage=usage(call.sub, finals),
-                         **call.beside_choices(finals[0]))
-    return JSONResponse(json_safe(body))
+    return _whole(call, finals)
 
 
 def tool_call_dict(call: ParsedCall, index: int | None = None) -> dict[str, Any]:

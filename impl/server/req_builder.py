@@ -231,16 +231,23 @@ def from_completion(engine: Engine, body: CompletionBody) -> Submission:
             prompts = [_truncated(list(x), keep, keep_last) for x in ([p] if single else p)]
         if keep is not None:
             texts = None  # echo: what was kept, decoded
-        # echo: with logprobs, every prompt token's logprob comes first (the first one None: nothing precedes it)
-        plp = body.prompt_logprobs
-        reqs = engine.expand_requests(prompts, sampling,
-                                      body.logprobs is not None or plp is not None,
-                                      0 if body.echo or plp is not None else None, max(body.logprobs or 0, plp or 0),
-                                      body.rid, default_max_new_tokens=default, grammar_field=grammar_field,
-                                      input_token_ranks=plp is not None, cache_salt=body.cache_salt)
+        reqs = engine.expand_requests(prompts, sampling, rid=body.rid, default_max_new_tokens=default,
+                                      grammar_field=grammar_field, cache_salt=body.cache_salt,
+                                      **_logprob_args(body.logprobs is not None, body.logprobs or 0,
+                                                      body.prompt_logprobs, body.echo))
     return Submission(reqs, len(prompts), body.n, single,
                       echo=_echo_texts(engine, texts, prompts, reqs, body.n) if body.echo else None,
-                      prompt_logprobs=plp, top_logprobs=body.logprobs or 0, beam=_beam_spec(body))
+                      prompt_logprobs=body.prompt_logprobs, top_logprobs=body.logprobs or 0, beam=_beam_spec(body))
+
+
+def _logprob_args(output: bool, k: int, prompt_logprobs: int | None, echo: bool = False) -> dict[str, Any]:
+    """``expand_requests``' logprob arguments of an OpenAI body: the output's logprobs (``output``; ``k`` top entries
+    shown), vLLM's ``prompt_logprobs`` and completions' ``echo`` (with logprobs: every prompt token's entry, the first
+    None, as nothing precedes it) need the prompt's entries from token 0, prompt_logprobs their ranks too. The engine
+    gives the larger k; each list is cut to its own when formatted."""
+    plp = prompt_logprobs
+    return {"return_logprob": output or plp is not None, "logprob_start_len": 0 if echo or plp is not None else None,
+            "top_logprobs_num": max(k, plp or 0), "input_token_ranks": plp is not None}
 
 
 def _truncation(engine: Engine, body: CompletionBody | ChatBody) -> tuple[int | None, bool]:
@@ -282,22 +289,23 @@ def tokenize(engine: Engine, body: Any, chat_template: str | None) -> tuple[list
     else:
         with _named("messages"):
             ids = _chat_ids(engine, body, [], chat_template)
-        if body.add_special_tokens and tok.bos_token_id is not None:
-            ids = [tok.bos_token_id, *ids]
     strs = [tok.id_to_token(i) or "" for i in ids] if body.return_token_strs else None
     return ids, strs
 
 
 def _chat_ids(engine: Engine, body: Any, tools: list[dict[str, Any]], chat_template: str | None) -> list[int]:
     """The ids of a chat body's messages (and ``tools``) through the chat template, with its add_generation_prompt,
-    continue_final_message and chat_template_kwargs; a refusal is an InvalidRequest on ``messages``."""
+    continue_final_message and chat_template_kwargs, and with ``add_special_tokens`` true the tokenizer's bos on top
+    of the template's (vLLM's); a refusal is an InvalidRequest on ``messages``."""
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     try:
         msgs, extra = prepare_messages(messages, tools, chat_template or engine.tokenizer.chat_template)
     except ValueError as e:
         raise InvalidRequest(str(e), "messages") from None
-    return engine.encode_chat(msgs, body.add_generation_prompt, chat_template, body.continue_final_message,
-                              **(body.chat_template_kwargs or {}), **extra)
+    ids = engine.encode_chat(msgs, body.add_generation_prompt, chat_template, body.continue_final_message,
+                             **(body.chat_template_kwargs or {}), **extra)
+    bos = engine.tokenizer.bos_token_id
+    return [bos, *ids] if body.add_special_tokens and bos is not None else ids
 
 
 def from_chat(engine: Engine, body: ChatBody, chat_template: str | None) -> Submission:
@@ -316,16 +324,11 @@ def from_chat(engine: Engine, body: ChatBody, chat_template: str | None) -> Subm
             grammar_field = "tool_choice"
     keep, keep_last = _truncation(engine, body)
     with _named("messages", {"max_new_tokens": name, "min_new_tokens": "min_tokens"}):
-        ids = _chat_ids(engine, body, tools, chat_template)
-        if body.add_special_tokens and engine.tokenizer.bos_token_id is not None:  # on top of the template's
-            ids = [engine.tokenizer.bos_token_id, *ids]
-        ids = _truncated(ids, keep, keep_last)
-        plp = body.prompt_logprobs
-        reqs = engine.expand_requests([ids], sampling, bool(body.logprobs) or plp is not None,
-                                      None if plp is None else 0, max(body.top_logprobs or 0, plp or 0), body.rid,
-                                      grammar_field=grammar_field, input_token_ranks=plp is not None,
-                                      cache_salt=body.cache_salt)
-    return Submission(reqs, 1, body.n, True, tool_calls=bool(tools), prompt_logprobs=plp,
+        ids = _truncated(_chat_ids(engine, body, tools, chat_template), keep, keep_last)
+        reqs = engine.expand_requests([ids], sampling, rid=body.rid, grammar_field=grammar_field,
+                                      cache_salt=body.cache_salt,
+                                      **_logprob_args(bool(body.logprobs), body.top_logprobs or 0, body.prompt_logprobs))
+    return Submission(reqs, 1, body.n, True, tool_calls=bool(tools), prompt_logprobs=body.prompt_logprobs,
                       top_logprobs=body.top_logprobs or 0, echo=_chat_echo(body) if body.echo else None,
                       beam=_beam_spec(body))
 

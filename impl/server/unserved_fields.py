@@ -17,11 +17,21 @@ _MULTIMODAL: Unserved = {name: ((None, False), TEXT_ONLY) for name in (
     "mm_processor_kwargs", "images_config", "video_config", "use_audio_in_video", "max_dynamic_patch",
     "min_dynamic_patch")}
 
+# Both routes: fields SGLang's /generate and the OpenAI routes (SGLang's or vLLM's) share
+_BOTH: Unserved = {
+    "priority": ((None, 0), "priority scheduling is not served; send 0"),
+    "extra_key": ((None,), "send cache_salt to keep a tenant's prefixes apart"),
+    "watermark": ((None,), "not implemented"),
+    "return_routed_experts": ((None, False), "Gemma-4 E2B has no experts"),
+    "routed_experts_start_len": ((None, 0), "Gemma-4 E2B has no experts"),
+    "return_sampling_mask": ((None, False), "not implemented"),
+    "sampling_logprobs_mode": ((None,), "logprobs are the sampled distribution's (before top-k / top-p)"),
+}
+
 # Both OpenAI routes (vLLM's extensions and SGLang's)
 OPENAI_UNSERVED: Unserved = {
     **_MULTIMODAL,
-    "priority": ((None, 0), "priority scheduling is not served; send 0"),
-    "extra_key": ((None,), "send cache_salt to keep a tenant's prefixes apart"),
+    **_BOTH,
     "reasoning_effort": ((None,), "Gemma-4's template switches thinking with chat_template_kwargs.enable_thinking"),
     "thinking": ((None,), "Gemma-4's template switches thinking with chat_template_kwargs.enable_thinking"),
     "include_reasoning": ((None, True), "reasoning is not separated from the answer here"),
@@ -43,21 +53,16 @@ OPENAI_UNSERVED: Unserved = {
     "custom_logit_processor": ((None,), "custom logit processors are not run; use logit_bias"),
     "custom_params": ((None,), "no custom sampling parameters are read"),
     "vllm_xargs": ((None,), "no extra sampling arguments are read"),
-    "watermark": ((None,), "not implemented"),
     "watermarking": ((None, False), "not implemented"),
     "kv_transfer_params": ((None,), "KV transfer between servers is not served"),
     "ec_transfer_params": ((None,), "encoder cache transfer is not served"),
     "return_hidden_states": ((None, False), "hidden states are not returned"),
-    "return_routed_experts": ((None, False), "Gemma-4 E2B has no experts"),
-    "routed_experts_start_len": ((None, 0), "Gemma-4 E2B has no experts"),
     "routed_experts_prompt_start": ((None, 0), "Gemma-4 E2B has no experts"),
     "return_spec_tokens_details": ((None, False), "speculative stats are in /generate's meta_info"),
     "return_meta_info": ((None, False), "use /generate for SGLang's meta_info"),
     "return_prompt_token_ids": ((None, False), "send return_token_ids (vLLM's)"),
     "return_input_ids_in_sglext": ((None, False), "send return_token_ids (vLLM's)"),
     "return_output_ids_in_sglext": ((None, False), "send return_token_ids (vLLM's)"),
-    "return_sampling_mask": ((None, False), "not implemented"),
-    "sampling_logprobs_mode": ((None,), "logprobs are the sampled distribution's (before top-k / top-p)"),
     "return_flat_raw_output_top_logprobs": ((None, False), "use logprobs / top_logprobs"),
     "return_token_offsets": ((None, False), "not implemented"),
     "return_prompt_text": ((None, False), "not implemented; POST /tokenize with the messages, then /detokenize"),
@@ -70,6 +75,7 @@ OPENAI_UNSERVED: Unserved = {
 # token_ids_logprob, custom_logit_processor and session_params are declared fields of its model
 GENERATE_UNSERVED: Unserved = {
     **_MULTIMODAL,
+    **_BOTH,
     "mm_hashes": ((None,), TEXT_ONLY),
     "mm_content_hashes": ((None,), TEXT_ONLY),
     "modalities": ((None,), TEXT_ONLY),
@@ -78,14 +84,9 @@ GENERATE_UNSERVED: Unserved = {
     "encoder_urls": ((None,), TEXT_ONLY),
     "need_wait_for_mm_inputs": ((None, False), TEXT_ONLY),
     "num_items_assigned": ((None,), TEXT_ONLY),
-    "watermark": ((None,), "not implemented"),
-    "return_sampling_mask": ((None, False), "not implemented"),
-    "sampling_logprobs_mode": ((None,), "logprobs are the sampled distribution's (before top-k / top-p)"),
     "return_flat_raw_top_logprobs": ((None, False), "use top_logprobs_num"),
     "return_flat_raw_output_top_logprobs": ((None, False), "use top_logprobs_num"),
     "return_flat_raw_top_logprobs_b64": ((None, False), "use top_logprobs_num"),
-    "return_routed_experts": ((None, False), "Gemma-4 E2B has no experts"),
-    "routed_experts_start_len": ((None, 0), "Gemma-4 E2B has no experts"),
     "return_indexer_topk": ((None, False), "not implemented"),
     "positional_embed_overrides": ((None,), "not implemented"),
     "bootstrap_host": ((None,), "prefill / decode disaggregation is not served"),
@@ -98,8 +99,6 @@ GENERATE_UNSERVED: Unserved = {
     "background": ((None, False), "requests are answered in the foreground"),
     "require_reasoning": ((None, False), "reasoning is not separated from the answer here"),
     "max_thinking_tokens": ((None,), "not implemented; bound the answer with max_new_tokens"),
-    "priority": ((None, 0), "priority scheduling is not served; send 0"),
-    "extra_key": ((None,), "send cache_salt to keep a tenant's prefixes apart"),
     "return_bytes": ((None, False), "not implemented"),
     "return_entropy": ((None, False), "not implemented; compute it from top_logprobs_num"),
     "multi_item_delimiter_indices": ((None,), "multi-item scoring is not served"),
