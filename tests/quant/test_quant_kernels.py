@@ -316,23 +316,26 @@ def test_w8a8_tile_order_gives_the_same_bits(ext):
 
 @pytest.mark.parametrize("group", [64, 128, 256])
 def test_w4a8_tile_order_gives_the_same_bits(ext, group):
-    """Where the CPU has AMX-int8 tiles a W4A8 weight is put in tile order in place (``quant_tile_order_``: per 32
-    output rows and group, each 64-byte line two rows of a B tile in its two nibbles, then the 32 scales and zero
-    points): the same codes, scales and zero points (dequantized), and every kernel on it the bits of the row layout:
-    the VNNI kernel at 1-8 rows (three blocks: up to 4 rows a pair read as two streams and one alone, 5-8 rows one
-    block at a time), the tiles from 9 (one row block streamed; more unpacked first; a partial block of x), the
-    gated MLP product, zero points 0 and 15. Elsewhere (groups of 32, N off a multiple of 32, a zero point that is not an
-    integer 0..15) the weight comes back untouched."""
+    """Where the CPU has AMX-int8 tiles, and in the AVX2 build, a W4A8 weight is put in tile order in place
+    (``quant_tile_order_``: per 32 output rows and group, each 64-byte line two rows of a B tile in its two nibbles,
+    then the 32 scales and zero points): the same codes, scales and zero points (dequantized), and every kernel on it
+    the bits of the row layout. AMX: the VNNI kernel at 1-8 rows (three blocks: up to 4 rows a pair read as two
+    streams and one alone, 5-8 rows one block at a time), the tiles from 9 (one row block streamed; more unpacked
+    first; a partial block of x). AVX2: one row a pair of blocks as two streams and one alone, more rows block by
+    block with x's rows 8 at a time (every pass shape of 1-8 rows, and a last partial one). Also the gated MLP product,
+    zero points 0 and 15. Elsewhere (groups of 32, N off a multiple of 32, a zero point that is not an integer 0..15)
+    the weight comes back untouched."""
     g = torch.Generator().manual_seed(17)
     fmt = WeightFormat("w4a8", group, symmetric=False)
     w = pack.pack(torch.randn(96, 512, generator=g), fmt)
     w.view(96, -1, group // 2 + 8)[0, 0, group // 2 + 4 : group // 2 + 8] = torch.tensor([0.0]).view(torch.int8)
     w.view(96, -1, group // 2 + 8)[1, 0, group // 2 + 4 : group // 2 + 8] = torch.tensor([15.0]).view(torch.int8)
     t = ext.quant_tile_order_(w.clone(), 512)
-    tiles = ext.quant_w8a8_prefill_isa() == "amx_int8"
+    tiles = ext.w4a8_tile_order_here()
+    assert tiles == (ext.quant_w8a8_prefill_isa() == "amx_int8" or ext.simd_isa() == "avx2")
     assert tuple(t.shape) == ((3, 512 // group, 16 * group + 256) if tiles else tuple(w.shape))
     assert t.numel() == w.numel() and torch.equal(ext.quant_dequant(t, 512), ext.quant_dequant(w, 512))
-    for rows in (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 40):
+    for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 40):
         x = torch.randn(rows, 512, generator=g) * 3
         assert torch.equal(ext.quant_linear(x, t), ext.quant_linear(x, w)), rows
         assert torch.equal(ext.quant_gelu_mul(x, t), ext.quant_gelu_mul(x, w)), rows

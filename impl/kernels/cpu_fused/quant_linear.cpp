@@ -438,6 +438,26 @@ void w8a8_kernel(const int8_t* xq, const float* xs, int64_t M, const QuantView& 
   for_blocks(blocks, 1, body);
 }
 
+// ---- weights in tile order, read as streams ---------------------------------------------------------------
+
+// The kernels on weights in tile order (quant_linear.h) ask for every line this many bytes ahead into L2.
+constexpr int64_t kTiledPrefetch = 16384;
+
+// A thread's blocks [lo, hi) as two streams: the blocks lo + i and lo + half + i together (pair, with js[2]), then
+// the odd one left alone (one, with js[1]).
+template <typename Pair, typename One>
+inline void in_two_streams(int64_t lo, int64_t hi, const Pair& pair, const One& one) {
+  const int64_t half = (hi - lo) / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t js[2] = {lo + i, lo + half + i};
+    pair(js);
+  }
+  if ((hi - lo) % 2) {
+    const int64_t js[1] = {hi - 1};
+    one(js);
+  }
+}
+
 // ---- W8A8 on AMX-int8 tiles (prefill) ---------------------------------------------------------------------
 //
 // The same exact int32 dot products as w8a8_kernel, from TDPBSSD (signed x signed bytes, int32 accumulation:
@@ -647,22 +667,6 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
 // W8A8 kernel. Each thread reads its blocks as two streams (the two halves of its range, a block of each at a
 // time) and asks for every line kTiledPrefetch bytes ahead into L2: one stream with the hardware prefetcher alone
 // read a 403 MB LM head at 21 GB/s on the AMX Xeon, the row kernel 24, this 27-28.
-constexpr int64_t kTiledPrefetch = 16384;
-
-// A thread's blocks [lo, hi) as two streams: the blocks lo + i and lo + half + i together (pair, with js[2]), then
-// the odd one left alone (one, with js[1]).
-template <typename Pair, typename One>
-inline void in_two_streams(int64_t lo, int64_t hi, const Pair& pair, const One& one) {
-  const int64_t half = (hi - lo) / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    const int64_t js[2] = {lo + i, lo + half + i};
-    pair(js);
-  }
-  if ((hi - lo) % 2) {
-    const int64_t js[1] = {hi - 1};
-    one(js);
-  }
-}
 
 // out[32 j + c] of x's one row (codes xq, scale sx) for the P blocks js
 template <int P>
@@ -970,6 +974,116 @@ void w4a8_kernel(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t
   };
   for_blocks(blocks, 1, body);
 }
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define QUANT_W4A8_TILED 1
+#define QUANT_W4A8_TILED_AVX2 1
+// W4A8 on a tiled weight (quant_linear.h) with AVX2, at every row count (a build without AVX-512 has no other kernel
+// for it). A 64-byte line of a tile half is two ymm of 8 weight rows x 4 bytes: a byte's low nibbles times 4 of an
+// x row's codes broadcast and its high nibbles times the next 4, by vpmaddubsw (unsigned codes 0..15 x signed x
+// codes: pair sums of at most 2 * 15 * 127, never saturating), the two added (<= 7620) and widened by vpmaddwd into
+// int32 lanes, one lane per weight row: each output's exact group sum lands in its own lane, with no horizontal sums
+// (the row layout's kernel sums 8 lanes per weight row, x row and group: a third of its instructions at one row).
+// Then w4a8_step's term on 8 outputs at a time, the same values and operations as the row kernel (its bits).
+// A pass covers U columns of 8 weight rows (rows[u]: a column's first row, a multiple of 8; the two columns of a
+// 64-byte line are its halves) for MT rows of x: U * MT int32 accumulators of AVX2's 16 ymm. pf: each line asked
+// for kTiledPrefetch bytes ahead (decode, where the weight streams from memory).
+template <int U, int MT>
+inline void w4_tiled_cols_avx2(const int8_t* xq, const float* xs, const int32_t* xsum, const QuantView& q,
+                               const int64_t* rows, float* out, int64_t ldo, bool pf) {
+  const int64_t K = q.K, G = q.G, g = q.g;
+  const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  alignas(32) float tot[U][MT][8];
+  for (int64_t gi = 0; gi < G; ++gi) {
+    const uint8_t* col[U];
+    for (int u = 0; u < U; ++u) col[u] = w4_tiled_codes(q, rows[u] & ~int64_t{15}, gi) + 4 * (rows[u] % 16);
+    __m256i acc[U][MT];
+    for (int u = 0; u < U; ++u)
+      for (int m = 0; m < MT; ++m) acc[u][m] = _mm256_setzero_si256();
+    const int8_t* xg = xq + gi * g;
+    for (int64_t l = 0; l < g / 8; ++l) {  // line l: codes 8 l .. 8 l + 3 (low nibbles), 8 l + 4 .. 8 l + 7 (high)
+      __m256i xl[MT], xh[MT];
+      for (int m = 0; m < MT; ++m) {
+        int32_t a, b;
+        std::memcpy(&a, xg + m * K + 8 * l, 4);
+        std::memcpy(&b, xg + m * K + 8 * l + 4, 4);
+        xl[m] = _mm256_set1_epi32(a);
+        xh[m] = _mm256_set1_epi32(b);
+      }
+      for (int u = 0; u < U; ++u) {
+        const uint8_t* line = col[u] + 64 * l;
+        if (pf && rows[u] % 16 == 0) _mm_prefetch(reinterpret_cast<const char*>(line + kTiledPrefetch), _MM_HINT_T1);
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line));
+        const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        for (int m = 0; m < MT; ++m)
+          acc[u][m] = _mm256_add_epi32(acc[u][m], _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xl[m]),
+                                                                                     _mm256_maddubs_epi16(hi, xh[m])), ones));
+      }
+    }
+    for (int u = 0; u < U; ++u) {
+      const uint8_t* meta = w4_tiled_meta(q, rows[u] & ~int64_t{15}, gi) + 4 * (rows[u] % 16);
+      const __m256 sv = _mm256_loadu_ps(reinterpret_cast<const float*>(meta));
+      const __m256 zv = _mm256_loadu_ps(reinterpret_cast<const float*>(meta + 128));
+      for (int m = 0; m < MT; ++m) {  // w4a8_step on 8 outputs (the first group's onto +0)
+        const __m256 d = _mm256_sub_ps(_mm256_cvtepi32_ps(acc[u][m]),
+                                       _mm256_mul_ps(zv, _mm256_set1_ps(static_cast<float>(xsum[m * G + gi]))));
+        const __m256 t = gi ? _mm256_load_ps(tot[u][m]) : _mm256_setzero_ps();
+        _mm256_store_ps(tot[u][m], _mm256_fmadd_ps(_mm256_mul_ps(sv, _mm256_set1_ps(xs[m * G + gi])), d, t));
+      }
+    }
+  }
+  for (int u = 0; u < U; ++u)
+    for (int m = 0; m < MT; ++m) _mm256_storeu_ps(out + m * ldo + rows[u], _mm256_load_ps(tot[u][m]));
+}
+
+// Block j's 32 outputs for MT rows of x, in passes of U columns.
+template <int U, int MT>
+inline void w4_tiled_block_avx2(const int8_t* xq, const float* xs, const int32_t* xsum, const QuantView& q, int64_t j,
+                                float* out, int64_t ldo, bool pf) {
+  for (int c = 0; c < 4; c += U) {
+    int64_t rows[U];
+    for (int u = 0; u < U; ++u) rows[u] = 32 * j + 8 * (c + u);
+    w4_tiled_cols_avx2<U, MT>(xq, xs, xsum, q, rows, out, ldo, pf);
+  }
+}
+
+// out [M, N] for M rows of a tiled W4A8 weight. One row (batch-1 decode): each thread reads its blocks as two streams
+// (in_two_streams, as the VNNI kernels), all 8 columns of a pair in one pass. More rows: block by block, x's rows
+// passing over the block 8 at a time while its codes stay in L1 / L2, so the weight is read from memory once.
+void w4a8_tiled_rows(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t M, const QuantView& q, float* out) {
+  const int64_t K = q.K, G = q.G, N = q.N;
+  if (M == 1) {
+    for_blocks(N / 32, 1, [&](int64_t lo, int64_t hi) {
+      in_two_streams(lo, hi, [&](const int64_t* js) {
+        const int64_t rows[8] = {32 * js[0], 32 * js[0] + 8, 32 * js[0] + 16, 32 * js[0] + 24,
+                                 32 * js[1], 32 * js[1] + 8, 32 * js[1] + 16, 32 * js[1] + 24};
+        w4_tiled_cols_avx2<8, 1>(xq, xs, xsum, q, rows, out, N, true);
+      }, [&](const int64_t* js) { w4_tiled_block_avx2<4, 1>(xq, xs, xsum, q, js[0], out, N, true); });
+    });
+    return;
+  }
+  const bool pf = M <= 8;  // a few requests' decode: one pass per block, from memory
+  for_blocks(N / 32, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t j = lo; j < hi; ++j)
+      for (int64_t m = 0; m < M; m += 8) {
+        const int8_t* x = xq + m * K;
+        const float* s = xs + m * G;
+        const int32_t* c = xsum + m * G;
+        float* o = out + m * N;
+        switch (std::min<int64_t>(8, M - m)) {
+          case 1: w4_tiled_block_avx2<4, 1>(x, s, c, q, j, o, N, pf); break;
+          case 2: w4_tiled_block_avx2<4, 2>(x, s, c, q, j, o, N, pf); break;
+          case 3: w4_tiled_block_avx2<2, 3>(x, s, c, q, j, o, N, pf); break;
+          case 4: w4_tiled_block_avx2<2, 4>(x, s, c, q, j, o, N, pf); break;
+          case 5: w4_tiled_block_avx2<1, 5>(x, s, c, q, j, o, N, pf); break;
+          case 6: w4_tiled_block_avx2<1, 6>(x, s, c, q, j, o, N, pf); break;
+          case 7: w4_tiled_block_avx2<1, 7>(x, s, c, q, j, o, N, pf); break;
+          default: w4_tiled_block_avx2<1, 8>(x, s, c, q, j, o, N, pf); break;
+        }
+      }
+  });
+}
+#endif
 
 #if defined(QUANT_AMX_INT8)
 // W4A8 from kW4A8AmxMinRows rows on AMX-int8 tiles (groups of 128 or 256, N a multiple of 32). Each 32-row weight
@@ -1559,12 +1673,12 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w) {
       return out;
     }
 #endif
-    if (q.tiled) {  // below use_amx_w4a8's rows (only a CPU with the tiles tiles a weight)
+    if (q.tiled) {  // below use_amx_w4a8's rows (AMX), or every row count (AVX2)
 #if defined(QUANT_W4A8_TILED)
       w4a8_tiled_rows(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), qs[2].data_ptr<int32_t>(), M, q, out.data_ptr<float>());
       return out;
 #else
-      TORCH_CHECK(false, "a W4A8 weight in tile order needs the AVX-512 VNNI build of the kernels");
+      TORCH_CHECK(false, "a W4A8 weight in tile order needs the AVX2 or the AVX-512 VNNI build of the kernels");
 #endif
     }
     w4a8_kernel(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), qs[2].data_ptr<int32_t>(), M, q, out.data_ptr<float>());
@@ -1592,6 +1706,16 @@ std::string quant_w8a8_prefill_isa() {
   if (cpu_amx::tiles_allowed()) return "amx_int8";
 #endif
   return "simd";
+}
+
+bool w4a8_tile_order_here() {
+#if defined(QUANT_W4A8_TILED_AVX2)
+  return true;
+#elif defined(QUANT_W4A8_TILED)
+  return cpu_amx::tiles_allowed();
+#else
+  return false;
+#endif
 }
 
 torch::Tensor quant_dequant(const torch::Tensor& w, int64_t K) {
@@ -1630,13 +1754,17 @@ torch::Tensor quant_dequant(const torch::Tensor& w, int64_t K) {
 }
 
 torch::Tensor quant_tile_order_(const torch::Tensor& w, int64_t K) {
-#if defined(QUANT_W8A8_TILED)
+#if defined(QUANT_W4A8_TILED)
   if (!is_quantized(w) || !takes_inputs(w, K)) return w;
   const QuantView q = quant_view(w, K);
-  if (q.tiled || q.N % 32 != 0 || K % 64 != 0 || !cpu_amx::tiles_allowed() || reinterpret_cast<uintptr_t>(q.data) % 64 != 0)
+  if (q.tiled || q.N % 32 != 0 || K % 64 != 0 || !w4a8_tile_order_here() || reinterpret_cast<uintptr_t>(q.data) % 64 != 0)
     return w;
   uint8_t* const base = reinterpret_cast<uint8_t*>(w.data_ptr());
   if (q.kind == QuantKind::kW8A8) {
+#if !defined(QUANT_W8A8_TILED)
+    return w;  // W8A8's tile order is AMX's (its row kernel reads rows at the memory's rate)
+#else
+    if (!cpu_amx::tiles_allowed()) return w;
     // block j's 32 rows occupy bytes [j B, (j + 1) B) in both layouts (B = 32 (K + 4) = 32 K + 128): each block is
     // copied out and written back in tile order
     const int64_t B = 32 * K + 128;
@@ -1650,6 +1778,7 @@ torch::Tensor quant_tile_order_(const torch::Tensor& w, int64_t K) {
       }
     });
     return w.view({q.N / 32, 1, B});
+#endif
   }
   if (q.kind != QuantKind::kW4A8 || q.g % 64 != 0) return w;
   // the tiles take q - z as signed bytes: every zero point an integer 0..15 (impl.quant.pack writes no other), or the
