@@ -3,9 +3,11 @@
 bench_peer's batch (``e2b_bench``, float32, 32 requests with 128-1024-token prompts, greedy) prefilled once; then
 ``--steps`` decode steps over the cached prompts, ``--rounds`` times, each round printing ms per step and what the
 layers' three compiled calls took of it (``attn_pre``: norm, q/k/v, head norms, RoPE; ``decode_attention``;
-``decoder_post``: o_proj, MLP, norms, per-layer input) beside the model forward as a whole (the rest of the forward:
-embedding, per-layer inputs, RoPE tables, attention metadata, Python glue, LM head) and the step outside the forward
-(sampling, scheduling, output processing). The calls are timed by wrapping them (about a microsecond each). Then
+``decoder_post``: o_proj, MLP, norms, per-layer input) and the linears outside the layers (the LM head, the per-layer
+input projection) beside the model forward as a whole (the rest of the forward: embedding, per-layer inputs, RoPE
+tables, attention metadata, Python glue) and the step outside the forward (sampling, scheduling, output
+processing). ``--model e2b-full-wc --dtype bfloat16 --requests 1 [--torchao-config 8da4w-128]``: batch-1 decode at
+full size. The calls are timed by wrapping them (about a microsecond each). Then
 ``decoder_post`` of the first and the last layer is called alone in a loop on rows of the same shape (its weights
 stay in cache there), beside its median call in the steps (where every layer's weights come from memory).
 With ``--prefill`` each round splits one prefill chunk the same way instead (4 fresh 512-token prompts, the
@@ -59,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="float32", help="the engine's --dtype (bfloat16 at full size)")
+    ap.add_argument("--torchao-config", default=None, help="quantized weights, e.g. 8da4w-128")
     ap.add_argument("--prefill", action="store_true",
                     help="split one prefill chunk instead (4 fresh 512-token prompts: the server's 2048-token chunk, "
                          "the cache flushed before each round)")
@@ -75,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     from impl.kernels.cpu_fused import transform
 
     torch.set_num_threads(args.threads)
-    eng = Engine(tiny_checkpoint(args.model), dtype="float32", chunked_prefill_size=2048)
+    eng = Engine(tiny_checkpoint(args.model), dtype=args.dtype, chunked_prefill_size=2048,
+                 **({"torchao_config": args.torchao_config} if args.torchao_config else {}))
     r = random.Random(0)
     ids = [[r.randrange(3, 500) for _ in range(r.randrange(128, 1024))] for _ in range(args.requests)]
     # the decode rounds' prompts prefilled (cached); --prefill: one short request, to build the kernels
@@ -92,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     for i, layer in enumerate(layers):
         post_calls[i] = []
         layer.ext = _Timed(layer.ext, totals, post_calls[i])
+    for lin in [o for o in gc.get_objects() if isinstance(o, transform.LinearForward)]:  # LM head, PLE projection
+        lin.ext = _Timed(lin.ext, totals)
     attn = _Timed(cpu_attn._ext(), totals)
     cpu_attn._ext = lambda: attn
     forward = model_runner.ModelRunner.forward
@@ -115,8 +122,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+_LINEARS = ("linear_native", "bf16_rows")  # LinearForward's calls: the linears outside the fused layers
+
+
+def _what(args) -> str:
+    return args.dtype + (f", --torchao-config {args.torchao_config}" if args.torchao_config else "")
+
+
 def _rounds(eng, ids, args, layers, totals, post_calls, torch) -> None:
-    print(f"{cpu_description()}; {args.model}, float32, {args.requests} requests, {args.threads} threads")
+    print(f"{cpu_description()}; {args.model}, {_what(args)}, {args.requests} requests, {args.threads} threads")
     sp = {"max_new_tokens": args.steps + 1, "ignore_eos": True, "temperature": 0}
     for rnd in range(args.rounds):
         totals.clear()
@@ -125,10 +139,12 @@ def _rounds(eng, ids, args, layers, totals, post_calls, torch) -> None:
         steps = args.steps + 1  # the cached prompts' last token is recomputed: one extend step, then the decode steps
         per = {k: 1000 * v / steps for k, v in totals.items()}
         step = 1000 * (time.perf_counter() - t) / steps
-        calls = sum(per.get(k, 0.0) for k in ("attn_pre", "decode_attention", "decoder_post"))
+        linears = sum(per.get(k, 0.0) for k in _LINEARS)
+        calls = sum(per.get(k, 0.0) for k in ("attn_pre", "decode_attention", "decoder_post")) + linears
         print(f"round {rnd}: {step:.1f} ms a step: attn_pre {per.get('attn_pre', 0):.1f}, decode_attention "
-              f"{per.get('decode_attention', 0):.1f}, decoder_post {per.get('decoder_post', 0):.1f}, rest of the "
-              f"forward {per.get('forward', 0) - calls:.1f}, outside the forward {step - per.get('forward', 0):.1f}")
+              f"{per.get('decode_attention', 0):.1f}, decoder_post {per.get('decoder_post', 0):.1f}, LM head and "
+              f"other linears {linears:.1f}, rest of the forward {per.get('forward', 0) - calls:.1f}, outside the "
+              f"forward {step - per.get('forward', 0):.1f}")
     for i in (0, len(layers) - 1):
         in_step = sorted(post_calls[i])[len(post_calls[i]) // 2]
         print(f"layer {layers[i].layer.layer_id} decoder_post: median in the steps {in_step * 1e6:.0f} us, alone "
@@ -136,7 +152,8 @@ def _rounds(eng, ids, args, layers, totals, post_calls, torch) -> None:
 
 
 def _prefill_rounds(eng, args, totals) -> None:
-    print(f"{cpu_description()}; {args.model}, float32, one 2048-token prefill chunk (4 x 512), {args.threads} threads")
+    print(f"{cpu_description()}; {args.model}, {_what(args)}, one 2048-token prefill chunk (4 x 512), {args.threads} "
+          "threads")
     r = random.Random(1)
     for rnd in range(args.rounds):
         eng.flush_cache()
@@ -146,6 +163,7 @@ def _prefill_rounds(eng, args, totals) -> None:
         eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 1, "ignore_eos": True, "temperature": 0})
         wall, fwd = 1000 * (time.perf_counter() - t), 1000 * totals["forward"]
         ms = {k: 1000 * totals[k] for k in ("attn_pre", "extend_attention", "decoder_post")}
+        ms["linears"] = 1000 * sum(totals[k] for k in _LINEARS)
         rest = fwd - sum(ms.values())
         print(f"round {rnd}: {wall:.0f} ms: " + ", ".join(f"{k} {v:.0f} ({100 * v / wall:.0f}%)" for k, v in ms.items())
               + f", rest of the forward {rest:.0f} ({100 * rest / wall:.0f}%), outside the forward {wall - fwd:.0f}")
