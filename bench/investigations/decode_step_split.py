@@ -175,8 +175,9 @@ def _post_alone(fused, rows: int, torch) -> float:
     w, f, ext = fused.w, fused.f, fused.ext._ext
     g = torch.Generator().manual_seed(0)
     h = torch.randn(rows, w.input_norm.shape[0], generator=g)
-    attn = torch.randn(rows, f.o_proj.shape[1], generator=g)
-    ple = None if w.ple is None else torch.randn(rows, w.ple.gate.shape[0], generator=g)
+    # the widths from the head norm and the layer (a quantized o_proj / gate is packed: its shape is not [out, in])
+    attn = torch.randn(rows, f.q_heads * f.head_norm.shape[1], generator=g)
+    ple = None if w.ple is None else torch.randn(rows, fused.layer.ple_dim, generator=g)
 
     def call():
         return ext.decoder_post(h, attn, f.o_proj, w.post_attention_norm, w.pre_feedforward_norm, f.gate_up, f.down,

@@ -347,6 +347,18 @@ def test_prepacked_mlp_in_row_blocks_matches_reference(dtype):
 
 
 @needs_ext
+def test_a_per_layer_input_wider_than_its_gate_is_refused():
+    """decoder_post multiplies the PLE gate's [n, P] outputs by the per-layer input row by row: an input of another
+    width is a clear error naming both widths (it was read and written past the gate's rows)."""
+    g = _gen(7)
+    r = lambda *s: torch.randn(*s, generator=g) * 0.3  # noqa: E731
+    hid, inter = 64, 128
+    args = [r(2, hid), r(2, hid), r(hid, hid), r(hid), r(hid), [r(2 * inter, hid)], r(hid, inter), r(hid)]
+    with pytest.raises(RuntimeError, match="gate's 8 outputs, got P = 64"):
+        EXT.decoder_post(*args, r(2, 64), r(8, hid), r(hid, 8), r(hid), 1.0, 1e-6)
+
+
+@needs_ext
 def test_prepacked_gate_up_must_come_split():
     w = torch.randn(256, 64)
     packed = cpu_linear.pack(w) if cpu_linear.onednn_available() else None

@@ -470,6 +470,7 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   check_f32(*w_ple_norm, "w_ple_norm", 1);
   const int64_t p = ple_rows.size(1);
   auto g = torch::gelu(linear(out, *ple_gate_w, onednn), "tanh").contiguous();  // [n, P] float32
+  TORCH_CHECK(g.size(1) == p, "ple must be [n, P] with P the per-layer input gate's ", g.size(1), " outputs, got P = ", p);
   {
     float* gp = g.data_ptr<float>();
     const RowsIn pl(ple_rows);
