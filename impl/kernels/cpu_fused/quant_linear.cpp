@@ -56,6 +56,12 @@ inline float load_f32(const uint8_t* p) {
   std::memcpy(&f, p, sizeof f);
   return f;
 }
+// 4 activation codes as one int32 (to broadcast against a line of 4-byte weight groups)
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
 
 // Where a tiled W4A8 weight keeps the 16-row tile half from weight row `row` (a multiple of 16) in group gi: its
 // g / 8 lines of codes, and its 16 scales (its 16 zero points 128 bytes further on).
@@ -438,25 +444,10 @@ void w8a8_kernel(const int8_t* xq, const float* xs, int64_t M, const QuantView& 
   for_blocks(blocks, 1, body);
 }
 
-// ---- weights in tile order, read as streams ---------------------------------------------------------------
+// ---- weights in tile order --------------------------------------------------------------------------------
 
 // The kernels on weights in tile order (quant_linear.h) ask for every line this many bytes ahead into L2.
 constexpr int64_t kTiledPrefetch = 16384;
-
-// A thread's blocks [lo, hi) as two streams: the blocks lo + i and lo + half + i together (pair, with js[2]), then
-// the odd one left alone (one, with js[1]).
-template <typename Pair, typename One>
-inline void in_two_streams(int64_t lo, int64_t hi, const Pair& pair, const One& one) {
-  const int64_t half = (hi - lo) / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    const int64_t js[2] = {lo + i, lo + half + i};
-    pair(js);
-  }
-  if ((hi - lo) % 2) {
-    const int64_t js[1] = {hi - 1};
-    one(js);
-  }
-}
 
 // ---- W8A8 on AMX-int8 tiles (prefill) ---------------------------------------------------------------------
 //
@@ -668,6 +659,21 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
 // time) and asks for every line kTiledPrefetch bytes ahead into L2: one stream with the hardware prefetcher alone
 // read a 403 MB LM head at 21 GB/s on the AMX Xeon, the row kernel 24, this 27-28.
 
+// A thread's blocks [lo, hi) as two streams: the blocks lo + i and lo + half + i together (pair, with js[2]), then
+// the odd one left alone (one, with js[1]).
+template <typename Pair, typename One>
+inline void in_two_streams(int64_t lo, int64_t hi, const Pair& pair, const One& one) {
+  const int64_t half = (hi - lo) / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t js[2] = {lo + i, lo + half + i};
+    pair(js);
+  }
+  if ((hi - lo) % 2) {
+    const int64_t js[1] = {hi - 1};
+    one(js);
+  }
+}
+
 // out[32 j + c] of x's one row (codes xq, scale sx) for the P blocks js
 template <int P>
 inline void tiled_blocks(const int8_t* xq, float sx, const QuantView& q, const int64_t* js, float* out) {
@@ -679,9 +685,7 @@ inline void tiled_blocks(const int8_t* xq, float sx, const QuantView& q, const i
   const __m512i zero = _mm512_setzero_si512();
   for (int64_t kb = 0; kb < KB; ++kb)
     for (int r = 0; r < 16; ++r) {
-      int32_t x4;
-      std::memcpy(&x4, xq + 64 * kb + 4 * r, 4);
-      const __m512i xb = _mm512_set1_epi32(x4);
+      const __m512i xb = _mm512_set1_epi32(load_i32(xq + 64 * kb + 4 * r));
       for (int p = 0; p < P; ++p)
         for (int h = 0; h < 2; ++h) {
           const uint8_t* line = b[p] + kb * 2048 + h * 1024 + 64 * r;
@@ -1010,11 +1014,8 @@ inline void w4_tiled_halves_avx2(const int8_t* xq, const float* xs, const int32_
       for (int64_t l = 0; l < g / 8; ++l) {  // line l: codes 8 l .. 8 l + 3 (low nibbles), 8 l + 4 .. 8 l + 7 (high)
         __m256i xl[MT], xh[MT];
         for (int m = 0; m < MT; ++m) {
-          int32_t a, b;
-          std::memcpy(&a, xg + m * K + 8 * l, 4);
-          std::memcpy(&b, xg + m * K + 8 * l + 4, 4);
-          xl[m] = _mm256_set1_epi32(a);
-          xh[m] = _mm256_set1_epi32(b);
+          xl[m] = _mm256_set1_epi32(load_i32(xg + m * K + 8 * l));
+          xh[m] = _mm256_set1_epi32(load_i32(xg + m * K + 8 * l + 4));
         }
         const uint8_t* line = codes + 64 * l;
         if (pf) _mm_prefetch(reinterpret_cast<const char*>(line + kTiledPrefetch), _MM_HINT_T1);
@@ -1291,11 +1292,8 @@ inline void w4_tiled_blocks(const int8_t* xq, const float* xs, const int32_t* xs
     for (int64_t l = 0; l < g / 8; ++l) {  // line l: codes 8 l .. 8 l + 3 (low nibbles), 8 l + 4 .. 8 l + 7 (high)
       __m512i xl[MT], xh[MT];
       for (int m = 0; m < MT; ++m) {
-        int32_t a, b;
-        std::memcpy(&a, xg + m * K + 8 * l, 4);
-        std::memcpy(&b, xg + m * K + 8 * l + 4, 4);
-        xl[m] = _mm512_set1_epi32(a);
-        xh[m] = _mm512_set1_epi32(b);
+        xl[m] = _mm512_set1_epi32(load_i32(xg + m * K + 8 * l));
+        xh[m] = _mm512_set1_epi32(load_i32(xg + m * K + 8 * l + 4));
       }
       for (int p = 0; p < P; ++p)
         for (int h = 0; h < 2; ++h) {
