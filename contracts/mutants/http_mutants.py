@@ -79,7 +79,7 @@ class FinishReasonOnEveryChunk(HttpMutant):
 def _finish_reason_on_every_chunk() -> None:
     from impl.server import openai_api
 
-    orig = openai_api._delta_chunk
+    orig = openai_api.delta_chunk
 
     def delta_chunk(*a, **kw):
         c = orig(*a, **kw)
@@ -87,7 +87,7 @@ def _finish_reason_on_every_chunk() -> None:
             c["finish_reason"] = "length"
         return c
 
-    _set(openai_api, "_delta_chunk", delta_chunk)
+    _set(openai_api, "delta_chunk", delta_chunk)
 
 
 @mutant("HTTP-USAGE-EXACT")

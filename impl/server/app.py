@@ -34,6 +34,7 @@ from impl.server.limits import RequestLimits
 from impl.server.metrics import Gauges, ServerMetrics
 from impl.server.openapi_schema import install_openapi
 from impl.server.protocol import RequestModels, request_models
+from impl.server.response_store import ResponseStore
 from impl.server.streaming import json_safe
 
 HEALTH_GENERATE_TIMEOUT_S = 60.0
@@ -50,6 +51,7 @@ class ServerState:
     started: float
     limits: RequestLimits
     models: RequestModels
+    responses: ResponseStore  # the Responses API's stored responses
 
     @property
     def args(self):
@@ -85,7 +87,8 @@ def build_state(engine: Engine) -> ServerState:
     aengine = AsyncEngine(engine, on_finish=on_finish)
     max_req_len = engine.load().max_req_len
     limits = RequestLimits.from_args(engine.resolved_args, engine.intake_policy.vocab_size)
-    return ServerState(engine, aengine, metrics, name, max_req_len, time.time(), limits, request_models(limits))
+    return ServerState(engine, aengine, metrics, name, max_req_len, time.time(), limits, request_models(limits),
+                       ResponseStore.from_env())
 
 
 def record_finished(metrics: ServerMetrics, out: ReqOutput) -> None:
@@ -204,14 +207,27 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/responses")
     async def responses(request: Request):
-        """OpenAI's Responses API, stateless, through the chat path (``impl/server/responses_api.py``)."""
-        def build(b: Any) -> Any:
-            chat = responses_api.chat_request(b, state.models.chat)
-            sub = req_builder.from_chat(engine, chat, state.args.chat_template)
-            return _call(state, "chat", sub, chat.logprobs, chat)
+        """OpenAI's Responses API through the chat path, responses stored (``impl/server/responses_api.py``)."""
+        store = state.responses
 
-        body, call = await body_of(request, state.models.responses, _checked(state, build))
-        return await responses_api.respond(request, aengine, call, body, state.model_name)
+        def build(b: Any) -> Any:
+            if b.store and not store.enabled:
+                raise APIError(400, "this server stores no responses (YOCO_RESPONSES_STORE_MB=0); send store false "
+                                    "or leave it out", "store")
+            previous = None
+            if b.previous_response_id is not None:
+                previous = store.get(b.previous_response_id)
+                if previous is None:
+                    raise APIError(404, store.not_found(b.previous_response_id), "previous_response_id")
+            turn = responses_api.Turn.of(b, previous, store if store.enabled and b.store is not False else None)
+            chat = responses_api.chat_request(b, state.models.chat, turn.conversation)
+            sub = req_builder.from_chat(engine, chat, state.args.chat_template)
+            return _call(state, "chat", sub, chat.logprobs, chat), turn
+
+        body, (call, turn) = await body_of(request, state.models.responses, _checked(state, build))
+        return await responses_api.respond(request, aengine, call, body, state.model_name, turn)
+
+    responses_api.add_store_routes(app, state.responses)
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
@@ -289,6 +305,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             num_running_reqs=load.num_running_reqs,
             num_waiting_reqs=load.num_waiting_reqs,
             token_usage=load.token_usage,
+            responses_store=state.responses.stats(),
         )
         return JSONResponse(json_safe(info))
 

@@ -6,7 +6,9 @@ The front holds no model; the replica processes are ``impl.server.dp_control``'s
   and ``/tokenize``, ``/detokenize`` go whole to one replica, chosen by ``--load-balance-method`` (``round_robin``
   or ``shortest_queue``: fewest requests in flight from this front) among the
   live ranks, or by the body's ``data_parallel_rank`` (what ``sglang-router
-  --dp-aware`` sends). Bodies are read within ``--max-request-body-bytes`` (the
+  --dp-aware`` sends), or, for a Responses body with ``previous_response_id``, the rank that stored that
+  response (each replica stores its own; ``GET`` / ``DELETE /v1/responses/{id}`` and its ``input_items`` ask
+  every rank and answer the holder's reply). Bodies are read within ``--max-request-body-bytes`` (the
   single server's 413 and 415). Responses, streams included, pass through byte
   for byte; a client that disconnects closes the replica connection, so the
   replica aborts the request. A replica that dies mid-request ends it cleanly:
@@ -28,6 +30,7 @@ import json
 import logging
 import math
 from typing import Any, AsyncIterator
+from urllib.parse import quote
 
 import httpx
 import uvicorn
@@ -113,6 +116,19 @@ def _add_routes(app: FastAPI, ctrl: DataParallelController, limits: RequestLimit
     async def first_rank(request: Request) -> Response:
         return await _forward(ctrl.pick(ctrl.first_live()), "GET", request.url.path)
 
+    @app.get("/v1/responses/{response_id}")
+    @app.delete("/v1/responses/{response_id}")
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def stored_response(request: Request) -> Response:
+        """A stored response is held by the rank that answered it: every live rank is asked, the first answer
+        that is not a 404 is the front's."""
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        live = [r for r in ctrl.replicas if r.alive()]
+        if not live:
+            return error_response(503, "no data-parallel replica is alive")
+        resps = await asyncio.gather(*(_forward(r, request.method, path) for r in live))
+        return next((x for x in resps if x.status_code != 404), resps[0])
+
     @app.get("/get_load")
     async def get_load() -> list[dict[str, Any]]:
         out = []
@@ -147,13 +163,18 @@ def _add_routes(app: FastAPI, ctrl: DataParallelController, limits: RequestLimit
         return bad[0] if bad else PlainTextResponse("Cache flushed.\n")
 
 
-def _requested_rank(body: bytes, n: int) -> int | None:
-    """The body's ``data_parallel_rank`` (SGLang's field), validated; None when absent or the body is not JSON."""
+def _body_object(body: bytes) -> dict[str, Any] | None:
+    """The body's JSON object; None when it is not one (the replica answers the 400 naming the JSON error)."""
     try:
         obj = json.loads(body) if body else None
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return None  # the replica answers the 400 naming the JSON error
-    if not isinstance(obj, dict) or obj.get("data_parallel_rank") is None:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _requested_rank(obj: dict[str, Any] | None, n: int) -> int | None:
+    """The body's ``data_parallel_rank`` (SGLang's field), validated; None when absent or the body is not JSON."""
+    if obj is None or obj.get("data_parallel_rank") is None:
         return None
     rank = obj["data_parallel_rank"]
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < n:
@@ -162,10 +183,21 @@ def _requested_rank(body: bytes, n: int) -> int | None:
     return rank
 
 
+async def _holder(ctrl: DataParallelController, path: str) -> int | None:
+    """The rank whose GET ``path`` answers 200 (the rank that stored a response); None when none does."""
+    live = [r for r in ctrl.replicas if r.alive()]
+    codes = await asyncio.gather(*(_status(r, path) for r in live))
+    return next((r.rank for r, code in zip(live, codes) if code == 200), None)
+
+
 def _generate_route(ctrl: DataParallelController, path: str, limits: RequestLimits):
     async def route(request: Request) -> Response:
         body = await read_body(request, limits)
-        r = ctrl.pick(_requested_rank(body, ctrl.dp_size))
+        obj = _body_object(body)
+        rank = _requested_rank(obj, ctrl.dp_size)
+        if rank is None and obj is not None and isinstance(obj.get("previous_response_id"), str):
+            rank = await _holder(ctrl, "/v1/responses/" + quote(obj["previous_response_id"], safe=""))
+        r = ctrl.pick(rank)
         r.in_flight += 1
         r.served += 1
         released = False

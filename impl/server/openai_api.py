@@ -257,19 +257,21 @@ def tool_call_dict(call: ParsedCall, index: int | None = None) -> dict[str, Any]
 
 
 @dataclass
-class _ChoiceState:
+class ChoiceState:
+    """One streamed choice's progress (also the Responses API's stream, ``responses_api``)."""
+
     sent_chars: int = 0  # text already sent (completions' text_offset)
     started: bool = False  # a chunk was sent (chat: the role; completions with echo: the prompt)
     tools: ToolCallStream | None = None  # chat with tools: content vs calls of the streamed text
 
 
 def _stream(aengine: AsyncEngine, call: Call, streams: list[RequestStream]) -> AsyncIterator[bytes]:
-    states = [_ChoiceState(tools=ToolCallStream() if call.tool_calls else None) for _ in streams]
+    states = [ChoiceState(tools=ToolCallStream() if call.tool_calls else None) for _ in streams]
     extra = {"usage": None} if call.include_usage else {}
 
     def event(k: int, out: ReqOutput) -> bytes | None:
         first = not states[k].started
-        chunk = _delta_chunk(call, k, out, states[k])
+        chunk = delta_chunk(call, k, out, states[k])
         if chunk is None:
             return None
         # return_token_ids: the prompt's ids in the choice's first chunk (chat: beside the choice, as vLLM's)
@@ -292,7 +294,8 @@ def _stream(aengine: AsyncEngine, call: Call, streams: list[RequestStream]) -> A
     return sse_stream(streams, aengine.abort, event, usage_event)
 
 
-def _delta_chunk(call: Call, k: int, out: ReqOutput, st: _ChoiceState) -> dict[str, Any] | None:
+def delta_chunk(call: Call, k: int, out: ReqOutput, st: ChoiceState) -> dict[str, Any] | None:
+    """Choice ``k``'s chunk for its output ``out`` (None: nothing to send yet, e.g. text held back)."""
     if st.tools is not None:
         return _tool_delta_chunk(call, k, out, st, st.tools)
     fr = out.finish_type
@@ -330,7 +333,7 @@ def _delta_chunk(call: Call, k: int, out: ReqOutput, st: _ChoiceState) -> dict[s
     return c
 
 
-def _tool_delta_chunk(call: Call, k: int, out: ReqOutput, st: _ChoiceState, tools: ToolCallStream) -> dict[str, Any] | None:
+def _tool_delta_chunk(call: Call, k: int, out: ReqOutput, st: ChoiceState, tools: ToolCallStream) -> dict[str, Any] | None:
     """A chat chunk when tools were declared: content deltas, each complete call as one tool_calls delta, and
     ``finish_reason: "tool_calls"`` when the choice called a function."""
     fr = out.finish_type

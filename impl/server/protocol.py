@@ -650,7 +650,7 @@ def request_models(lim: RequestLimits) -> RequestModels:
         name: FuncNameT
 
     class ResponsesRequest(_Body):
-        """POST /v1/responses (OpenAI's Responses API, stateless): ``input`` (a text, or message and function-call
+        """POST /v1/responses (OpenAI's Responses API): ``input`` (a text, or message and function-call
         items, ``impl/server/responses_api.py`` reads them) answered through the chat path."""
 
         model: Optional[str] = None
@@ -667,9 +667,10 @@ def request_models(lim: RequestLimits) -> RequestModels:
         metadata: Optional[Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
                                      Field(max_length=16)]] = None
         user: Optional[str] = None
-        # not served: only their unused values pass
+        # stored unless false (OpenAI's default; impl/server/response_store.py); a stored response to continue
         store: Optional[bool] = None
-        previous_response_id: Optional[Any] = None
+        previous_response_id: Optional[Annotated[str, Field(min_length=1, max_length=256)]] = None
+        # not served: only their unused values pass
         background: Optional[bool] = None
         reasoning: Optional[Any] = None
         # the output text's logprobs, each token with its top_logprobs most likely ones (OpenAI's include entry)
@@ -679,10 +680,9 @@ def request_models(lim: RequestLimits) -> RequestModels:
         conversation: Optional[Any] = None
         prompt: Optional[Any] = None
 
-        _store = _only_unused("store", "responses are not stored (GET /v1/responses/{id} is not served); send store "
-                              "false", (None, False))
-        _prev = _only_unused("previous_response_id", "responses are not stored; send the whole conversation as input")
-        _conversation = _only_unused("conversation", "conversations are not stored; send them as input")
+        _conversation = _only_unused("conversation", "conversation objects are not served; continue a stored "
+                                                     "response with previous_response_id, or send the conversation "
+                                                     "as input")
         _background = _only_unused("background", "responses are answered in the foreground", (None, False))
         _reasoning = _only_unused("reasoning", "Gemma-4's template switches thinking with its own variable; use "
                                                "/v1/chat/completions with chat_template_kwargs")

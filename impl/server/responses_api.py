@@ -1,8 +1,10 @@
-"""POST /v1/responses: OpenAI's Responses API, stateless, answered through the chat path.
+"""POST /v1/responses: OpenAI's Responses API, answered through the chat path; its responses stored for
+``previous_response_id`` and ``GET`` / ``DELETE /v1/responses/{id}`` (``response_store.py``).
 
 The body's ``instructions`` and ``input`` items become chat messages (a text input is one user message;
 ``message`` items keep their role (``developer`` is the chat path's system); ``function_call`` items become an
-assistant message's ``tool_calls``, ``function_call_output`` items ``tool`` messages), ``tools`` /
+assistant message's ``tool_calls``, ``function_call_output`` items ``tool`` messages), after the conversation of
+the stored response ``previous_response_id`` names (its input and output, not its instructions), ``tools`` /
 ``tool_choice`` / ``text.format`` / ``max_output_tokens`` the chat fields, and the chat request model then
 validates the whole (so every chat bound and refusal holds). The answer's chat choice becomes the response's
 ``output`` items: a ``message`` with one ``output_text`` part, and a ``function_call`` item per parsed call;
@@ -11,18 +13,22 @@ become the Responses events (``response.created``, ``response.in_progress``, ``r
 ``response.content_part.added``, ``response.output_text.delta`` ..., their ``.done`` events, and
 ``response.completed`` / ``response.incomplete``), each with its ``sequence_number``. With ``include:
 ["message.output_text.logprobs"]`` the text part (and each delta) carries chat's logprob entries, each with its
-``top_logprobs`` most likely tokens. Nothing is stored:
-``store`` true and ``previous_response_id`` are 400s (the request model says so).
+``top_logprobs`` most likely tokens. A completed or incomplete response is stored (unless ``store: false``)
+before its answer, or its last event, is sent; a failed or abandoned one is not.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
+import logging
 import time
 import uuid
-from typing import Any, AsyncIterator
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Literal
 
+from fastapi import FastAPI, Query
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -30,22 +36,54 @@ from starlette.requests import Request
 from impl.engine.output import ReqOutput
 from impl.server.async_engine import AsyncEngine, RequestStream
 from impl.server.errors import APIError, error_response, parse_json
-from impl.server.openai_api import Call, _ChoiceState, _delta_chunk
+from impl.server.openai_api import Call, ChoiceState, delta_chunk
+from impl.server.response_store import ResponseStore, StoredResponse
 from impl.server.streaming import failure_of, json_safe, sse, until_disconnect
 from impl.server.unserved_fields import TEXT_ONLY
 from impl.tool_calls.stream import ToolCallStream
 
 _ROLES = ("user", "assistant", "system", "developer")
+_ITEM_ID_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}
+logger = logging.getLogger("impl.server")
 
 
-def chat_request(body: Any, chat_model: type[BaseModel]) -> Any:
-    """The chat request a Responses body asks for (validated by ``chat_model``; its refusals are 400s)."""
-    messages: list[dict[str, Any]] = []
-    if body.instructions:
-        messages.append({"role": "system", "content": body.instructions})
-    items = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
-    for i, item in enumerate(items):
-        messages.extend(_message(item, i, messages))
+@dataclass
+class Turn:
+    """One request's part of a conversation: its input items (with ids) and the conversation through its input
+    as chat messages (the previous response's, then this input's; no instructions); ``store``: where its
+    response goes (None: not stored)."""
+
+    input_items: list[dict[str, Any]]
+    conversation: list[dict[str, Any]]
+    store: ResponseStore | None
+
+    @staticmethod
+    def of(body: Any, previous: StoredResponse | None, store: ResponseStore | None) -> Turn:
+        items = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) \
+            else body.input
+        conversation = copy.deepcopy(previous.conversation) if previous is not None else []
+        for i, item in enumerate(items):
+            conversation.extend(_message(item, i, conversation))
+        return Turn([_input_item(it) for it in items], conversation, store)
+
+    def keep(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store the answered response object (when asked); the object as answered ("store" false when it alone
+        outgrew the store's budget)."""
+        if self.store is None:
+            return obj
+        obj = json_safe(obj)
+        entry = StoredResponse.of(obj, self.input_items, self.conversation + [_assistant_turn(obj["output"])])
+        if self.store.put(entry):
+            return obj
+        logger.warning("Response %s (%d bytes) is larger than YOCO_RESPONSES_STORE_MB: not stored", obj["id"],
+                       entry.nbytes)
+        return {**obj, "store": False}
+
+
+def chat_request(body: Any, chat_model: type[BaseModel], conversation: list[dict[str, Any]]) -> Any:
+    """The chat request a Responses body asks for, ``conversation`` its messages after the instructions
+    (validated by ``chat_model``; its refusals are 400s)."""
+    messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + conversation
     chat: dict[str, Any] = {
         "model": body.model, "messages": messages, "max_tokens": body.max_output_tokens,
         "temperature": body.temperature, "top_p": body.top_p, "parallel_tool_calls": body.parallel_tool_calls,
@@ -99,6 +137,31 @@ def _message(item: Any, i: int, before: list[dict[str, Any]]) -> list[dict[str, 
                         "function_call_output are)", f"{where}.type")
 
 
+def _input_item(item: dict[str, Any]) -> dict[str, Any]:
+    """An input item as ``input_items`` lists it: with an id, a message's text as a part."""
+    kind = item.get("type", "message")
+    out = {"id": _ITEM_ID_PREFIX[kind] + uuid.uuid4().hex, "type": kind, **item}
+    if kind == "message":
+        text_kind = "output_text" if item["role"] == "assistant" else "input_text"
+        content = item["content"]
+        out.update(status="completed", content=[{"type": text_kind, "text": content}] if isinstance(content, str)
+                   else content)
+    return out
+
+
+def _assistant_turn(output: list[dict[str, Any]]) -> dict[str, Any]:
+    """A response's output items as the assistant message a follow-up's chat template sees."""
+    text = "".join(p["text"] for it in output if it["type"] == "message" for p in it["content"])
+    calls = [{"id": it["call_id"], "type": "function", "function": {"name": it["name"], "arguments": it["arguments"]}}
+             for it in output if it["type"] == "function_call"]
+    msg: dict[str, Any] = {"role": "assistant"}
+    if text or not calls:
+        msg["content"] = text
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
 def _string(item: dict[str, Any], key: str, where: str) -> str:
     v = item.get(key)
     if not isinstance(v, str):
@@ -128,8 +191,8 @@ def _content(content: Any, where: str) -> Any:
 class _Response:
     """The response object of one call, as it grows."""
 
-    def __init__(self, body: Any, model: str):
-        self.body, self.model = body, model
+    def __init__(self, body: Any, model: str, stored: bool):
+        self.body, self.model, self.stored = body, model, stored
         self.id = "resp_" + uuid.uuid4().hex
         self.created = int(time.time())
 
@@ -145,7 +208,8 @@ class _Response:
             "tools": [t.model_dump(exclude_none=True) for t in b.tools or []],
             "text": {"format": b.text.format.model_dump(by_alias=True, exclude_none=True)
                      if b.text is not None and b.text.format is not None else {"type": "text"}},
-            "metadata": b.metadata or {}, "store": False, "user": b.user, "usage": None,
+            "metadata": b.metadata or {}, "store": self.stored, "user": b.user, "usage": None,
+            "previous_response_id": b.previous_response_id,
         }
         if final is not None:
             if status == "incomplete":
@@ -188,11 +252,11 @@ def output_items(choice: dict[str, Any], status: str) -> list[dict[str, Any]]:
     return items
 
 
-async def respond(request: Request, aengine: AsyncEngine, call: Call, body: Any, model: str):
-    resp = _Response(body, model)
+async def respond(request: Request, aengine: AsyncEngine, call: Call, body: Any, model: str, turn: Turn):
+    resp = _Response(body, model, turn.store is not None)
     (stream,) = aengine.submit(call.sub.reqs, body.stream)
     if body.stream:
-        return StreamingResponse(_events(aengine, call, stream, resp), media_type="text/event-stream")
+        return StreamingResponse(_events(aengine, call, stream, resp, turn), media_type="text/event-stream")
     final = await until_disconnect(request, stream.result(), lambda: aengine.abort(stream.rid))
     if final is None:
         return JSONResponse({}, status_code=499)
@@ -200,10 +264,11 @@ async def respond(request: Request, aengine: AsyncEngine, call: Call, body: Any,
     if failed is not None:
         return error_response(failed[0], failed[1])
     status = _status(final)
-    return JSONResponse(json_safe(resp.obj(status, output_items(call.choice(0, final), status), final)))
+    return JSONResponse(json_safe(turn.keep(resp.obj(status, output_items(call.choice(0, final), status), final))))
 
 
-async def _events(aengine: AsyncEngine, call: Call, stream: RequestStream, resp: _Response) -> AsyncIterator[bytes]:
+async def _events(aengine: AsyncEngine, call: Call, stream: RequestStream, resp: _Response,
+                  turn: Turn) -> AsyncIterator[bytes]:
     seq = itertools.count()
 
     def ev(kind: str, **fields: Any) -> bytes:
@@ -211,7 +276,7 @@ async def _events(aengine: AsyncEngine, call: Call, stream: RequestStream, resp:
 
     output: list[dict[str, Any]] = []
     msg: dict[str, Any] | None = None  # the open message item, while text streams into it
-    state = _ChoiceState(tools=ToolCallStream() if call.tool_calls else None)
+    state = ChoiceState(tools=ToolCallStream() if call.tool_calls else None)
 
     def close_message(status: str = "completed") -> list[bytes]:
         nonlocal msg
@@ -242,7 +307,7 @@ async def _events(aengine: AsyncEngine, call: Call, stream: RequestStream, resp:
                 yield ev("response.failed", response={**resp.obj("failed", output), "error": {
                     "code": "server_error" if failed[0] >= 500 else "invalid_request", "message": failed[1]}})
                 return
-            chunk = _delta_chunk(call, 0, out, state)
+            chunk = delta_chunk(call, 0, out, state)
             delta = chunk["delta"] if chunk is not None else {}
             # (a token whose text is held back, a partial character, still brings its logprob entry)
             lps = chunk["logprobs"]["content"] if chunk is not None and chunk.get("logprobs") else []
@@ -274,7 +339,51 @@ async def _events(aengine: AsyncEngine, call: Call, stream: RequestStream, resp:
         for b in close_message(status):
             yield b
         yield ev("response.completed" if status == "completed" else "response.incomplete",
-                 response=resp.obj(status, output, final))
+                 response=turn.keep(resp.obj(status, output, final)))
     finally:
         if stream.final is None:  # the client left (or the engine died): stop the request
             aengine.abort(stream.rid)
+
+
+# ---------------------------------------------------------------- the stored responses
+
+
+def add_store_routes(app: FastAPI, store: ResponseStore) -> None:
+    """GET / DELETE /v1/responses/{id} and GET /v1/responses/{id}/input_items over ``store``."""
+
+    def stored(response_id: str) -> StoredResponse:
+        entry = store.get(response_id)
+        if entry is None:
+            raise APIError(404, store.not_found(response_id), "response_id")
+        return entry
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str):
+        """A stored response object, as it was answered."""
+        return JSONResponse(stored(response_id).response)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        if not store.delete(response_id):
+            raise APIError(404, store.not_found(response_id), "response_id")
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def input_items(response_id: str, limit: int = Query(20, ge=1, le=100),
+                          order: Literal["asc", "desc"] = Query("desc"),
+                          after: str | None = Query(None, max_length=256, description="list the items after this id"),
+                          before: str | None = Query(None, max_length=256,
+                                                     description="list the items before this id")):
+        """A stored response's input items (OpenAI's list: newest first unless ``order=asc``)."""
+        items = stored(response_id).input_items
+        items = items if order == "asc" else items[::-1]
+        ids = [it["id"] for it in items]
+        for name, cursor in (("after", after), ("before", before)):
+            if cursor is not None and cursor not in ids:
+                raise APIError(400, f"'{name}': item {cursor!r:.260} is not an input item of response "
+                                    f"{response_id!r:.260}", name)
+        lo = ids.index(after) + 1 if after is not None else 0
+        hi = ids.index(before) if before is not None else len(items)
+        page = items[lo:hi][:limit]
+        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None, "has_more": lo + len(page) < hi}

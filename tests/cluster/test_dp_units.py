@@ -8,7 +8,7 @@ import pytest
 
 from impl.args.server_args import ServerArgs
 from impl.server.dp_control import core_shares, validate_dp_args
-from impl.server.dp_relay import _requested_rank, merge_metrics
+from impl.server.dp_relay import _body_object, _requested_rank, merge_metrics
 from impl.server.errors import APIError
 
 
@@ -47,13 +47,16 @@ def test_merge_metrics_sums_counts_and_averages_ratios():
 
 
 def test_requested_rank_validates_the_field():
-    assert _requested_rank(b'{"text": "hi"}', 2) is None
-    assert _requested_rank(b'{"text": "hi", "data_parallel_rank": 1}', 2) == 1
-    assert _requested_rank(b"not json", 2) is None  # the replica names the JSON error
+    def rank(body: bytes):
+        return _requested_rank(_body_object(body), 2)
+
+    assert rank(b'{"text": "hi"}') is None
+    assert rank(b'{"text": "hi", "data_parallel_rank": 1}') == 1
+    assert rank(b"not json") is None and rank(b"[1]") is None  # the replica names the error
     for bad in (b'{"data_parallel_rank": 2}', b'{"data_parallel_rank": -1}', b'{"data_parallel_rank": "0"}',
                 b'{"data_parallel_rank": true}'):
         with pytest.raises(APIError) as e:
-            _requested_rank(bad, 2)
+            rank(bad)
         assert e.value.status == 400 and "data_parallel_rank" in e.value.message and "[0, 1]" in e.value.message
 
 

@@ -132,6 +132,28 @@ def test_dp_front_relays_responses_and_a_named_rank(cluster):
     (sglang-router --dp-aware) is served by that rank's replica, which accepts the field."""
     r = httpx.post(cluster.url_b + "/v1/responses", json={"input": "The sea", "max_output_tokens": 2}, timeout=60)
     assert r.status_code == 200 and r.json()["object"] == "response", r.text
+    # each replica stores what it answered: a follow-up goes to the rank holding its previous response, and
+    # GET / DELETE reach the holder, whichever rank the front would pick next (the idle front's pick is rank 0)
+    for rank in (0, 1):
+        r = httpx.post(cluster.url_b + "/v1/responses", json={"input": "The sea", "max_output_tokens": 2,
+                                                              "data_parallel_rank": rank}, timeout=60)
+        assert r.status_code == 200, r.text
+    ids = [r.json()["id"]]
+    for _ in range(3):
+        f = httpx.post(cluster.url_b + "/v1/responses", json={"input": "and then", "max_output_tokens": 2,
+                                                              "previous_response_id": ids[-1]}, timeout=60)
+        assert f.status_code == 200 and f.json()["previous_response_id"] == ids[-1], f.text
+        ids.append(f.json()["id"])
+    for rid in ids:
+        got = httpx.get(f"{cluster.url_b}/v1/responses/{rid}", timeout=30)
+        assert got.status_code == 200 and got.json()["id"] == rid, got.text
+    items = httpx.get(f"{cluster.url_b}/v1/responses/{ids[-1]}/input_items", timeout=30).json()
+    assert [i["content"][0]["text"] for i in items["data"]] == ["and then"]
+    assert httpx.delete(f"{cluster.url_b}/v1/responses/{ids[0]}", timeout=30).json()["deleted"] is True
+    for gone in (httpx.get(f"{cluster.url_b}/v1/responses/{ids[0]}", timeout=30),
+                 httpx.post(cluster.url_b + "/v1/responses", json={"input": "x", "previous_response_id": ids[0]},
+                            timeout=30)):
+        assert gone.status_code == 404 and ids[0] in gone.json()["error"]["message"], gone.text
     for rank in (0, 1):
         g = httpx.post(cluster.url_b + "/generate", json={"text": "Hi", "data_parallel_rank": rank,
                                                          "sampling_params": {"max_new_tokens": 1}}, timeout=60)

@@ -34,12 +34,14 @@ def key_url() -> str:
 
 
 # The hardened server: small limits (so a fuzzer's largest requests stay cheap), --allow-auto-truncate,
-# one allowed origin and host, and injected faults by rid (contracts/fault_injection.py: only requests
+# one allowed origin and host, no response store, and injected faults by rid (contracts/fault_injection.py: only requests
 # whose rid contains 'fault-<stage>' fail). Shared by test_faults, test_schemathesis, test_soak and
 # the flag checks of test_limits.
 HARDENED_ARGV = ["--decode-attention-backend", "torch_native", "--context-length", "64", "--max-total-tokens", "4096",
                  "--max-n", "2", "--max-batch-size", "2", "--max-stop-strings", "2", "--max-stop-token-ids", "4",
                  "--max-logprobs", "64", "--allow-auto-truncate", "--allowed-origins", "http://app.example", "--allowed-hosts", "llm.internal"]
+
+HARDENED_ENV = {"YOCO_RESPONSES_STORE_MB": "0"}  # and no stored Responses API responses
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +49,7 @@ def hardened():
     """The running hardened server (RunningServer: .url, .proc for its RSS)."""
     from contracts.adapters.impl_http import start
 
-    server = start(HARDENED_ARGV, mutant="InjectedFaults")
+    server = start(HARDENED_ARGV, mutant="InjectedFaults", env=HARDENED_ENV)
     try:
         yield server
     finally:

@@ -1,5 +1,6 @@
 """POST /v1/responses through the official openai client: the chat path's answer as Responses output items and
-events, function calls both ways, and the stateful features refused."""
+events, function calls both ways, stored responses continued, read and deleted, and the features not served
+refused."""
 
 from __future__ import annotations
 
@@ -7,12 +8,18 @@ import json
 
 import pytest
 
+import httpx
+
 from contracts.http_support import openai_client, post
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 CLOCK = {"type": "function", "name": "now", "parameters": {"type": "object", "properties": {}}}
 GREEDY = {"temperature": 0.0}
+
+
+def get(url, path):
+    return httpx.get(url + path, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +113,9 @@ def test_json_format_and_refusals(url):
     r = post(url, "/v1/responses", {"input": "x", "max_output_tokens": 4, **GREEDY,
                                     "text": {"format": {"type": "json_schema", "name": "t", "schema": schema}}})
     assert r.status_code == 200 and r.json()["output"][0]["content"][0]["text"].startswith("{"), r.text
-    for body, field in (({"input": "x", "store": True}, "store"),
-                        ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+    for body, field in (({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+                        ({"input": "x", "previous_response_id": 5}, "previous_response_id"),
+                        ({"input": "x", "conversation": "conv_1"}, "conversation"),
                         ({"input": [{"type": "reasoning", "summary": []}]}, "input[0]"),
                         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
                          "input[0].content[0]"),
@@ -121,3 +129,84 @@ def test_json_format_and_refusals(url):
         r = post(url, "/v1/responses", body)
         assert r.status_code in (400, 404) and field in r.text, (body, r.text)
     assert post(url, "/v1/responses", {"input": "x", "store": False, "max_output_tokens": 1}).status_code == 200
+
+
+def test_previous_response_id_continues_the_stored_conversation(client):
+    """A follow-up by previous_response_id answers as the whole conversation sent as input does (the earlier
+    input and output, not the earlier instructions); GET returns the stored object, input_items its input."""
+    first = client.responses.create(model="default", input="The sea is", instructions="Answer briefly",
+                                    max_output_tokens=5, **GREEDY)
+    assert first.store is True and first.previous_response_id is None
+    follow = client.responses.create(model="default", input="And the sky?", previous_response_id=first.id,
+                                     instructions="Be kind", max_output_tokens=5, **GREEDY)
+    whole = client.responses.create(model="default", instructions="Be kind", max_output_tokens=5, store=False,
+                                    input=[{"role": "user", "content": "The sea is"},
+                                           {"role": "assistant", "content": first.output_text},
+                                           {"role": "user", "content": "And the sky?"}], **GREEDY)
+    assert follow.output_text == whole.output_text and follow.previous_response_id == first.id
+    assert follow.usage.input_tokens == whole.usage.input_tokens > first.usage.input_tokens
+    assert whole.store is False
+    got = client.responses.retrieve(first.id)
+    assert got.model_dump() == first.model_dump()
+    items = client.responses.input_items.list(follow.id)
+    assert [(i.type, i.role, i.content[0].text) for i in items.data] == [("message", "user", "And the sky?")]
+    # a chain: the third sees both earlier turns
+    third = client.responses.create(model="default", input="Why?", previous_response_id=follow.id,
+                                    max_output_tokens=2, **GREEDY)
+    assert third.usage.input_tokens > follow.usage.input_tokens
+
+
+def test_stored_responses_read_list_and_delete(url, client):
+    items = [{"role": ("user", "assistant")[k % 2], "content": f"turn {k}"} for k in range(5)]
+    r = client.responses.create(model="default", input=items, max_output_tokens=1, **GREEDY)
+    page = get(url, f"/v1/responses/{r.id}/input_items?limit=2&order=asc").json()
+    assert [i["content"][0]["text"] for i in page["data"]] == ["turn 0", "turn 1"] and page["has_more"] is True
+    rest = get(url, f"/v1/responses/{r.id}/input_items?order=asc&after={page['last_id']}").json()
+    assert [i["content"][0]["text"] for i in rest["data"]] == ["turn 2", "turn 3", "turn 4"]
+    assert rest["has_more"] is False and rest["first_id"] == rest["data"][0]["id"]
+    newest = get(url, f"/v1/responses/{r.id}/input_items").json()  # newest first by default
+    assert [i["content"][0]["text"] for i in newest["data"]] == [f"turn {k}" for k in range(4, -1, -1)]
+    for query, field in (("limit=0", "limit"), ("order=up", "order"), ("after=msg_nope", "after")):
+        bad = get(url, f"/v1/responses/{r.id}/input_items?{query}")
+        assert bad.status_code == 400 and field in bad.text, (query, bad.text)
+    # streamed: stored as the last event's response, before that event is sent
+    events = list(client.responses.create(model="default", input="A cat", max_output_tokens=3, stream=True,
+                                          **GREEDY))
+    assert client.responses.retrieve(events[-1].response.id).model_dump() == events[-1].response.model_dump()
+    # not stored, deleted, unknown: 404s naming the id
+    off = client.responses.create(model="default", input="x", max_output_tokens=1, store=False, **GREEDY)
+    gone = httpx.delete(f"{url}/v1/responses/{r.id}", timeout=30)
+    assert gone.status_code == 200 and gone.json() == {"id": r.id, "object": "response", "deleted": True}
+    for rid in (off.id, r.id, "resp_unknown"):
+        for resp in (get(url, f"/v1/responses/{rid}"), get(url, f"/v1/responses/{rid}/input_items"),
+                     httpx.delete(f"{url}/v1/responses/{rid}", timeout=30),
+                     post(url, "/v1/responses", {"input": "x", "previous_response_id": rid})):
+            err = resp.json()["error"]
+            assert resp.status_code == 404 and rid in err["message"] and "stores responses" in err["message"], resp.text
+    info = get(url, "/get_server_info").json()["responses_store"]
+    assert info["responses"] >= 1 and 0 < info["bytes"] <= info["budget_bytes"] == 256 << 20
+
+
+def test_function_call_output_continues_a_stored_call(client):
+    """The call a stored response made goes back as a function_call_output only: the follow-up sees the call."""
+    kw = dict(model="default", tools=[WEATHER, CLOCK], max_output_tokens=4, **GREEDY)
+    r = client.responses.create(input="What is the weather in Paris?", tool_choice="required",
+                                parallel_tool_calls=False, **{**kw, "max_output_tokens": 60})
+    (call,) = [o for o in r.output if o.type == "function_call"]
+    out = {"type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"temp_c": 21})}
+    follow = client.responses.create(input=[out], previous_response_id=r.id, **kw)
+    whole = client.responses.create(input=[{"role": "user", "content": "What is the weather in Paris?"},
+                                           {"type": "function_call", "call_id": call.call_id, "name": call.name,
+                                            "arguments": call.arguments}, out], store=False, **kw)
+    assert follow.output_text == whole.output_text and follow.usage.input_tokens == whole.usage.input_tokens
+
+
+def test_a_server_without_a_store_refuses_store_true(hardened_url):
+    """YOCO_RESPONSES_STORE_MB=0 (the hardened server): store true is a 400, a default request is answered
+    unstored."""
+    r = post(hardened_url, "/v1/responses", {"input": "x", "store": True, "max_output_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "store" and "YOCO_RESPONSES_STORE_MB=0" in r.text
+    r = post(hardened_url, "/v1/responses", {"input": "x", "max_output_tokens": 1})
+    assert r.status_code == 200 and r.json()["store"] is False, r.text
+    gone = get(hardened_url, f"/v1/responses/{r.json()['id']}")
+    assert gone.status_code == 404 and "stores no responses" in gone.text

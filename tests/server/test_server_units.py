@@ -126,3 +126,40 @@ def test_request_stream_drains_output_emitted_before_waiting():
     outs, final = asyncio.run(run())
     assert [o["text"] for o in outs] == ["a", "ab"] and [o["output_ids"] for o in outs] == [[5], [5, 6]]
     assert final.text == "ab" and outs[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 2}
+
+
+def test_response_store_drops_the_least_recently_used_within_its_budget():
+    from impl.server.response_store import ResponseStore, StoredResponse
+
+    def entry(rid: str, text: str = "x" * 100) -> StoredResponse:
+        return StoredResponse.of({"id": rid, "output": text}, [], [{"role": "user", "content": text}])
+
+    size = entry("a").nbytes
+    store = ResponseStore(3 * size)
+    for rid in "abc":
+        assert store.put(entry(rid))
+    assert store.get("a") is not None  # now the most recently used: b goes first
+    assert store.put(entry("d"))
+    assert store.get("b") is None and all(store.get(r) is not None for r in "acd")
+    assert store.stats() == {"responses": 3, "bytes": 3 * size, "budget_bytes": 3 * size, "dropped": 1}
+    assert not store.put(entry("big", "y" * 1000)) and store.stats()["responses"] == 3  # larger than the budget
+    assert store.put(entry("c", "")) and store.used == 2 * size + entry("c", "").nbytes  # replaced, not added
+    assert store.delete("a") and not store.delete("a") and store.get("a") is None
+    store.check_integrity()
+    store.used += 1  # a miscount is caught
+    with pytest.raises(AssertionError, match="counted"):
+        store.check_integrity()
+    assert "dropped 1 for room" in store.not_found("b") and "'b'" in store.not_found("b")
+    assert "stores no responses" in ResponseStore(0).not_found("b") and not ResponseStore(0).enabled
+    with pytest.raises(ValueError, match=">= 0"):
+        ResponseStore(-1)
+
+
+def test_response_store_budget_comes_from_the_environment(monkeypatch):
+    from impl.server.response_store import ResponseStore
+
+    monkeypatch.setenv("YOCO_RESPONSES_STORE_MB", "3")
+    assert ResponseStore.from_env().budget == 3 << 20
+    monkeypatch.setenv("YOCO_RESPONSES_STORE_MB", "lots")
+    with pytest.raises(ValueError, match="YOCO_RESPONSES_STORE_MB"):
+        ResponseStore.from_env()
