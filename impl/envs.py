@@ -57,7 +57,8 @@ IMPL_QUANT_KEEP                names   (none)      with quantized weights, linea
 Variables of other programs that the engine reads (declared here too, with their owners' meaning):
 ``TRITON_INTERPRET`` (Triton's interpreter; ``impl/kernels/triton_env.py`` sets it on a machine without CUDA),
 ``ONEDNN_MAX_CPU_ISA`` (oneDNN's instruction-set cap, e.g. AVX2), ``TORCH_EXTENSIONS_DIR`` (torch's extension
-build folder). A ``--dp-size`` replica is started with ``OMP_NUM_THREADS`` (its share of the cores) and, on
+build folder), ``SGLANG_TORCH_PROFILER_DIR`` (SGLang's: where ``/start_profile`` traces go, default ``/tmp``; a
+request's ``output_dir`` must lie inside it, ``impl/server/profile_api.py``). A ``--dp-size`` replica is started with ``OMP_NUM_THREADS`` (its share of the cores) and, on
 CUDA, ``CUDA_VISIBLE_DEVICES`` (its GPU).
 
 This module imports nothing from ``impl``: ``impl/__init__.py`` reads ``TRITON_INTERPRET`` through it before
@@ -206,6 +207,7 @@ class envs:
     TRITON_INTERPRET = EnvVar("TRITON_INTERPRET", False, _triton_bool, "a boolean as Triton reads it (1 true on or 0 false off)")
     ONEDNN_MAX_CPU_ISA = env_str("ONEDNN_MAX_CPU_ISA", "", accepted="a oneDNN ISA name (e.g. AVX2)")
     TORCH_EXTENSIONS_DIR = env_str("TORCH_EXTENSIONS_DIR", None, accepted="a folder path")
+    SGLANG_TORCH_PROFILER_DIR = env_str("SGLANG_TORCH_PROFILER_DIR", "/tmp", accepted="a folder path")
 
 
 def declared() -> dict[str, EnvVar]:

@@ -51,7 +51,21 @@ class DecodeSchedule:
             self.retract(victim)
         return list(q.running)
 
-    def retract(self, req: Req) -> None:
+    def retract_all(self, why: str) -> int:
+        """Retract every running request (the chunked one first, then the newest first, so the oldest ends at
+        the front of the waiting queue); how many."""
+        q = self.queues
+        n = 0
+        while q.running or q.chunked_req is not None:
+            if q.chunked_req is not None:
+                victim, q.chunked_req = q.chunked_req, None
+            else:
+                victim = q.running.pop()
+            self.retract(victim, why)
+            n += 1
+        return n
+
+    def retract(self, req: Req, why: str = "KV pool short") -> None:
         """Preempt ``req``: its KV goes to the cache (or the allocator) and it re-enters the front of the
         waiting queue, keeping its output (its re-prefill covers prompt plus output)."""
         self.kv.release(req)
@@ -60,7 +74,7 @@ class DecodeSchedule:
         self.num_retractions += 1
         self.queues.waiting.appendleft(req)
         self.new_token_ratio = self.config.init_new_token_ratio
-        logger.info("retracted request %s (KV pool short); it will be prefilled again", req.rid)
+        logger.info("retracted request %s (%s); it will be prefilled again", req.rid, why)
 
     def step_done(self) -> None:
         """The running requests advanced (a decode step, a speculative round): the reserve kept for their

@@ -50,6 +50,7 @@ from impl.engine.kv_lifecycle import KVLifecycle
 from impl.engine.load import LoadView
 from impl.engine.model_runner import ModelRunner
 from impl.engine.output import ReqOutput, SGLangDicts, TokenText, sglang_dict
+from impl.engine.profiler import ProfileRequest, StepProfiler
 from impl.engine.req import Req
 from impl.engine.step_lock import StepLock
 from impl.engine.request_handle import RequestHandle
@@ -58,6 +59,7 @@ from impl.engine.scheduler_config import DecodeStepTimes, SchedulerConfig
 from impl.engine.speculative import build_spec_worker
 from impl.kernels import cpu_attn
 
+PAUSE_MODES = ("abort", "retract", "in_place")  # SGLang's PauseGenerationReqInput.mode
 logger = logging.getLogger("impl.engine")
 
 
@@ -130,6 +132,8 @@ class Engine:
         seed = args.random_seed if args.random_seed is not None else int(torch.randint(0, 2**62, (1,)))
         self._seed_gen = torch.Generator().manual_seed(seed)
         self._step_lock = StepLock()
+        self.profiler = StepProfiler(lambda: self.runner.work.forwards)  # /start_profile, /stop_profile
+        self.paused: str | None = None  # /pause_generation's mode while paused: no forward runs
         self._submit_lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -315,10 +319,56 @@ class Engine:
     # ---- the loop ---------------------------------------------------------------------
     def step(self) -> bool:
         """Run one scheduler step (one forward at most) on this thread."""
+        self.profiler.tick()  # starts or ends a trace at this step boundary (on the stepping thread)
         with self._step_lock.step():
-            return self.scheduler.step()
+            if self.paused is not None:
+                self.scheduler.process_inbox()  # new requests wait in the queue, aborts apply; nothing runs
+                busy = False
+            else:
+                busy = self.scheduler.step()
+        self.profiler.tick()
+        return busy
+
+    def pause_generation(self, mode: str = "abort") -> int:
+        """SGLang's: stop running forwards until ``continue_generation``; requests that arrive meanwhile wait.
+        ``abort``: every request in flight is aborted (finish_reason abort); ``retract``: running requests go
+        back to the waiting queue, their KV freed (into the radix cache when it is on), and are prefilled again
+        after; ``in_place``: they keep their KV and resume where they were. How many requests were aborted or
+        retracted (``in_place``: kept in flight)."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {list(PAUSE_MODES)}, got {mode!r:.40}")
+        with self._step_lock.control():  # between two steps
+            self.paused = mode
+            sched = self.scheduler
+            sched.process_inbox()
+            if mode == "abort":
+                n = len(sched.running) + len(sched.waiting) + (sched.chunked_req is not None)
+                sched.abort_request(None)
+                sched.process_inbox()
+                return n
+            if mode == "retract":
+                return sched.decode.retract_all("generation paused")
+            return len(sched.running) + len(sched.waiting) + (sched.chunked_req is not None)
+
+    def continue_generation(self) -> None:
+        self.paused = None
+        self._wake.set()
+
+    def start_profile(self, req: ProfileRequest) -> None:
+        """Queue a torch profiler trace of the next steps (``impl/engine/profiler.py``); ProfilerStateError when
+        one is queued or running."""
+        self.profiler.start(req)
+        if self._thread is None:
+            self.profiler.tick()  # a loopless engine steps on this thread
+        self._wake.set()
+
+    def stop_profile(self, timeout: float = 600.0) -> tuple[bool, str]:
+        """End the trace and wait until it is written: (True, its path) or (False, why there is none)."""
+        return self.profiler.stop(timeout, self._wake.set if self._thread is not None else self.profiler.tick)
 
     def _drive_until(self, done, steps: int | None = None) -> None:
+        if self.paused is not None and self._thread is None:
+            raise RuntimeError("the engine is paused (pause_generation); call continue_generation first")
         if self._thread is not None:
             while not done():
                 self._wake.set()
@@ -441,6 +491,7 @@ class Engine:
             decode_step_times=self.scheduler.decode_times.as_dict(),
             startup_log=list(self.startup_log),
             work_counters=self.work_counters(),
+            paused=self.paused,
         )
         if self.spec_worker is not None:
             info["speculative"] = self.spec_worker.server_info()

@@ -33,6 +33,8 @@ from impl.server.intake import off_loop, read_body
 from impl.server.limits import RequestLimits
 from impl.server.metrics import Gauges, ServerMetrics
 from impl.server.openapi_schema import install_openapi
+from impl.server.pause_api import add_pause_routes
+from impl.server.profile_api import add_profile_routes
 from impl.server.protocol import RequestModels, request_models
 from impl.server.response_store import ResponseStore
 from impl.server.streaming import json_safe
@@ -330,6 +332,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         return PlainTextResponse("Cache flushed.\n")
 
     add_cluster_routes(app, engine)
+    add_profile_routes(app, engine, state.limits)
+    add_pause_routes(app, engine, state.limits)
 
 
 def _call(state: ServerState, kind: str, sub, logprobs: bool, body: Any) -> openai_api.Call:

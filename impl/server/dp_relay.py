@@ -18,7 +18,8 @@ The front holds no model; the replica processes are ``impl.server.dp_control``'s
   counters and histograms summed, ratio gauges averaged (``merge_metrics``).
   ``/tokenizer_info``, ``/v1/models``, ``/get_model_info``: the first live rank's.
   ``/get_server_info``: rank 0's info with ``dp_size``, the loads summed and a
-  per-rank list. ``/abort_request`` and ``/flush_cache`` go to every rank.
+  per-rank list. ``/abort_request``, ``/flush_cache``, ``/pause_generation`` / ``/continue_generation`` and
+  ``/start_profile`` / ``/stop_profile`` (one profile id, a trace per rank) go to every rank.
 * ``DrainingFront``: the front's uvicorn server; on SIGTERM every replica drains.
 """
 
@@ -29,6 +30,7 @@ import contextlib
 import json
 import logging
 import math
+import time
 from typing import Any, AsyncIterator
 from urllib.parse import quote
 
@@ -155,12 +157,56 @@ def _add_routes(app: FastAPI, ctrl: DataParallelController, limits: RequestLimit
         bad = [x for x in resps if x.status_code != 200]
         return bad[0] if bad else JSONResponse({"success": True})
 
+    @app.api_route("/start_profile", methods=["GET", "POST"])
+    async def start_profile(request: Request) -> Response:
+        """Every live rank traces its own steps under one profile id, each to its own file (``-DP-<rank>``)."""
+        raw = await read_body(request, limits) if request.method == "POST" else b""
+        obj = _body_object(raw) if raw.strip() else {}
+        if obj is None:
+            return error_response(400, "the body must be a JSON object of SGLang's profile fields (or empty)")
+        obj.setdefault("profile_id", f"{time.time():.6f}")
+        live = [r for r in ctrl.replicas if r.alive()]
+        resps = await asyncio.gather(*(_forward(r, "POST", "/start_profile",
+                                                json.dumps({**obj, "data_parallel_rank": r.rank}).encode())
+                                       for r in live))
+        return _all_or_first_failure(resps)
+
+    @app.api_route("/stop_profile", methods=["GET", "POST"])
+    async def stop_profile() -> Response:
+        live = [r for r in ctrl.replicas if r.alive()]
+        return _all_or_first_failure(await asyncio.gather(*(_forward(r, "POST", "/stop_profile") for r in live)))
+
+    @app.post("/pause_generation")
+    @app.post("/continue_generation")
+    async def pause_or_continue(request: Request) -> Response:
+        """Every live rank pauses (continues); the answer counts the requests of all of them."""
+        body = await read_body(request, limits)
+        live = [r for r in ctrl.replicas if r.alive()]
+        resps = await asyncio.gather(*(_forward(r, "POST", request.url.path, body) for r in live))
+        bad = [x for x in resps if x.status_code != 200]
+        if bad or not resps:
+            return bad[0] if bad else error_response(503, "no data-parallel replica is alive")
+        answers = [json.loads(bytes(x.body)) for x in resps]
+        merged = dict(answers[0])
+        for k, v in merged.items():
+            if isinstance(v, int) and not isinstance(v, bool):
+                merged[k] = sum(a[k] for a in answers)
+        return JSONResponse(merged)
+
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache(request: Request) -> Response:
         path = "/flush_cache" + (f"?{request.url.query}" if request.url.query else "")
         resps = await asyncio.gather(*(_forward(r, "POST", path) for r in ctrl.replicas if r.alive()))
         bad = [x for x in resps if x.status_code != 200]
         return bad[0] if bad else PlainTextResponse("Cache flushed.\n")
+
+
+def _all_or_first_failure(resps: list[Response]) -> Response:
+    """Every rank's 200 texts joined, or the first rank's failure."""
+    bad = [x for x in resps if x.status_code != 200]
+    if bad or not resps:
+        return bad[0] if bad else error_response(503, "no data-parallel replica is alive")
+    return PlainTextResponse("".join(bytes(x.body).decode() for x in resps))
 
 
 def _body_object(body: bytes) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import time
 from typing import Any
@@ -158,6 +159,21 @@ def test_dp_front_relays_responses_and_a_named_rank(cluster):
         g = httpx.post(cluster.url_b + "/generate", json={"text": "Hi", "data_parallel_rank": rank,
                                                          "sampling_params": {"max_new_tokens": 1}}, timeout=60)
         assert g.status_code == 200, g.text
+
+
+def test_dp_front_pauses_and_profiles_every_rank(cluster):
+    tmp_path = f"/tmp/yoco-trace-{os.getpid()}-dp"  # inside the replicas' profiler folder (/tmp)
+    shutil.rmtree(tmp_path, ignore_errors=True)
+    p = httpx.post(cluster.url_b + "/pause_generation", json={"mode": "in_place"}, timeout=60)
+    assert p.status_code == 200 and p.json()["kept"] == 0 and p.json()["mode"] == "in_place", p.text
+    assert httpx.post(cluster.url_b + "/continue_generation", timeout=60).json()["status"] == "ok"
+    start = httpx.post(cluster.url_b + "/start_profile", json={"output_dir": str(tmp_path), "profile_id": "dp"},
+                       timeout=60)
+    assert start.status_code == 200 and start.text.count("Start profiling.") == 2, start.text
+    stop = httpx.post(cluster.url_b + "/stop_profile", timeout=600)
+    assert stop.status_code == 200, stop.text
+    assert sorted(os.listdir(tmp_path)) == ["dp-TP-0-DP-0.trace.json.gz", "dp-TP-0-DP-1.trace.json.gz"]
+    shutil.rmtree(tmp_path)
 
 
 def test_dp_front_reads_bodies_within_the_limit(cluster):
