@@ -172,6 +172,9 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/health_generate")
     async def health_generate():
+        if engine.paused is not None:  # the probe would wait for /continue_generation
+            return error_response(503, f"health_generate: generation is paused ({engine.paused}); "
+                                       "POST /continue_generation resumes it")
         bos = engine.tokenizer.bos_token_id
         reqs = engine.expand_requests([[bos if bos is not None else 0]], {"max_new_tokens": 1, "temperature": 0.0})
         (stream,) = aengine.submit(reqs, False)

@@ -4,9 +4,9 @@ update; ``Engine.pause_generation``).
 ``{"mode": "abort" | "retract" | "in_place"}`` (default ``abort``): the requests in flight are aborted (each
 answered with finish_reason abort), retracted to the waiting queue (their KV freed, prefilled again after), or
 kept as they are; until ``/continue_generation`` no forward runs and new requests wait in the queue (a client's
-abort still applies). ``/get_server_info`` has ``paused`` (the mode, or null). Answers are SGLang's JSON,
-with the mode and how many requests it aborted or retracted. ``continue_generation``'s ``torch_empty_cache``
-(CUDA's allocator) is accepted and has nothing to do on CPU.
+abort still applies). ``/get_server_info`` has ``paused`` (the mode, or null); ``/health_generate`` answers 503
+while paused. Answers are SGLang's JSON, with the mode and how many requests it aborted, retracted or kept.
+``continue_generation``'s ``torch_empty_cache`` (CUDA's allocator) is accepted and has nothing to do on CPU.
 """
 
 from __future__ import annotations

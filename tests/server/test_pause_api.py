@@ -70,6 +70,9 @@ def test_requests_wait_while_paused_and_abort_mode_ends_them(url):
     while _info(url)["num_waiting_reqs"] < 1 and time.time() < deadline:
         time.sleep(0.05)
     assert not s.counts  # it waits: no forward runs while paused
+    probe = httpx.get(url + "/health_generate", timeout=TIMEOUT)
+    assert probe.status_code == 503 and "paused (in_place)" in probe.text and "continue_generation" in probe.text
+    assert httpx.get(url + "/health", timeout=TIMEOUT).status_code == 200  # alive, only paused
     assert _control(url, "/pause_generation", {"mode": "abort"})["aborted"] == 1
     s.join(30)
     assert s.last["meta_info"]["finish_reason"]["type"] == "abort"
