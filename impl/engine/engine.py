@@ -134,6 +134,8 @@ class Engine:
         self._step_lock = StepLock()
         self.profiler = StepProfiler(lambda: self.runner.work.forwards)  # /start_profile, /stop_profile
         self.paused: str | None = None  # /pause_generation's mode while paused: no forward runs
+        self.weight_version = "default"  # SGLang's: named by update_weights_from_disk's weight_version
+        self.weights_path = self.server_args.model_path  # where the served weights were last loaded from
         self._submit_lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -354,6 +356,56 @@ class Engine:
         self.paused = None
         self._wake.set()
 
+    def update_weights_from_disk(self, model_path: str, abort_all_requests: bool = False,
+                                 weight_version: str | None = None, flush_cache: bool = True) -> tuple[bool, str, int]:
+        """SGLang's: serve the weights of the checkpoint at ``model_path`` (this model's architecture) from the
+        next step on (``ModelRunner.load_weights``); the radix cache is flushed (``flush_cache``) when no request
+        holds KV. With
+        requests in flight the engine must be paused first (``pause_generation``; in place they go on with their
+        KV, as in SGLang) or ``abort_all_requests`` given. (success, message, requests paused meanwhile); a
+        failure leaves the served weights as they were."""
+        if self.spec_worker is not None:
+            return False, ("updating weights with speculative decoding on is not served (the draft model reads the "
+                           "target's layers); restart the server with the new --model-path"), 0
+        try:
+            config = ModelConfig.from_server_args(self.server_args, model_path)
+        except (ValueError, OSError) as e:
+            return False, f"cannot read the checkpoint at {model_path!r:.300}: {e}", 0
+        served = self.runner.model_config
+        diff = [f.name for f in dataclasses.fields(served) if f.name not in ("model_path", "torch_dtype")
+                and getattr(served, f.name) != getattr(config, f.name)]
+        if diff:
+            return False, (f"the checkpoint at {model_path!r:.300} is not the served model's architecture ("
+                           f"{', '.join(diff[:6])} differ); its weights cannot replace the served ones"), 0
+        with self._step_lock.control():  # between two steps
+            sched = self.scheduler
+            sched.process_inbox()
+            in_flight = len(sched.running) + len(sched.waiting) + (sched.chunked_req is not None)
+            if abort_all_requests:
+                sched.abort_request(None)
+                sched.process_inbox()
+                in_flight = 0
+            elif in_flight and self.paused is None:
+                return False, (f"{in_flight} request(s) in flight: POST /pause_generation first, or pass "
+                               "abort_all_requests: true"), 0
+            t = time.perf_counter()
+            try:
+                self.runner.load_weights(model_path, config)
+            except (ValueError, OSError, RuntimeError, KeyError) as e:
+                logger.exception("update_weights_from_disk %s failed", model_path)
+                return False, (f"loading the weights from {model_path!r:.300} failed ({type(e).__name__}: {e}); "
+                               "the served weights are unchanged"), 0
+            flushed = sched.flush_cache() if flush_cache else True
+            cpu_attn.drop_kept_packings()
+        self.weights_path = model_path
+        if weight_version is not None:
+            self.weight_version = weight_version
+        msg = f"Succeeded to update model weights from {model_path} in {time.perf_counter() - t:.1f} s."
+        if not flushed:
+            msg += " The radix cache was not flushed: requests in flight hold KV computed with the old weights."
+        logger.info("%s", msg)
+        return True, msg, in_flight if self.paused is not None else 0
+
     def start_profile(self, req: ProfileRequest) -> None:
         """Queue a torch profiler trace of the next steps (``impl/engine/profiler.py``); ProfilerStateError when
         one is queued or running."""
@@ -492,6 +544,8 @@ class Engine:
             startup_log=list(self.startup_log),
             work_counters=self.work_counters(),
             paused=self.paused,
+            weight_version=self.weight_version,
+            weights_path=self.weights_path,
         )
         if self.spec_worker is not None:
             info["speculative"] = self.spec_worker.server_info()

@@ -158,6 +158,20 @@ class ModelRunner:
             setattr(self.work, k, getattr(self.work, k) + v)
         return out
 
+    def load_weights(self, model_path: str, config: ModelConfig) -> None:
+        """SGLang's update_weights_from_disk: the checkpoint at ``model_path`` (``config``: this model's
+        architecture, which the engine has checked) loaded as the served one was (the same dtype, quantized and
+        packed alike) beside it, then swapped in; the old weights go with their last reference. Peak memory: both
+        sets. The KV pools, backends and limits stay."""
+        model = load_model(model_path, self.dtype, self.device, config=config, quant=self.quant)
+        kernels = install_cpu_kernels(model, self.device, batch_invariant=self.deterministic)
+        if self.deterministic:
+            deterministic.check_kernels(kernels)
+        self.model, self.cpu_kernels, self.weight_plan = model, kernels, model.weight_plan
+        tiled = 0 if kernels is None else kernels.packed_bytes
+        self.decode_weight_bytes = decode_weight_bytes(model) + tiled if self.weight_plan.quant is not None else None
+        self.packed_bytes = 0 if kernels is None else kernels.extra_bytes
+
     def describe(self) -> list[str]:
         mc = self.model_config
         return [

@@ -35,6 +35,7 @@ from impl.server.metrics import Gauges, ServerMetrics
 from impl.server.openapi_schema import install_openapi
 from impl.server.pause_api import add_pause_routes
 from impl.server.profile_api import add_profile_routes
+from impl.server.weights_api import add_weights_routes
 from impl.server.protocol import RequestModels, request_models
 from impl.server.response_store import ResponseStore
 from impl.server.streaming import json_safe
@@ -337,6 +338,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     add_cluster_routes(app, engine)
     add_profile_routes(app, engine, state.limits)
     add_pause_routes(app, engine, state.limits)
+    add_weights_routes(app, engine, state.limits)
 
 
 def _call(state: ServerState, kind: str, sub, logprobs: bool, body: Any) -> openai_api.Call:

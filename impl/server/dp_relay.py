@@ -18,8 +18,9 @@ The front holds no model; the replica processes are ``impl.server.dp_control``'s
   counters and histograms summed, ratio gauges averaged (``merge_metrics``).
   ``/tokenizer_info``, ``/v1/models``, ``/get_model_info``: the first live rank's.
   ``/get_server_info``: rank 0's info with ``dp_size``, the loads summed and a
-  per-rank list. ``/abort_request``, ``/flush_cache``, ``/pause_generation`` / ``/continue_generation`` and
-  ``/start_profile`` / ``/stop_profile`` (one profile id, a trace per rank) go to every rank.
+  per-rank list. ``/abort_request``, ``/flush_cache``, ``/pause_generation`` / ``/continue_generation``,
+  ``/update_weights_from_disk`` and ``/start_profile`` / ``/stop_profile`` (one profile id, a trace per rank) go
+  to every rank; ``/get_weight_version`` is the first live rank's.
 * ``DrainingFront``: the front's uvicorn server; on SIGTERM every replica drains.
 """
 
@@ -115,6 +116,7 @@ def _add_routes(app: FastAPI, ctrl: DataParallelController, limits: RequestLimit
     @app.get("/get_model_info")
     @app.get("/model_info")
     @app.get("/tokenizer_info")
+    @app.get("/get_weight_version")
     async def first_rank(request: Request) -> Response:
         return await _forward(ctrl.pick(ctrl.first_live()), "GET", request.url.path)
 
@@ -178,8 +180,10 @@ def _add_routes(app: FastAPI, ctrl: DataParallelController, limits: RequestLimit
 
     @app.post("/pause_generation")
     @app.post("/continue_generation")
-    async def pause_or_continue(request: Request) -> Response:
-        """Every live rank pauses (continues); the answer counts the requests of all of them."""
+    @app.post("/update_weights_from_disk")
+    async def on_every_rank(request: Request) -> Response:
+        """Every live rank pauses (continues, loads the new weights); the answer counts the requests of all of
+        them, or is the first rank's failure."""
         body = await read_body(request, limits)
         live = [r for r in ctrl.replicas if r.alive()]
         resps = await asyncio.gather(*(_forward(r, "POST", request.url.path, body) for r in live))

@@ -161,12 +161,17 @@ def test_dp_front_relays_responses_and_a_named_rank(cluster):
         assert g.status_code == 200, g.text
 
 
-def test_dp_front_pauses_and_profiles_every_rank(cluster):
+def test_dp_front_pauses_updates_and_profiles_every_rank(cluster):
     tmp_path = f"/tmp/yoco-trace-{os.getpid()}-dp"  # inside the replicas' profiler folder (/tmp)
     shutil.rmtree(tmp_path, ignore_errors=True)
     p = httpx.post(cluster.url_b + "/pause_generation", json={"mode": "in_place"}, timeout=60)
     assert p.status_code == 200 and p.json()["kept"] == 0 and p.json()["mode"] == "in_place", p.text
     assert httpx.post(cluster.url_b + "/continue_generation", timeout=60).json()["status"] == "ok"
+    served = httpx.get(cluster.url_b + "/get_model_info", timeout=30).json()["model_path"]
+    u = httpx.post(cluster.url_b + "/update_weights_from_disk", json={"model_path": served, "weight_version": "w1"},
+                   timeout=300)
+    assert u.status_code == 200 and u.json()["success"] is True, u.text
+    assert httpx.get(cluster.url_b + "/get_weight_version", timeout=30).json() == {"weight_version": "w1"}
     start = httpx.post(cluster.url_b + "/start_profile", json={"output_dir": str(tmp_path), "profile_id": "dp"},
                        timeout=60)
     assert start.status_code == 200 and start.text.count("Start profiling.") == 2, start.text
