@@ -42,6 +42,7 @@ from impl.cache.swa_radix_cache import SWARadixCache
 from impl.config.model_config import ModelConfig
 from impl.constrained.grammar import GrammarBackend, GrammarKey
 from impl.constrained.limits import InvalidGrammar
+from impl.engine import control
 from impl.engine.allocator import keep_freed_memory
 from impl.engine.detokenizer import IncrementalDetokenizer
 from impl.engine.detokenizer_stage import DetokenizerStage, Emission
@@ -59,7 +60,6 @@ from impl.engine.scheduler_config import DecodeStepTimes, SchedulerConfig
 from impl.engine.speculative import build_spec_worker
 from impl.kernels import cpu_attn
 
-PAUSE_MODES = ("abort", "retract", "in_place")  # SGLang's PauseGenerationReqInput.mode
 logger = logging.getLogger("impl.engine")
 
 
@@ -332,25 +332,9 @@ class Engine:
         return busy
 
     def pause_generation(self, mode: str = "abort") -> int:
-        """SGLang's: stop running forwards until ``continue_generation``; requests that arrive meanwhile wait.
-        ``abort``: every request in flight is aborted (finish_reason abort); ``retract``: running requests go
-        back to the waiting queue, their KV freed (into the radix cache when it is on), and are prefilled again
-        after; ``in_place``: they keep their KV and resume where they were. How many requests were aborted or
-        retracted (``in_place``: kept in flight)."""
-        if mode not in PAUSE_MODES:
-            raise ValueError(f"pause mode must be one of {list(PAUSE_MODES)}, got {mode!r:.40}")
-        with self._step_lock.control():  # between two steps
-            self.paused = mode
-            sched = self.scheduler
-            sched.process_inbox()
-            if mode == "abort":
-                n = len(sched.running) + len(sched.waiting) + (sched.chunked_req is not None)
-                sched.abort_request(None)
-                sched.process_inbox()
-                return n
-            if mode == "retract":
-                return sched.decode.retract_all("generation paused")
-            return len(sched.running) + len(sched.waiting) + (sched.chunked_req is not None)
+        """SGLang's: no forward runs until ``continue_generation``; requests that arrive meanwhile wait
+        (``impl/engine/control.py``). How many requests it aborted, retracted or (``in_place``) kept."""
+        return control.pause(self, mode)
 
     def continue_generation(self) -> None:
         self.paused = None
@@ -358,53 +342,9 @@ class Engine:
 
     def update_weights_from_disk(self, model_path: str, abort_all_requests: bool = False,
                                  weight_version: str | None = None, flush_cache: bool = True) -> tuple[bool, str, int]:
-        """SGLang's: serve the weights of the checkpoint at ``model_path`` (this model's architecture) from the
-        next step on (``ModelRunner.load_weights``); the radix cache is flushed (``flush_cache``) when no request
-        holds KV. With
-        requests in flight the engine must be paused first (``pause_generation``; in place they go on with their
-        KV, as in SGLang) or ``abort_all_requests`` given. (success, message, requests paused meanwhile); a
-        failure leaves the served weights as they were."""
-        if self.spec_worker is not None:
-            return False, ("updating weights with speculative decoding on is not served (the draft model reads the "
-                           "target's layers); restart the server with the new --model-path"), 0
-        try:
-            config = ModelConfig.from_server_args(self.server_args, model_path)
-        except (ValueError, OSError) as e:
-            return False, f"cannot read the checkpoint at {model_path!r:.300}: {e}", 0
-        served = self.runner.model_config
-        diff = [f.name for f in dataclasses.fields(served) if f.name not in ("model_path", "torch_dtype")
-                and getattr(served, f.name) != getattr(config, f.name)]
-        if diff:
-            return False, (f"the checkpoint at {model_path!r:.300} is not the served model's architecture ("
-                           f"{', '.join(diff[:6])} differ); its weights cannot replace the served ones"), 0
-        with self._step_lock.control():  # between two steps
-            sched = self.scheduler
-            sched.process_inbox()
-            in_flight = len(sched.running) + len(sched.waiting) + (sched.chunked_req is not None)
-            if abort_all_requests:
-                sched.abort_request(None)
-                sched.process_inbox()
-                in_flight = 0
-            elif in_flight and self.paused is None:
-                return False, (f"{in_flight} request(s) in flight: POST /pause_generation first, or pass "
-                               "abort_all_requests: true"), 0
-            t = time.perf_counter()
-            try:
-                self.runner.load_weights(model_path, config)
-            except (ValueError, OSError, RuntimeError, KeyError) as e:
-                logger.exception("update_weights_from_disk %s failed", model_path)
-                return False, (f"loading the weights from {model_path!r:.300} failed ({type(e).__name__}: {e}); "
-                               "the served weights are unchanged"), 0
-            flushed = sched.flush_cache() if flush_cache else True
-            cpu_attn.drop_kept_packings()
-        self.weights_path = model_path
-        if weight_version is not None:
-            self.weight_version = weight_version
-        msg = f"Succeeded to update model weights from {model_path} in {time.perf_counter() - t:.1f} s."
-        if not flushed:
-            msg += " The radix cache was not flushed: requests in flight hold KV computed with the old weights."
-        logger.info("%s", msg)
-        return True, msg, in_flight if self.paused is not None else 0
+        """SGLang's: serve another checkpoint's weights from the next step on (``impl/engine/control.py``):
+        (success, message, requests paused meanwhile)."""
+        return control.update_weights(self, model_path, abort_all_requests, weight_version, flush_cache)
 
     def start_profile(self, req: ProfileRequest) -> None:
         """Queue a torch profiler trace of the next steps (``impl/engine/profiler.py``); ProfilerStateError when

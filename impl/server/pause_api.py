@@ -1,5 +1,5 @@
 """SGLang's ``POST /pause_generation`` and ``POST /continue_generation`` (what RL trainers call around a weight
-update; ``Engine.pause_generation``).
+update; ``impl/engine/control.py``).
 
 ``{"mode": "abort" | "retract" | "in_place"}`` (default ``abort``): the requests in flight are aborted (each
 answered with finish_reason abort), retracted to the waiting queue (their KV freed, prefilled again after), or

@@ -1,4 +1,4 @@
-"""SGLang's ``POST /update_weights_from_disk`` and ``GET /get_weight_version`` (``Engine.update_weights_from_disk``).
+"""SGLang's ``POST /update_weights_from_disk`` and ``GET /get_weight_version`` (``impl/engine/control.py``).
 
 ``{"model_path": <a checkpoint folder of the served model's architecture>, "abort_all_requests": false,
 "weight_version": null, "flush_cache": true, "load_format": null}``: the new weights are loaded as the served
