@@ -46,3 +46,14 @@ def keep_freed_memory() -> str:
     _applied = ("Allocator: glibc keeps freed memory for reuse (mmap and trim thresholds 1 GiB; IMPL_MALLOC_KEEP=0 "
                 "for its defaults)" if ok else "Allocator: glibc's defaults (mallopt refused the thresholds)")
     return _applied
+
+
+def release_freed_memory() -> bool:
+    """Hand what glibc keeps back to the kernel (``malloc_trim(0)``: the free pages of every arena), after a
+    one-off free of a large set that the next forwards will not reuse (the old weights after a weight update,
+    ``impl/engine/control.py``: without it the process's RSS keeps both sets). True when glibc released memory;
+    False elsewhere (another C library)."""
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    path = ctypes.util.find_library("c")
+    return path is not None and ctypes.CDLL(path).malloc_trim(0) == 1

@@ -10,8 +10,8 @@ where they were.
 
 ``update_weights(engine, path, ...)``: the checkpoint at ``path`` must be the served model's architecture (every
 config field but the path and the stated dtype equal). It is loaded as the served weights were
-(``ModelRunner.load_weights``: dtype, quantization, packing; both sets in memory meanwhile) and swapped in; the
-radix cache is flushed when no request holds KV. With requests in flight the engine must be paused first (in
+(``ModelRunner.load_weights``: dtype, quantization, packing; both sets in memory meanwhile) and swapped in, the
+old set's memory handed back to the kernel; the radix cache is flushed when no request holds KV. With requests in flight the engine must be paused first (in
 place they go on with their KV, as in SGLang) or ``abort_all_requests`` given. A refusal or a failed load leaves
 the served weights as they were.
 """
@@ -19,11 +19,13 @@ the served weights as they were.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import time
 from typing import Any
 
 from impl.config.model_config import ModelConfig
+from impl.engine.allocator import release_freed_memory
 from impl.kernels import cpu_attn
 
 Engine = Any  # impl.engine.engine.Engine (which imports this module)
@@ -95,6 +97,8 @@ def update_weights(engine: Engine, model_path: str, abort_all_requests: bool = F
                            "the served weights are unchanged"), 0
         flushed = engine.scheduler.flush_cache() if flush_cache else True
         cpu_attn.drop_kept_packings()  # (packed copies of keys; the flushed cache's slots are reused)
+        gc.collect()
+        release_freed_memory()  # the old weights' pages, which glibc would keep (impl/engine/allocator.py)
     engine.weights_path = model_path
     if weight_version is not None:
         engine.weight_version = weight_version
