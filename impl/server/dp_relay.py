@@ -107,6 +107,12 @@ def _add_routes(app: FastAPI, ctrl: DataParallelController, limits: RequestLimit
                 return error_response(503, f"data-parallel rank {r.rank} is unhealthy (/health answered {code})")
         return Response(status_code=200)
 
+    @app.get("/ready")
+    async def ready() -> Response:
+        """Ready when every rank is (SGLang's readiness: healthy and not paused)."""
+        codes = await asyncio.gather(*(_status(r, "/ready") for r in ctrl.replicas))
+        return Response(status_code=200 if codes and all(c == 200 for c in codes) else 503)
+
     @app.get("/health_generate")
     async def health_generate() -> Response:
         return await _forward(ctrl.pick(), "GET", "/health_generate")
@@ -181,6 +187,7 @@ def _add_routes(app: FastAPI, ctrl: DataParallelController, limits: RequestLimit
     @app.post("/pause_generation")
     @app.post("/continue_generation")
     @app.post("/update_weights_from_disk")
+    @app.post("/update_weight_version")
     async def on_every_rank(request: Request) -> Response:
         """Every live rank pauses (continues, loads the new weights); the answer counts the requests of all of
         them, or is the first rank's failure."""

@@ -5,7 +5,7 @@ update; ``impl/engine/control.py``).
 answered with finish_reason abort), retracted to the waiting queue (their KV freed, prefilled again after), or
 kept as they are; until ``/continue_generation`` no forward runs and new requests wait in the queue (a client's
 abort still applies). ``/get_server_info`` has ``paused`` (the mode, or null); ``/health_generate`` answers 503
-while paused. Answers are SGLang's JSON, with the mode and how many requests it aborted, retracted or kept.
+while paused, as ``GET /ready`` (SGLang's readiness: 200 when healthy and not paused). Answers are SGLang's JSON, with the mode and how many requests it aborted, retracted or kept.
 ``continue_generation``'s ``torch_empty_cache`` (CUDA's allocator) is accepted and has nothing to do on CPU.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 
 from impl.engine.engine import Engine
 from impl.server.errors import parse_json
@@ -42,6 +42,11 @@ def add_pause_routes(app: FastAPI, engine: Engine, limits: RequestLimits) -> Non
         n = await off_loop(lambda: engine.pause_generation(body.mode))  # waits for the step in progress
         return {"message": "Generation paused successfully.", "status": "ok", "mode": body.mode,
                 {"abort": "aborted", "retract": "retracted", "in_place": "kept"}[body.mode]: n}
+
+    @app.get("/ready")
+    async def ready():
+        """SGLang's: whether this server takes new requests now (healthy and not paused)."""
+        return Response(status_code=200 if engine.health() is None and engine.paused is None else 503)
 
     @app.post("/continue_generation")
     async def continue_generation(request: Request):

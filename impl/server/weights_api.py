@@ -1,4 +1,5 @@
-"""SGLang's ``POST /update_weights_from_disk`` and ``GET /get_weight_version`` (``impl/engine/control.py``).
+"""SGLang's ``POST /update_weights_from_disk``, ``POST /update_weight_version`` (``{"new_version"}``: names the
+served weights, which stay) and ``GET /get_weight_version`` (``impl/engine/control.py``).
 
 ``{"model_path": <a checkpoint folder of the served model's architecture>, "abort_all_requests": false,
 "weight_version": null, "flush_cache": true, "load_format": null}``: the new weights are loaded as the served
@@ -25,6 +26,11 @@ from impl.server.limits import RequestLimits
 from impl.server.protocol import _Body
 
 
+class WeightVersionBody(_Body):
+    new_version: Annotated[str, Field(min_length=1, max_length=256)]
+    abort_all_requests: bool = False
+
+
 class UpdateWeightsBody(_Body):
     model_path: Annotated[str, Field(min_length=1, max_length=4096)]
     load_format: Optional[Literal["auto", "safetensors"]] = None
@@ -42,6 +48,16 @@ def add_weights_routes(app: FastAPI, engine: Engine, limits: RequestLimits) -> N
             body.model_path, body.abort_all_requests, body.weight_version, body.flush_cache))
         return JSONResponse({"success": ok, "message": message, "num_paused_requests": paused},
                             status_code=200 if ok else 400)
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: Request):
+        """SGLang's: name the served weights' version (the weights stay)."""
+        body = parse_json(await read_body(request, limits), WeightVersionBody)
+        if body.abort_all_requests:
+            engine.abort(None)
+        engine.weight_version = body.new_version
+        return {"success": True, "message": f"Weight version updated to {body.new_version}",
+                "new_version": body.new_version}
 
     @app.get("/get_weight_version")
     async def get_weight_version():

@@ -65,6 +65,10 @@ def test_other_weights_are_served_then_the_first_again(server, checkpoints):
     assert scaled != first  # the radix cache was flushed: the prompt ran through the new weights
     assert _update(url, model_path=served).json()["success"] is True
     assert _ids(url) == first
+    v = httpx.post(url + "/update_weight_version", json={"new_version": "v3"}, timeout=TIMEOUT)
+    assert v.json() == {"success": True, "message": "Weight version updated to v3", "new_version": "v3"}
+    assert httpx.get(url + "/get_weight_version", timeout=TIMEOUT).json() == {"weight_version": "v3"}
+    assert httpx.post(url + "/update_weight_version", json={}, timeout=TIMEOUT).status_code == 400
 
 
 def test_refusals_leave_the_served_weights(server, checkpoints, tmp_path):
