@@ -5,7 +5,8 @@ update; ``impl/engine/control.py``).
 answered with finish_reason abort), retracted to the waiting queue (their KV freed, prefilled again after), or
 kept as they are; until ``/continue_generation`` no forward runs and new requests wait in the queue (a client's
 abort still applies). ``/get_server_info`` has ``paused`` (the mode, or null); ``/health_generate`` answers 503
-while paused, as ``GET /ready`` (SGLang's readiness: 200 when healthy and not paused). Answers are SGLang's JSON, with the mode and how many requests it aborted, retracted or kept.
+while paused, as ``GET /ready`` (SGLang's readiness: ``{"status": "ready"}`` when healthy and not paused, else a 503 saying
+why). Answers are SGLang's JSON, with the mode and how many requests it aborted, retracted or kept.
 ``continue_generation``'s ``torch_empty_cache`` (CUDA's allocator) is accepted and has nothing to do on CPU.
 """
 
@@ -13,10 +14,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 
 from impl.engine.engine import Engine
-from impl.server.errors import parse_json
+from impl.server.errors import error_response, parse_json
 from impl.server.intake import off_loop, read_body
 from impl.server.limits import RequestLimits
 from impl.server.protocol import _Body
@@ -46,7 +47,11 @@ def add_pause_routes(app: FastAPI, engine: Engine, limits: RequestLimits) -> Non
     @app.get("/ready")
     async def ready():
         """SGLang's: whether this server takes new requests now (healthy and not paused)."""
-        return Response(status_code=200 if engine.health() is None and engine.paused is None else 503)
+        reason = engine.health()
+        if reason is not None or engine.paused is not None:
+            why = f"unhealthy: {reason}" if reason is not None else f"generation is paused ({engine.paused})"
+            return error_response(503, f"not ready: {why}")
+        return {"status": "ready"}
 
     @app.post("/continue_generation")
     async def continue_generation(request: Request):

@@ -73,12 +73,13 @@ def test_requests_wait_while_paused_and_abort_mode_ends_them(url):
     probe = httpx.get(url + "/health_generate", timeout=TIMEOUT)
     assert probe.status_code == 503 and "paused (in_place)" in probe.text and "continue_generation" in probe.text
     assert httpx.get(url + "/health", timeout=TIMEOUT).status_code == 200  # alive, only paused
-    assert httpx.get(url + "/ready", timeout=TIMEOUT).status_code == 503  # SGLang's readiness: not while paused
+    ready = httpx.get(url + "/ready", timeout=TIMEOUT)  # SGLang's readiness: not while paused
+    assert ready.status_code == 503 and "paused (in_place)" in ready.json()["error"]["message"]
     assert _control(url, "/pause_generation", {"mode": "abort"})["aborted"] == 1
     s.join(30)
     assert s.last["meta_info"]["finish_reason"]["type"] == "abort"
     _control(url, "/continue_generation")
-    assert httpx.get(url + "/ready", timeout=TIMEOUT).status_code == 200
+    assert httpx.get(url + "/ready", timeout=TIMEOUT).json() == {"status": "ready"}
     assert post(url, "/generate", _body(2)).json()["meta_info"]["completion_tokens"] == N
 
 
