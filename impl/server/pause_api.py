@@ -5,9 +5,9 @@ update; ``impl/engine/control.py``).
 answered with finish_reason abort), retracted to the waiting queue (their KV freed, prefilled again after), or
 kept as they are; until ``/continue_generation`` no forward runs and new requests wait in the queue (a client's
 abort still applies). ``/get_server_info`` has ``paused`` (the mode, or null); ``/health_generate`` answers 503
-while paused, as ``GET /ready`` (SGLang's readiness: ``{"status": "ready"}`` when healthy and not paused, else a 503 saying
-why). Answers are SGLang's JSON, with the mode and how many requests it aborted, retracted or kept.
-``continue_generation``'s ``torch_empty_cache`` (CUDA's allocator) is accepted and has nothing to do on CPU.
+while paused, as ``GET /ready`` does (SGLang's readiness: ``{"status": "ready"}`` when healthy and not paused,
+else a 503 saying why). Answers are SGLang's JSON, with the mode and how many requests it aborted, retracted or
+kept. ``continue_generation``'s ``torch_empty_cache`` (CUDA's allocator) is accepted and has nothing to do on CPU.
 """
 
 from __future__ import annotations
