@@ -3,7 +3,8 @@
 ``start`` queues a ``ProfileRequest``; the thread that runs the scheduler's steps starts the profiler at its next
 step boundary (torch's profiler records the ops of the thread that started it and of the OpenMP teams that thread
 launches, so it has to be that thread), once the model has run ``start_step`` forwards if one was given. The trace
-ends at ``stop`` (which waits until it is written) or, with ``num_steps``, by itself after that many forwards. It
+ends at ``stop`` (which waits until it is written) or by itself after ``num_steps`` forwards (at most
+``MAX_PROFILE_FORWARDS``: a trace is held in memory until written). It
 is written with torch's ``export_chrome_trace`` as SGLang names its files:
 ``<output_dir>/[<prefix>-]<profile_id>-TP-0[-DP-<rank>].trace.json.gz`` (gzip'd Chrome trace JSON: Perfetto and
 chrome://tracing open it). Exporting runs on the scheduler's thread: steps wait for it, as in SGLang.
@@ -24,6 +25,11 @@ from typing import Any, Callable
 import torch
 
 logger = logging.getLogger("impl.engine")
+
+
+# A trace holds every op's event in memory until it is written: one left running (no num_steps, no stop) ends by
+# itself after this many forwards, as if num_steps had said so (tens of thousands of events a forward at full size).
+MAX_PROFILE_FORWARDS = 10_000
 
 
 class ProfilerStateError(ValueError):
@@ -101,7 +107,7 @@ class StepProfiler:
             done, queued = self._forwards(), self._queued
             if self._running is not None:
                 req, prof, first = self._running
-                if self._stop_wanted or (req.num_steps is not None and done - first >= req.num_steps):
+                if self._stop_wanted or done - first >= (req.num_steps or MAX_PROFILE_FORWARDS):
                     self._running = None
                     self._finish(req, prof, done - first)
             elif queued is not None and self._stop_wanted:

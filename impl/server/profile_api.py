@@ -1,9 +1,9 @@
 """SGLang's ``/start_profile`` and ``/stop_profile`` (GET or POST): a torch profiler trace of the server's steps.
 
 What ``sglang.bench_serving --profile`` sends works as in SGLang: the body (all optional) names ``output_dir``,
-``num_steps`` / ``start_step`` (integers, or their decimal strings, as bench_serving sends them), ``activities``
-(default ``["CPU", "GPU"]``), ``with_stack`` / ``record_shapes`` (default true), ``profile_id`` (default the
-time), ``profile_prefix``, ``merge_profiles`` (one rank per process: nothing to merge). The trace is
+``num_steps`` (at most 10,000: a trace left running ends by itself there) / ``start_step`` (integers, or their
+decimal strings, as bench_serving sends them), ``activities`` (default ``["CPU", "GPU"]``), ``with_stack`` /
+``record_shapes`` (default true), ``profile_id`` (default the time), ``profile_prefix``, ``merge_profiles`` (one rank per process: nothing to merge). The trace is
 ``<output_dir>/[<prefix>-]<profile_id>-TP-0[-DP-<rank>].trace.json.gz`` (``impl/engine/profiler.py``).
 
 Where this server is stricter: ``output_dir`` (absolute, or relative to it) must lie inside the server's profiler
@@ -27,7 +27,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BeforeValidator, Field
 
 from impl.engine.engine import Engine
-from impl.engine.profiler import ProfileRequest, ProfilerStateError
+from impl.engine.profiler import MAX_PROFILE_FORWARDS, ProfileRequest, ProfilerStateError
 from impl.envs import envs
 from impl.server.errors import APIError, parse_json
 from impl.server.intake import off_loop, read_body
@@ -49,7 +49,7 @@ NameT = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9
 class ProfileBody(_Body):
     output_dir: Optional[Annotated[str, Field(min_length=1, max_length=4096)]] = None
     start_step: Optional[StepsT] = None
-    num_steps: Optional[Annotated[int, Field(ge=1, le=I32_MAX), BeforeValidator(_decimal)]] = None
+    num_steps: Optional[Annotated[int, Field(ge=1, le=MAX_PROFILE_FORWARDS), BeforeValidator(_decimal)]] = None
     activities: Optional[Annotated[list[Literal["CPU", "GPU", "MEM", "CUDA_PROFILER", "XPU", "RPD"]],
                                    Field(max_length=8)]] = None
     with_stack: Optional[bool] = None

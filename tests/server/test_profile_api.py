@@ -93,7 +93,8 @@ def test_profile_refusals(url):
     for body, field in (({"output_dir": "/etc/traces"}, "output_dir"), ({"output_dir": "../etc"}, "output_dir"),
                         ({"activities": ["RPD"]}, "activities"), ({"activities": ["TPU"]}, "activities"),
                         ({"profile_by_stage": True}, "profile_by_stage"), ({"num_steps": "two"}, "num_steps"),
-                        ({"num_steps": 0}, "num_steps"), ({"profile_id": "../x"}, "profile_id"),
+                        ({"num_steps": 0}, "num_steps"), ({"num_steps": 10_001}, "num_steps"),
+                        ({"profile_id": "../x"}, "profile_id"),
                         ({"profile_stages": ["prefill"]}, "profile_stages")):
         r = _start(url, body)
         assert r.status_code == 400 and field in r.text, (body, r.text)
