@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 import impl
 from impl.engine.engine import Engine, EngineUnhealthyError
+from impl.engine.intake import InvalidRequest
 from impl.engine.output import ReqOutput, TokenText
 from impl.engine.req import Req
 from impl.server import generate_api, openai_api, req_builder, responses_api
@@ -216,6 +217,14 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         """OpenAI's Responses API through the chat path, responses stored (``impl/server/responses_api.py``)."""
         store = state.responses
 
+        def fits_context(b: Any, conversation: list[dict[str, Any]]) -> bool:
+            chat = responses_api.chat_request(b, state.models.chat, conversation)
+            try:
+                n = req_builder.chat_prompt_len(engine, chat, state.args.chat_template)
+            except InvalidRequest:  # (the character bound before tokenizing, or a template refusal)
+                return False
+            return n + (b.max_output_tokens or 1) <= engine.intake_policy.max_req_len
+
         def build(b: Any) -> Any:
             if b.store and not store.enabled:
                 raise APIError(400, "this server stores no responses (YOCO_RESPONSES_STORE_MB=0); send store false "
@@ -226,7 +235,10 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
                 if previous is None:
                     raise APIError(404, store.not_found(b.previous_response_id), "previous_response_id")
             turn = responses_api.Turn.of(b, previous, store if store.enabled and b.store is not False else None)
-            chat = responses_api.chat_request(b, state.models.chat, turn.conversation)
+            conversation = turn.conversation
+            if b.truncation == "auto":
+                conversation = responses_api.truncated(conversation, lambda conv: fits_context(b, conv))
+            chat = responses_api.chat_request(b, state.models.chat, conversation)
             sub = req_builder.from_chat(engine, chat, state.args.chat_template)
             return _call(state, "chat", sub, chat.logprobs, chat), turn
 

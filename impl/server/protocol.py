@@ -676,6 +676,7 @@ def request_models(lim: RequestLimits) -> RequestModels:
         # the output text's logprobs, each token with its top_logprobs most likely ones (OpenAI's include entry)
         include: Optional[Annotated[list[Literal["message.output_text.logprobs"]], Field(max_length=1)]] = None
         top_logprobs: Optional[LogprobsNumT] = None
+        # "auto": the oldest items dropped until the input fits the context (responses_api.truncated)
         truncation: Optional[Literal["disabled", "auto"]] = None
         conversation: Optional[Any] = None
         prompt: Optional[Any] = None
@@ -686,7 +687,6 @@ def request_models(lim: RequestLimits) -> RequestModels:
         _background = _only_unused("background", "responses are answered in the foreground", (None, False))
         _reasoning = _only_unused("reasoning", "Gemma-4's template switches thinking with its own variable; use "
                                                "/v1/chat/completions with chat_template_kwargs")
-        _truncation = _only_unused("truncation", "the input is not truncated; shorten it", (None, "disabled"))
         _prompt = _only_unused("prompt", "stored prompts are not served; send the input")
 
         @model_validator(mode="after")

@@ -308,12 +308,21 @@ def _chat_ids(engine: Engine, body: Any, tools: list[dict[str, Any]], chat_templ
     return [bos, *ids] if body.add_special_tokens and bos is not None else ids
 
 
+def _chat_tools(body: ChatBody) -> list[dict[str, Any]]:
+    """The tool declarations the template shows (tool_choice "none": none, and the output is not parsed)."""
+    return [t.model_dump(exclude_none=True) for t in body.tools or []] if body.tool_choice != "none" else []
+
+
+def chat_prompt_len(engine: Engine, body: ChatBody, chat_template: str | None) -> int:
+    """How many tokens a chat body's prompt has, as ``from_chat`` builds it (InvalidRequest as it refuses)."""
+    return len(_chat_ids(engine, body, _chat_tools(body), chat_template))
+
+
 def from_chat(engine: Engine, body: ChatBody, chat_template: str | None) -> Submission:
     name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     tc = body.tool_choice
-    # tool_choice "none": the declarations are not shown and the output is not parsed
-    tools = [t.model_dump(exclude_none=True) for t in body.tools or []] if tc != "none" else []
+    tools = _chat_tools(body)
     grammar, grammar_field = output_constraint(body)
     sampling = _openai_sampling(body, max_tokens, grammar, engine)
     if tools:

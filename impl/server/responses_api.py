@@ -13,7 +13,8 @@ become the Responses events (``response.created``, ``response.in_progress``, ``r
 ``response.content_part.added``, ``response.output_text.delta`` ..., their ``.done`` events, and
 ``response.completed`` / ``response.incomplete``), each with its ``sequence_number``. With ``include:
 ["message.output_text.logprobs"]`` the text part (and each delta) carries chat's logprob entries, each with its
-``top_logprobs`` most likely tokens. A completed or incomplete response is stored (unless ``store: false``)
+``top_logprobs`` most likely tokens. ``truncation: "auto"`` drops the oldest items (whole turns) until the input
+fits the context (``truncated``; the stored conversation stays whole). A completed or incomplete response is stored (unless ``store: false``)
 before its answer, or its last event, is sent; a failed or abandoned one is not.
 """
 
@@ -26,7 +27,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Literal
+from typing import Any, AsyncIterator, Callable, Literal
 
 from fastapi import FastAPI, Query
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -78,6 +79,23 @@ class Turn:
         logger.warning("Response %s (%d bytes) is larger than YOCO_RESPONSES_STORE_MB: not stored", obj["id"],
                        entry.nbytes)
         return {**obj, "store": False}
+
+
+def truncated(conversation: list[dict[str, Any]], fits: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
+    """OpenAI's ``truncation: "auto"``: the conversation without as few of its oldest items as let ``fits`` hold,
+    cut before a user message (the template's turns stay whole); from the last user message on when nothing
+    longer fits (the request is then refused as without truncation)."""
+    if fits(conversation):
+        return conversation
+    starts = [i for i, m in enumerate(conversation) if m.get("role") == "user" and i > 0]
+    lo, hi, best = 0, len(starts) - 1, len(starts) - 1
+    while lo <= hi:  # a later cut is a shorter prompt: the first cut that fits, by bisection
+        mid = (lo + hi) // 2
+        if fits(conversation[starts[mid]:]):
+            best, hi = mid, mid - 1
+        else:
+            lo = mid + 1
+    return conversation[starts[best]:] if starts else conversation
 
 
 def chat_request(body: Any, chat_model: type[BaseModel], conversation: list[dict[str, Any]]) -> Any:
@@ -209,7 +227,7 @@ class _Response:
             "text": {"format": b.text.format.model_dump(by_alias=True, exclude_none=True)
                      if b.text is not None and b.text.format is not None else {"type": "text"}},
             "metadata": b.metadata or {}, "store": self.stored, "user": b.user, "usage": None,
-            "previous_response_id": b.previous_response_id,
+            "previous_response_id": b.previous_response_id, "truncation": b.truncation or "disabled",
         }
         if final is not None:
             if status == "incomplete":

@@ -9,6 +9,7 @@ import json
 import pytest
 
 import httpx
+import openai
 
 from contracts.http_support import openai_client, post
 
@@ -125,7 +126,8 @@ def test_json_format_and_refusals(url):
                         ({"input": "x", "stream": True, "max_output_tokens": 0}, "max_output_tokens"),
                         ({"input": "x", "model": "other-model"}, "model"),
                         ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
-                        ({"input": "x", "top_logprobs": 21}, "top_logprobs")):
+                        ({"input": "x", "top_logprobs": 21}, "top_logprobs"),
+                        ({"input": "x", "truncation": "middle"}, "truncation")):
         r = post(url, "/v1/responses", body)
         assert r.status_code in (400, 404) and field in r.text, (body, r.text)
     assert post(url, "/v1/responses", {"input": "x", "store": False, "max_output_tokens": 1}).status_code == 200
@@ -210,3 +212,21 @@ def test_a_server_without_a_store_refuses_store_true(hardened_url):
     assert r.status_code == 200 and r.json()["store"] is False, r.text
     gone = get(hardened_url, f"/v1/responses/{r.json()['id']}")
     assert gone.status_code == 404 and "stores no responses" in gone.text
+
+
+def test_truncation_auto_drops_the_oldest_turns(client):
+    """truncation "auto": the oldest turns dropped, whole, as few as let the input fit the context (512 tokens on
+    this server): the answer is the one to the conversation from that turn on; "disabled" (the default) refuses."""
+    items = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "the sea " * 400},
+             {"role": "user", "content": "The sky is"}, {"role": "assistant", "content": "blue"},
+             {"role": "user", "content": "And the sea?"}]
+    kw = dict(model="default", max_output_tokens=4, **GREEDY)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(input=items, **kw)
+    r = client.responses.create(input=items, truncation="auto", **kw)
+    cut = client.responses.create(input=items[2:], store=False, **kw)
+    assert r.output_text == cut.output_text and r.usage.input_tokens == cut.usage.input_tokens
+    assert r.truncation == "auto" and cut.truncation == "disabled"
+    # the stored conversation stays whole: a follow-up is cut again
+    f = client.responses.create(input="Why?", previous_response_id=r.id, truncation="auto", **kw)
+    assert f.usage.input_tokens > r.usage.input_tokens
