@@ -218,11 +218,11 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         store = state.responses
 
         def fits_context(b: Any, conversation: list[dict[str, Any]]) -> bool:
-            chat = responses_api.chat_request(b, state.models.chat, conversation)
             try:
+                chat = responses_api.chat_request(b, state.models.chat, conversation)
                 n = req_builder.chat_prompt_len(engine, chat, state.args.chat_template)
-            except InvalidRequest:  # (the character bound before tokenizing, or a template refusal)
-                return False
+            except (InvalidRequest, APIError):  # (the bounds before tokenizing: characters, messages; a template's
+                return False  # refusal: the cut from the last user message on is then refused as it stands)
             return n + (b.max_output_tokens or 1) <= engine.intake_policy.max_req_len
 
         def build(b: Any) -> Any:

@@ -374,7 +374,8 @@ async def _once(url: str):
 
 
 def test_sigterm_of_a_worker_loses_nothing(cluster):
-    bodies = [{"input_ids": prompt_ids(90 + i, 12), "sampling_params": {**LONG, "max_new_tokens": 24}}
+    # (12 tokens: on a loaded 2-core CI machine, 4 x 24 steps of A once outlasted the 5 s grace: [24, 23, 23, 24])
+    bodies = [{"input_ids": prompt_ids(90 + i, 12), "sampling_params": {**LONG, "max_new_tokens": 12}}
               for i in range(4)]
 
     async def term_a(tasks) -> None:
@@ -389,7 +390,7 @@ def test_sigterm_of_a_worker_loses_nothing(cluster):
         cluster.a.proc.send_signal(signal.SIGTERM)
 
     got = asyncio.run(_run_all(cluster.url, bodies, term_a))  # B is marked down: all go to A
-    assert got == [24] * len(bodies), got
+    assert got == [12] * len(bodies), got
     assert cluster.a.proc.wait(30) == 0
 
 
