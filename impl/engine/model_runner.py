@@ -81,18 +81,9 @@ class ModelRunner:
         self.deterministic = bool(getattr(server_args, "enable_deterministic_inference", False))
         if self.deterministic:
             deterministic.check_supported(self.dtype)  # refused before any weight is read
-        self.model = load_model(model_config.model_path, self.dtype, device, config=model_config, plan=self.weight_plan,
-                                quant=self.quant)
-        self.cpu_kernels = install_cpu_kernels(self.model, device, batch_invariant=self.deterministic)
-        # weights do not change after load (the transform may restack them: counted after it)
-        # (W8A8 weights in AMX tile order replace their parameters: the transform's copies count instead)
-        tiled = 0 if self.cpu_kernels is None else self.cpu_kernels.packed_bytes
-        self.decode_weight_bytes = decode_weight_bytes(self.model) + tiled if self.weight_plan.quant is not None else None
-        if self.deterministic:
-            deterministic.check_kernels(self.cpu_kernels)
+        self._serve(load_model(model_config.model_path, self.dtype, device, config=model_config, plan=self.weight_plan,
+                               quant=self.quant))
         self.load_peak_rss = process_memory()[1]
-        # prepacked copies replace their parameters; count what they add
-        self.packed_bytes = 0 if self.cpu_kernels is None else self.cpu_kernels.extra_bytes
         weight_bytes = self.weight_plan.resident_bytes + self.packed_bytes
         # The budget in one-pool tokens (impl/cache/memory.py); the hybrid sliding-window pool (the default
         # for models with both layer types, as in SGLang) splits the same bytes into its two budgets.
@@ -163,13 +154,20 @@ class ModelRunner:
         architecture, which the engine has checked) loaded as the served one was (the same dtype, quantized and
         packed alike) beside it, then swapped in; the old weights go with their last reference. Peak memory: both
         sets. The KV pools, backends and limits stay."""
-        model = load_model(model_path, self.dtype, self.device, config=config, quant=self.quant)
+        self._serve(load_model(model_path, self.dtype, self.device, config=config, quant=self.quant))
+
+    def _serve(self, model) -> None:
+        """Install the compiled CPU paths on a loaded ``model`` (checked under --enable-deterministic-inference)
+        and serve it, with the bytes of weights a decode step reads and what its packed copies add."""
         kernels = install_cpu_kernels(model, self.device, batch_invariant=self.deterministic)
         if self.deterministic:
             deterministic.check_kernels(kernels)
         self.model, self.cpu_kernels, self.weight_plan = model, kernels, model.weight_plan
+        # weights do not change after load (the transform may restack them: counted after it)
+        # (W8A8 weights in AMX tile order replace their parameters: the transform's copies count instead)
         tiled = 0 if kernels is None else kernels.packed_bytes
         self.decode_weight_bytes = decode_weight_bytes(model) + tiled if self.weight_plan.quant is not None else None
+        # prepacked copies replace their parameters; count what they add
         self.packed_bytes = 0 if kernels is None else kernels.extra_bytes
 
     def describe(self) -> list[str]:

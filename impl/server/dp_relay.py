@@ -133,7 +133,7 @@ def _add_routes(app: FastAPI, ctrl: DataParallelController, limits: RequestLimit
         """A stored response is held by the rank that answered it: every live rank is asked, the first answer
         that is not a 404 is the front's."""
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        live = [r for r in ctrl.replicas if r.alive()]
+        live = _live(ctrl)
         if not live:
             return error_response(503, "no data-parallel replica is alive")
         resps = await asyncio.gather(*(_forward(r, request.method, path) for r in live))
@@ -154,14 +154,14 @@ def _add_routes(app: FastAPI, ctrl: DataParallelController, limits: RequestLimit
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        texts = await asyncio.gather(*(_text(r, "/metrics") for r in ctrl.replicas if r.alive()))
+        texts = await asyncio.gather(*(_text(r, "/metrics") for r in _live(ctrl)))
         return PlainTextResponse(merge_metrics([t for t in texts if t is not None]),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
         body = await read_body(request, limits)
-        resps = await asyncio.gather(*(_forward(r, "POST", "/abort_request", body) for r in ctrl.replicas if r.alive()))
+        resps = await asyncio.gather(*(_forward(r, "POST", "/abort_request", body) for r in _live(ctrl)))
         bad = [x for x in resps if x.status_code != 200]
         return bad[0] if bad else JSONResponse({"success": True})
 
@@ -173,16 +173,15 @@ def _add_routes(app: FastAPI, ctrl: DataParallelController, limits: RequestLimit
         if obj is None:
             return error_response(400, "the body must be a JSON object of SGLang's profile fields (or empty)")
         obj.setdefault("profile_id", f"{time.time():.6f}")
-        live = [r for r in ctrl.replicas if r.alive()]
         resps = await asyncio.gather(*(_forward(r, "POST", "/start_profile",
                                                 json.dumps({**obj, "data_parallel_rank": r.rank}).encode())
-                                       for r in live))
+                                       for r in _live(ctrl)))
         return _all_or_first_failure(resps)
 
     @app.api_route("/stop_profile", methods=["GET", "POST"])
     async def stop_profile() -> Response:
-        live = [r for r in ctrl.replicas if r.alive()]
-        return _all_or_first_failure(await asyncio.gather(*(_forward(r, "POST", "/stop_profile") for r in live)))
+        return _all_or_first_failure(await asyncio.gather(*(_forward(r, "POST", "/stop_profile")
+                                                            for r in _live(ctrl))))
 
     @app.post("/pause_generation")
     @app.post("/continue_generation")
@@ -192,11 +191,10 @@ def _add_routes(app: FastAPI, ctrl: DataParallelController, limits: RequestLimit
         """Every live rank pauses (continues, loads the new weights); the answer counts the requests of all of
         them, or is the first rank's failure."""
         body = await read_body(request, limits)
-        live = [r for r in ctrl.replicas if r.alive()]
-        resps = await asyncio.gather(*(_forward(r, "POST", request.url.path, body) for r in live))
-        bad = [x for x in resps if x.status_code != 200]
-        if bad or not resps:
-            return bad[0] if bad else error_response(503, "no data-parallel replica is alive")
+        resps = await asyncio.gather(*(_forward(r, "POST", request.url.path, body) for r in _live(ctrl)))
+        failed = _failure(resps)
+        if failed is not None:
+            return failed
         answers = [json.loads(bytes(x.body)) for x in resps]
         merged = dict(answers[0])
         for k, v in merged.items():
@@ -207,17 +205,28 @@ def _add_routes(app: FastAPI, ctrl: DataParallelController, limits: RequestLimit
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache(request: Request) -> Response:
         path = "/flush_cache" + (f"?{request.url.query}" if request.url.query else "")
-        resps = await asyncio.gather(*(_forward(r, "POST", path) for r in ctrl.replicas if r.alive()))
+        resps = await asyncio.gather(*(_forward(r, "POST", path) for r in _live(ctrl)))
         bad = [x for x in resps if x.status_code != 200]
         return bad[0] if bad else PlainTextResponse("Cache flushed.\n")
 
 
-def _all_or_first_failure(resps: list[Response]) -> Response:
-    """Every rank's 200 texts joined, or the first rank's failure."""
+def _live(ctrl: DataParallelController) -> list[Replica]:
+    return [r for r in ctrl.replicas if r.alive()]
+
+
+def _failure(resps: list[Response]) -> Response | None:
+    """The first rank's answer that is not a 200, or a 503 when no rank answered (none alive); None when every
+    rank answered 200."""
     bad = [x for x in resps if x.status_code != 200]
     if bad or not resps:
         return bad[0] if bad else error_response(503, "no data-parallel replica is alive")
-    return PlainTextResponse("".join(bytes(x.body).decode() for x in resps))
+    return None
+
+
+def _all_or_first_failure(resps: list[Response]) -> Response:
+    """Every rank's 200 texts joined, or the first rank's failure."""
+    failed = _failure(resps)
+    return failed if failed is not None else PlainTextResponse("".join(bytes(x.body).decode() for x in resps))
 
 
 def _body_object(body: bytes) -> dict[str, Any] | None:
@@ -242,7 +251,7 @@ def _requested_rank(obj: dict[str, Any] | None, n: int) -> int | None:
 
 async def _holder(ctrl: DataParallelController, path: str) -> int | None:
     """The rank whose GET ``path`` answers 200 (the rank that stored a response); None when none does."""
-    live = [r for r in ctrl.replicas if r.alive()]
+    live = _live(ctrl)
     codes = await asyncio.gather(*(_status(r, path) for r in live))
     return next((r.rank for r, code in zip(live, codes) if code == 200), None)
 

@@ -20,9 +20,10 @@ import concurrent.futures
 import logging
 from typing import Callable, TypeVar
 
+from pydantic import BaseModel
 from starlette.requests import Request
 
-from impl.server.errors import APIError
+from impl.server.errors import APIError, parse_json
 from impl.server.limits import RequestLimits
 
 logger = logging.getLogger("impl.server")
@@ -56,6 +57,16 @@ async def read_body(request: Request, limits: RequestLimits) -> bytes:
             raise APIError(413, too_big, "body")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+async def read_optional_body(request: Request, limits: RequestLimits, model: type[M]) -> M:
+    """A control route's body, every field optional (SGLang's clients send none, or GET): ``model``'s defaults
+    when the body is empty, else validated as ``read_body`` and ``parse_json`` do."""
+    raw = await read_body(request, limits)
+    return parse_json(raw, model) if raw.strip() else model()
 
 
 async def off_loop(fn: Callable[[], T]) -> T:

@@ -17,8 +17,8 @@ from typing import Literal
 from fastapi import FastAPI, Request
 
 from impl.engine.engine import Engine
-from impl.server.errors import error_response, parse_json
-from impl.server.intake import off_loop, read_body
+from impl.server.errors import error_response
+from impl.server.intake import off_loop, read_optional_body
 from impl.server.limits import RequestLimits
 from impl.server.protocol import _Body
 
@@ -32,14 +32,10 @@ class ContinueBody(_Body):
 
 
 def add_pause_routes(app: FastAPI, engine: Engine, limits: RequestLimits) -> None:
-    async def body_of(request: Request, model):
-        raw = await read_body(request, limits)
-        return parse_json(raw, model) if raw.strip() else model()
-
     @app.post("/pause_generation")
     async def pause_generation(request: Request):
         """SGLang's: no forward runs until /continue_generation (``impl/server/pause_api.py``)."""
-        body = await body_of(request, PauseBody)
+        body = await read_optional_body(request, limits, PauseBody)
         n = await off_loop(lambda: engine.pause_generation(body.mode))  # waits for the step in progress
         return {"message": "Generation paused successfully.", "status": "ok", "mode": body.mode,
                 {"abort": "aborted", "retract": "retracted", "in_place": "kept"}[body.mode]: n}
@@ -55,6 +51,6 @@ def add_pause_routes(app: FastAPI, engine: Engine, limits: RequestLimits) -> Non
 
     @app.post("/continue_generation")
     async def continue_generation(request: Request):
-        await body_of(request, ContinueBody)
+        await read_optional_body(request, limits, ContinueBody)
         engine.continue_generation()
         return {"message": "Generation continued successfully.", "status": "ok"}

@@ -29,8 +29,8 @@ from pydantic import BeforeValidator, Field
 from impl.engine.engine import Engine
 from impl.engine.profiler import MAX_PROFILE_FORWARDS, ProfileRequest, ProfilerStateError
 from impl.envs import envs
-from impl.server.errors import APIError, parse_json
-from impl.server.intake import off_loop, read_body
+from impl.server.errors import APIError
+from impl.server.intake import off_loop, read_optional_body
 from impl.server.limits import RequestLimits
 from impl.server.protocol import I32_MAX, _Body
 
@@ -102,8 +102,7 @@ def add_profile_routes(app: FastAPI, engine: Engine, limits: RequestLimits) -> N
     @app.api_route("/start_profile", methods=["GET", "POST"], response_class=PlainTextResponse)
     async def start_profile(request: Request):
         """SGLang's: start a torch profiler trace of the next steps (``impl/server/profile_api.py``)."""
-        raw = await read_body(request, limits) if request.method == "POST" else b""
-        body = parse_json(raw, ProfileBody) if raw.strip() else ProfileBody()
+        body = await read_optional_body(request, limits, ProfileBody)
         req, notes = profile_request(body, engine.device.type)
         try:
             engine.start_profile(req)
