@@ -36,7 +36,10 @@ IMPL_CPU_FUSED                 bool    true        build and use the fused CPU l
 IMPL_CPU_LINEAR                choice  auto        the fused layers' matmul route: auto, packed, onednn, mkl
                                                    (impl/kernels/cpu_fused/linear.py)
 IMPL_CPU_AMX                   bool    true        AMX tiles where the CPU has them: W8A8 prefill on AMX-int8, bf16 extend
-                                                   attention on AMX-bf16 (false: the SIMD kernels; impl/kernels/cpu_amx.h)
+                                                   attention on AMX-bf16 (false: the SIMD kernels, AVX512-BF16 for attention
+                                                   where the CPU has it; impl/kernels/cpu_amx.h)
+IMPL_CPU_ATTN_BF16             bool    true        bf16 pair products in the CPU attention kernels (bf16 queries over a bf16 / fp8
+                                                   pool): AMX-bf16 tiles, else AVX512-BF16 (false: the float32 SIMD kernels)
 IMPL_CPU_ATTN_KEEP_MB          int     512         MB of AMX-packed keys the CPU decode kernels keep from one decode step to the
                                                    next (0: pack every request's keys every step; impl/kernels/cpu_attn)
 IMPL_CPU_MARCH                 name    native      gcc ``-march`` of both C++ extensions (haswell: the AVX2 code on an
@@ -194,6 +197,7 @@ class envs:
     IMPL_CPU_FUSED = env_bool("IMPL_CPU_FUSED", True)
     IMPL_CPU_LINEAR = env_choice("IMPL_CPU_LINEAR", CPU_LINEAR_MODES, "auto")
     IMPL_CPU_AMX = env_bool("IMPL_CPU_AMX", True)
+    IMPL_CPU_ATTN_BF16 = env_bool("IMPL_CPU_ATTN_BF16", True)  # read by attention.cpp (pair_isa)
     IMPL_CPU_ATTN_KEEP_MB = env_int("IMPL_CPU_ATTN_KEEP_MB", 512)  # read by attention.cpp (kept_budget)
     IMPL_CPU_MARCH = env_str("IMPL_CPU_MARCH", "native", r"[A-Za-z0-9][A-Za-z0-9_.-]*",
                              "a gcc -march name (e.g. native, haswell)")

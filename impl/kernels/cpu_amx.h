@@ -17,16 +17,19 @@
 
 namespace cpu_amx {
 
+// Whether the environment variable `name` is set to a false boolean (0 false no n off, in any case).
+inline bool env_false(const char* name) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return false;
+  std::string v(env);
+  for (auto& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return v == "0" || v == "false" || v == "no" || v == "n" || v == "off";
+}
+
 // Whether this process may run tile instructions: IMPL_CPU_AMX not false, and the kernel granted the state.
 inline bool tiles_allowed() {
-  static const bool ok = [] {
-    if (const char* env = std::getenv("IMPL_CPU_AMX")) {
-      std::string v(env);
-      for (auto& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      if (v == "0" || v == "false" || v == "no" || v == "n" || v == "off") return false;
-    }
-    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
-  }();
+  static const bool ok = !env_false("IMPL_CPU_AMX") &&
+                         syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
   return ok;
 }
 

@@ -1,4 +1,4 @@
-"""Decode keeps each request's AMX-packed keys from one step to the next (impl/kernels/cpu_attn, kv_generation)
+"""Decode keeps each request's packed keys (AMX-bf16 or AVX512-BF16) from one step to the next (impl/kernels/cpu_attn, kv_generation)
 only while no KV slot has been freed: the engine's outputs equal those of an engine that keeps nothing, also when
 a finished request's slots go to the next request in the same order, where a kept packing of the old keys would
 match the new request's slots."""
@@ -14,8 +14,8 @@ from impl.kernels import cpu_attn
 
 pytestmark = [
     pytest.mark.slow,  # starts engines
-    pytest.mark.skipif(cpu_attn.load() is None or "amx_bf16" not in cpu_attn.kernel_isa()["decode"],
-                       reason="decode keeps packings on AMX-bf16 tiles only (this CPU or build has none)"),
+    pytest.mark.skipif(cpu_attn.load() is None or not cpu_attn.kernel_isa()["decode"].startswith(("amx_bf16", "avx512_bf16")),
+                       reason="decode keeps packings on bf16 pairs only (AMX-bf16 or AVX512-BF16: this CPU or build has none)"),
 ]
 
 SLOTS = 30  # --max-total-tokens: requests of at most SLOTS - 1 tokens

@@ -217,19 +217,41 @@ def test_rows_attention_rejects_bad_slots_and_positions():
         cpu_attn.rows_attention(q, kv, kv, r2t, torch.tensor([5]), torch.tensor([1]), 0, 1.0)
 
 
-# ---- AMX-bf16 tiles (extend): bf16 queries over bf16 / fp8 pools, head_dim a multiple of 32 ----
+# ---- bf16 pairs (extend and decode): bf16 queries over bf16 / fp8 pools, head_dim a multiple of 32, on AMX-bf16
+# tiles or with AVX512-BF16's VDPBF16PS ----
+
+def _off(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("0", "false", "no", "n", "off")
+
+
+def _native_build() -> bool:
+    return os.environ.get("IMPL_CPU_MARCH", "native") == "native" and cpu_attn.load().simd_isa() == "avx512"
+
+
+def _pairs_expected() -> str:
+    """The bf16-pair path this CPU and build should run ("" for none): amx_bf16 or avx512_bf16."""
+    if not _native_build() or _off("IMPL_CPU_ATTN_BF16"):
+        return ""
+    flags = cpu_flags()
+    if "amx_bf16" in flags and not _off("IMPL_CPU_AMX"):
+        return "amx_bf16"
+    return "avx512_bf16" if "avx512_bf16" in flags else ""
+
 
 def _tiles_expected() -> bool:
-    return ("amx_bf16" in cpu_flags() and cpu_attn.load().simd_isa() == "avx512"
-            and os.environ.get("IMPL_CPU_AMX") != "0")
+    return _pairs_expected() != ""
+
+
+def _pairs_here() -> bool:
+    return cpu_attn.load().extend_isa(torch.bfloat16, torch.bfloat16, 256) in ("amx_bf16", "avx512_bf16")
 
 
 def test_extend_isa_names_the_tiles_where_the_cpu_has_them():
-    """bf16 (and fp8 pools under bf16 queries) with head_dim % 32 == 0 run on AMX-bf16 tiles where the CPU and
-    the build have them; float32 queries and other head dims keep the SIMD kernels."""
+    """bf16 (and fp8 pools under bf16 queries) with head_dim % 32 == 0 run on bf16 pairs where the CPU and the build
+    have them (AMX-bf16 tiles, else AVX512-BF16); float32 queries and other head dims keep the SIMD kernels."""
     ext = cpu_attn.load()
     simd = ext.simd_isa()
-    tiles = "amx_bf16" if _tiles_expected() else simd
+    tiles = _pairs_expected() or simd
     assert ext.extend_isa(torch.bfloat16, torch.bfloat16, 256) == tiles
     assert ext.extend_isa(torch.bfloat16, torch.float8_e4m3fn, 512) == tiles
     assert ext.extend_isa(torch.float32, torch.float32, 256) == simd
@@ -257,13 +279,13 @@ def test_a_row_alone_gets_its_bits_among_all_rows(window):
     full = cpu_extend(case)
     starts = case.qo_indptr.tolist()
     idx = torch.tensor([starts[b] + r for b, rs in enumerate(rows) for r in rs])
-    if cpu_attn.load().extend_isa(torch.bfloat16, torch.bfloat16, 256) == "amx_bf16":
+    if _pairs_here():
         assert torch.equal(part, full[idx])
     else:
         torch.testing.assert_close(part.float(), full[idx].float(), rtol=0, atol=_same_rows_tol(full, torch.bfloat16))
 
 
-@pytest.mark.skipif(not _tiles_expected(), reason="no AMX-bf16 on this CPU (or IMPL_CPU_AMX=0)")
+@pytest.mark.skipif(not _tiles_expected(), reason="no bf16 pairs on this CPU (AMX-bf16 or AVX512-BF16)")
 @pytest.mark.parametrize("window,cap", [(None, None), (300, None), (None, 30.0)])
 def test_a_tile_seen_whole_gets_the_masked_tiles_bits(window, cap):
     """The softmax skips the masking pass for a lane that sees every key of a tile: row 287 alone ends its keys at a
@@ -289,24 +311,33 @@ def test_a_nan_key_shows_in_the_rows_that_see_it(dtype, head_dim):
     assert torch.isnan(out[270:]).all(dim=-1).all()
 
 
-@pytest.mark.skipif(not _tiles_expected(), reason="no AMX-bf16 on this CPU (or IMPL_CPU_AMX=0)")
-def test_tiles_and_simd_kernels_agree(tmp_path):
-    """IMPL_CPU_AMX=0 (a child process: the switch is read once) sends the same launch to the SIMD kernels;
-    both are within the tolerance of the truth, so within twice it of each other."""
-    case = make_case([30, 0], [100, 160], 8, 1, 512, torch.bfloat16, seed=5, scaling=512**-0.5, window=70)
+def _in_child(case, tmp_path, env: dict[str, str], isa: str):
+    """The extend kernel's output for ``case`` in a child process under ``env`` (the switches are read once per
+    process), which must run the launch on ``isa``."""
     torch.save(case, tmp_path / "case.pt")
     code = ("import sys, torch; from tests.kernels.test_cpu_attn import cpu_extend; from impl.kernels import cpu_attn; "
             "c = torch.load(sys.argv[1], weights_only=False); "
-            "assert cpu_attn.load().extend_isa(torch.bfloat16, torch.bfloat16, 512) != 'amx_bf16'; "
+            f"assert cpu_attn.load().extend_isa(torch.bfloat16, torch.bfloat16, 512) == {isa!r}; "
             "torch.save(cpu_extend(c), sys.argv[2])")
-    env = dict(os.environ, IMPL_CPU_AMX="0")
-    subprocess.run([sys.executable, "-c", code, str(tmp_path / "case.pt"), str(tmp_path / "simd.pt")], check=True,
-                   env=env, cwd=ROOT, timeout=600)
-    simd = torch.load(tmp_path / "simd.pt")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "case.pt"), str(tmp_path / "out.pt")], check=True,
+                   env=dict(os.environ, **env), cwd=ROOT, timeout=600)
+    return torch.load(tmp_path / "out.pt")
+
+
+@pytest.mark.skipif(not _tiles_expected(), reason="no bf16 pairs on this CPU (AMX-bf16 or AVX512-BF16)")
+def test_tiles_and_simd_kernels_agree(tmp_path):
+    """IMPL_CPU_ATTN_BF16=0 sends the same launch to the float32 SIMD kernels (and, on an AMX CPU with AVX512-BF16,
+    IMPL_CPU_AMX=0 to VDPBF16PS); every path is within the tolerance of the truth, so within twice it of the others."""
+    case = make_case([30, 0], [100, 160], 8, 1, 512, torch.bfloat16, seed=5, scaling=512**-0.5, window=70)
+    simd = _in_child(case, tmp_path, {"IMPL_CPU_ATTN_BF16": "0"}, cpu_attn.load().simd_isa())
     tiles = cpu_extend(case)
     assert_close_to_truth(simd, case, torch.bfloat16)
     assert_close_to_truth(tiles, case, torch.bfloat16)
     assert_agree(tiles, simd, case, torch.bfloat16)
+    if _pairs_expected() == "amx_bf16" and "avx512_bf16" in cpu_flags():
+        dots = _in_child(case, tmp_path, {"IMPL_CPU_AMX": "0"}, "avx512_bf16")
+        assert_close_to_truth(dots, case, torch.bfloat16)
+        assert_agree(tiles, dots, case, torch.bfloat16)
 
 
 @pytest.mark.parametrize("head_dim,window", [(256, 100), (512, None), (32, 16)])
@@ -324,7 +355,7 @@ def test_a_row_decoded_alone_gets_its_extend_bits(head_dim, window):
     assert_close_to_truth(cpu_decode(last, [3, 2]), last, torch.bfloat16)
 
 
-@pytest.mark.skipif(not _tiles_expected(), reason="no AMX-bf16 on this CPU (or IMPL_CPU_AMX=0)")
+@pytest.mark.skipif(not _tiles_expected(), reason="no bf16 pairs on this CPU (AMX-bf16 or AVX512-BF16)")
 def test_a_kept_packing_serves_its_own_forward_only():
     """pack_epoch: within one forward the KV-shared layers read their producer's K/V as the producer left it, so
     launches over one buffer under one epoch reuse the first launch's AMX packing (here: fast prefill's back half
@@ -369,7 +400,7 @@ def _decode_steps(case, lens_per_step, generation):
     return outs
 
 
-@pytest.mark.skipif(not _tiles_expected(), reason="no AMX-bf16 on this CPU (or IMPL_CPU_AMX=0)")
+@pytest.mark.skipif(not _tiles_expected(), reason="no bf16 pairs on this CPU (AMX-bf16 or AVX512-BF16)")
 @pytest.mark.parametrize("head_dim,window", [(512, None), (256, 40)])
 def test_decode_keeps_its_packing_across_steps_with_a_fresh_packings_bits(head_dim, window):
     """kv_generation: decode launches keep each request's packed keys and pack only the ones after them. Steps that
@@ -393,7 +424,7 @@ def _requests_reordered(case, order):
     return dataclasses.replace(case, kv_indices=torch.cat(parts))
 
 
-@pytest.mark.skipif(not _tiles_expected(), reason="no AMX-bf16 on this CPU (or IMPL_CPU_AMX=0)")
+@pytest.mark.skipif(not _tiles_expected(), reason="no bf16 pairs on this CPU (AMX-bf16 or AVX512-BF16)")
 def test_a_new_generation_drops_what_decode_kept():
     """Keys rewritten in place are read again only under a new generation (the engine moves it whenever a slot is
     freed: a slot's K/V is rewritten only after that); under the old one the kept tiles stand, which is why the
@@ -409,7 +440,7 @@ def test_a_new_generation_drops_what_decode_kept():
     assert torch.equal(_decode_steps(case, steps[1:], gen + 1)[0], fresh)
 
 
-@pytest.mark.skipif(not _tiles_expected(), reason="no AMX-bf16 on this CPU (or IMPL_CPU_AMX=0)")
+@pytest.mark.skipif(not _tiles_expected(), reason="no bf16 pairs on this CPU (AMX-bf16 or AVX512-BF16)")
 def test_a_refused_slot_leaves_nothing_kept_that_claims_unpacked_keys():
     """A decode launch that meets a slot outside the pool fails with a message; what it had started to keep is
     dropped, so the next launch under the same generation packs afresh instead of reading tiles never written."""

@@ -8,9 +8,10 @@ metadata (``init_cross_decoder_metadata``) is what they read too. Float32, bfloa
 pools, and fp8 pools (float8_e4m3fn / float8_e5m2, dequantised in the kernel with the layer's K / V
 scale); scores, softmax and the output accumulate in float32. Tiles over the keys run register-blocked
 SIMD micro-kernels, work items on ATen's OpenMP pool (see the header of ``attention.cpp``; the build
-needs ``-fopenmp``, since ATen's ``parallel_for`` is an inline OpenMP pragma). Where the CPU has AMX-bf16, extend and decode launches
-of bf16 queries over a bf16 or fp8 pool run Q K^T and P V on AMX tiles (``kernel_isa()`` says which; ``IMPL_CPU_AMX=0``
-keeps the SIMD kernels). ``rows_attention`` serves
+needs ``-fopenmp``, since ATen's ``parallel_for`` is an inline OpenMP pragma). Extend and decode launches of bf16 queries over a bf16 or fp8
+pool run Q K^T and P V as bf16 pair products with float32 accumulation: on AMX tiles where the CPU has AMX-bf16, else
+with AVX512-BF16's VDPBF16PS (``kernel_isa()`` says which; ``IMPL_CPU_AMX=0`` turns the tiles off,
+``IMPL_CPU_ATTN_BF16=0`` both, keeping the float32 SIMD kernels). ``rows_attention`` serves
 the torch_native backend: the same work items over its per-row metadata (``req_to_token``, each row's
 request and position).
 
@@ -45,12 +46,14 @@ error = EXTENSION.error
 
 
 def kernel_isa() -> dict[str, str]:
-    """The instructions each kernel runs on (the startup log and ``/get_server_info``): AMX-bf16 tiles for
-    bfloat16 queries over a bfloat16 or fp8 pool (head_dim a multiple of 32) where the CPU has AMX
-    (``IMPL_CPU_AMX=0``: off), else the build's SIMD micro-kernels. Extend and decode always take the same path:
+    """The instructions each kernel runs on (the startup log and ``/get_server_info``): for bfloat16 queries over a
+    bfloat16 or fp8 pool (head_dim a multiple of 32) AMX-bf16 tiles where the CPU has AMX (``IMPL_CPU_AMX=0``: off),
+    else AVX512-BF16 pair products where it has those (``IMPL_CPU_ATTN_BF16=0``: neither), else the build's SIMD
+    micro-kernels. Extend and decode always take the same path:
     fast prefill's back half sends a request's one selected row to the decode kernel, and its parity with the
     full prefill needs that row's bits to equal the extend kernel's."""
     ext = _ext()
+    envs.IMPL_CPU_ATTN_BF16.get()  # attention.cpp reads it raw: a bad value stops here
     simd = ext.simd_isa()
     tiles = ext.extend_isa(torch.bfloat16, torch.bfloat16, 256)
     if tiles == simd:
@@ -68,7 +71,7 @@ def _ext() -> ModuleType:
     return ext
 
 
-# pack_epoch: the AMX path packs each request's keys into the tiles' layout once per launch. Within one forward the
+# pack_epoch: the bf16-pair path (AMX tiles or AVX512-BF16) packs each request's keys into the tiles' layout once per launch. Within one forward the
 # KV-shared layers (Gemma-4's cross-decoder) read their producer layer's K/V, unchanged since the producer's own
 # launch, so launches over a producer's buffers that pass the same pack_epoch (> 0, never reused in the process:
 # ``next_pack_epoch()``) reuse its packing instead of packing again (the same bits; attention.cpp,
@@ -76,7 +79,7 @@ def _ext() -> ModuleType:
 _PACK_EPOCHS = itertools.count(1)
 
 
-# kv_generation (decode only): the AMX path also keeps each request's packing from one decode launch to the next
+# kv_generation (decode only): the bf16-pair path also keeps each request's packing from one decode launch to the next
 # and packs only the keys after it (a decode step adds one key per request). The caller passes the KV pool's
 # generation (impl.cache.allocator.kv_generation: it moves whenever a slot read without a slot map is freed, and a
 # slot's K/V is written only after the slot was handed out from the free list), under which a packing of a

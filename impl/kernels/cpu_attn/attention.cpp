@@ -431,9 +431,19 @@ void run_items(int64_t n, const F& body) {
 // Key tiles lie on a fixed grid (multiples of kAmxKeys from key 0, the first one started at the item's first
 // 32-key block): a lane's result depends only on its own query and visible keys, never on which rows share
 // its item, so a row computed alone (fast prefill's selected rows) gets the bits it gets among all rows.
-// IMPL_CPU_AMX=0 turns the path off (the SIMD kernels above then run every item).
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
+// IMPL_CPU_AMX=0 turns the tiles off.
+//
+// Where the CPU has AVX512-BF16 but no AMX (AMD Zen 4, Cooper Lake), the same items run the same products with
+// VDPBF16PS (16 float32 lanes, each += the products of one bf16 pair: 32 multiply-adds per instruction, twice a
+// float32 FMA's), on the same packed layout, key grid and softmax: a row of a packed K tile is one vector of 16 keys'
+// pairs of dims, a row of a V tile one of 16 dims' pairs of keys, and the queries' (P's) pairs are broadcast. Each
+// lane still depends only on its own query and keys (the fast-prefill parity below holds on either). Without tiles
+// or AVX512-BF16 (or IMPL_CPU_ATTN_BF16=0) the float32 SIMD kernels above run every item.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#define ATTN_BF16_PAIRS 1
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define ATTN_AMX_BF16 1
+#endif
 
 // Keys per tile of the online softmax (a multiple of 32). 256 spreads each tile's P V accumulator loads / stores and
 // its softmax bookkeeping over twice the keys of 128 (E2B's shapes, bench.bench_cpu_attn: 10-15% faster); 512 ran
@@ -796,6 +806,7 @@ inline float hsum(vfloat v) {
   return s;
 }
 
+#if defined(ATTN_AMX_BF16)
 // The accumulator tiles of a block of RT 16-row tiles x 32 columns: tiles 0 and 1 (rows 0-15, columns 0-15 and
 // 16-31), with RT = 2 tiles 2 and 3 (rows 16-31), from / to c (rows ld floats apart).
 template <int RT>
@@ -864,12 +875,104 @@ inline void amx_pv_block(const uint16_t* p, int64_t np, const uint16_t* vb, int6
   }
   amx_store_acc<RT>(ab, D);
 }
+#endif  // ATTN_AMX_BF16
 
-// Work item on tiles: `lanes` query lanes (q: bf16 [LP, D], LP a multiple of 16, rows past `lanes` zero),
-// lane i sees keys [lo[i], hi[i]) of the packed keys; keys [key_lo, key_hi) cover every lane's.
-// st: softmax state of LP lanes (acc [LP, D]).
-void amx_attend(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64_t lanes, int64_t LP,
-                const int64_t* lo, const int64_t* hi, int64_t key_lo, int64_t key_hi, Softmax& st) {
+// The same blocks with VDPBF16PS (AVX512-BF16, no tiles): acc lane += the products of one bf16 pair, the pair of the
+// B operand (a packed tile's row: 16 keys' pairs of dims for Q K^T, 16 dims' pairs of keys for P V) against one
+// query's (P row's) pair broadcast to every lane. Eight query rows at a time: 8 x 2 accumulators of 16 floats, the
+// block's 32 columns. Only the first `rows` rows (rounded up to 8) are computed: the others are padding lanes
+// (decode's 8 heads in a 16-row block), which the softmax and the output never read.
+inline __m512bh as_bh(__m512i x) { return reinterpret_cast<__m512bh>(x); }
+
+inline void dot_qk_block(const uint16_t* q, int64_t D, const uint32_t* kb, int64_t rows, float* sb) {
+  const int64_t DC = D / 32, half = D / 2;
+  const uint32_t* kb1 = kb + DC * 256;  // keys 16-31 of the block
+  for (int64_t i0 = 0; i0 < rows; i0 += 8) {
+    const uint32_t* qr = reinterpret_cast<const uint32_t*>(q + i0 * D);  // query i0 + i's pair e at qr[i * half + e]
+    __m512 acc[8][2];
+    for (auto& x : acc) x[0] = x[1] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < DC; ++c) {
+      for (int64_t r = 0; r < 16; ++r) {
+        const __m512bh k0 = as_bh(_mm512_load_si512(kb + c * 256 + r * 16));
+        const __m512bh k1 = as_bh(_mm512_load_si512(kb1 + c * 256 + r * 16));
+        const int64_t e = c * 16 + r;  // dims 2e, 2e + 1
+        for (int i = 0; i < 8; ++i) {
+          const __m512bh qp = as_bh(_mm512_set1_epi32(static_cast<int>(qr[i * half + e])));
+          acc[i][0] = _mm512_dpbf16_ps(acc[i][0], qp, k0);
+          acc[i][1] = _mm512_dpbf16_ps(acc[i][1], qp, k1);
+        }
+      }
+    }
+    for (int i = 0; i < 8; ++i) {
+      _mm512_storeu_ps(sb + (i0 + i) * kAmxKeys, acc[i][0]);
+      _mm512_storeu_ps(sb + (i0 + i) * kAmxKeys + 16, acc[i][1]);
+    }
+  }
+}
+
+inline void dot_pv_block(const uint16_t* p, int64_t np, const uint16_t* vb, int64_t DB, int64_t rows, float* ab,
+                         int64_t D) {
+  for (int64_t i0 = 0; i0 < rows; i0 += 8) {
+    const uint32_t* pr = reinterpret_cast<const uint32_t*>(p + i0 * kAmxKeys);  // row i's key pair e: pr[i * 128 + e]
+    __m512 acc[8][2];
+    for (int i = 0; i < 8; ++i) {
+      acc[i][0] = _mm512_loadu_ps(ab + (i0 + i) * D);
+      acc[i][1] = _mm512_loadu_ps(ab + (i0 + i) * D + 16);
+    }
+    for (int64_t kc = 0; kc < np; kc += 32) {
+      const uint16_t* v = vb + (kc / 32) * DB * 512;
+      for (int64_t r = 0; r < 16; ++r) {
+        const __m512bh v0 = as_bh(_mm512_load_si512(v + r * 32));
+        const __m512bh v1 = as_bh(_mm512_load_si512(v + 512 + r * 32));
+        const int64_t e = kc / 2 + r;  // keys 2e, 2e + 1
+        for (int i = 0; i < 8; ++i) {
+          const __m512bh pp = as_bh(_mm512_set1_epi32(static_cast<int>(pr[i * (kAmxKeys / 2) + e])));
+          acc[i][0] = _mm512_dpbf16_ps(acc[i][0], pp, v0);
+          acc[i][1] = _mm512_dpbf16_ps(acc[i][1], pp, v1);
+        }
+      }
+    }
+    for (int i = 0; i < 8; ++i) {
+      _mm512_storeu_ps(ab + (i0 + i) * D, acc[i][0]);
+      _mm512_storeu_ps(ab + (i0 + i) * D + 16, acc[i][1]);
+    }
+  }
+}
+
+// The two ways to run a block: RT 16-row tiles of lanes (rows of them not padding) x 32 keys (Q K^T) or 32 dims (P V).
+struct Bf16Dots {
+  static void begin() {}
+  static void end() {}
+  template <int RT>
+  static void qk(const uint16_t* q, int64_t D, const uint32_t* kb, int64_t rows, float* sb) {
+    dot_qk_block(q, D, kb, std::min<int64_t>(rows, RT * 16), sb);
+  }
+  template <int RT>
+  static void pv(const uint16_t* p, int64_t np, const uint16_t* vb, int64_t DB, int64_t rows, float* ab, int64_t D) {
+    dot_pv_block(p, np, vb, DB, std::min<int64_t>(rows, RT * 16), ab, D);
+  }
+};
+#if defined(ATTN_AMX_BF16)
+struct AmxTiles {
+  static void begin() { cpu_amx::config_16x64(); }
+  static void end() { _tile_release(); }
+  template <int RT>
+  static void qk(const uint16_t* q, int64_t D, const uint32_t* kb, int64_t, float* sb) {
+    amx_qk_block<RT>(q, D, kb, sb);
+  }
+  template <int RT>
+  static void pv(const uint16_t* p, int64_t np, const uint16_t* vb, int64_t DB, int64_t, float* ab, int64_t D) {
+    amx_pv_block<RT>(p, np, vb, DB, ab, D);
+  }
+};
+#endif
+
+// Work item on bf16 pairs (Ops: AmxTiles or Bf16Dots): `lanes` query lanes (q: bf16 [LP, D], LP a multiple of 16,
+// rows past `lanes` zero), lane i sees keys [lo[i], hi[i]) of the packed keys; keys [key_lo, key_hi) cover every
+// lane's. st: softmax state of LP lanes (acc [LP, D]).
+template <typename Ops>
+void attend_pairs(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64_t lanes, int64_t LP,
+                  const int64_t* lo, const int64_t* hi, int64_t key_lo, int64_t key_hi, Softmax& st) {
   const int64_t D = a.D, DC = D / 32, DB = D / 16;
   thread_local avector<float> s;
   thread_local avector<uint16_t> p;
@@ -880,7 +983,7 @@ void amx_attend(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64
   // emitted 16 scalar inserts per vector: a sixth of a 1024-token extend on E2B's shapes)
   vint iota;
   for (int k = 0; k < kVec; ++k) iota[k] = k;
-  cpu_amx::config_16x64();
+  Ops::begin();
   for (int64_t t0 = std::max<int64_t>(pk.k0, key_lo / 32 * 32); t0 < key_hi;) {
     const int64_t t1 = std::min(key_hi, (t0 / kAmxKeys + 1) * kAmxKeys), n = t1 - t0, np = round_up(n, 32);
     const int64_t rel = t0 - pk.k0;  // a multiple of 32
@@ -890,9 +993,9 @@ void amx_attend(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64
         const uint32_t* kb = pk.kp.data() + ((rel + j0) / 16) * DC * 256;
         float* sb = s.data() + i0 * kAmxKeys + j0;
         if (LP - i0 == 16)  // one 16-row tile of lanes (decode's G <= 16 heads): half the products
-          amx_qk_block<1>(q + i0 * D, D, kb, sb);
+          Ops::template qk<1>(q + i0 * D, D, kb, lanes - i0, sb);
         else
-          amx_qk_block<2>(q + i0 * D, D, kb, sb);
+          Ops::template qk<2>(q + i0 * D, D, kb, lanes - i0, sb);
       }
     }
     // Online softmax along each lane's row; P rounded to bf16 (round to nearest even). Without a logit cap (and
@@ -963,14 +1066,25 @@ void amx_attend(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64
         const uint16_t* vb = pk.vp.data() + (rel / 32) * DB * 512 + (d0 / 16) * 512;
         float* ab = st.acc.data() + i0 * D + d0;
         if (LP - i0 == 16)
-          amx_pv_block<1>(p.data() + i0 * kAmxKeys, np, vb, DB, ab, D);
+          Ops::template pv<1>(p.data() + i0 * kAmxKeys, np, vb, DB, lanes - i0, ab, D);
         else
-          amx_pv_block<2>(p.data() + i0 * kAmxKeys, np, vb, DB, ab, D);
+          Ops::template pv<2>(p.data() + i0 * kAmxKeys, np, vb, DB, lanes - i0, ab, D);
       }
     }
     t0 = t1;
   }
-  _tile_release();
+  Ops::end();
+}
+
+enum class PairIsa { kNone, kAmx, kDots };
+
+void pair_attend(PairIsa isa, const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64_t lanes, int64_t LP,
+                 const int64_t* lo, const int64_t* hi, int64_t key_lo, int64_t key_hi, Softmax& st) {
+#if defined(ATTN_AMX_BF16)
+  if (isa == PairIsa::kAmx) return attend_pairs<AmxTiles>(a, pk, q, lanes, LP, lo, hi, key_lo, key_hi, st);
+#endif
+  (void)isa;
+  attend_pairs<Bf16Dots>(a, pk, q, lanes, LP, lo, hi, key_lo, key_hi, st);
 }
 #else
 // Without tiles decode packs nothing, so it keeps nothing.
@@ -978,15 +1092,45 @@ std::vector<int64_t> kept_packings_check() { return {0, 0}; }
 void drop_kept_packings() {}
 #endif
 
-// Whether the extend and decode kernels run a launch on AMX-bf16 tiles (bf16 queries; a bf16 or fp8 pool; head_dim a
-// multiple of 32; the CPU and the build have AMX-bf16; IMPL_CPU_AMX is not 0).
-bool amx_extend(at::ScalarType q, at::ScalarType kv, int64_t D) {
+// Whether the extend and decode kernels run a launch on bf16 pairs, and on what: bf16 queries; a bf16 or fp8 pool;
+// head_dim a multiple of 32; IMPL_CPU_ATTN_BF16 not false; then AMX-bf16 tiles where the CPU and the build have them
+// and IMPL_CPU_AMX is not false, else VDPBF16PS where the build has AVX512-BF16 (-march=native on such a CPU).
+#if defined(ATTN_BF16_PAIRS)
+PairIsa pair_isa(at::ScalarType q, at::ScalarType kv, int64_t D) {
+  static const bool allowed = !cpu_amx::env_false("IMPL_CPU_ATTN_BF16");
+  if (!allowed || q != torch::kBFloat16 || !(kv == torch::kBFloat16 || is_fp8(kv)) || D % 32 != 0) return PairIsa::kNone;
 #if defined(ATTN_AMX_BF16)
-  return q == torch::kBFloat16 && (kv == torch::kBFloat16 || is_fp8(kv)) && D % 32 == 0 && cpu_amx::tiles_allowed();
+  if (cpu_amx::tiles_allowed()) return PairIsa::kAmx;
+#endif
+  return PairIsa::kDots;
+}
+#endif
+
+// The SIMD width the kernels were compiled for (-march: native, or IMPL_CPU_MARCH).
+std::string simd_isa() {
+#if defined(__AVX512F__)
+  return "avx512";
+#elif defined(__AVX2__)
+  return "avx2";
+#else
+  return "generic";
+#endif
+}
+
+std::string extend_isa(at::ScalarType q, at::ScalarType kv, int64_t D) {
+#if defined(ATTN_BF16_PAIRS)
+  switch (pair_isa(q, kv, D)) {
+    case PairIsa::kAmx:
+      return "amx_bf16";
+    case PairIsa::kDots:
+      return "avx512_bf16";
+    case PairIsa::kNone:
+      break;
+  }
 #else
   (void)q, (void)kv, (void)D;
-  return false;
 #endif
+  return simd_isa();
 }
 
 // Keys per tile: about 128 KB of float32 K (and as much V) per tile.
@@ -1138,9 +1282,9 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
     *hi = std::min(qpos[r] + 1, kv_len);
     *lo = window > 0 ? std::max<int64_t>(0, qpos[r] - window + 1) : 0;
   };
-#if defined(ATTN_AMX_BF16)
+#if defined(ATTN_BF16_PAIRS)
   if constexpr (kAmxTypes<T, S>) {
-    if (amx_extend(q.scalar_type(), k_buf.scalar_type(), D)) {
+    if (const PairIsa isa = pair_isa(q.scalar_type(), k_buf.scalar_type(), D); isa != PairIsa::kNone) {
       const auto packed = amx_pack_requests<S>(k_buf, v_buf, slots, items, args);  // each request's keys, once
       run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
         const Item& it = items[idx];
@@ -1159,7 +1303,7 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
             lane_range(r, kv_lens[it.b], &lo[lane], &hi[lane]);
           }
         }
-        if (it.hi > it.lo) amx_attend(args, *(*packed)[it.b * Hkv + it.h], qb.data(), lanes, LP, lo.data(), hi.data(), it.lo, it.hi, st);
+        if (it.hi > it.lo) pair_attend(isa, args, *(*packed)[it.b * Hkv + it.h], qb.data(), lanes, LP, lo.data(), hi.data(), it.lo, it.hi, st);
         write_out(it, st);
       });
       return;
@@ -1241,12 +1385,13 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
     }
   };
   bool tiles = false;
-#if defined(ATTN_AMX_BF16)
-  // Where the extend kernel runs on tiles, decode does too, with the same arithmetic on the same key grid: one
+#if defined(ATTN_BF16_PAIRS)
+  // Where the extend kernel runs on bf16 pairs, decode does too, with the same arithmetic on the same key grid: one
   // query over one split gets the extend kernel's bits for that row (fast prefill's back half sends its selected
   // rows here when each request has one, and its parity with the full prefill rests on it).
   if constexpr (kAmxTypes<T, S>) {
-    tiles = amx_extend(q.scalar_type(), k_buf.scalar_type(), D);
+    const PairIsa isa = pair_isa(q.scalar_type(), k_buf.scalar_type(), D);
+    tiles = isa != PairIsa::kNone;
     if (tiles) {
       std::vector<const int64_t*> slots(B);
       for (int64_t b = 0; b < B; ++b) slots[b] = kvi + kvp[b];
@@ -1263,7 +1408,7 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
         st.reset(LP, D);
         for (int64_t g = 0; g < G; ++g)
           std::memcpy(qb.data() + g * D, qd + it.b * q.stride(0) + (it.h * G + g) * q.stride(1), D * sizeof(T));
-        if (it.hi > it.lo) amx_attend(args, *(*packed)[it.b * Hkv + it.h], qb.data(), G, LP, lo.data(), hi.data(), it.lo, it.hi, st);
+        if (it.hi > it.lo) pair_attend(isa, args, *(*packed)[it.b * Hkv + it.h], qb.data(), G, LP, lo.data(), hi.data(), it.lo, it.hi, st);
         finish(it, st);
       });
     }
@@ -1443,23 +1588,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "steps, after checking they are consistent");
   m.def("drop_kept_packings", &drop_kept_packings, "drop every AMX packing decode keeps across steps");
   m.def("rows_attention", &rows_attention, "query rows over the paged KV pool through req_to_token (CPU)", release());
-  m.def("extend_isa", [](torch::ScalarType q, torch::ScalarType kv, int64_t head_dim) -> std::string {
-    return amx_extend(q, kv, head_dim) ? "amx_bf16" :
-#if defined(__AVX512F__)
-    "avx512";
-#elif defined(__AVX2__)
-    "avx2";
-#else
-    "generic";
-#endif
-  }, "the instructions the extend and decode kernels run a launch of these dtypes and head_dim on (AMX-bf16 tiles or SIMD)");
-  m.def("simd_isa", []() -> std::string {
-#if defined(__AVX512F__)
-    return "avx512";
-#elif defined(__AVX2__)
-    return "avx2";
-#else
-    return "generic";
-#endif
-  }, "the SIMD width the kernels were compiled for (-march: native, or IMPL_CPU_MARCH)");
+  m.def("extend_isa", &extend_isa, "the instructions the extend and decode kernels run a launch of these dtypes "
+        "and head_dim on (amx_bf16 tiles, avx512_bf16 pair products, or the build's float32 SIMD)");
+  m.def("simd_isa", &simd_isa, "the SIMD width the kernels were compiled for (-march: native, or IMPL_CPU_MARCH)");
 }
