@@ -141,11 +141,13 @@ def report(args) -> str:
              "Command: `make bench-quant-full` (`bench/bench_quant_full.py --phase ours`, `--phase llamacpp`, "
              f"`--phase report --write-docs`), one server at a time. Checkpoint `{os.path.basename(model)}` (the "
              "published E2B text shape at full size, vocabulary 262,144, bf16, well-conditioned weights). Ours with "
-             "default flags and `--torchao-config` per row (quantized while loading); llama.cpp from the source "
-             f"vendored in llama-cpp-python {bench_llamacpp.VERSION} (`{' '.join(next((r['cmake'] for r in llama.values() if r), []))}`), "
-             "GGUFs by its `convert_hf_to_gguf.py` (bf16) and `llama-quantize` (Q8_0, Q4_0), pp/tg by `llama-bench` "
-             "(2 threads), (a) by `llama-server -np 4` with its prompt cache off. 2 threads everywhere. "
-             f"CPU: {cpu}.", "",
+             "default flags and `--torchao-config` per row (quantized while loading); "
+             + (f"llama.cpp from the source vendored in llama-cpp-python {bench_llamacpp.VERSION} "
+                f"(`{' '.join(next((r['cmake'] for r in llama.values() if r), []))}`), "
+                "GGUFs by its `convert_hf_to_gguf.py` (bf16) and `llama-quantize` (Q8_0, Q4_0), pp/tg by `llama-bench` "
+                "(2 threads), (a) by `llama-server -np 4` with its prompt cache off. "
+                if any(llama.values()) else "llama.cpp not run here (`--phase llamacpp` left no results). ")
+             + f"2 threads everywhere. CPU: {cpu}.", "",
              f"Machine limits in the same run (measured before every server; the highest of each kept): copy bandwidth "
              f"{bw / 1e9:.1f} GB/s, float32 GEMM {f32 / 1e9:.0f} GFLOP/s, bf16 GEMM {bf16 / 1e9:.0f} GFLOP/s ("
              + ("oneDNN's on the CPU's native bf16 instructions, which our bf16 weights use" if bf16 > f32 else
