@@ -242,12 +242,17 @@ def test_bad_layouts_are_refused(ext):
 
 
 def test_w8a8_amx_tiles_give_the_row_kernels_bits(ext):
-    """From 32 rows W8A8 runs on AMX-int8 tiles where the CPU has them (``quant_w8a8_prefill_isa``): the same
+    """From 32 rows W8A8 runs on AMX-int8 tiles where the CPU has them (``quant_w8a8_prefill_isa``), from 16 rows with
+    AVX-512 VNNI where it has that and no AMX (x's codes offset to unsigned bytes, the offset taken back exactly): the same
     exact int32 dot products and epilogue as the row kernel, so every row's bits match the row kernel's (each
     row alone), over full and partial 32-row blocks, a K of several 64-code blocks, several row superblocks and
     several chunks of packed weight blocks."""
-    native_amx = "amx_int8" in cpu_flags() and ext.simd_isa() == "avx512" and os.environ.get("IMPL_CPU_AMX") != "0"
-    assert ext.quant_w8a8_prefill_isa() == ("amx_int8" if native_amx else "simd")
+    native = os.environ.get("IMPL_CPU_MARCH", "native") == "native"
+    amx_build = "amx_int8" in cpu_flags() and ext.simd_isa() == "avx512" and native
+    native_amx = amx_build and os.environ.get("IMPL_CPU_AMX") != "0"
+    # without AMX, AVX-512 VNNI builds (Zen 4, Ice Lake servers; make test-avx512) run prefill with VPDPBUSD
+    vnni = ext.simd_isa() == "avx512" and not amx_build and (not native or "avx512_vnni" in cpu_flags())
+    assert ext.quant_w8a8_prefill_isa() == ("amx_int8" if native_amx else "avx512_vnni" if vnni else "simd")
     g = torch.Generator().manual_seed(5)
     w, x = torch.randn(128, 384, generator=g), torch.randn(77, 384, generator=g) * 3
     p = pack.pack(w, WeightFormat("w8a8"))

@@ -148,9 +148,11 @@ def quant_plan(fmt_name: str) -> LinearPlan:
     from impl.kernels import cpu_fused
 
     ext = cpu_fused.load()
-    amx = ext is not None and ext.quant_w8a8_prefill_isa() == "amx_int8"
+    isa = ext.quant_w8a8_prefill_isa() if ext is not None else ""
+    amx = isa == "amx_int8"
     if ext is not None and fmt_name.startswith("w8a8"):
-        fmt_name += ", prefill on AMX-int8 tiles (weights kept in tile order)" if amx else ", prefill on SIMD"
+        fmt_name += (", prefill on AMX-int8 tiles (weights kept in tile order)" if amx else
+                     ", prefill on AVX-512 VNNI (weights packed per call)" if isa == "avx512_vnni" else ", prefill on SIMD")
     elif ext is not None and fmt_name.startswith("w4a8"):
         group = re.search(r"groups of (\d+)", fmt_name)
         size = int(group.group(1)) if group else 0

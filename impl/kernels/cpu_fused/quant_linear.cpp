@@ -808,6 +808,122 @@ inline bool use_amx_w8a8(int64_t M, const QuantView& q) {
 
 #endif
 
+// ---- W8A8 prefill with AVX-512 VNNI, no AMX (AMD Zen 4, Ice Lake / Cascade Lake servers) -------------------
+//
+// The row kernel sums each output's products horizontally (one int32 dot product per output, as decode needs); for
+// prefill's many rows that leaves VPDPBUSD at a fraction of its rate. Here each thread packs a block of 32 weight rows
+// per call into lines of 16 rows x 4 codes (the AMX tiles' layout: a line's 32-bit lane c holds codes 4r..4r+3 of row
+// c), and every 4 of an x row's codes, broadcast, multiply a line into 16 int32 lanes: VPDPBUSD takes unsigned x
+// bytes, so x's codes go in as q_x + 128 and each output subtracts 128 times its row's code sum, exactly (|sums| <
+// 2^31 for every K the engine serves). Then w8a8_kernel's epilogue term for term: a row gets the same bits from
+// either kernel (fast prefill's selected rows and the deterministic mode rest on it). From kVnniMinRows rows, N % 32
+// == 0 and K % 64 == 0 (every E2B shape); quant_w8a8_prefill_isa() says "avx512_vnni" where it runs.
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(QUANT_AMX_INT8)
+#define QUANT_W8A8_VNNI 1
+constexpr int64_t kVnniMinRows = 16;
+constexpr int kVnniRows = 12;  // x rows per pass: 12 x 2 accumulators of 16 lanes
+
+// Rows [n0, n0 + 32) of the row-layout weight into pk (K / 64 steps of 2 x 1 KB lines, as the tiles) and their code
+// sums into sums[32].
+inline void vnni_pack_block(const QuantView& q, int64_t n0, uint8_t* pk, int32_t* sums) {
+  const int64_t K = q.K;
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* rows = q.data + (n0 + 16 * h) * q.B;
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t kb = 0; kb < K / 64; ++kb) {
+      uint8_t* dst = pk + kb * 2048 + h * 1024;
+      for (int r = 0; r < 16; ++r) {
+        alignas(64) int32_t line[16];
+        for (int c = 0; c < 16; ++c) line[c] = load_i32(reinterpret_cast<const int8_t*>(rows + c * q.B + 64 * kb + 4 * r));
+        const __m512i v = _mm512_load_si512(line);
+        _mm512_store_si512(dst + 64 * r, v);
+        sum = _mm512_dpbusd_epi32(sum, ones, v);
+      }
+    }
+    _mm512_storeu_si512(sums + 16 * h, sum);
+  }
+}
+
+// x rows [m, m + MR) times one packed block, then the epilogue into out. xg: x's codes + 128 as bytes in groups of
+// kVnniRows rows, each 4 codes of the group's rows side by side ([K / 4][kVnniRows] words from the group's start), so
+// the broadcasts of one step read one line through one pointer.
+template <int MR>
+inline void vnni_rows(const int32_t* xg, const float* xs, int64_t m, const QuantView& q, int64_t n0, const uint8_t* pk,
+                      const int32_t* sums, float* out) {
+  const int64_t K = q.K;
+  __m512i acc[MR][2];
+  for (auto& a : acc) a[0] = a[1] = _mm512_setzero_si512();
+  for (int64_t kb = 0; kb < K / 64; ++kb)
+    for (int r = 0; r < 16; ++r) {
+      const __m512i w0 = _mm512_load_si512(pk + kb * 2048 + 64 * r);
+      const __m512i w1 = _mm512_load_si512(pk + kb * 2048 + 1024 + 64 * r);
+      const int32_t* xw = xg + (kb * 16 + r) * kVnniRows;
+      for (int i = 0; i < MR; ++i) {
+        const __m512i xb = _mm512_set1_epi32(xw[i]);
+        acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], xb, w0);
+        acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], xb, w1);
+      }
+    }
+  alignas(64) float sw[32];
+  for (int c = 0; c < 32; ++c) sw[c] = load_f32(q.data + (n0 + c) * q.B + K);
+  for (int h = 0; h < 2; ++h) {
+    const __m512i fix = _mm512_slli_epi32(_mm512_loadu_si512(sums + 16 * h), 7);  // 128 x the rows' code sums
+    const __m512 vsw = _mm512_load_ps(sw + 16 * h);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 a = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][h], fix));
+      _mm512_storeu_ps(out + (m + i) * q.N + n0 + 16 * h, _mm512_mul_ps(_mm512_mul_ps(a, vsw), _mm512_set1_ps(xs[m + i])));
+    }
+  }
+}
+
+template <int MR = kVnniRows>
+inline void vnni_tail(int64_t mt, const int32_t* xg, const float* xs, int64_t m, const QuantView& q, int64_t n0,
+                      const uint8_t* pk, const int32_t* sums, float* out) {
+  if constexpr (MR > 0) {
+    if (mt == MR) return vnni_rows<MR>(xg, xs, m, q, n0, pk, sums, out);
+    vnni_tail<MR - 1>(mt, xg, xs, m, q, n0, pk, sums, out);
+  }
+}
+
+inline bool use_vnni_w8a8(int64_t M, const QuantView& q) {
+  return M >= kVnniMinRows && q.N % 32 == 0 && q.K % 64 == 0 && !q.tiled;
+}
+
+void w8a8_vnni(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out) {
+  const int64_t K = q.K, E = K / 4, groups = (M + kVnniRows - 1) / kVnniRows;
+  // x's codes + 128 in groups of kVnniRows rows (vnni_rows); the last group's missing rows are zeros, never stored
+  avector<int32_t> xg(static_cast<size_t>(groups * E * kVnniRows));
+  at::parallel_for(0, groups, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t gi = lo; gi < hi; ++gi)
+      for (int i = 0; i < kVnniRows; ++i) {
+        const int64_t m = gi * kVnniRows + i;
+        int32_t* dst = xg.data() + gi * E * kVnniRows + i;
+        if (m >= M) {
+          for (int64_t e = 0; e < E; ++e) dst[e * kVnniRows] = 0;
+          continue;
+        }
+        for (int64_t e = 0; e < E; ++e) dst[e * kVnniRows] = load_i32(xq + m * K + 4 * e) ^ static_cast<int32_t>(0x80808080u);
+      }
+  });
+  for_blocks(q.N / 32, 1, [&](int64_t lo, int64_t hi) {
+    avector<uint8_t> pk(static_cast<size_t>(32 * K));
+    alignas(64) int32_t sums[32];
+    for (int64_t j = lo; j < hi; ++j) {
+      vnni_pack_block(q, 32 * j, pk.data(), sums);
+      for (int64_t gi = 0; gi < groups; ++gi) {
+        const int64_t m = gi * kVnniRows, mt = std::min<int64_t>(kVnniRows, M - m);
+        const int32_t* g = xg.data() + gi * E * kVnniRows;
+        if (mt == kVnniRows)
+          vnni_rows<kVnniRows>(g, xs, m, q, 32 * j, pk.data(), sums, out);
+        else
+          vnni_tail(mt, g, xs, m, q, 32 * j, pk.data(), sums, out);
+      }
+    }
+  });
+}
+#endif
+
 // ---- W4A8: int4 codes x int8 activations, exact integer dot products per group -------------------------
 
 // One group's term of a W4A8 output: tot + (s * s_x) * (isum - z * sum xq) with one rounding of the product-add.
@@ -1546,6 +1662,12 @@ void w8a8_product(const int8_t* codes, const float* scales, int64_t M, const Qua
     return;
   }
 #endif
+#if defined(QUANT_W8A8_VNNI)
+  if (use_vnni_w8a8(M, q)) {
+    w8a8_vnni(codes, scales, M, q, out);
+    return;
+  }
+#endif
   if (q.tiled) {
 #if defined(QUANT_W8A8_TILED)
     if (M >= kAmxRowsMin) {  // below kAmxMinRows (use_amx_w8a8 took the rest): a tiled weight's tiles are allowed
@@ -1687,6 +1809,9 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w) {
 std::string quant_w8a8_prefill_isa() {
 #if defined(QUANT_AMX_INT8)
   if (cpu_amx::tiles_allowed()) return "amx_int8";
+#endif
+#if defined(QUANT_W8A8_VNNI)
+  return "avx512_vnni";
 #endif
   return "simd";
 }
