@@ -815,7 +815,7 @@ inline bool use_amx_w8a8(int64_t M, const QuantView& q) {
 // per call into lines of 16 rows x 4 codes (the AMX tiles' layout: a line's 32-bit lane c holds codes 4r..4r+3 of row
 // c), and every 4 of an x row's codes, broadcast, multiply a line into 16 int32 lanes: VPDPBUSD takes unsigned x
 // bytes, so x's codes go in as q_x + 128 and each output subtracts 128 times its row's code sum, exactly (|sums| <
-// 2^31 for every K the engine serves). Then w8a8_kernel's epilogue term for term: a row gets the same bits from
+// 2^31 up to K = 65536, the kernel's bound). Then w8a8_kernel's epilogue term for term: a row gets the same bits from
 // either kernel (fast prefill's selected rows and the deterministic mode rest on it). From kVnniMinRows rows, N % 32
 // == 0 and K % 64 == 0 (every E2B shape); quant_w8a8_prefill_isa() says "avx512_vnni" where it runs.
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(QUANT_AMX_INT8)
@@ -886,8 +886,9 @@ inline void vnni_tail(int64_t mt, const int32_t* xg, const float* xs, int64_t m,
   }
 }
 
+// K <= 65536: the offset sums stay below 2^31 (255 x 127 x K), so every int32 is exact.
 inline bool use_vnni_w8a8(int64_t M, const QuantView& q) {
-  return M >= kVnniMinRows && q.N % 32 == 0 && q.K % 64 == 0 && !q.tiled;
+  return M >= kVnniMinRows && q.N % 32 == 0 && q.K % 64 == 0 && q.K <= 65536 && !q.tiled;
 }
 
 void w8a8_vnni(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out) {
