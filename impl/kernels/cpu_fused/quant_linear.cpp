@@ -449,20 +449,9 @@ void w8a8_kernel(const int8_t* xq, const float* xs, int64_t M, const QuantView& 
 // The kernels on weights in tile order (quant_linear.h) ask for every line this many bytes ahead into L2.
 constexpr int64_t kTiledPrefetch = 16384;
 
-// ---- W8A8 on AMX-int8 tiles (prefill) ---------------------------------------------------------------------
-//
-// The same exact int32 dot products as w8a8_kernel, from TDPBSSD (signed x signed bytes, int32 accumulation:
-// 16 x 16 outputs from 16 x 64 x-codes and 64 x 16 weight codes per instruction), then the same epilogue in
-// the same order, so a row gets the same bits whichever kernel ran it (fast prefill parity holds across the
-// switch). Used from kAmxMinRows rows, when N is a multiple of 32 and K of 64 (every E2B shape); every block of
-// 32 weight rows is repacked per call into the tiles' pair-of-4 layout (16 x 16 transposes of 4-byte words), and
-// each thread passes its blocks over x's rows a superblock at a time (see w8a8_amx). IMPL_CPU_AMX=0 turns it off
-// (the tests compare both kernels).
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
-#define QUANT_AMX_INT8 1
-
-constexpr int64_t kAmxMinRows = 32;
-
+// The tiles' layout of weight rows (AVX-512F): the AMX-int8 kernels' B tiles and quant_tile_order_, and the
+// VNNI prefill kernel's lines (below), which are the same bytes.
+#if defined(__AVX512F__)
 // dst[r][c] = src[c][r] for 4-byte words, r, c < 16: 16 rows of 64 bytes `ld` bytes apart -> 16 rows of 64
 // bytes (dst 64-byte aligned). Unpacks of words and pairs within 128-bit lanes, then a 4 x 4 transpose of the lanes.
 inline void transpose_words_16x16(const int8_t* src, int64_t ld, int8_t* dst) {
@@ -490,19 +479,34 @@ inline void transpose_words_16x16(const int8_t* src, int64_t ld, int8_t* dst) {
   }
 }
 
-// Bytes of x's tile-order codes a thread keeps in its L2 while its weight blocks pass over them (a superblock of
-// rows: 512 at K = 1536, 128 at E2B's K = 6144 down projection, whose 6 MB of codes for 1024 rows do not fit).
-constexpr int64_t kAmxXBlockBytes = int64_t{768} << 10;
-// Weight blocks (32 rows each) packed at a time: the kept scratch holds at most 4096 x K bytes (E2B's 6144-wide
-// down projection: 25 MB), not the whole of a wide weight (a quantized 262144-row LM head: 400 MB at K = 1536).
-constexpr int64_t kAmxPackBlocks = 128;
-
 // 16 rows of K codes `ld` bytes apart -> their K / 64 B tiles (1 KB each) 2048 bytes apart from `dst`: the tile
 // order's half of a 32-row block (quant_linear.h), for the per-call packing and for quant_tile_order_.
 inline void pack_tile_half(const uint8_t* rows, int64_t ld, int64_t K, int8_t* dst) {
   for (int64_t kb = 0; kb < K / 64; ++kb)
     transpose_words_16x16(reinterpret_cast<const int8_t*>(rows) + kb * 64, ld, dst + kb * 2048);
 }
+#endif
+
+// ---- W8A8 on AMX-int8 tiles (prefill) ---------------------------------------------------------------------
+//
+// The same exact int32 dot products as w8a8_kernel, from TDPBSSD (signed x signed bytes, int32 accumulation:
+// 16 x 16 outputs from 16 x 64 x-codes and 64 x 16 weight codes per instruction), then the same epilogue in
+// the same order, so a row gets the same bits whichever kernel ran it (fast prefill parity holds across the
+// switch). Used from kAmxMinRows rows, when N is a multiple of 32 and K of 64 (every E2B shape); every block of
+// 32 weight rows is repacked per call into the tiles' pair-of-4 layout (16 x 16 transposes of 4-byte words), and
+// each thread passes its blocks over x's rows a superblock at a time (see w8a8_amx). IMPL_CPU_AMX=0 turns it off
+// (the tests compare both kernels).
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
+#define QUANT_AMX_INT8 1
+
+constexpr int64_t kAmxMinRows = 32;
+
+// Bytes of x's tile-order codes a thread keeps in its L2 while its weight blocks pass over them (a superblock of
+// rows: 512 at K = 1536, 128 at E2B's K = 6144 down projection, whose 6 MB of codes for 1024 rows do not fit).
+constexpr int64_t kAmxXBlockBytes = int64_t{768} << 10;
+// Weight blocks (32 rows each) packed at a time: the kept scratch holds at most 4096 x K bytes (E2B's 6144-wide
+// down projection: 25 MB), not the whole of a wide weight (a quantized 262144-row LM head: 400 MB at K = 1536).
+constexpr int64_t kAmxPackBlocks = 128;
 
 // Where tile half h (16 weight rows from `row`, a multiple of 16) of a weight's codes and scales lie: its B tile of
 // k-block kb at `tiles` + 2048 kb (1 KB, 64-byte rows), the scale of its row j at `scales` + `scale_step` j. A tiled
@@ -823,24 +827,16 @@ inline bool use_amx_w8a8(int64_t M, const QuantView& q) {
 constexpr int64_t kVnniMinRows = 16;
 constexpr int kVnniRows = 12;  // x rows per pass: 12 x 2 accumulators of 16 lanes
 
-// Rows [n0, n0 + 32) of the row-layout weight into pk (K / 64 steps of 2 x 1 KB lines, as the tiles) and their code
-// sums into sums[32].
+// Rows [n0, n0 + 32) of the row-layout weight into pk (pack_tile_half: K / 64 steps of 2 x 1 KB lines) and their
+// code sums into sums[32] (a lane of a line holds 4 codes of one row).
 inline void vnni_pack_block(const QuantView& q, int64_t n0, uint8_t* pk, int32_t* sums) {
   const int64_t K = q.K;
   const __m512i ones = _mm512_set1_epi8(1);
   for (int h = 0; h < 2; ++h) {
-    const uint8_t* rows = q.data + (n0 + 16 * h) * q.B;
+    pack_tile_half(q.data + (n0 + 16 * h) * q.B, q.B, K, reinterpret_cast<int8_t*>(pk) + h * 1024);
     __m512i sum = _mm512_setzero_si512();
-    for (int64_t kb = 0; kb < K / 64; ++kb) {
-      uint8_t* dst = pk + kb * 2048 + h * 1024;
-      for (int r = 0; r < 16; ++r) {
-        alignas(64) int32_t line[16];
-        for (int c = 0; c < 16; ++c) line[c] = load_i32(reinterpret_cast<const int8_t*>(rows + c * q.B + 64 * kb + 4 * r));
-        const __m512i v = _mm512_load_si512(line);
-        _mm512_store_si512(dst + 64 * r, v);
-        sum = _mm512_dpbusd_epi32(sum, ones, v);
-      }
-    }
+    for (int64_t kb = 0; kb < K / 64; ++kb)
+      for (int r = 0; r < 16; ++r) sum = _mm512_dpbusd_epi32(sum, ones, _mm512_load_si512(pk + kb * 2048 + h * 1024 + 64 * r));
     _mm512_storeu_si512(sums + 16 * h, sum);
   }
 }
