@@ -70,11 +70,12 @@ def _weights(fmt: WeightFormat | None, seed: int = 0) -> list[torch.Tensor]:
     ws = []
     shapes = e2b_linears()
     plan = cpu_linear.plan(torch.bfloat16)
+    ext = cpu_fused.load()
     for i, (n, k) in enumerate(shapes):
         w = (torch.randn(n, k, generator=g, dtype=torch.bfloat16) * 0.02)
         f = fmt if i < len(shapes) - 1 else _head(fmt)
-        if f is not None:
-            w = pack(w, f)
+        if f is not None:  # in tile order where the engine puts it so at load (quant_tile_order_: W8A8 / W4A8)
+            w = ext.quant_tile_order_(pack(w, f), k)
         elif plan.mode == "packed" and i < len(shapes) - 1:
             w = cpu_linear.pack(w)
         ws.append(w)

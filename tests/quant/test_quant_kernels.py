@@ -242,7 +242,7 @@ def test_bad_layouts_are_refused(ext):
 
 
 def test_w8a8_amx_tiles_give_the_row_kernels_bits(ext):
-    """From 32 rows W8A8 runs on AMX-int8 tiles where the CPU has them (``quant_w8a8_prefill_isa``), from 16 rows with
+    """From 32 rows W8A8 runs on AMX-int8 tiles where the CPU has them (``quant_w8a8_prefill_isa``), from 5 rows with
     AVX-512 VNNI where it has that and no AMX (x's codes offset to unsigned bytes, the offset taken back exactly): the same
     exact int32 dot products and epilogue as the row kernel, so every row's bits match the row kernel's (each
     row alone), over full and partial 32-row blocks, a K of several 64-code blocks, several row superblocks and
@@ -260,6 +260,8 @@ def test_w8a8_amx_tiles_give_the_row_kernels_bits(ext):
     assert torch.equal(full, reference.linear(x, p))
     for i in (0, 31, 32, 63, 64, 76):
         assert torch.equal(ext.quant_linear(x[i : i + 1], p), full[i : i + 1])
+    for n in (4, 5, 8, 9, 17):  # around the VNNI kernel's first row count; every last pass of 1-8 rows
+        assert torch.equal(ext.quant_linear(x[3 : 3 + n], p), full[3 : 3 + n])
     # K = 6144 (E2B's down projection): the tiles pass over x in superblocks of 128 rows, so 200 rows take two;
     # then fewer rows through the same (kept) scratch
     w, x = torch.randn(64, 6144, generator=g), torch.randn(200, 6144, generator=g)
@@ -321,12 +323,13 @@ def test_w8a8_tile_order_gives_the_same_bits(ext):
 
 @pytest.mark.parametrize("group", [64, 128, 256])
 def test_w4a8_tile_order_gives_the_same_bits(ext, group):
-    """Where the CPU has AMX-int8 tiles, and in the AVX2 build, a W4A8 weight is put in tile order in place
+    """Where the CPU has AMX-int8 tiles or AVX-512 VNNI, and in the AVX2 build, a W4A8 weight is put in tile order in place
     (``quant_tile_order_``: per 32 output rows and group, each 64-byte line two rows of a B tile in its two nibbles,
     then the 32 scales and zero points): the same codes, scales and zero points (dequantized), and every kernel on it
     the bits of the row layout. AMX: the VNNI kernel at 1-8 rows (three blocks: up to 4 rows a pair read as two
     streams and one alone, 5-8 rows one block at a time), the tiles from 9 (one row block streamed; more unpacked
-    first; a partial block of x). AVX2: one row a pair of blocks as two streams and one alone, more rows block by
+    first; a partial block of x). VNNI without AMX: the same VNNI kernel at 1-8 rows, from 9 x's rows in groups of 12
+    passing over each block (every group size 1-12 as the last). AVX2: one row a pair of blocks as two streams and one alone, more rows block by
     block with x's rows 8 at a time (every pass shape of 1-8 rows, and a last partial one). Also the gated MLP product,
     zero points 0 and 15. Elsewhere (groups of 32, N off a multiple of 32, a zero point that is not an integer 0..15)
     the weight comes back untouched."""
@@ -337,10 +340,10 @@ def test_w4a8_tile_order_gives_the_same_bits(ext, group):
     w.view(96, -1, group // 2 + 8)[1, 0, group // 2 + 4 : group // 2 + 8] = torch.tensor([15.0]).view(torch.int8)
     t = ext.quant_tile_order_(w.clone(), 512)
     tiles = ext.w4a8_tile_order_here()
-    assert tiles == (ext.quant_w8a8_prefill_isa() == "amx_int8" or ext.simd_isa() == "avx2")
+    assert tiles == (ext.quant_w8a8_prefill_isa() in ("amx_int8", "avx512_vnni") or ext.simd_isa() == "avx2")
     assert tuple(t.shape) == ((3, 512 // group, 16 * group + 256) if tiles else tuple(w.shape))
     assert t.numel() == w.numel() and torch.equal(ext.quant_dequant(t, 512), ext.quant_dequant(w, 512))
-    for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 40):
+    for rows in (*range(1, 25), 33, 40):
         x = torch.randn(rows, 512, generator=g) * 3
         assert torch.equal(ext.quant_linear(x, t), ext.quant_linear(x, w)), rows
         assert torch.equal(ext.quant_gelu_mul(x, t), ext.quant_gelu_mul(x, w)), rows

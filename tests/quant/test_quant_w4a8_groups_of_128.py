@@ -4,7 +4,8 @@ to another (with the flag a handful of LM-head rows, which the AMX-int8 tiles st
 row of the prompt, the tiles' prefill path; the row kernel for one row and where the CPU has no tiles), and the
 MLP's activation runs in the tiles' epilogue. QUANT-PARITY runs 8da4w-32 on the tiny checkpoint, whose 64-wide
 layers no group of 128 fits; this is the same comparison at 128. Where the CPU has the tiles the weights are in tile
-order (W4A8's VNNI kernel up to 4 rows, tiles from 5). Also with W4A8 in the KV-shared layers only, beside W8A8
+order (W4A8's VNNI kernel up to 4 rows, tiles from 5); with AVX-512 VNNI and no AMX too (the same VNNI kernel up to 8
+rows, the blocked VNNI kernel from 9). Also with W4A8 in the KV-shared layers only, beside W8A8
 (``--torchao-config int8dq --torchao-config-kv-shared 8da4w-128``): two formats in one model."""
 
 from __future__ import annotations

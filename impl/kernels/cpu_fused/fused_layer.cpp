@@ -566,7 +566,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_dequant", &cpu_fused::quant_dequant, "a quantized weight as float32 [N, K]", release(), py::arg("w"),
         py::arg("k"));
   m.def("w4a8_tile_order_here", &cpu_fused::w4a8_tile_order_here, "True when W4A8 weights are put in tile order here");
-  m.def("quant_w8a8_prefill_isa", &cpu_fused::quant_w8a8_prefill_isa, "AMX-int8 tiles or SIMD for W8A8 and W4A8 from 32 rows");
+  m.def("quant_w8a8_prefill_isa", &cpu_fused::quant_w8a8_prefill_isa, "What W8A8 and tiled W4A8 prefill run on: amx_int8, avx512_vnni or simd");
   m.def("int4_range_choices", &cpu_fused::int4_range_choices, "asymmetric int4's range search per group (quant_pack.cpp)",
         release(), py::arg("w"), py::arg("g"));
   m.def("linear_native", &cpu_fused::linear_native,

@@ -143,8 +143,9 @@ def plan(dtype: torch.dtype = torch.float32) -> LinearPlan:
 
 def quant_plan(fmt_name: str) -> LinearPlan:
     """The plan of quantized fused layers (``fmt_name``: impl/quant/base.py ``WeightFormat.name()``); W8A8 and W4A8
-    name the tiles their prefill runs on (AMX-int8 from 32 rows where the CPU has them, W4A8 for groups of 128 and
-    256; else the SIMD row kernel) and whether the weights are kept in tile order (W4A8 also in the AVX2 build)."""
+    name the kernel their prefill runs on (AMX-int8 tiles from 32 rows where the CPU has them, W4A8 for groups of 128
+    and 256; AVX-512 VNNI without AMX, W4A8 on weights in tile order; else the SIMD row kernel) and whether the
+    weights are kept in tile order (W4A8 also with AVX-512 VNNI and in the AVX2 build)."""
     from impl.kernels import cpu_fused
 
     ext = cpu_fused.load()
@@ -156,8 +157,10 @@ def quant_plan(fmt_name: str) -> LinearPlan:
     elif ext is not None and fmt_name.startswith("w4a8"):
         group = re.search(r"groups of (\d+)", fmt_name)
         size = int(group.group(1)) if group else 0
-        fmt_name += ", prefill on AMX-int8 tiles" if amx and size % 128 == 0 and size else ", prefill on SIMD"
-        if size % 64 == 0 and size and ext.w4a8_tile_order_here():
+        tiled = size % 64 == 0 and size and ext.w4a8_tile_order_here()
+        fmt_name += (", prefill on AMX-int8 tiles" if amx and size % 128 == 0 and size else
+                     ", prefill on AVX-512 VNNI" if tiled and isa == "avx512_vnni" else ", prefill on SIMD")
+        if tiled:
             fmt_name += " (weights kept in tile order)"
     return LinearPlan("quant", fmt_name, "quantized")
 

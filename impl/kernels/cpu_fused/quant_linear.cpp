@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "../cpu_aligned.h"
@@ -91,6 +92,21 @@ inline void prefetch_groups(const uint8_t* p, int64_t rowB, int64_t B, int64_t p
     _mm_prefetch(a, _MM_HINT_T1);  // the first and the last line (a group of 128 int4 codes: 72 bytes)
     for (int64_t o = 64; o < B - 64; o += 64) _mm_prefetch(a + o, _MM_HINT_T1);
     if (B > 1) _mm_prefetch(a + B - 1, _MM_HINT_T1);
+  }
+}
+
+// A thread's blocks [lo, hi) as two streams: the blocks lo + i and lo + half + i together (pair, with js[2]), then
+// the odd one left alone (one, with js[1]).
+template <typename Pair, typename One>
+inline void in_two_streams(int64_t lo, int64_t hi, const Pair& pair, const One& one) {
+  const int64_t half = (hi - lo) / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t js[2] = {lo + i, lo + half + i};
+    pair(js);
+  }
+  if ((hi - lo) % 2) {
+    const int64_t js[1] = {hi - 1};
+    one(js);
   }
 }
 
@@ -663,21 +679,6 @@ void w8a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
 // time) and asks for every line kTiledPrefetch bytes ahead into L2: one stream with the hardware prefetcher alone
 // read a 403 MB LM head at 21 GB/s on the AMX Xeon, the row kernel 24, this 27-28.
 
-// A thread's blocks [lo, hi) as two streams: the blocks lo + i and lo + half + i together (pair, with js[2]), then
-// the odd one left alone (one, with js[1]).
-template <typename Pair, typename One>
-inline void in_two_streams(int64_t lo, int64_t hi, const Pair& pair, const One& one) {
-  const int64_t half = (hi - lo) / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    const int64_t js[2] = {lo + i, lo + half + i};
-    pair(js);
-  }
-  if ((hi - lo) % 2) {
-    const int64_t js[1] = {hi - 1};
-    one(js);
-  }
-}
-
 // out[32 j + c] of x's one row (codes xq, scale sx) for the P blocks js
 template <int P>
 inline void tiled_blocks(const int8_t* xq, float sx, const QuantView& q, const int64_t* js, float* out) {
@@ -824,8 +825,13 @@ inline bool use_amx_w8a8(int64_t M, const QuantView& q) {
 // == 0 and K % 64 == 0 (every E2B shape); quant_w8a8_prefill_isa() says "avx512_vnni" where it runs.
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(QUANT_AMX_INT8)
 #define QUANT_W8A8_VNNI 1
-constexpr int64_t kVnniMinRows = 16;
-constexpr int kVnniRows = 12;  // x rows per pass: 12 x 2 accumulators of 16 lanes
+// From 5 rows (Zen 4, four E2B KV-shared layers' linears, 0.26 GB from memory): 5 / 6 / 8 / 15 rows 17.8 / 18.6 /
+// 20.1 / 24.1 ms against the row kernel's 25.3 / 27.8 / 30.9 / 44.5; at 4 rows the row kernel's 4-row tiles 11.0 ms
+// against 18.3.
+constexpr int64_t kVnniMinRows = 5;
+// x rows per pass (2 accumulators of 16 lanes each). Zen 4, 1024 rows at E2B's MLP shapes, one build per choice:
+// 12 rows 322-360 GOP/s, 10 289-300, 8 766-828, 7 787-827, 6 628-821 (bf16's oneDNN GEMM beside them 414-450 GFLOP/s).
+constexpr int kVnniRows = 8;
 
 // Rows [n0, n0 + 32) of the row-layout weight into pk (pack_tile_half: K / 64 steps of 2 x 1 KB lines) and their
 // code sums into sums[32] (a lane of a line holds 4 codes of one row).
@@ -873,13 +879,34 @@ inline void vnni_rows(const int32_t* xg, const float* xs, int64_t m, const Quant
   }
 }
 
-template <int MR = kVnniRows>
-inline void vnni_tail(int64_t mt, const int32_t* xg, const float* xs, int64_t m, const QuantView& q, int64_t n0,
-                      const uint8_t* pk, const int32_t* sums, float* out) {
+// f(std::integral_constant<int, mt>()) for 1 <= mt <= MR: a pass's row count as a template argument
+template <int MR, typename F>
+inline void with_rows(int64_t mt, const F& f) {
   if constexpr (MR > 0) {
-    if (mt == MR) return vnni_rows<MR>(xg, xs, m, q, n0, pk, sums, out);
-    vnni_tail<MR - 1>(mt, xg, xs, m, q, n0, pk, sums, out);
+    if (mt == MR) return f(std::integral_constant<int, MR>());
+    with_rows<MR - 1>(mt, f);
   }
+}
+
+// x's codes [M, K] in groups of kVnniRows rows, 4 codes of each of a group's rows side by side ([K / 4][kVnniRows]
+// words from the group's start, so one step's broadcasts read one line), each word XOR flip; the last group's
+// missing rows are zeros, never stored.
+inline avector<int32_t> vnni_group_x(const int8_t* xq, int64_t M, int64_t K, int32_t flip, int rows = kVnniRows) {
+  const int64_t E = K / 4, groups = (M + rows - 1) / rows;
+  avector<int32_t> xg(static_cast<size_t>(groups * E * rows));
+  at::parallel_for(0, groups, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t gi = lo; gi < hi; ++gi)
+      for (int i = 0; i < rows; ++i) {
+        const int64_t m = gi * rows + i;
+        int32_t* dst = xg.data() + gi * E * rows + i;
+        if (m >= M) {
+          for (int64_t e = 0; e < E; ++e) dst[e * rows] = 0;
+          continue;
+        }
+        for (int64_t e = 0; e < E; ++e) dst[e * rows] = load_i32(xq + m * K + 4 * e) ^ flip;
+      }
+  });
+  return xg;
 }
 
 // K <= 65536: the offset sums stay below 2^31 (255 x 127 x K), so every int32 is exact.
@@ -888,33 +915,18 @@ inline bool use_vnni_w8a8(int64_t M, const QuantView& q) {
 }
 
 void w8a8_vnni(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, float* out) {
-  const int64_t K = q.K, E = K / 4, groups = (M + kVnniRows - 1) / kVnniRows;
-  // x's codes + 128 in groups of kVnniRows rows (vnni_rows); the last group's missing rows are zeros, never stored
-  avector<int32_t> xg(static_cast<size_t>(groups * E * kVnniRows));
-  at::parallel_for(0, groups, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t gi = lo; gi < hi; ++gi)
-      for (int i = 0; i < kVnniRows; ++i) {
-        const int64_t m = gi * kVnniRows + i;
-        int32_t* dst = xg.data() + gi * E * kVnniRows + i;
-        if (m >= M) {
-          for (int64_t e = 0; e < E; ++e) dst[e * kVnniRows] = 0;
-          continue;
-        }
-        for (int64_t e = 0; e < E; ++e) dst[e * kVnniRows] = load_i32(xq + m * K + 4 * e) ^ static_cast<int32_t>(0x80808080u);
-      }
-  });
+  const int64_t E = q.K / 4, groups = (M + kVnniRows - 1) / kVnniRows;
+  const avector<int32_t> xg = vnni_group_x(xq, M, q.K, static_cast<int32_t>(0x80808080u));  // x's codes + 128
   for_blocks(q.N / 32, 1, [&](int64_t lo, int64_t hi) {
-    avector<uint8_t> pk(static_cast<size_t>(32 * K));
+    avector<uint8_t> pk(static_cast<size_t>(32 * q.K));
     alignas(64) int32_t sums[32];
     for (int64_t j = lo; j < hi; ++j) {
       vnni_pack_block(q, 32 * j, pk.data(), sums);
       for (int64_t gi = 0; gi < groups; ++gi) {
-        const int64_t m = gi * kVnniRows, mt = std::min<int64_t>(kVnniRows, M - m);
-        const int32_t* g = xg.data() + gi * E * kVnniRows;
-        if (mt == kVnniRows)
-          vnni_rows<kVnniRows>(g, xs, m, q, 32 * j, pk.data(), sums, out);
-        else
-          vnni_tail(mt, g, xs, m, q, 32 * j, pk.data(), sums, out);
+        const int64_t m = gi * kVnniRows;
+        with_rows<kVnniRows>(std::min<int64_t>(kVnniRows, M - m), [&](auto mr) {
+          vnni_rows<decltype(mr)::value>(xg.data() + gi * E * kVnniRows, xs, m, q, 32 * j, pk.data(), sums, out);
+        });
       }
     }
   });
@@ -1377,16 +1389,29 @@ void w4a8_amx(const int8_t* xq, const float* xs, int64_t M, const QuantView& q, 
   for (; b0 < blocks; b0 += chunk) for_blocks(std::min(chunk, blocks - b0), 1, body);
 }
 
-#if defined(QUANT_W8A8_TILED)
+#endif
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define QUANT_W4A8_TILED 1
-// W4A8 on a tiled weight at 1 to kW4A8TiledAmxMinRows - 1 rows (decode of a few requests; the cross-decoder's rows
-// with fast prefill): per 32-row block and group, each 64-byte line is two rows of a B tile, 16 weight rows x 4
-// codes in each nibble, so its low and high nibbles (one and, one shift) times 4 of an x row's codes broadcast, by
-// VPDPBUSD (unsigned codes 0..15 x signed x codes into int32 lanes), give 16 outputs' exact group sums in lanes:
-// no horizontal sums and no tiles to fill. Then w4a8_step's term on 16 outputs at a time, with the zero point's
-// z * sum xq taken off the exact integer sum (the row kernel's float(isum) - z * float(sum xq): the same values,
-// so the same bits). Up to 4 rows each thread reads its blocks as two streams (the halves of its range, as
-// w8a8_tiled_row; w4a8_tiled_rows_mt), every line asked for kTiledPrefetch bytes ahead.
+// W4A8 on a tiled weight at a few rows (decode of a few requests; the cross-decoder's rows with fast prefill: below
+// kW4A8TiledAmxMinRows rows with AMX, below kVnniW4MinRows without): per 32-row block and group, each 64-byte line is
+// two rows of a B tile, 16 weight rows x 4 codes in each nibble, so its low and high nibbles (one and, one shift)
+// times 4 of an x row's codes broadcast, by VPDPBUSD (unsigned codes 0..15 x signed x codes into int32 lanes), give
+// 16 outputs' exact group sums in lanes: no horizontal sums and no tiles to fill. Then w4a8_step's term on 16 outputs
+// at a time, with the zero point's z * sum xq taken off the exact integer sum (the row kernel's float(isum) - z *
+// float(sum xq): the same values, so the same bits). Every line of codes, and each group's scales and zero points,
+// asked for kW4TiledPrefetch bytes ahead into L2; with AMX, up to 4 rows each thread reads its blocks as two streams
+// (the halves of its range, as w8a8_tiled_row; w4a8_tiled_rows_mt).
+#if defined(QUANT_AMX_INT8)
+constexpr bool kW4TiledTwoStreams = true;  // the AMX Xeon's measured choice (w8a8_tiled_row)
+constexpr int64_t kW4TiledPrefetch = kTiledPrefetch;
+#else
+// Zen 4 (AVX-512 VNNI, no AMX), one row from memory, six E2B KV-shared layers' linears (0.21 GB), alternated with
+// the row layout's kernel in one process: one stream 8 KB ahead 0.72-0.76x its time, two streams 16 KB ahead 0.97-0.99x.
+constexpr bool kW4TiledTwoStreams = false;
+constexpr int64_t kW4TiledPrefetch = 8192;
+#endif
+
 template <int P, int MT>
 inline void w4_tiled_blocks(const int8_t* xq, const float* xs, const int32_t* xsum, const QuantView& q, const int64_t* js,
                             float* out, int64_t ldo) {
@@ -1402,6 +1427,9 @@ inline void w4_tiled_blocks(const int8_t* xq, const float* xs, const int32_t* xs
       for (int h = 0; h < 2; ++h)
         for (int m = 0; m < MT; ++m) acc[p][h][m] = _mm512_setzero_si512();
     const int8_t* xg = xq + gi * g;
+    for (int p = 0; p < P; ++p)  // the group's 32 scales and zero points: 4 lines after its codes
+      for (int o = 0; o < 256; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(w4_tiled_meta(q, 32 * js[p], gi) + o + kW4TiledPrefetch), _MM_HINT_T1);
     for (int64_t l = 0; l < g / 8; ++l) {  // line l: codes 8 l .. 8 l + 3 (low nibbles), 8 l + 4 .. 8 l + 7 (high)
       __m512i xl[MT], xh[MT];
       for (int m = 0; m < MT; ++m) {
@@ -1411,7 +1439,7 @@ inline void w4_tiled_blocks(const int8_t* xq, const float* xs, const int32_t* xs
       for (int p = 0; p < P; ++p)
         for (int h = 0; h < 2; ++h) {
           const uint8_t* line = codes[p][h] + 64 * l;
-          _mm_prefetch(reinterpret_cast<const char*>(line + kTiledPrefetch), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(line + kW4TiledPrefetch), _MM_HINT_T1);
           const __m512i v = _mm512_loadu_si512(line);
           const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
           for (int m = 0; m < MT; ++m) acc[p][h][m] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[p][h][m], lo, xl[m]), hi, xh[m]);
@@ -1436,12 +1464,12 @@ inline void w4_tiled_blocks(const int8_t* xq, const float* xs, const int32_t* xs
       for (int m = 0; m < MT; ++m) _mm512_storeu_ps(out + m * ldo + 32 * js[p] + 16 * h, _mm512_load_ps(tot[p][h][m]));
 }
 
-// Up to 4 rows a thread reads two blocks at a time (two streams); 5-8 rows' accumulators fill the registers with
-// one block, so those read one.
+// With AMX up to 4 rows a thread reads two blocks at a time (two streams); 5-8 rows' accumulators fill the registers
+// with one block, so those read one.
 template <int MT>
 void w4a8_tiled_rows_mt(const int8_t* xq, const float* xs, const int32_t* xsum, const QuantView& q, float* out) {
   for_blocks(q.N / 32, 1, [&](int64_t lo, int64_t hi) {
-    if constexpr (MT > 4) {
+    if constexpr (MT > 4 || !kW4TiledTwoStreams) {
       for (int64_t j = lo; j < hi; ++j) w4_tiled_blocks<1, MT>(xq, xs, xsum, q, &j, out, q.N);
     } else {
       in_two_streams(lo, hi, [&](const int64_t* js) { w4_tiled_blocks<2, MT>(xq, xs, xsum, q, js, out, q.N); },
@@ -1471,6 +1499,90 @@ void w4a8_tiled_rows(const int8_t* xq, const float* xs, const int32_t* xsum, int
   }
 }
 #endif
+
+#if defined(QUANT_W8A8_VNNI)
+#define QUANT_W4A8_VNNI 1
+// W4A8 prefill on a tiled weight with AVX-512 VNNI, no AMX (Zen 4, Ice Lake / Cascade Lake servers). w4a8_tiled_rows
+// passes 8 x rows over the whole weight at a time (at 1024 rows it reads the weight 128 times); here each thread keeps
+// one 32-row block in L1 / L2 while all of x passes over it, kVnniW4Rows rows at a time from a grouped copy of x as
+// w8a8_vnni's (its signed codes as they are): the weight is read once per call, and one and / shift per line of codes
+// feeds 2 x kVnniW4Rows VPDPBUSD (the nibbles unsigned 0..15, x's codes signed, 4 of them broadcast per step). Per group each
+// output's exact integer sum, then w4_tiled_blocks' epilogue on the same values in the same order (w4a8_step's term
+// on 16 outputs at a time): a row gets the row kernel's bits at any row count.
+// x rows per pass; Zen 4, 1024 rows at E2B's MLP shapes, one build per choice: 12 rows 410-515 GOP/s, 10 447-569,
+// 8 540-672, 7 650-681, 6 669-723.
+constexpr int kVnniW4Rows = 6;
+// From 9 rows (Zen 4, one row's pass of six E2B KV-shared layers' linears, 0.21 GB, from memory): 9 rows 12.1-12.6 ms
+// against 14.3-14.9 for w4a8_tiled_rows' passes of 8 + 1; at 12 and 16 rows the two within 5%.
+constexpr int64_t kVnniW4MinRows = 9;
+
+// Block j's 32 outputs for x rows [m, m + MR) (xg: their group of the grouped copy; xs / xsum: [M, G])
+// (pf: x's first rows, the pass that reads the block from memory: every line asked for kW4TiledPrefetch bytes ahead,
+// the next block's as this one's are read)
+template <int MR>
+inline void vnni_w4_rows(const int32_t* xg, const float* xs, const int32_t* xsum, int64_t m, const QuantView& q,
+                         int64_t j, float* out, bool pf) {
+  const int64_t G = q.G, g = q.g;
+  const __m512i m4 = _mm512_set1_epi8(15);
+  alignas(64) float tot[MR][32];
+  for (int64_t gi = 0; gi < G; ++gi) {
+    const uint8_t* c0 = w4_tiled_codes(q, 32 * j, gi);
+    const uint8_t* c1 = w4_tiled_codes(q, 32 * j + 16, gi);
+    const int32_t* xw = xg + gi * (g / 4) * kVnniW4Rows;  // line l's low nibbles: step 2 l of the group, high: 2 l + 1
+    __m512i acc[MR][2];
+    for (auto& a : acc) a[0] = a[1] = _mm512_setzero_si512();
+    if (pf)
+      for (int o = 0; o < 256; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(w4_tiled_meta(q, 32 * j, gi) + o + kW4TiledPrefetch), _MM_HINT_T1);
+    for (int64_t l = 0; l < g / 8; ++l) {
+      if (pf) {
+        _mm_prefetch(reinterpret_cast<const char*>(c0 + 64 * l + kW4TiledPrefetch), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(c1 + 64 * l + kW4TiledPrefetch), _MM_HINT_T1);
+      }
+      const __m512i v0 = _mm512_loadu_si512(c0 + 64 * l), v1 = _mm512_loadu_si512(c1 + 64 * l);
+      const __m512i lo0 = _mm512_and_si512(v0, m4), lo1 = _mm512_and_si512(v1, m4);
+      const __m512i hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+      const int32_t* xl = xw + 2 * l * kVnniW4Rows;
+      for (int i = 0; i < MR; ++i) {
+        const __m512i xb = _mm512_set1_epi32(xl[i]);
+        acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], lo0, xb);
+        acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], lo1, xb);
+      }
+      for (int i = 0; i < MR; ++i) {
+        const __m512i xb = _mm512_set1_epi32(xl[kVnniW4Rows + i]);
+        acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], hi0, xb);
+        acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], hi1, xb);
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* meta = w4_tiled_meta(q, 32 * j + 16 * h, gi);
+      const __m512 sv = _mm512_loadu_ps(reinterpret_cast<const float*>(meta));
+      const __m512 zv = _mm512_loadu_ps(reinterpret_cast<const float*>(meta + 128));
+      for (int i = 0; i < MR; ++i) {  // w4a8_step on 16 outputs (the first group's onto +0)
+        const int64_t r = (m + i) * G + gi;
+        const __m512 d = _mm512_sub_ps(_mm512_cvtepi32_ps(acc[i][h]), _mm512_mul_ps(zv, _mm512_set1_ps(static_cast<float>(xsum[r]))));
+        const __m512 t = gi ? _mm512_load_ps(&tot[i][16 * h]) : _mm512_setzero_ps();
+        _mm512_store_ps(&tot[i][16 * h], _mm512_fmadd_ps(_mm512_mul_ps(sv, _mm512_set1_ps(xs[r])), d, t));
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int h = 0; h < 2; ++h) _mm512_storeu_ps(out + (m + i) * q.N + 32 * j + 16 * h, _mm512_load_ps(&tot[i][16 * h]));
+}
+
+void w4a8_vnni(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t M, const QuantView& q, float* out) {
+  const int64_t E = q.K / 4, groups = (M + kVnniW4Rows - 1) / kVnniW4Rows;
+  const avector<int32_t> xg = vnni_group_x(xq, M, q.K, 0, kVnniW4Rows);
+  for_blocks(q.N / 32, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t j = lo; j < hi; ++j)
+      for (int64_t gi = 0; gi < groups; ++gi) {
+        const int64_t m = gi * kVnniW4Rows;
+        with_rows<kVnniW4Rows>(std::min<int64_t>(kVnniW4Rows, M - m), [&](auto mr) {
+          vnni_w4_rows<decltype(mr)::value>(xg.data() + gi * E * kVnniW4Rows, xs, xsum, m, q, j, out, gi == 0);
+        });
+      }
+  });
+}
 #endif
 
 }  // namespace
@@ -1775,7 +1887,13 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w) {
       return out;
     }
 #endif
-    if (q.tiled) {  // below use_amx_w4a8's rows (AMX), or every row count (AVX2)
+    if (q.tiled) {  // below use_amx_w4a8's rows (AMX), from kVnniW4MinRows rows on VNNI without AMX, else 8 rows a pass
+#if defined(QUANT_W4A8_VNNI)
+      if (M >= kVnniW4MinRows) {
+        w4a8_vnni(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), qs[2].data_ptr<int32_t>(), M, q, out.data_ptr<float>());
+        return out;
+      }
+#endif
 #if defined(QUANT_W4A8_TILED)
       w4a8_tiled_rows(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), qs[2].data_ptr<int32_t>(), M, q, out.data_ptr<float>());
       return out;
@@ -1814,10 +1932,10 @@ std::string quant_w8a8_prefill_isa() {
 }
 
 bool w4a8_tile_order_here() {
-#if defined(QUANT_W4A8_TILED_AVX2)
+#if defined(QUANT_W4A8_TILED_AVX2) || defined(QUANT_W4A8_VNNI)
   return true;
 #elif defined(QUANT_W4A8_TILED)
-  return cpu_amx::tiles_allowed();
+  return cpu_amx::tiles_allowed();  // AMX builds: with IMPL_CPU_AMX=0 the row layout's kernels
 #else
   return false;
 #endif

@@ -24,8 +24,8 @@
 // scales. The same codes and scales, the same products bit for bit; prefill's tiles read it in place instead of
 // repacking every weight per call, and decode reads 64 contiguous bytes per instruction.
 //
-// W4A8 in tile order (`quant_tile_order_`, where the CPU has AMX-int8 tiles or the build is AVX2's without AVX-512
-// (w4a8_tile_order_here), N % 32 == 0, g % 64 == 0 and every
+// W4A8 in tile order (`quant_tile_order_`, where the CPU has AMX-int8 tiles, in builds with AVX-512 VNNI and no AMX,
+// and in AVX2's without AVX-512 (w4a8_tile_order_here), N % 32 == 0, g % 64 == 0 and every
 // zero point an integer 0..15): int8 [N / 32, G, 16 g + 256], the same bytes as [N, G, g / 2 + 8] rearranged per
 // block of 32 output rows and group: the block's group gi holds, per tile half h (16 rows), g / 8 lines of 64 bytes
 // at h * 8 g, line l's byte 4 c + i holding q[32 j + 16 h + c][g gi + 8 l + i] in its low nibble and
@@ -99,13 +99,14 @@ bool quant_gelu_mul_fused(int64_t M, const torch::Tensor& w, int64_t K);
 
 // A W8A8 or W4A8 weight in tile order (above), in place: returns the view of its storage ([N / 32, 1, 32 K + 128],
 // [N / 32, G, 16 g + 256]) whose bytes it rearranges (w's row layout must not be read afterwards), where the CPU has
-// AMX-int8 tiles (and IMPL_CPU_AMX allows them; W4A8 also in the AVX2 build: w4a8_tile_order_here), N % 32 == 0,
+// AMX-int8 tiles (and IMPL_CPU_AMX allows them; W4A8 also with AVX-512 VNNI and in the AVX2 build:
+// w4a8_tile_order_here), N % 32 == 0,
 // K % 64 == 0 (W4A8: g % 64 == 0, integer zero points 0..15) and w's data is 64-byte aligned; else (and for every other kind) returns w untouched.
 torch::Tensor quant_tile_order_(const torch::Tensor& w, int64_t K);
 
 // True when quant_tile_order_ puts W4A8 weights in tile order here: where the CPU has AMX-int8 tiles (and
-// IMPL_CPU_AMX allows them), and in the AVX2 build (no AVX-512), whose kernel for a tiled weight needs no horizontal
-// sums at any row count.
+// IMPL_CPU_AMX allows them), in a build with AVX-512 VNNI and no AMX (its prefill kernel reads the tiled lines in
+// place), and in the AVX2 build (no AVX-512), whose kernel for a tiled weight needs no horizontal sums at any row count.
 bool w4a8_tile_order_here();
 
 // True when `w` is a W8A8 weight for inputs of width K.
@@ -118,8 +119,9 @@ std::vector<torch::Tensor> quantize_groups(const torch::Tensor& x, int64_t g);
 // dequant(w) as float32 [N, K] (tests and the reference).
 torch::Tensor quant_dequant(const torch::Tensor& w, int64_t K);
 
-// The tiles W8A8's prefill runs on from 32 rows: "amx_int8" (AMX-int8 tiles; IMPL_CPU_AMX=0 turns them off) or
-// "simd" (the row kernel, as at every row count).
+// What W8A8's (and a tiled W4A8 weight's) prefill runs on: "amx_int8" (AMX-int8 tiles from 32 rows; IMPL_CPU_AMX=0
+// turns them off), "avx512_vnni" (a build with AVX-512 VNNI and no AMX: blocked VPDPBUSD kernels, W8A8 from 5 rows,
+// tiled W4A8 from 9) or "simd" (the row kernel, as at every row count).
 std::string quant_w8a8_prefill_isa();
 
 // Asymmetric int4's range search at load time (quant_pack.cpp): for w float32 [n, K] in groups of g, the index
