@@ -1502,13 +1502,13 @@ void w4a8_tiled_rows(const int8_t* xq, const float* xs, const int32_t* xsum, int
 
 #if defined(QUANT_W8A8_VNNI)
 #define QUANT_W4A8_VNNI 1
-// W4A8 prefill on a tiled weight with AVX-512 VNNI, no AMX (Zen 4, Ice Lake / Cascade Lake servers). w4a8_tiled_rows
-// passes 8 x rows over the whole weight at a time (at 1024 rows it reads the weight 128 times); here each thread keeps
-// one 32-row block in L1 / L2 while all of x passes over it, kVnniW4Rows rows at a time from a grouped copy of x as
-// w8a8_vnni's (its signed codes as they are): the weight is read once per call, and one and / shift per line of codes
-// feeds 2 x kVnniW4Rows VPDPBUSD (the nibbles unsigned 0..15, x's codes signed, 4 of them broadcast per step). Per group each
-// output's exact integer sum, then w4_tiled_blocks' epilogue on the same values in the same order (w4a8_step's term
-// on 16 outputs at a time): a row gets the row kernel's bits at any row count.
+// W4A8 prefill on a tiled weight with AVX-512 VNNI, no AMX (Zen 4, Ice Lake / Cascade Lake servers).
+// w4a8_tiled_rows passes 8 x rows over the whole weight at a time (at 1024 rows it reads the weight 128 times); here
+// each thread keeps one 32-row block in L1 / L2 while all of x passes over it, kVnniW4Rows rows at a time from a
+// grouped copy of x as w8a8_vnni's (its signed codes as they are): the weight is read once per call, and one and /
+// shift per line of codes feeds 2 x kVnniW4Rows VPDPBUSD (the nibbles unsigned 0..15, x's codes signed, 4 of them
+// broadcast per step). Per group each output's exact integer sum, then w4_tiled_blocks' epilogue on the same values
+// in the same order (w4a8_step's term on 16 outputs at a time): a row gets the row kernel's bits at any row count.
 // x rows per pass; Zen 4, 1024 rows at E2B's MLP shapes, one build per choice: 12 rows 410-515 GOP/s, 10 447-569,
 // 8 540-672, 7 650-681, 6 669-723.
 constexpr int kVnniW4Rows = 6;
