@@ -39,6 +39,7 @@
 
 #include "../cpu_aligned.h"
 #include "../cpu_amx.h"
+#include "../cpu_isa.h"
 #include "../cpu_vmath.h"
 
 #include <algorithm>
@@ -1107,15 +1108,7 @@ PairIsa pair_isa(at::ScalarType q, at::ScalarType kv, int64_t D) {
 #endif
 
 // The SIMD width the kernels were compiled for (-march: native, or IMPL_CPU_MARCH).
-std::string simd_isa() {
-#if defined(__AVX512F__)
-  return "avx512";
-#elif defined(__AVX2__)
-  return "avx2";
-#else
-  return "generic";
-#endif
-}
+std::string simd_isa() { return cpu_isa::simd_width("generic"); }
 
 std::string extend_isa(at::ScalarType q, at::ScalarType kv, int64_t D) {
 #if defined(ATTN_BF16_PAIRS)

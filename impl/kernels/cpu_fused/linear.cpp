@@ -17,6 +17,7 @@
 #include "quant_linear.h"
 #include "simd.h"
 #include "../cpu_aligned.h"
+#include "../cpu_isa.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -278,14 +279,6 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, bool onednn
   return torch::mm(x.to(torch::kFloat32), w.t());
 }
 
-std::string simd_isa() {
-#if defined(__AVX512F__)
-  return "avx512";
-#elif defined(__AVX2__)
-  return "avx2";
-#else
-  return "scalar";
-#endif
-}
+std::string simd_isa() { return cpu_isa::simd_width("scalar"); }
 
 }  // namespace cpu_fused

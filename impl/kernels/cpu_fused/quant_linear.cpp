@@ -1412,6 +1412,21 @@ constexpr bool kW4TiledTwoStreams = false;
 constexpr int64_t kW4TiledPrefetch = 8192;
 #endif
 
+// w4a8_step on 16 outputs of a tiled weight's half (sv / zv: its scales and zero points in group gi) for one x row:
+// tot (16 running sums, the first group's onto +0) += (s * s_x) * (isum - z * xsum). Every VNNI kernel on a tiled
+// W4A8 weight ends a group here: the row kernel's operations on the same values, so its bits.
+inline void w4_tiled_step16(float* tot, __m512i isum, __m512 sv, __m512 zv, float sx, int32_t xsum, bool first) {
+  const __m512 d = _mm512_sub_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(zv, _mm512_set1_ps(static_cast<float>(xsum))));
+  const __m512 t = first ? _mm512_setzero_ps() : _mm512_load_ps(tot);
+  _mm512_store_ps(tot, _mm512_fmadd_ps(_mm512_mul_ps(sv, _mm512_set1_ps(sx)), d, t));
+}
+
+// Block (first row `row`) group gi's 32 scales and zero points, the 4 lines after its codes, kW4TiledPrefetch bytes ahead
+inline void prefetch_w4_meta(const QuantView& q, int64_t row, int64_t gi) {
+  for (int o = 0; o < 256; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(w4_tiled_meta(q, row, gi) + o + kW4TiledPrefetch), _MM_HINT_T1);
+}
+
 template <int P, int MT>
 inline void w4_tiled_blocks(const int8_t* xq, const float* xs, const int32_t* xsum, const QuantView& q, const int64_t* js,
                             float* out, int64_t ldo) {
@@ -1427,9 +1442,7 @@ inline void w4_tiled_blocks(const int8_t* xq, const float* xs, const int32_t* xs
       for (int h = 0; h < 2; ++h)
         for (int m = 0; m < MT; ++m) acc[p][h][m] = _mm512_setzero_si512();
     const int8_t* xg = xq + gi * g;
-    for (int p = 0; p < P; ++p)  // the group's 32 scales and zero points: 4 lines after its codes
-      for (int o = 0; o < 256; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(w4_tiled_meta(q, 32 * js[p], gi) + o + kW4TiledPrefetch), _MM_HINT_T1);
+    for (int p = 0; p < P; ++p) prefetch_w4_meta(q, 32 * js[p], gi);
     for (int64_t l = 0; l < g / 8; ++l) {  // line l: codes 8 l .. 8 l + 3 (low nibbles), 8 l + 4 .. 8 l + 7 (high)
       __m512i xl[MT], xh[MT];
       for (int m = 0; m < MT; ++m) {
@@ -1450,12 +1463,8 @@ inline void w4_tiled_blocks(const int8_t* xq, const float* xs, const int32_t* xs
         const uint8_t* meta = w4_tiled_meta(q, 32 * js[p] + 16 * h, gi);
         const __m512 sv = _mm512_loadu_ps(reinterpret_cast<const float*>(meta));
         const __m512 zv = _mm512_loadu_ps(reinterpret_cast<const float*>(meta + 128));
-        for (int m = 0; m < MT; ++m) {  // w4a8_step on 16 outputs (the first group's onto +0)
-          const __m512 d = _mm512_sub_ps(_mm512_cvtepi32_ps(acc[p][h][m]),
-                                         _mm512_mul_ps(zv, _mm512_set1_ps(static_cast<float>(xsum[m * G + gi]))));
-          const __m512 t = gi ? _mm512_load_ps(tot[p][h][m]) : _mm512_setzero_ps();
-          _mm512_store_ps(tot[p][h][m], _mm512_fmadd_ps(_mm512_mul_ps(sv, _mm512_set1_ps(xs[m * G + gi])), d, t));
-        }
+        for (int m = 0; m < MT; ++m)
+          w4_tiled_step16(tot[p][h][m], acc[p][h][m], sv, zv, xs[m * G + gi], xsum[m * G + gi], gi == 0);
       }
     }
   }
@@ -1531,9 +1540,7 @@ inline void vnni_w4_rows(const int32_t* xg, const float* xs, const int32_t* xsum
     const int32_t* xw = xg + gi * (g / 4) * kVnniW4Rows;  // line l's low nibbles: step 2 l of the group, high: 2 l + 1
     __m512i acc[MR][2];
     for (auto& a : acc) a[0] = a[1] = _mm512_setzero_si512();
-    if (pf)
-      for (int o = 0; o < 256; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(w4_tiled_meta(q, 32 * j, gi) + o + kW4TiledPrefetch), _MM_HINT_T1);
+    if (pf) prefetch_w4_meta(q, 32 * j, gi);
     for (int64_t l = 0; l < g / 8; ++l) {
       if (pf) {
         _mm_prefetch(reinterpret_cast<const char*>(c0 + 64 * l + kW4TiledPrefetch), _MM_HINT_T1);
@@ -1558,12 +1565,8 @@ inline void vnni_w4_rows(const int32_t* xg, const float* xs, const int32_t* xsum
       const uint8_t* meta = w4_tiled_meta(q, 32 * j + 16 * h, gi);
       const __m512 sv = _mm512_loadu_ps(reinterpret_cast<const float*>(meta));
       const __m512 zv = _mm512_loadu_ps(reinterpret_cast<const float*>(meta + 128));
-      for (int i = 0; i < MR; ++i) {  // w4a8_step on 16 outputs (the first group's onto +0)
-        const int64_t r = (m + i) * G + gi;
-        const __m512 d = _mm512_sub_ps(_mm512_cvtepi32_ps(acc[i][h]), _mm512_mul_ps(zv, _mm512_set1_ps(static_cast<float>(xsum[r]))));
-        const __m512 t = gi ? _mm512_load_ps(&tot[i][16 * h]) : _mm512_setzero_ps();
-        _mm512_store_ps(&tot[i][16 * h], _mm512_fmadd_ps(_mm512_mul_ps(sv, _mm512_set1_ps(xs[r])), d, t));
-      }
+      for (int i = 0; i < MR; ++i)
+        w4_tiled_step16(&tot[i][16 * h], acc[i][h], sv, zv, xs[(m + i) * G + gi], xsum[(m + i) * G + gi], gi == 0);
     }
   }
   for (int i = 0; i < MR; ++i)
