@@ -38,6 +38,9 @@ IMPL_CPU_LINEAR                choice  auto        the fused layers' matmul rout
 IMPL_CPU_AMX                   bool    true        AMX tiles where the CPU has them: W8A8 prefill on AMX-int8, bf16 extend
                                                    attention on AMX-bf16 (false: the SIMD kernels, AVX512-BF16 for attention
                                                    where the CPU has it; impl/kernels/cpu_amx.h)
+IMPL_QUANT_BF16_DOT            bool    true        a bf16 model's W8A16 / W4A16 prefill in bf16 dot products where the CPU has
+                                                   AVX-512 BF16 without AMX (false: float32 blocks for ATen's mm;
+                                                   impl/kernels/cpu_fused/quant_linear.cpp)
 IMPL_CPU_ATTN_BF16             bool    true        bf16 pair products in the CPU attention kernels (bf16 queries over a bf16 / fp8
                                                    pool): AMX-bf16 tiles, else AVX512-BF16 (false: the float32 SIMD kernels)
 IMPL_CPU_ATTN_KEEP_MB          int     512         MB of AMX-packed keys the CPU decode kernels keep from one decode step to the
@@ -197,6 +200,7 @@ class envs:
     IMPL_CPU_FUSED = env_bool("IMPL_CPU_FUSED", True)
     IMPL_CPU_LINEAR = env_choice("IMPL_CPU_LINEAR", CPU_LINEAR_MODES, "auto")
     IMPL_CPU_AMX = env_bool("IMPL_CPU_AMX", True)
+    IMPL_QUANT_BF16_DOT = env_bool("IMPL_QUANT_BF16_DOT", True)
     IMPL_CPU_ATTN_BF16 = env_bool("IMPL_CPU_ATTN_BF16", True)  # read by attention.cpp (pair_isa)
     IMPL_CPU_ATTN_KEEP_MB = env_int("IMPL_CPU_ATTN_KEEP_MB", 512)  # read by attention.cpp (kept_budget)
     IMPL_CPU_MARCH = env_str("IMPL_CPU_MARCH", "native", r"[A-Za-z0-9][A-Za-z0-9_.-]*",

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bench.machine import cpu_flags
-from impl.kernels import cpu_fused
+from impl.kernels import cpp_build, cpu_fused
 from impl.quant import pack, reference
 from impl.quant.base import WeightFormat, format_of
 
@@ -353,3 +353,35 @@ def test_w4a8_tile_order_gives_the_same_bits(ext, group):
     half_z.view(96, -1, group // 2 + 8)[5, 1, group // 2 + 4 : group // 2 + 8] = torch.tensor([7.5]).view(torch.int8)
     for u in untouched + [half_z]:
         assert ext.quant_tile_order_(u, 512) is u
+
+
+@pytest.mark.parametrize("fmt", [WeightFormat("w8a16"), WeightFormat("w4a16", 32), WeightFormat("w4a16", 128, False),
+                                 WeightFormat("w4a16", 256, False)], ids=["w8a16", "w4a16-g32-sym", "w4a16-g128-asym",
+                                                                          "w4a16-g256-asym"])
+def test_weight_only_prefill_in_bf16_dot_products(ext, fmt):
+    """With ``bf16_dot`` (a bf16 model's linear plan) a W8A16 / W4A16 weight above the small-weight floor meets
+    ``quant_bf16_dot_min_rows()`` rows or more in bf16 dot products where the CPU has AVX-512 BF16 without AMX
+    (``quant_w16_prefill_isa``): the reference on x rounded to bf16 (the codes are exact in bf16, the sums float32),
+    per chunk of 256 inputs inside a per-channel group of 512; a row's result does not depend on the rows beside it
+    (fast prefill's cross-decoder, the deterministic mode). N off a multiple of 32, fewer rows and ``bf16_dot`` off
+    keep the float32 paths' bits; elsewhere ``bf16_dot`` changes nothing."""
+    g = torch.Generator().manual_seed(23)
+    p = pack.pack(torch.randn(128, 512, generator=g), fmt)  # 65,536 elements: the floor
+    odd = pack.pack(torch.randn(144, 512, generator=g), fmt)
+    x = torch.randn(41, 512, generator=g) * 2
+    runs = ext.quant_w16_prefill_isa() == "avx512_bf16"
+    flags = cpu_flags()
+    assert runs == ("avx512_bf16" in flags and "amx_tile" not in flags and cpp_build.march() == "native")
+    low = ext.quant_bf16_dot_min_rows()
+    assert low == (8 if runs else 0)
+    got = ext.quant_linear(x, p, True)
+    if runs:
+        torch.testing.assert_close(got, reference.linear(x.bfloat16().float(), p), rtol=1e-5, atol=2e-4)
+        for rows in (slice(0, low), slice(5, 5 + low + 1), slice(3, 29), slice(24, 41)):  # passes of 6 rows and a last of 2, 3 or 5
+            assert torch.equal(ext.quant_linear(x[rows], p, True), got[rows])
+        assert torch.equal(ext.quant_linear(x.bfloat16(), p, True), got)  # bf16 x as it is
+    else:
+        assert torch.equal(got, ext.quant_linear(x, p))
+    assert torch.equal(ext.quant_linear(x, odd, True), ext.quant_linear(x, odd))
+    few = x[: max(low - 1, 1)]
+    assert torch.equal(ext.quant_linear(few, p, True), ext.quant_linear(few, p))

@@ -355,8 +355,10 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   // oneDNN's fixed cost per call (three calls a block) weighs on narrow MLPs: a block's gate output holds at
   // least kMlpMinOneDnnBlockElems (hidden 256, I 1024: 512 rows; E2B's I 6144: 256).
   if (split) block = std::max<int64_t>(block, kMlpMinOneDnnBlockElems / inter);
-  // bf16 weights for ATen's mm are widened to float32 once per call: fewer, larger blocks.
-  if (!onednn && (down_w.scalar_type() == torch::kBFloat16 || cpu_fused::is_quantized(down_w)) && !down_w.is_mkldnn()) block = std::max(block, kMlpMinRowsWidened);
+  // bf16 weights for ATen's mm are widened to float32 once per call, quantized ones dequantized or converted per
+  // call (whatever `onednn` says for them): fewer, larger blocks.
+  if ((cpu_fused::is_quantized(down_w) || (!onednn && down_w.scalar_type() == torch::kBFloat16)) && !down_w.is_mkldnn())
+    block = std::max(block, kMlpMinRowsWidened);
   const bool w8a8_down = cpu_fused::is_w8a8(down_w, inter);  // its rows quantized inside the activation pass
   const bool w8a8_mlp = !split && w8a8_down && cpu_fused::is_w8a8(gate_up[0], hid);
   // the activation in the gate / up matmul's epilogue (W8A8 or W4A8 on AMX-int8 tiles) from a full block's rows
@@ -559,13 +561,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_rows", &cpu_fused::bf16_rows, "the bf16 weights' row kernel (float32 arithmetic)", release(),
         py::arg("x"), py::arg("w"));
   m.def("quant_linear", &cpu_fused::quant_linear, "x @ dequant(w)^T in float32 (quant_linear.h)", release(),
-        py::arg("x"), py::arg("w"));
+        py::arg("x"), py::arg("w"), py::arg("bf16_dot") = false);
   m.def("quantize_rows", &cpu_fused::quantize_rows, "W8A8's per-row activation quantization", release(), py::arg("x"));
   m.def("quantize_groups", &cpu_fused::quantize_groups, "W4A8's per-row, per-group activation quantization", release(),
         py::arg("x"), py::arg("g"));
   m.def("quant_dequant", &cpu_fused::quant_dequant, "a quantized weight as float32 [N, K]", release(), py::arg("w"),
         py::arg("k"));
   m.def("w4a8_tile_order_here", &cpu_fused::w4a8_tile_order_here, "True when W4A8 weights are put in tile order here");
+  m.def("quant_bf16_dot_min_rows", &cpu_fused::quant_bf16_dot_min_rows,
+        "From how many rows quant_linear's bf16_dot takes the bf16 dot products (0 where it never does)");
+  m.def("quant_w16_prefill_isa", &cpu_fused::quant_w16_prefill_isa,
+        "What W8A16 / W4A16 prefill runs on in a bf16 model: avx512_bf16, or empty (float32 for ATen's mm)");
   m.def("quant_w8a8_prefill_isa", &cpu_fused::quant_w8a8_prefill_isa, "What W8A8 and tiled W4A8 prefill run on: amx_int8, avx512_vnni or simd");
   m.def("int4_range_choices", &cpu_fused::int4_range_choices, "asymmetric int4's range search per group (quant_pack.cpp)",
         release(), py::arg("w"), py::arg("g"));

@@ -264,7 +264,7 @@ torch::Tensor linear_native(const torch::Tensor& x, const torch::Tensor& w, bool
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, bool onednn) {
   TORCH_CHECK(x.dim() == 2, "linear takes x [M, K]");
   const int64_t rows = x.size(0);
-  if (is_quantized(w)) return quant_linear(x, w);
+  if (is_quantized(w)) return quant_linear(x, w, onednn);  // onednn: bf16 dot products allowed (quant_linear.h)
   if (runs_onednn(w, rows, onednn)) {
     auto y = onednn_product(x, w);
     return y.scalar_type() == torch::kFloat32 ? y : y.to(torch::kFloat32);

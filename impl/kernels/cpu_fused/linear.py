@@ -141,17 +141,32 @@ def plan(dtype: torch.dtype = torch.float32) -> LinearPlan:
     return LinearPlan("packed", "auto", name)
 
 
-def quant_plan(fmt_name: str) -> LinearPlan:
+def quant_bf16_dot(model_dtype: torch.dtype) -> bool:
+    """True when W8A16 / W4A16 prefill takes bf16 dot products in a model of ``model_dtype``: a bf16 model (its
+    GEMMs' inputs are bf16 values, as oneDNN's bf16 matmul rounds them for bf16 weights) on a CPU whose kernels
+    have them (AVX-512 BF16 without AMX: ``quant_w16_prefill_isa``), unless IMPL_QUANT_BF16_DOT=0."""
+    from impl.kernels import cpu_fused
+
+    ext = cpu_fused.load()
+    return (model_dtype == torch.bfloat16 and ext is not None and bool(ext.quant_w16_prefill_isa())
+            and envs.IMPL_QUANT_BF16_DOT.get())
+
+
+def quant_plan(fmt_name: str, bf16_dot: bool = False) -> LinearPlan:
     """The plan of quantized fused layers (``fmt_name``: impl/quant/base.py ``WeightFormat.name()``); W8A8 and W4A8
     name the kernel their prefill runs on (AMX-int8 tiles from 32 rows where the CPU has them, W4A8 for groups of 128
     and 256; AVX-512 VNNI without AMX, W4A8 on weights in tile order; else the SIMD row kernel) and whether the
-    weights are kept in tile order (W4A8 also with AVX-512 VNNI and in the AVX2 build)."""
+    weights are kept in tile order (W4A8 also with AVX-512 VNNI and in the AVX2 build); W8A16 / W4A16 name theirs
+    (``bf16_dot``: ``quant_bf16_dot``)."""
     from impl.kernels import cpu_fused
 
     ext = cpu_fused.load()
     isa = ext.quant_w8a8_prefill_isa() if ext is not None else ""
     amx = isa == "amx_int8"
-    if ext is not None and fmt_name.startswith("w8a8"):
+    if ext is not None and fmt_name.startswith(("w8a16", "w4a16")):
+        fmt_name += (", prefill on AVX-512 BF16 dot products (inputs rounded to bf16)" if bf16_dot else
+                     ", prefill dequantized to float32 for ATen's mm")
+    elif ext is not None and fmt_name.startswith("w8a8"):
         fmt_name += (", prefill on AMX-int8 tiles (weights kept in tile order)" if amx else
                      ", prefill on AVX-512 VNNI (weights packed per call)" if isa == "avx512_vnni" else ", prefill on SIMD")
     elif ext is not None and fmt_name.startswith("w4a8"):

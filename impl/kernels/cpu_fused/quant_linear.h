@@ -66,8 +66,15 @@ bool takes_inputs(const torch::Tensor& w, int64_t K);
 // y = x @ dequant(w)^T, float32 [M, N]. x: [M, K] float32 or bfloat16 (any strides).
 // W8A8: every row count through the integer kernel. W8A16 / W4A16: the row kernel up to
 // kQuantRowKernelMaxRows rows (or for weights under kSmallWeightElems elements, at every row count), above
-// it blocks of rows dequantized to float32 for ATen's mm.
-torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w);
+// it blocks of rows dequantized to float32 for ATen's mm; with bf16_dot (the model's linear plan rounds its GEMMs'
+// inputs to bf16) where the CPU has AVX-512 BF16 and no AMX, from quant_bf16_dot_min_rows() rows x rounded to bf16
+// times the codes in bf16 dot products (quant_w16_prefill_isa): a row's result independent of the other rows.
+torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w, bool bf16_dot = false);
+
+// What runs W8A16 / W4A16 with bf16_dot: "avx512_bf16" or "" (float32 for ATen's mm above kQuantRowKernelMaxRows).
+std::string quant_w16_prefill_isa();
+// From how many rows bf16_dot takes the bf16 dot products (0 where it never does); the row kernel below.
+int64_t quant_bf16_dot_min_rows();
 
 // Row counts up to this run the weight-only kinds' row kernel (bound by the bytes of the weight read).
 constexpr int64_t kQuantRowKernelMaxRows = 16;

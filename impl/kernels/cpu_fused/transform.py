@@ -95,7 +95,9 @@ class FusedWeights:
     down: torch.Tensor
     ple_gate: torch.Tensor | None
     ple_proj: torch.Tensor | None
-    onednn: bool = False  # plain weights through oneDNN (the ``onednn`` linear mode)
+    # plain weights through oneDNN (the ``onednn`` linear mode); a bf16 model's W8A16 / W4A16 layers: prefill in bf16
+    # dot products (quant_linear.h's bf16_dot), their float weights through oneDNN as in the ``onednn`` mode
+    onednn: bool = False
 
     def linear_weights(self) -> list[torch.Tensor]:
         ple = [w for w in (self.ple_gate, self.ple_proj) if w is not None]
@@ -279,17 +281,27 @@ class FusedLayerForward:
     row count, and with K >= 1024 (E2B's MLP down projection, o_proj) a row's sum runs in another order in a
     batch of 44 rows than in one of 300 (``tests/engine/test_deterministic.py``). With ``fixed_rows`` (set by
     ``apply`` for batch-invariant layers where oneDNN runs on AMX) the kernels run on blocks of exactly that
-    many rows, the last one padded with copies of its last row, so every matmul call has one shape."""
+    many rows, the last one padded with copies of its last row, so every matmul call has one shape.
+
+    A bf16 model's W8A16 / W4A16 layer (``min_rows``: ``quant_bf16_dot_min_rows``) takes its bf16 dot products
+    from that many rows and the row kernel (float32 x) below: in an extend batch (and with ``batch_invariant``
+    in every batch) fewer rows are padded up to ``min_rows``, so fast prefill's few cross-decoder rows get the
+    bits flag off gives them among all the prompt's rows (the dot kernel's rows do not depend on the rows
+    beside them)."""
 
     def __init__(self, ext: ModuleType, layer: Any, w: LayerWeights, f: FusedWeights, batch_invariant: bool = False,
-                 widen: WidenOnce | None = None, fixed_rows: int = 0):
+                 widen: WidenOnce | None = None, fixed_rows: int = 0, min_rows: int = 0):
         self.ext, self.layer, self.w, self.f, self.batch_invariant = ext, layer, w, f, batch_invariant
         self.widen = widen or WidenOnce()
-        self.fixed_rows = fixed_rows
+        self.fixed_rows, self.min_rows = fixed_rows, min_rows
         self.att = layer.self_attn  # (its .layer is read per call: the assistant rebinds it)
 
-    def pads_lone_row(self, h: torch.Tensor, fb: ForwardBatch) -> bool:
-        return int(h.shape[0]) == 1 and (self.batch_invariant or bool(fb.fast_prefill))
+    def padded_rows(self, h: torch.Tensor, fb: ForwardBatch) -> int:
+        """h's rows as the kernels take them (see the class): n, 2 for a lone row, or ``min_rows``."""
+        n = int(h.shape[0])
+        if 0 < n < self.min_rows and (self.batch_invariant or fb.forward_mode.is_extend):
+            return self.min_rows
+        return 2 if n == 1 and (self.batch_invariant or bool(fb.fast_prefill)) else n
 
     def _blocks(self, h: torch.Tensor, fb: ForwardBatch) -> tuple[int, int, range]:
         """(rows after padding m, rows per kernel call r, each call's first row) for h's rows: fixed blocks, a lone row as two,
@@ -300,7 +312,7 @@ class FusedLayerForward:
             r = self.fixed_rows
             m = -(-n // r) * r
         else:
-            r = m = 2 if self.pads_lone_row(h, fb) else n
+            r = m = self.padded_rows(h, fb)
         return m, r, range(0, m, r) if r else range(1)  # (no rows: one call on the empty batch)
 
     def _attn_pre(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> list[torch.Tensor]:
@@ -320,7 +332,7 @@ class FusedLayerForward:
         att = self.att
         # (the per-layer inputs reach decoder_post as they are: it reads bf16 rows with their strides)
         cos, sin = self.widen(cos, fb), self.widen(sin, fb)
-        if rows is None and not self.fixed_rows and not self.pads_lone_row(h, fb):
+        if rows is None and not self.fixed_rows and self.padded_rows(h, fb) == int(h.shape[0]):
             # every row at once, in one call each (a decode step): the general path below without its blocks
             q, k, v = self._attn_pre(h, cos, sin)
             if not att.owns_kv:
@@ -626,6 +638,7 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
     if quant is not None:
         weight_dtype = quant.scheme.fmt.kind
     plan = None
+    bf16_dot = False  # W8A16 / W4A16 prefill in bf16 dot products (quant_linear.h)
     packed = 0
     modes: dict[int, str] = {}  # id(fused layer) -> its linear mode
     held: list[torch.Tensor] = []  # tensors the installed forwards hold outside the parameters
@@ -633,7 +646,8 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
         sized = [cpu_linear.sized_for_onednn(*f.main_weights()) for _, _, f, _ in fused]
         dtype = fused[0][2].qkv_proj.dtype
         if cpu_fused.is_quantized(fused[0][2].qkv_proj):
-            plan = cpu_linear.quant_plan(quant.scheme.fmt.name() if quant is not None else "quantized")
+            bf16_dot = cpu_linear.quant_bf16_dot(model_dtype(model))
+            plan = cpu_linear.quant_plan(quant.scheme.fmt.name() if quant is not None else "quantized", bf16_dot)
             sized = [True] * len(fused)
         else:
             plan = cpu_linear.plan(dtype) if any(sized) else cpu_linear.small_weights_plan(dtype)
@@ -642,6 +656,10 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
             mode = plan.mode if ok else "mkl"
             modes[id(m)] = mode
             g = f.for_linear_mode(mode)
+            min_rows = 0
+            if mode == "quant" and bf16_dot and g.qkv_proj.dtype == torch.uint8:  # a weight-only layer
+                g = replace(g, onednn=True)  # its linears round x to bf16 above the row kernel, as oneDNN would
+                min_rows = ext.quant_bf16_dot_min_rows()
             copies = f.replaced(g) if mode in ("packed", "quant") else []  # (onednn: row views of gate_up)
             if copies:  # prepacked (oneDNN) or tiled (W8A8, W4A8) copies replace the plain weights
                 if w.ple is not None and g.ple_gate is not None and g.ple_proj is not None:
@@ -650,11 +668,12 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
                 _release_packed(m)
             # batch invariance on AMX: oneDNN's blocking follows the row count (FusedLayerForward.fixed_rows)
             fixed = INVARIANT_ROWS if batch_invariant and mode == "packed" and cpu_linear.bf16_isa() == "amx_bf16" else 0
-            m.forward = FusedLayerForward(ext, m, w, g, batch_invariant, widen, fixed)
+            m.forward = FusedLayerForward(ext, m, w, g, batch_invariant, widen, fixed, min_rows)
             held += [t for t in (w.input_norm, w.post_attention_norm, w.pre_feedforward_norm, w.post_feedforward_norm,
                                  g.head_norm, None if w.ple is None else w.ple.norm) if t is not None]
     ext = cpu_fused.load()
-    others = _install_linears(model, ext, plan, {id(m) for m, _, _, _ in fused}, batch_invariant) if ext is not None else ()
+    others = _install_linears(model, ext, plan, {id(m) for m, _, _, _ in fused}, batch_invariant,
+                              bf16_dot) if ext is not None else ()
     after = storage_bytes(model) + packed + sum(t.numel() * t.element_size() for t in held)
     return CpuKernels(tuple(paths), weight_dtype, plan, ext.simd_isa() if ext is not None else "", others, packed,
                       after - before, "" if fused else _unavailable_reason(model_dtype(model)),
@@ -677,10 +696,11 @@ def model_dtype(model: nn.Module) -> torch.dtype:
 
 
 def _install_linears(model: nn.Module, ext: ModuleType, plan: cpu_linear.LinearPlan | None, fused_ids: set[int],
-                     rows_only: bool = False) -> tuple[str, ...]:
+                     rows_only: bool = False, bf16_dot: bool = False) -> tuple[str, ...]:
     """bf16 ``nn.Linear`` modules outside the fused layers, and the LM head, onto ``LinearForward`` (plain
     weights; oneDNN above the row kernel's row count only where the CPU has native bf16; ``rows_only``: the
-    row kernel at every row count)."""
+    row kernel at every row count). Quantized ones too, W8A16 / W4A16 in bf16 dot products with ``bf16_dot``
+    (the per-layer-input projection: every prompt row, flag on or off); the LM head's copy keeps float32 x."""
     onednn = cpu_linear.native_bf16() and plan is not None and plan.mode in ("packed", "onednn")
     names: list[str] = []
     skip: set[int] = set()
@@ -697,7 +717,7 @@ def _install_linears(model: nn.Module, ext: ModuleType, plan: cpu_linear.LinearP
             tiled = ext.quant_tile_order_(m.weight, m.in_features)
             if tiled is not m.weight:
                 m.weight = nn.Parameter(tiled, requires_grad=False)
-            m.forward = LinearForward(ext, m.weight, False)
+            m.forward = LinearForward(ext, m.weight, bf16_dot)
             names.append(name)
         elif m.weight.dtype == torch.bfloat16:
             m.forward = LinearForward(ext, m.weight, onednn, rows_only=rows_only)
