@@ -1589,9 +1589,8 @@ void w4a8_vnni(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t M
 }
 #endif
 
-
 // ---- weight-only kinds' prefill on AVX-512 BF16 dot products -------------------------------------------------
-// W8A16 / W4A16 above kQuantRowKernelMaxRows rows in a bf16 model (quant_linear's bf16_dot: the caller's linear plan
+// W8A16 / W4A16 from kWoBf16MinRows rows in a bf16 model (quant_linear's bf16_dot: the caller's linear plan
 // rounds its GEMMs' inputs to bf16, as oneDNN's bf16 matmul does for bf16 weights), where the CPU has AVX-512 BF16
 // and no AMX (Zen 4, Cooper Lake). The float32 path dequantizes blocks for ATen's mm, whose MKL keeps to its AVX2
 // code off Intel CPUs: 0.38x bf16's prefill GEMM on Zen 4. Here the codes themselves are bf16 operands (every int8
@@ -1599,17 +1598,26 @@ void w4a8_vnni(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t M
 // sums: each thread converts one 32-row block's codes, kc inputs at a time, into a panel of 16 x 16 word tiles (a
 // line: one pair of inputs of 16 rows, rows 16-31 1 KB on; L1-resident), then passes every x row over it,
 // kWoBf16Rows rows at a time, each pair of x values broadcast. Per chunk of kc inputs (inside one group) the
-// scale and zero point: out += s * (sum q x - z * sum x) (W8A16: s * sum q x), in float32, x's sums over the chunk
-// computed once per call from the same bf16 values. A row's operations do not depend on the rows beside it.
+// scale and zero point: total += s * (sum q x - z * sum x) (W8A16: s * sum q x), in float32, x's sums over the chunk
+// computed once per call from the same bf16 values; a panel holds up to kWoBf16SpanInputs inputs (several small
+// groups), the totals in registers across them. A row's operations do not depend on the rows beside it.
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && !defined(QUANT_AMX_INT8)
 #define QUANT_WO_BF16 1
-constexpr int kWoBf16Rows = 6;  // x rows per pass: 2 x 6 sums and 2 x 6 totals in 24 of the 32 zmm
+// x rows per pass: 2 x 6 float32 sums, 2 x 6 totals, 2 panel lines and a broadcast in 27 of the 32 zmm. Zen 4,
+// E2B's MLP pair, 512 rows, one build per choice (the totals then in out's rows): 6 rows 316-339 GOP/s (W8A16) /
+// 275-324 (W4A16 groups of 128); 8 rows 266-323 / 119-130, 10 317-322 / 134-135, 12 142-146 / 127-130.
+constexpr int kWoBf16Rows = 6;
 // From 8 rows (Zen 4, one E2B MLP of a KV-shared layer, 2 x 12288 x 1536 and 1536 x 12288, alternated runs): W8A16
 // 6.7-7.3 ms against the row kernel's 11.4-11.6, W4A16 (groups of 128) 8.2-9.2 against 9.5-10.3; at 6 rows W4A16
 // 7.3-7.8 against 7.5-7.7, at 2 rows the row kernel 2.4-2.9 against 5.3-7.9 (converting the codes is per call).
 constexpr int64_t kWoBf16MinRows = 8;
 
-// The chunk of inputs each panel holds: the group (g <= 256) or the largest multiple of 32 up to 256 dividing it.
+// Inputs one panel holds (16 KB of bf16 pairs for 32 rows): one chunk, or several chunks of smaller groups whose
+// totals stay in registers between them (groups of 32 at E2B's MLP shapes, 512 rows: 208-214 ms against 319-363 with
+// one group per panel, the totals read and written back per group; groups of 128 and W8A16 within the noise).
+constexpr int64_t kWoBf16SpanInputs = 256;
+
+// The chunk of inputs one scale covers: the group (g <= 256) or the largest multiple of 32 up to 256 dividing it.
 inline int64_t wo_bf16_chunk(int64_t g) {
   if (g <= 256) return g;
   int64_t kc = 256;
@@ -1656,36 +1664,45 @@ inline void wo_bf16_panel(const QuantView& q, int64_t n0, int64_t k0, int64_t kc
   }
 }
 
-// x rows [m, m + MR) (xg: their group of x's pairs, [K / 2][kWoBf16Rows] from the group's start) times one chunk's
-// panel into out's 32 columns from n0 (first: the totals start at zero). xs: [M, C] sums of x over each chunk (W4A16).
+// x rows [m, m + MR) (xg: their group of x's pairs, [K / 2][kWoBf16Rows] from the group's start) times a panel of S
+// chunks from chunk c0 into out's 32 columns from n0 (first: the totals start at zero, else at out's values). Each
+// chunk's sums then its scale and zero point (s, z: [S][32]) into totals kept in registers. xs: [M, C] sums of x
+// over each chunk (W4A16).
 template <QuantKind Kd, int MR>
-inline void wo_bf16_rows(const uint32_t* xg, const float* xs, int64_t m, int64_t C, int64_t c, int64_t kc,
+inline void wo_bf16_rows(const uint32_t* xg, const float* xs, int64_t m, int64_t C, int64_t c0, int64_t S, int64_t kc,
                          const int8_t* panel, const float* s, const float* z, float* out, int64_t N, int64_t n0,
                          bool first) {
-  __m512 acc[MR][2];
-  for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
-  const uint32_t* xp = xg + c * (kc / 2) * kWoBf16Rows;
-  for (int64_t t = 0; t < kc / 32; ++t, panel += 2048) {
-    for (int p = 0; p < 16; ++p, xp += kWoBf16Rows) {
-      const __m512bh w0 = (__m512bh)_mm512_load_si512(panel + 64 * p);
-      const __m512bh w1 = (__m512bh)_mm512_load_si512(panel + 1024 + 64 * p);
+  __m512 tot[MR][2];
+  for (int i = 0; i < MR; ++i)
+    for (int h = 0; h < 2; ++h)
+      tot[i][h] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (m + i) * N + n0 + 16 * h);
+  const uint32_t* xp = xg + c0 * (kc / 2) * kWoBf16Rows;
+  for (int64_t cs = 0; cs < S; ++cs) {
+    __m512 acc[MR][2];
+    for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < kc / 32; ++t, panel += 2048) {
+      for (int p = 0; p < 16; ++p, xp += kWoBf16Rows) {
+        const __m512bh w0 = (__m512bh)_mm512_load_si512(panel + 64 * p);
+        const __m512bh w1 = (__m512bh)_mm512_load_si512(panel + 1024 + 64 * p);
+        for (int i = 0; i < MR; ++i) {
+          const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(xp[i]));
+          acc[i][0] = _mm512_dpbf16_ps(acc[i][0], w0, xb);
+          acc[i][1] = _mm512_dpbf16_ps(acc[i][1], w1, xb);
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m512 sv = _mm512_loadu_ps(s + 32 * cs + 16 * h);
       for (int i = 0; i < MR; ++i) {
-        const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(xp[i]));
-        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], w0, xb);
-        acc[i][1] = _mm512_dpbf16_ps(acc[i][1], w1, xb);
+        __m512 t = acc[i][h];
+        if constexpr (Kd == QuantKind::kW4A16)
+          t = _mm512_fnmadd_ps(_mm512_loadu_ps(z + 32 * cs + 16 * h), _mm512_set1_ps(xs[(m + i) * C + c0 + cs]), t);
+        tot[i][h] = _mm512_fmadd_ps(sv, t, tot[i][h]);
       }
     }
   }
-  for (int h = 0; h < 2; ++h) {
-    const __m512 sv = _mm512_loadu_ps(s + 16 * h);
-    const __m512 zv = Kd == QuantKind::kW4A16 ? _mm512_loadu_ps(z + 16 * h) : _mm512_setzero_ps();
-    for (int i = 0; i < MR; ++i) {
-      float* o = out + (m + i) * N + n0 + 16 * h;
-      __m512 t = acc[i][h];
-      if constexpr (Kd == QuantKind::kW4A16) t = _mm512_fnmadd_ps(zv, _mm512_set1_ps(xs[(m + i) * C + c]), t);
-      _mm512_storeu_ps(o, _mm512_fmadd_ps(sv, t, first ? _mm512_setzero_ps() : _mm512_loadu_ps(o)));
-    }
-  }
+  for (int i = 0; i < MR; ++i)
+    for (int h = 0; h < 2; ++h) _mm512_storeu_ps(out + (m + i) * N + n0 + 16 * h, tot[i][h]);
 }
 
 // x (bf16 [M, K]) as pairs in groups of kWoBf16Rows rows: [groups][K / 2][kWoBf16Rows] 32-bit words (the last group's
@@ -1703,16 +1720,20 @@ void wo_bf16_kernel(const uint16_t* x, const float* xs, int64_t M, const QuantVi
         for (int64_t e = 0; e < E; ++e) d[e * kWoBf16Rows] = row[e];
       }
   });
+  int64_t S = std::max<int64_t>(1, kWoBf16SpanInputs / kc);  // chunks per panel (small groups: several)
+  while (C % S) --S;
   for_blocks(q.N / 32, 1, [&](int64_t lo, int64_t hi) {
-    avector<int8_t> panel(static_cast<size_t>(kc * 64));
-    alignas(64) float s[32], z[32];
+    avector<int8_t> panel(static_cast<size_t>(S * kc * 64));
+    avector<float> s(static_cast<size_t>(S * 32)), z(static_cast<size_t>(S * 32));
     for (int64_t j = lo; j < hi; ++j)
-      for (int64_t c = 0; c < C; ++c) {
-        wo_bf16_panel<Kd>(q, 32 * j, c * kc, kc, panel.data(), s, z);
+      for (int64_t c0 = 0; c0 < C; c0 += S) {
+        for (int64_t cs = 0; cs < S; ++cs)
+          wo_bf16_panel<Kd>(q, 32 * j, (c0 + cs) * kc, kc, panel.data() + cs * kc * 64, s.data() + 32 * cs,
+                            z.data() + 32 * cs);
         for (int64_t gi = 0; gi < groups; ++gi)
           with_rows<kWoBf16Rows>(std::min<int64_t>(kWoBf16Rows, M - gi * kWoBf16Rows), [&](auto mr) {
-            wo_bf16_rows<Kd, decltype(mr)::value>(xg.data() + gi * E * kWoBf16Rows, xs, gi * kWoBf16Rows, C, c, kc,
-                                                  panel.data(), s, z, out, q.N, 32 * j, c == 0);
+            wo_bf16_rows<Kd, decltype(mr)::value>(xg.data() + gi * E * kWoBf16Rows, xs, gi * kWoBf16Rows, C, c0, S, kc,
+                                                  panel.data(), s.data(), z.data(), out, q.N, 32 * j, c0 == 0);
           });
       }
   });
