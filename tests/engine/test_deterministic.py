@@ -8,8 +8,6 @@ one to four of them (checked by hand when it was written)."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
@@ -19,6 +17,7 @@ from impl.args.resolution import resolutions_of
 from impl.args.server_args import ServerArgs
 from impl.kernels.cpu_fused import linear as cpu_linear
 from impl.checkpoint_factory.checkpoints import tiny_checkpoint
+from tests.helpers.engine_outputs import output_logprobs, seeded_prompts
 
 FLAG = "--enable-deterministic-inference"
 GREEDY = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}
@@ -28,23 +27,11 @@ native = pytest.mark.skipif(cpu_linear.plan(torch.bfloat16).mode != "packed",
                             reason="needs oneDNN's prepacked bf16 matmul (native bf16: avx512_bf16 or AMX)")
 
 
-def _prompts() -> list[list[int]]:
-    out = []
-    for seed, n in enumerate(LENGTHS):
-        r = random.Random(seed)
-        out.append([2] + [r.randrange(16, 500) for _ in range(n - 1)])
-    return out
-
-
-def _logprobs(outs) -> list[list[float]]:
-    return [[t[0] for t in o["meta_info"]["output_token_logprobs"]] for o in outs]
-
-
 @native
 def test_alone_equals_batched_and_fast_prefill_on_equals_off():
     from impl import Engine
 
-    ps = _prompts()
+    ps = seeded_prompts(LENGTHS)
     runs = {}
     for flag in (False, True):
         eng = Engine(tiny_checkpoint("e2b_bench_bf16"), kv_sharing_fast_prefill=flag, enable_deterministic_inference=True,
@@ -59,8 +46,8 @@ def test_alone_equals_batched_and_fast_prefill_on_equals_off():
         finally:
             eng.shutdown()
         assert [o["output_ids"] for o in alone] == [o["output_ids"] for o in batched]
-        assert _logprobs(alone) == _logprobs(batched)  # bit for bit: each request's rows ran in other batches
-        runs[flag] = (batched, _logprobs(alone))
+        assert output_logprobs(alone) == output_logprobs(batched)  # bit for bit: each request's rows ran in other batches
+        runs[flag] = (batched, output_logprobs(alone))
     assert [o["output_ids"] for o in runs[False][0]] == [o["output_ids"] for o in runs[True][0]]
     assert runs[False][1] == runs[True][1]
 

@@ -6,12 +6,11 @@ above the small-weight floor, as on E2B)."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from impl.checkpoint_factory.checkpoints import tiny_checkpoint
 from impl.kernels import cpu_fused
+from tests.helpers.engine_outputs import output_logprobs, seeded_prompts
 
 GREEDY = {"max_new_tokens": 5, "temperature": 0.0, "ignore_eos": True}
 LENGTHS = (300, 37, 5, 1, 90)
@@ -25,23 +24,11 @@ def _runs() -> bool:
 pytestmark = pytest.mark.skipif(not _runs(), reason="the bf16 dot products need AVX-512 BF16 without AMX")
 
 
-def _prompts() -> list[list[int]]:
-    out = []
-    for seed, n in enumerate(LENGTHS):
-        r = random.Random(seed)
-        out.append([2] + [r.randrange(16, 500) for _ in range(n - 1)])
-    return out
-
-
-def _logprobs(outs) -> list[list[float]]:
-    return [[t[0] for t in o["meta_info"]["output_token_logprobs"]] for o in outs]
-
-
 @pytest.mark.parametrize("fmt", ["int4wo-128", "int8wo"])
 def test_fast_prefill_keeps_the_bits_with_bf16_dot_products(fmt):
     from impl import Engine
 
-    ps = _prompts()
+    ps = seeded_prompts(LENGTHS)
     runs = {}
     for flag in (False, True):
         eng = Engine(tiny_checkpoint("e2b_bench_bf16"), dtype="bfloat16", torchao_config=fmt,
@@ -54,5 +41,5 @@ def test_fast_prefill_keeps_the_bits_with_bf16_dot_products(fmt):
             eng.check_integrity()
         finally:
             eng.shutdown()
-        runs[flag] = ([o["output_ids"] for o in batched], _logprobs(batched), _logprobs(alone))
+        runs[flag] = ([o["output_ids"] for o in batched], output_logprobs(batched), output_logprobs(alone))
     assert runs[False] == runs[True]

@@ -2087,12 +2087,12 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w, bool 
     w4a8_kernel(qs[0].data_ptr<int8_t>(), qs[1].data_ptr<float>(), qs[2].data_ptr<int32_t>(), M, q, out.data_ptr<float>());
     return out;
   }
-  const bool gemm = M > kQuantRowKernelMaxRows && q.N * q.K >= kQuantSmallWeightElems;
+  const bool small = q.N * q.K < kQuantSmallWeightElems;  // the row kernel at every row count
 #if defined(QUANT_WO_BF16)
-  if (bf16_dot && M >= kWoBf16MinRows && q.N * q.K >= kQuantSmallWeightElems && q.N % 32 == 0) return wo_bf16_mm(x, q);
+  if (bf16_dot && !small && M >= kWoBf16MinRows && q.N % 32 == 0) return wo_bf16_mm(x, q);
 #endif
   auto xf = x.to(torch::kFloat32).contiguous();
-  if (gemm) return dequant_mm(xf, q);
+  if (!small && M > kQuantRowKernelMaxRows) return dequant_mm(xf, q);
   if (q.kind == QuantKind::kW4A16) {
 #if defined(QUANT_AVX2_ROWS)
     auto xp = torch::empty_like(xf);
