@@ -42,7 +42,7 @@ spec: $(STAMP)
 
 # The AVX2 code paths on an AVX-512 machine (not in CI: rebuilds both C++ extensions with -march=haswell, ~2 min
 # once): the kernels against their references and the PARITY contracts, oneDNN capped at its AVX2 kernels.
-.PHONY: test-avx2 test-avx512
+.PHONY: test-avx2 test-avx512 test-amx-emulated
 test-avx2: $(STAMP)
 	IMPL_CPU_MARCH=haswell ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest -q tests/kernels/test_cpu_avx2_paths.py \
 		tests/kernels/test_cpu_fused.py tests/kernels/test_cpu_fused_bf16.py tests/kernels/test_cpu_attn.py tests/quant/test_quant_kernels.py \
@@ -53,6 +53,17 @@ test-avx2: $(STAMP)
 test-avx512: $(STAMP)
 	IMPL_CPU_MARCH=icelake-server ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI IMPL_CPU_AMX=0 $(PY) -m pytest -q \
 		tests/kernels/test_cpu_fused.py tests/kernels/test_cpu_fused_bf16.py tests/kernels/test_cpu_attn.py tests/quant/test_quant_kernels.py
+
+# The AMX paths (W8A8 / W4A8 on AMX-int8 tiles, attention and W8A16 / W4A16 prefill on AMX-bf16) on a CPU without
+# AMX: both C++ extensions rebuilt with the tile instructions emulated in software (IMPL_CPU_AMX_EMULATE,
+# impl/kernels/cpu_amx_emulate.h; ~2 min once), the kernel, quantized-engine, deterministic and PARITY tests on them.
+# Needs AVX-512 BF16 and VNNI (Zen 4, Cooper Lake, any AMX Xeon).
+test-amx-emulated: $(STAMP)
+	@grep -qw avx512_bf16 /proc/cpuinfo && grep -qw avx512_vnni /proc/cpuinfo || \
+		{ echo "test-amx-emulated: this CPU has no AVX-512 BF16 / VNNI, which the AMX paths' other code needs"; exit 1; }
+	IMPL_CPU_AMX_EMULATE=1 $(PY) -m pytest -q tests/kernels/test_cpu_attn.py tests/kernels/test_cpu_fused.py \
+		tests/kernels/test_cpu_fused_bf16.py tests/quant tests/engine/test_deterministic.py spec/test_contracts.py \
+		-k "not contract or PARITY"
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -35,11 +35,11 @@ IMPL_CPU_ATTN                  bool    true        build and use the compiled CP
 IMPL_CPU_FUSED                 bool    true        build and use the fused CPU layer kernels (impl/kernels/cpu_fused)
 IMPL_CPU_LINEAR                choice  auto        the fused layers' matmul route: auto, packed, onednn, mkl
                                                    (impl/kernels/cpu_fused/linear.py)
-IMPL_CPU_AMX                   bool    true        AMX tiles where the CPU has them: W8A8 prefill on AMX-int8, bf16 extend
-                                                   attention on AMX-bf16 (false: the SIMD kernels, AVX512-BF16 for attention
-                                                   where the CPU has it; impl/kernels/cpu_amx.h)
+IMPL_CPU_AMX                   bool    true        AMX tiles where the CPU has them: W8A8 / W4A8 prefill on AMX-int8, bf16
+                                                   attention and W8A16 / W4A16 prefill on AMX-bf16 (false: the SIMD kernels,
+                                                   AVX512-BF16 where the CPU has it; impl/kernels/cpu_amx.h)
 IMPL_QUANT_BF16_DOT            bool    true        a bf16 model's W8A16 / W4A16 prefill in bf16 dot products where the CPU has
-                                                   AVX-512 BF16 without AMX (false: float32 blocks for ATen's mm;
+                                                   AMX-bf16 or AVX-512 BF16 (false: float32 blocks for ATen's mm;
                                                    impl/kernels/cpu_fused/quant_linear.cpp)
 IMPL_CPU_ATTN_BF16             bool    true        bf16 pair products in the CPU attention kernels (bf16 queries over a bf16 / fp8
                                                    pool): AMX-bf16 tiles, else AVX512-BF16 (false: the float32 SIMD kernels)
@@ -47,6 +47,9 @@ IMPL_CPU_ATTN_KEEP_MB          int     512         MB of AMX-packed keys the CPU
                                                    next (0: pack every request's keys every step; impl/kernels/cpu_attn)
 IMPL_CPU_MARCH                 name    native      gcc ``-march`` of both C++ extensions (haswell: the AVX2 code on an
                                                    AVX-512 machine, ``make test-avx2``)
+IMPL_CPU_AMX_EMULATE           bool    false       build the C++ extensions with AMX tiles emulated in software, for tests
+                                                   of the AMX paths on a CPU without AMX (needs AVX-512 BF16 and VNNI;
+                                                   slow; ``make test-amx-emulated``, impl/kernels/cpu_amx_emulate.h)
 IMPL_MMAP_EMBEDDINGS           bool    true        serve the per-layer-embedding table zero-copy from the checkpoint file
                                                    on CPU (false: load it into memory)
 IMPL_QUANT_LM_HEAD             bool    true        with quantized weights, the LM head reads an int8 (W8A16) copy of the
@@ -205,6 +208,7 @@ class envs:
     IMPL_CPU_ATTN_KEEP_MB = env_int("IMPL_CPU_ATTN_KEEP_MB", 512)  # read by attention.cpp (kept_budget)
     IMPL_CPU_MARCH = env_str("IMPL_CPU_MARCH", "native", r"[A-Za-z0-9][A-Za-z0-9_.-]*",
                              "a gcc -march name (e.g. native, haswell)")
+    IMPL_CPU_AMX_EMULATE = env_bool("IMPL_CPU_AMX_EMULATE", False)  # read by cpp_build (-DIMPL_AMX_EMULATE)
     IMPL_MMAP_EMBEDDINGS = env_bool("IMPL_MMAP_EMBEDDINGS", True)
     IMPL_QUANT_LM_HEAD = env_bool("IMPL_QUANT_LM_HEAD", True)
     IMPL_QUANT_INT4_SEARCH = env_bool("IMPL_QUANT_INT4_SEARCH", True)

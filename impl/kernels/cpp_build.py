@@ -46,6 +46,8 @@ def build_extension(prefix: str, source: str | list[str], cflags: list[str]) -> 
 
     sources = [source] if isinstance(source, str) else list(source)
     cflags = [f"-march={march()}" if f == "-march=native" else f for f in cflags]  # IMPL_CPU_MARCH
+    if envs.IMPL_CPU_AMX_EMULATE.get():  # the AMX paths with the tiles in software (impl/kernels/cpu_amx_emulate.h)
+        cflags = cflags + ["-DIMPL_AMX_EMULATE"]
 
     if shutil.which("ninja") is None:
         try:  # the PyPI ninja package ships the binary beside the interpreter's scripts

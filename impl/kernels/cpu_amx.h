@@ -15,6 +15,10 @@
 #include <cstdlib>
 #include <string>
 
+#if defined(IMPL_AMX_EMULATE)
+#include "cpu_amx_emulate.h"  // the tile instructions in software (tests on CPUs without AMX)
+#endif
+
 namespace cpu_amx {
 
 // Whether the environment variable `name` is set to a false boolean (0 false no n off, in any case).
@@ -27,9 +31,14 @@ inline bool env_false(const char* name) {
 }
 
 // Whether this process may run tile instructions: IMPL_CPU_AMX not false, and the kernel granted the state.
+// (Emulated tiles need no state from the kernel.)
 inline bool tiles_allowed() {
+#if defined(IMPL_AMX_EMULATE)
+  static const bool ok = !env_false("IMPL_CPU_AMX");
+#else
   static const bool ok = !env_false("IMPL_CPU_AMX") &&
                          syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#endif
   return ok;
 }
 

@@ -131,3 +131,17 @@ def assert_close_to_truth(out: torch.Tensor, case: PagedCase, dtype: torch.dtype
     truth, tol = tolerance(case, dtype)
     err = float((out.to(truth.dtype) - truth).abs().max()) if truth.numel() else 0.0
     assert err <= tol, f"kernel error {err:.3g} exceeds tolerance {tol:.3g} (dtype {dtype})"
+
+
+# AMX's flags as /proc/cpuinfo names them: what IMPL_CPU_AMX_EMULATE builds run in software
+AMX_FLAGS = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
+
+
+def kernel_cpu_flags() -> set[str]:
+    """The CPU flags the C++ extensions' builds see: ``/proc/cpuinfo``'s, plus AMX's where ``IMPL_CPU_AMX_EMULATE``
+    builds the tiles in software (``make test-amx-emulated``), so the tests expect the AMX paths there."""
+    from bench.machine import cpu_flags
+    from impl.envs import envs
+
+    flags = cpu_flags()
+    return flags | AMX_FLAGS if envs.IMPL_CPU_AMX_EMULATE.get() else flags

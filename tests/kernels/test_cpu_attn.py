@@ -13,7 +13,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from bench.machine import cpu_flags
+from tests.helpers.kernel_cases import kernel_cpu_flags
 from impl.kernels import cpu_attn
 from impl.kernels.decode_attention import decode_attention_fwd as triton_decode
 from impl.kernels.extend_attention import extend_attention_fwd as triton_extend
@@ -232,7 +232,7 @@ def _pairs_expected() -> str:
     """The bf16-pair path this CPU and build should run ("" for none): amx_bf16 or avx512_bf16."""
     if not _native_build() or _off("IMPL_CPU_ATTN_BF16"):
         return ""
-    flags = cpu_flags()
+    flags = kernel_cpu_flags()
     if "amx_bf16" in flags and not _off("IMPL_CPU_AMX"):
         return "amx_bf16"
     return "avx512_bf16" if "avx512_bf16" in flags else ""
@@ -334,7 +334,7 @@ def test_tiles_and_simd_kernels_agree(tmp_path):
     assert_close_to_truth(simd, case, torch.bfloat16)
     assert_close_to_truth(tiles, case, torch.bfloat16)
     assert_agree(tiles, simd, case, torch.bfloat16)
-    if _pairs_expected() == "amx_bf16" and "avx512_bf16" in cpu_flags():
+    if _pairs_expected() == "amx_bf16" and "avx512_bf16" in kernel_cpu_flags():
         dots = _in_child(case, tmp_path, {"IMPL_CPU_AMX": "0"}, "avx512_bf16")
         assert_close_to_truth(dots, case, torch.bfloat16)
         assert_agree(tiles, dots, case, torch.bfloat16)

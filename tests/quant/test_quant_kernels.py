@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from bench.machine import cpu_flags
+from tests.helpers.kernel_cases import kernel_cpu_flags
 from impl.kernels import cpp_build, cpu_fused
 from impl.quant import pack, reference
 from impl.quant.base import WeightFormat, format_of
@@ -248,10 +248,10 @@ def test_w8a8_amx_tiles_give_the_row_kernels_bits(ext):
     row alone), over full and partial 32-row blocks, a K of several 64-code blocks, several row superblocks and
     several chunks of packed weight blocks."""
     native = os.environ.get("IMPL_CPU_MARCH", "native") == "native"
-    amx_build = "amx_int8" in cpu_flags() and ext.simd_isa() == "avx512" and native
+    amx_build = "amx_int8" in kernel_cpu_flags() and ext.simd_isa() == "avx512" and native
     native_amx = amx_build and os.environ.get("IMPL_CPU_AMX") != "0"
     # without AMX, AVX-512 VNNI builds (Zen 4, Ice Lake servers; make test-avx512) run prefill with VPDPBUSD
-    vnni = ext.simd_isa() == "avx512" and not amx_build and (not native or "avx512_vnni" in cpu_flags())
+    vnni = ext.simd_isa() == "avx512" and not amx_build and (not native or "avx512_vnni" in kernel_cpu_flags())
     assert ext.quant_w8a8_prefill_isa() == ("amx_int8" if native_amx else "avx512_vnni" if vnni else "simd")
     g = torch.Generator().manual_seed(5)
     w, x = torch.randn(128, 384, generator=g), torch.randn(77, 384, generator=g) * 3
@@ -360,8 +360,8 @@ def test_w4a8_tile_order_gives_the_same_bits(ext, group):
                                                                           "w4a16-g256-asym"])
 def test_weight_only_prefill_in_bf16_dot_products(ext, fmt):
     """With ``bf16_dot`` (a bf16 model's linear plan) a W8A16 / W4A16 weight above the small-weight floor meets
-    ``quant_bf16_dot_min_rows()`` rows or more in bf16 dot products where the CPU has AVX-512 BF16 without AMX
-    (``quant_w16_prefill_isa``): the reference on x rounded to bf16 (the codes are exact in bf16, the sums float32),
+    ``quant_bf16_dot_min_rows()`` rows or more in bf16 dot products where the CPU has AMX-bf16 tiles or AVX-512 BF16
+    (``quant_w16_prefill_isa``; ``make test-amx-emulated`` runs the tiles on a CPU without them): the reference on x rounded to bf16 (the codes are exact in bf16, the sums float32),
     per chunk of 256 inputs inside a per-channel group of 512; a row's result does not depend on the rows beside it
     (fast prefill's cross-decoder, the deterministic mode). N off a multiple of 32, fewer rows and ``bf16_dot`` off
     keep the float32 paths' bits; elsewhere ``bf16_dot`` changes nothing."""
@@ -369,9 +369,11 @@ def test_weight_only_prefill_in_bf16_dot_products(ext, fmt):
     p = pack.pack(torch.randn(128, 512, generator=g), fmt)  # 65,536 elements: the floor
     odd = pack.pack(torch.randn(144, 512, generator=g), fmt)
     x = torch.randn(41, 512, generator=g) * 2
-    runs = ext.quant_w16_prefill_isa() == "avx512_bf16"
-    flags = cpu_flags()
-    assert runs == ("avx512_bf16" in flags and "amx_tile" not in flags and cpp_build.march() == "native")
+    flags, native = kernel_cpu_flags(), cpp_build.march() == "native"
+    tiles = native and "amx_bf16" in flags and os.environ.get("IMPL_CPU_AMX") != "0"
+    isa = ext.quant_w16_prefill_isa()
+    assert isa == ("amx_bf16" if tiles else "avx512_bf16" if native and "avx512_bf16" in flags else "")
+    runs = isa != ""
     low = ext.quant_bf16_dot_min_rows()
     assert low == (8 if runs else 0)
     got = ext.quant_linear(x, p, True)
@@ -385,3 +387,20 @@ def test_weight_only_prefill_in_bf16_dot_products(ext, fmt):
     assert torch.equal(ext.quant_linear(x, odd, True), ext.quant_linear(x, odd))
     few = x[: max(low - 1, 1)]
     assert torch.equal(ext.quant_linear(few, p, True), ext.quant_linear(few, p))
+
+
+@pytest.mark.parametrize("fmt", [WeightFormat("w8a16"), WeightFormat("w4a16", 128, False)], ids=["w8a16", "w4a16-g128-asym"])
+def test_weight_only_bf16_dot_products_over_spans_and_row_blocks(ext, fmt):
+    """K = 4096 and 300 rows: the AMX-bf16 kernel's two spans of 2048 inputs (the totals carried through out between
+    them) and two x superblocks (256 rows of a span's 2048 inputs each), the AVX-512 BF16 kernel's many panels: the
+    reference on bf16-rounded x, and rows alone (inside a superblock, across its edge, the last partial 32 rows)
+    keep their bits."""
+    if not ext.quant_w16_prefill_isa():
+        pytest.skip("no bf16 dot products in this build (quant_w16_prefill_isa)")
+    g = torch.Generator().manual_seed(29)
+    p = pack.pack(torch.randn(64, 4096, generator=g), fmt)
+    x = torch.randn(300, 4096, generator=g)
+    got = ext.quant_linear(x, p, True)
+    torch.testing.assert_close(got, reference.linear(x.bfloat16().float(), p), rtol=1e-5, atol=1e-3)
+    for rows in (slice(0, 8), slice(250, 262), slice(280, 300)):
+        assert torch.equal(ext.quant_linear(x[rows], p, True), got[rows])

@@ -144,7 +144,7 @@ def plan(dtype: torch.dtype = torch.float32) -> LinearPlan:
 def quant_bf16_dot(model_dtype: torch.dtype) -> bool:
     """True when W8A16 / W4A16 prefill takes bf16 dot products in a model of ``model_dtype``: a bf16 model (its
     GEMMs' inputs are bf16 values, as oneDNN's bf16 matmul rounds them for bf16 weights) on a CPU whose kernels
-    have them (AVX-512 BF16 without AMX: ``quant_w16_prefill_isa``), unless IMPL_QUANT_BF16_DOT=0."""
+    have them (AMX-bf16 tiles, else AVX-512 BF16: ``quant_w16_prefill_isa``), unless IMPL_QUANT_BF16_DOT=0."""
     from impl.kernels import cpu_fused
 
     ext = cpu_fused.load()
@@ -164,7 +164,8 @@ def quant_plan(fmt_name: str, bf16_dot: bool = False) -> LinearPlan:
     isa = ext.quant_w8a8_prefill_isa() if ext is not None else ""
     amx = isa == "amx_int8"
     if ext is not None and fmt_name.startswith(("w8a16", "w4a16")):
-        fmt_name += (", prefill on AVX-512 BF16 dot products (inputs rounded to bf16)" if bf16_dot else
+        dots = "AMX-bf16 tiles" if ext.quant_w16_prefill_isa() == "amx_bf16" else "AVX-512 BF16 dot products"
+        fmt_name += (f", prefill in bf16 dot products on {dots} (inputs rounded to bf16)" if bf16_dot else
                      ", prefill dequantized to float32 for ATen's mm")
     elif ext is not None and fmt_name.startswith("w8a8"):
         fmt_name += (", prefill on AMX-int8 tiles (weights kept in tile order)" if amx else

@@ -20,8 +20,8 @@
 // that order), and folds the zero point into a per-group sum of x (sum (q - z) x = sum q x - z sum x, the
 // sums of x computed once per call), so the inner loop is spread, convert, FMA. Above
 // kQuantRowKernelMaxRows rows, blocks of rows are dequantized to float32 (~2 MB, once per call, vectorised)
-// for ATen's mm, as the bf16 weights' widened GEMM does (linear.cpp); a bf16 model's (bf16_dot) on AVX-512 BF16
-// without AMX takes the codes as bf16 operands from kWoBf16MinRows rows instead (wo_bf16_kernel).
+// for ATen's mm, as the bf16 weights' widened GEMM does (linear.cpp); a bf16 model's (bf16_dot) on AMX-bf16 or
+// AVX-512 BF16 takes the codes as bf16 operands from kWoBf16MinRows rows instead (wo_amx_kernel, wo_bf16_kernel).
 
 #include "linear.h"
 #include "quant_linear.h"
@@ -814,6 +814,15 @@ inline bool use_amx_w8a8(int64_t M, const QuantView& q) {
 
 #endif
 
+// f(std::integral_constant<int, mt>()) for 1 <= mt <= MR: a pass's row count as a template argument
+template <int MR, typename F>
+inline void with_rows(int64_t mt, const F& f) {
+  if constexpr (MR > 0) {
+    if (mt == MR) return f(std::integral_constant<int, MR>());
+    with_rows<MR - 1>(mt, f);
+  }
+}
+
 // ---- W8A8 prefill with AVX-512 VNNI, no AMX (AMD Zen 4, Ice Lake / Cascade Lake servers) -------------------
 //
 // The row kernel sums each output's products horizontally (one int32 dot product per output, as decode needs); for
@@ -877,15 +886,6 @@ inline void vnni_rows(const int32_t* xg, const float* xs, int64_t m, const Quant
       const __m512 a = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][h], fix));
       _mm512_storeu_ps(out + (m + i) * q.N + n0 + 16 * h, _mm512_mul_ps(_mm512_mul_ps(a, vsw), _mm512_set1_ps(xs[m + i])));
     }
-  }
-}
-
-// f(std::integral_constant<int, mt>()) for 1 <= mt <= MR: a pass's row count as a template argument
-template <int MR, typename F>
-inline void with_rows(int64_t mt, const F& f) {
-  if constexpr (MR > 0) {
-    if (mt == MR) return f(std::integral_constant<int, MR>());
-    with_rows<MR - 1>(mt, f);
   }
 }
 
@@ -1600,8 +1600,9 @@ void w4a8_vnni(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t M
 // kWoBf16Rows rows at a time, each pair of x values broadcast. Per chunk of kc inputs (inside one group) the
 // scale and zero point: total += s * (sum q x - z * sum x) (W8A16: s * sum q x), in float32, x's sums over the chunk
 // computed once per call from the same bf16 values; a panel holds up to kWoBf16SpanInputs inputs (several small
-// groups), the totals in registers across them. A row's operations do not depend on the rows beside it.
-#if defined(__AVX512BF16__) && defined(__AVX512BW__) && !defined(QUANT_AMX_INT8)
+// groups), the totals in registers across them. A row's operations do not depend on the rows beside it. Where the
+// CPU has AMX-bf16 the same panels are B tiles (wo_amx_kernel below); with IMPL_CPU_AMX=0 this kernel runs there.
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define QUANT_WO_BF16 1
 // x rows per pass: 2 x 6 float32 sums, 2 x 6 totals, 2 panel lines and a broadcast in 27 of the 32 zmm. Zen 4,
 // E2B's MLP pair, 512 rows, one build per choice (the totals then in out's rows): 6 rows 316-339 GOP/s (W8A16) /
@@ -1739,7 +1740,95 @@ void wo_bf16_kernel(const uint16_t* x, const float* xs, int64_t M, const QuantVi
   });
 }
 
-// x [M, K] (any float dtype) @ dequant(w)^T through wo_bf16_kernel: x rounded to bf16, its chunk sums for W4A16.
+// ---- the same on AMX-bf16 tiles (Sapphire Rapids and later) ----
+// wo_bf16_panel's word tiles are TDPBF16PS's B tiles as they stand (a line: one pair of inputs of 16 weight rows),
+// x's bf16 rows its A tiles read in place (16 rows x 32 inputs, stride K), so one 32 x 32 block of outputs is four
+// C tiles: per 32 inputs two A tiles (x rows 0-15, 16-31) times two B tiles (weight rows 0-15, 16-31). Per chunk of
+// kc inputs the tiles hold the chunk's sums; stored, wo_bf16_rows' epilogue term for term adds them into the totals
+// (s * (sum q x - z * sum x)), kept in a 32 x 32 buffer across a span. Blocking: x's rows in superblocks of
+// kWoAmxXBytes of one span (read from L2 by every weight block of the thread), spans of kWoAmxSpanInputs inputs
+// (out's totals read and written once per span), each weight panel converted once per span and superblock. A row's
+// operations do not depend on the rows beside it (tiles multiply row by row; the last 32 rows' group is padded
+// with zeros), nor on M. Without an AMX machine the kernel was checked under emulated tiles
+// (impl/kernels/cpu_amx_emulate.h, make test-amx-emulated); its blocking constants are not measured yet.
+#if defined(QUANT_WO_BF16) && defined(QUANT_AMX_INT8) && defined(__AMX_BF16__)
+#define QUANT_WO_AMX 1
+constexpr int64_t kWoAmxSpanInputs = 2048;
+constexpr int64_t kWoAmxXBytes = 1 << 20;
+
+template <QuantKind Kd>
+void wo_amx_kernel(const uint16_t* x, const float* xs, int64_t M, const QuantView& q, float* out) {
+  const int64_t K = q.K, kc = wo_bf16_chunk(q.g), C = K / kc, MB = (M + 31) / 32, tail = M % 32;
+  int64_t SC = std::max<int64_t>(1, kWoAmxSpanInputs / kc);  // chunks per span
+  while (C % SC) --SC;
+  const int64_t R = std::max<int64_t>(1, kWoAmxXBytes / (32 * SC * kc * 2));  // 32-row groups per superblock
+  avector<uint16_t> last;  // x's last group when M % 32: its rows, then zeros
+  if (tail) {
+    last.assign(static_cast<size_t>(32 * K), 0);
+    std::memcpy(last.data(), x + (MB - 1) * 32 * K, static_cast<size_t>(tail * K) * 2);
+  }
+  for_blocks(q.N / 32, 1, [&](int64_t lo, int64_t hi) {
+    avector<int8_t> panel(static_cast<size_t>(SC * kc * 64));
+    avector<float> s(static_cast<size_t>(SC * 32)), z(static_cast<size_t>(SC * 32));
+    alignas(64) float c[32][32];
+    alignas(64) float tot[32][32];
+    cpu_amx::config_16x64();
+    for (int64_t c0 = 0; c0 < C; c0 += SC)
+      for (int64_t mb0 = 0; mb0 < MB; mb0 += R)
+        for (int64_t j = lo; j < hi; ++j) {
+          for (int64_t cs = 0; cs < SC; ++cs)
+            wo_bf16_panel<Kd>(q, 32 * j, (c0 + cs) * kc, kc, panel.data() + cs * kc * 64, s.data() + 32 * cs,
+                              z.data() + 32 * cs);
+          for (int64_t mb = mb0; mb < std::min(MB, mb0 + R); ++mb) {
+            const int64_t m0 = mb * 32, mt = std::min<int64_t>(32, M - m0);
+            const uint16_t* a = tail && mb == MB - 1 ? last.data() : x + m0 * K;
+            float* o = out + m0 * q.N + 32 * j;
+            for (int64_t i = 0; i < mt; ++i)
+              for (int h = 0; h < 2; ++h)
+                _mm512_store_ps(&tot[i][16 * h], c0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(o + i * q.N + 16 * h));
+            const int8_t* pl = panel.data();
+            for (int64_t cs = 0; cs < SC; ++cs) {
+              _tile_zero(0);
+              _tile_zero(1);
+              _tile_zero(2);
+              _tile_zero(3);
+              for (int64_t t = 0; t < kc / 32; ++t, pl += 2048) {
+                const uint16_t* ak = a + (c0 + cs) * kc + 32 * t;
+                _tile_loadd(4, ak, K * 2);
+                _tile_loadd(6, pl, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_loadd(7, pl + 1024, 64);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_loadd(5, ak + 16 * K, K * 2);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+              }
+              _tile_stored(0, &c[0][0], 128);
+              _tile_stored(1, &c[0][16], 128);
+              _tile_stored(2, &c[16][0], 128);
+              _tile_stored(3, &c[16][16], 128);
+              for (int h = 0; h < 2; ++h) {  // wo_bf16_rows' epilogue, term for term
+                const __m512 sv = _mm512_loadu_ps(s.data() + 32 * cs + 16 * h);
+                const __m512 zv = _mm512_loadu_ps(z.data() + 32 * cs + 16 * h);
+                for (int64_t i = 0; i < mt; ++i) {
+                  __m512 v = _mm512_load_ps(&c[i][16 * h]);
+                  if constexpr (Kd == QuantKind::kW4A16)
+                    v = _mm512_fnmadd_ps(zv, _mm512_set1_ps(xs[(m0 + i) * C + c0 + cs]), v);
+                  _mm512_store_ps(&tot[i][16 * h], _mm512_fmadd_ps(sv, v, _mm512_load_ps(&tot[i][16 * h])));
+                }
+              }
+            }
+            for (int64_t i = 0; i < mt; ++i)
+              for (int h = 0; h < 2; ++h) _mm512_storeu_ps(o + i * q.N + 16 * h, _mm512_load_ps(&tot[i][16 * h]));
+          }
+        }
+    _tile_release();
+  });
+}
+#endif
+
+// x [M, K] (any float dtype) @ dequant(w)^T through wo_bf16_kernel (wo_amx_kernel where the tiles are allowed): x
+// rounded to bf16, its chunk sums for W4A16.
 torch::Tensor wo_bf16_mm(const torch::Tensor& x, const QuantView& q) {
   const int64_t M = x.size(0), K = q.K, kc = wo_bf16_chunk(q.g), C = K / kc;
   const torch::Tensor xb = x.to(torch::kBFloat16).contiguous();
@@ -1760,8 +1849,20 @@ torch::Tensor wo_bf16_mm(const torch::Tensor& x, const QuantView& q) {
           xsp[m * C + c] = _mm512_reduce_add_ps(a);
         }
     });
+#if defined(QUANT_WO_AMX)
+    if (cpu_amx::tiles_allowed()) {
+      wo_amx_kernel<QuantKind::kW4A16>(xv, xsp, M, q, out.data_ptr<float>());
+      return out;
+    }
+#endif
     wo_bf16_kernel<QuantKind::kW4A16>(xv, xsp, M, q, out.data_ptr<float>());
   } else {
+#if defined(QUANT_WO_AMX)
+    if (cpu_amx::tiles_allowed()) {
+      wo_amx_kernel<QuantKind::kW8A16>(xv, nullptr, M, q, out.data_ptr<float>());
+      return out;
+    }
+#endif
     wo_bf16_kernel<QuantKind::kW8A16>(xv, nullptr, M, q, out.data_ptr<float>());
   }
   return out;
@@ -2109,6 +2210,9 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w, bool 
 }
 
 std::string quant_w16_prefill_isa() {
+#if defined(QUANT_WO_AMX)
+  if (cpu_amx::tiles_allowed()) return "amx_bf16";
+#endif
 #if defined(QUANT_WO_BF16)
   return "avx512_bf16";
 #else
