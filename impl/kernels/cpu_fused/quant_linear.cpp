@@ -1740,6 +1740,127 @@ void wo_bf16_kernel(const uint16_t* x, const float* xs, int64_t M, const QuantVi
   });
 }
 
+// ---- W4A16 under kWoBf16MinRows rows (decode) in bf16 dot products ----
+// The float32 row kernel (wo_tile) spends 7 instructions per 32 codes and weight row converting them to float32 and
+// taking off the zero point before its FMAs: W4A16 decode ran at 32-38% of its bandwidth bound on Zen 4 (tg128
+// 11.7-14.2 tok/s at full size, llama.cpp's Q4_0 17.6). Here (bf16_dot only: a bf16 model, whose linear plan rounds
+// its GEMMs' inputs to bf16) 32 bytes of a group spread to 32 words (VPMOVZXBW), their low and high nibbles (the
+// group's codes j.. and half + j..) become bf16 by one VPERMW each from a 16-entry table (every code exact in bf16),
+// and VDPBF16PS multiplies them by x's bf16 values as they lie in the row (the nibble order is two runs of x): 2.5
+// instructions per 32 codes, then one VDPBF16PS per x row. Per group the sums are scaled into 16-lane totals, the
+// zero point's term taken off once per row as sum_g s z (sum of the group's bf16 x); one horizontal sum per
+// output. A row's operations do not depend on the rows beside it.
+#if defined(QUANT_WO_BF16)
+// Weight rows per pass: 2 up to kWo4DotPairRows x rows (4 independent sums per x row pair of nibbles), else 1.
+constexpr int kWo4DotPairRows = 3;
+
+inline __m512i bf16_nibble_table() {  // word k: bf16 of k (0-15)
+  alignas(64) uint16_t t[32] = {};
+  for (int k = 0; k < 16; ++k) {
+    const float f = static_cast<float>(k);
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    t[k] = static_cast<uint16_t>(u >> 16);  // exact: k has at most 4 significant bits
+  }
+  return _mm512_load_si512(t);
+}
+
+// out[m * ldo + r] for x rows m < MT (bf16, ldx apart; xs: [MT][G] each group's sum of them) and weight rows r < P
+// (rowB apart from w)
+template <int P, int MT>
+inline void wo4_dot_tile(const uint16_t* x, int64_t ldx, const float* xs, const uint8_t* w, int64_t rowB,
+                         const QuantView& q, float* out, int64_t ldo, int64_t pf) {
+  const int64_t g = q.g, half = g / 2;
+  const __m512i table = bf16_nibble_table(), low4 = _mm512_set1_epi16(15);
+  __m512 tot[P][MT];
+  float zx[P][MT] = {};
+  for (auto& t : tot)
+    for (auto& v : t) v = _mm512_setzero_ps();
+  for (int64_t gi = 0; gi < q.G; ++gi) {
+    const uint8_t* blk = w + gi * q.B;
+    const uint16_t* xg = x + gi * g;
+    if (pf) prefetch_groups<P>(blk, rowB, q.B, pf);
+    __m512 acc[P][MT][2];
+    for (auto& a : acc)
+      for (auto& v : a) v[0] = v[1] = _mm512_setzero_ps();
+    if (half >= 32) {
+      for (int64_t j = 0; j < half; j += 32) {
+        __m512bh lo[P], hi[P];
+        for (int r = 0; r < P; ++r) {
+          const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + r * rowB + j)));
+          lo[r] = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(b, low4), table);
+          hi[r] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), table);
+        }
+        for (int m = 0; m < MT; ++m) {
+          const __m512bh xl = (__m512bh)_mm512_loadu_si512(xg + m * ldx + j);
+          const __m512bh xh = (__m512bh)_mm512_loadu_si512(xg + m * ldx + half + j);
+          for (int r = 0; r < P; ++r) {
+            acc[r][m][0] = _mm512_dpbf16_ps(acc[r][m][0], lo[r], xl);
+            acc[r][m][1] = _mm512_dpbf16_ps(acc[r][m][1], hi[r], xh);
+          }
+        }
+      }
+    } else {  // groups of 32: 16 bytes, the low nibbles codes 0-15 and the high ones 16-31, in x's order
+      for (int r = 0; r < P; ++r) {
+        const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + r * rowB)));
+        const __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b, _mm256_set1_epi16(15))),
+                                             _mm256_srli_epi16(b, 4), 1);
+        const __m512bh wv = (__m512bh)_mm512_permutexvar_epi16(c, table);
+        for (int m = 0; m < MT; ++m)
+          acc[r][m][0] = _mm512_dpbf16_ps(acc[r][m][0], wv, (__m512bh)_mm512_loadu_si512(xg + m * ldx));
+      }
+    }
+    for (int r = 0; r < P; ++r) {
+      const float sc = load_f32(blk + r * rowB + half), z = load_f32(blk + r * rowB + half + 4);
+      const __m512 sv = _mm512_set1_ps(sc);
+      for (int m = 0; m < MT; ++m) {
+        tot[r][m] = _mm512_fmadd_ps(sv, _mm512_add_ps(acc[r][m][0], acc[r][m][1]), tot[r][m]);
+        zx[r][m] += sc * z * xs[m * q.G + gi];
+      }
+    }
+  }
+  for (int m = 0; m < MT; ++m)
+    for (int r = 0; r < P; ++r) out[m * ldo + r] = _mm512_reduce_add_ps(tot[r][m]) - zx[r][m];
+}
+
+// x [M, K] bf16 (M < kWoBf16MinRows) @ dequant(w)^T, w W4A16
+template <int MT>
+void wo4_dot_rows(const uint16_t* x, const float* xs, const QuantView& q, float* out) {
+  constexpr int P = MT <= kWo4DotPairRows ? 2 : 1;
+  const int64_t N = q.N, K = q.K, rowB = q.G * q.B, blocks = N / P;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, rowB * P));
+  for_blocks(blocks, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; ++b) {  // decode's row counts ask for the rows kPrefetchRows ahead (as wo_row_kernel)
+      const bool ahead = MT <= kWoTile && (b + 1) * P + kPrefetchRows <= N;
+      wo4_dot_tile<P, MT>(x, K, xs, q.data + b * P * rowB, rowB, q, out + b * P, N, ahead ? kPrefetchRows * rowB : 0);
+    }
+  });
+  for (int64_t n = blocks * P; n < N; ++n) wo4_dot_tile<1, MT>(x, K, xs, q.data + n * rowB, rowB, q, out + n, N, 0);
+}
+
+torch::Tensor wo4_dot_mm(const torch::Tensor& x, const QuantView& q) {
+  const int64_t M = x.size(0), K = q.K;
+  const torch::Tensor xb = x.to(torch::kBFloat16).contiguous();
+  auto out = torch::empty({M, q.N}, x.options().dtype(torch::kFloat32));
+  auto xs = torch::empty({M, q.G}, out.options());
+  const auto* xv = reinterpret_cast<const uint16_t*>(xb.data_ptr());
+  float* xsp = xs.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m)  // each group's sum of the row's bf16 values, 16 lanes then the lanes' sum
+    for (int64_t gi = 0; gi < q.G; ++gi) {
+      __m512 a = _mm512_setzero_ps();
+      for (int64_t k = gi * q.g; k < (gi + 1) * q.g; k += 16) {
+        const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xv + m * K + k)));
+        a = _mm512_add_ps(a, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+      }
+      xsp[m * q.G + gi] = _mm512_reduce_add_ps(a);
+    }
+  with_rows<kWoBf16MinRows - 1>(M, [&](auto mt) {
+    wo4_dot_rows<decltype(mt)::value>(xv, xsp, q, out.data_ptr<float>());
+  });
+  return out;
+}
+#endif
+
 // ---- the same on AMX-bf16 tiles (Sapphire Rapids and later) ----
 // wo_bf16_panel's word tiles are TDPBF16PS's B tiles as they stand (a line: one pair of inputs of 16 weight rows),
 // x's bf16 rows its A tiles read in place (16 rows x 32 inputs, stride K), so one 32 x 32 block of outputs is four
@@ -2191,6 +2312,9 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w, bool 
   const bool small = q.N * q.K < kQuantSmallWeightElems;  // the row kernel at every row count
 #if defined(QUANT_WO_BF16)
   if (bf16_dot && !small && M >= kWoBf16MinRows && q.N % 32 == 0) return wo_bf16_mm(x, q);
+#if !defined(QUANT_WO4_DOT_OFF)
+  if (bf16_dot && !small && M < kWoBf16MinRows && q.kind == QuantKind::kW4A16) return wo4_dot_mm(x, q);
+#endif
 #endif
   auto xf = x.to(torch::kFloat32).contiguous();
   if (!small && M > kQuantRowKernelMaxRows) return dequant_mm(xf, q);
