@@ -363,9 +363,10 @@ def test_weight_only_prefill_in_bf16_dot_products(ext, fmt):
     ``quant_bf16_dot_min_rows()`` rows or more in bf16 dot products where the CPU has AMX-bf16 tiles or AVX-512 BF16
     (``quant_w16_prefill_isa``; ``make test-amx-emulated`` runs the tiles on a CPU without them): the reference on x rounded to bf16 (the codes are exact in bf16, the sums float32),
     per chunk of 256 inputs inside a per-channel group of 512; a row's result does not depend on the rows beside it
-    (fast prefill's cross-decoder, the deterministic mode). Under that many rows W4A16 takes bf16 dot products row
-    by row (decode: the reference on bf16-rounded x, rows alone), W8A16 keeps its float32 row kernel's bits; N off a
-    multiple of 32 and ``bf16_dot`` off keep the float32 paths' bits; elsewhere ``bf16_dot`` changes nothing."""
+    (fast prefill's cross-decoder, the deterministic mode). Under that many rows W4A16 (and W8A16 from 4 rows) takes
+    bf16 dot products row by row (decode: the reference on bf16-rounded x, rows alone; W8A16 under 4 rows keeps its
+    float32 row kernel's bits); N off a multiple of 32 and ``bf16_dot`` off keep the float32 paths' bits; elsewhere
+    ``bf16_dot`` changes nothing."""
     g = torch.Generator().manual_seed(23)
     p = pack.pack(torch.randn(128, 512, generator=g), fmt)  # 65,536 elements: the floor
     odd = pack.pack(torch.randn(144, 512, generator=g), fmt)
@@ -387,10 +388,12 @@ def test_weight_only_prefill_in_bf16_dot_products(ext, fmt):
         assert torch.equal(got, ext.quant_linear(x, p))
     assert torch.equal(ext.quant_linear(x, odd, True), ext.quant_linear(x, odd))
     few = x[: max(low - 1, 1)]
-    if runs and fmt.kind == "w4a16":  # W4A16 under `low` rows: bf16 dot products row by row (decode)
+    if runs:  # under `low` rows: bf16 dot products row by row (decode), W8A16 from 4 rows (kW8DotMinRows)
+        if fmt.kind == "w8a16":
+            assert torch.equal(ext.quant_linear(few[:3], p, True), ext.quant_linear(few[:3], p))
         got = ext.quant_linear(few, p, True)
         torch.testing.assert_close(got, reference.linear(few.bfloat16().float(), p), rtol=1e-5, atol=2e-4)
-        for rows in (slice(0, 1), slice(2, 5), slice(3, len(few))):
+        for rows in (slice(0, 1), slice(2, 5), slice(3, len(few))) if fmt.kind == "w4a16" else (slice(2, 6), slice(3, 7)):
             assert torch.equal(ext.quant_linear(few[rows], p, True), got[rows])
         tail = pack.pack(torch.randn(129, 512, generator=g), fmt)  # an odd N: the last weight row alone
         torch.testing.assert_close(ext.quant_linear(few, tail, True), reference.linear(few.bfloat16().float(), tail),

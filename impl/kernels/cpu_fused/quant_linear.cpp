@@ -1740,19 +1740,27 @@ void wo_bf16_kernel(const uint16_t* x, const float* xs, int64_t M, const QuantVi
   });
 }
 
-// ---- W4A16 under kWoBf16MinRows rows (decode) in bf16 dot products ----
-// The float32 row kernel (wo_tile) spends 7 instructions per 32 codes and weight row converting them to float32 and
-// taking off the zero point before its FMAs: W4A16 decode ran at 32-38% of its bandwidth bound on Zen 4 (tg128
-// 11.7-14.2 tok/s at full size, llama.cpp's Q4_0 17.6). Here (bf16_dot only: a bf16 model, whose linear plan rounds
-// its GEMMs' inputs to bf16) 32 bytes of a group spread to 32 words (VPMOVZXBW), their low and high nibbles (the
-// group's codes j.. and half + j..) become bf16 by one VPERMW each from a 16-entry table (every code exact in bf16),
-// and VDPBF16PS multiplies them by x's bf16 values as they lie in the row (the nibble order is two runs of x): 2.5
-// instructions per 32 codes, then one VDPBF16PS per x row. Per group the sums are scaled into 16-lane totals, the
-// zero point's term taken off once per row as sum_g s z (sum of the group's bf16 x); one horizontal sum per
-// output. A row's operations do not depend on the rows beside it.
+// ---- W4A16 / W8A16 under kWoBf16MinRows rows (decode) in bf16 dot products ----
+// The float32 row kernel (wo_tile) spends 7 instructions per 32 codes and weight row converting W4A16's codes to
+// float32 and taking off the zero point before its FMAs (W4A16 decode ran at 32-38% of its bandwidth bound on Zen 4:
+// tg128 11.7-14.2 tok/s at full size, llama.cpp's Q4_0 17.6), and passes 2 x rows at a time, converting again per
+// pass. Here (bf16_dot only: a bf16 model, whose linear plan rounds its GEMMs' inputs to bf16) each code becomes a
+// bf16 operand once for every x row of the call (every int8 / int4 code is exact in bf16) and VDPBF16PS multiplies
+// it by x's bf16 values as they lie in the row. W4A16: 32 bytes of a group spread to 32 words (VPMOVZXBW), their low
+// and high nibbles (the group's codes j.. and half + j.., two runs of x) become bf16 by one VPERMW each from a
+// 16-entry table: 2.5 instructions per 32 codes. W8A16: 32 codes sign-extended to int32, converted to float32 and
+// rounded to bf16 pairs (exact): 5 per 32 codes, as many as the row kernel's conversion, so it takes kW8DotMinRows
+// rows and more. Per group the sums are scaled into 16-lane totals, W4A16's zero point term taken off
+// once per output as sum_g s z (sum of the group's bf16 x); one horizontal sum per output. A row's operations do not
+// depend on the rows beside it.
 #if defined(QUANT_WO_BF16)
-// Weight rows per pass: 2 up to kWo4DotPairRows x rows (4 independent sums per x row pair of nibbles), else 1.
-constexpr int kWo4DotPairRows = 3;
+// Weight rows per pass: 2 up to kWoDotPairRows x rows (2 sums per weight row and x row), else 1.
+constexpr int kWoDotPairRows = 3;
+// W8A16 from this many rows: Zen 4, the linears of one KV-shared layer's MLP and a q/k/v-sized one (12288 x 1536,
+// 1536 x 12288, 2048 x 1536), two builds alternated in one process, the row kernel's time / this one's at 1 / 2 / 3 /
+// 4 / 7 rows: 0.93 / 0.99-1.13 / 0.98 / 1.12-1.22 / 1.30 (W4A16, groups of 128: 1.57-1.61 / 1.78-1.82 / - / 1.83-1.92 /
+// 1.92-1.94).
+constexpr int64_t kW8DotMinRows = 4;
 
 inline __m512i bf16_nibble_table() {  // word k: bf16 of k (0-15)
   alignas(64) uint16_t t[32] = {};
@@ -1765,11 +1773,11 @@ inline __m512i bf16_nibble_table() {  // word k: bf16 of k (0-15)
   return _mm512_load_si512(t);
 }
 
-// out[m * ldo + r] for x rows m < MT (bf16, ldx apart; xs: [MT][G] each group's sum of them) and weight rows r < P
-// (rowB apart from w)
-template <int P, int MT>
-inline void wo4_dot_tile(const uint16_t* x, int64_t ldx, const float* xs, const uint8_t* w, int64_t rowB,
-                         const QuantView& q, float* out, int64_t ldo, int64_t pf) {
+// out[m * ldo + r] for x rows m < MT (bf16, ldx apart; W4A16: xs [MT][G] each group's sum of them) and weight rows
+// r < P (rowB apart from w)
+template <QuantKind Kd, int P, int MT>
+inline void wo_dot_tile(const uint16_t* x, int64_t ldx, const float* xs, const uint8_t* w, int64_t rowB,
+                        const QuantView& q, float* out, int64_t ldo, int64_t pf) {
   const int64_t g = q.g, half = g / 2;
   const __m512i table = bf16_nibble_table(), low4 = _mm512_set1_epi16(15);
   __m512 tot[P][MT];
@@ -1779,11 +1787,27 @@ inline void wo4_dot_tile(const uint16_t* x, int64_t ldx, const float* xs, const 
   for (int64_t gi = 0; gi < q.G; ++gi) {
     const uint8_t* blk = w + gi * q.B;
     const uint16_t* xg = x + gi * g;
-    if (pf) prefetch_groups<P>(blk, rowB, q.B, pf);
     __m512 acc[P][MT][2];
     for (auto& a : acc)
       for (auto& v : a) v[0] = v[1] = _mm512_setzero_ps();
-    if (half >= 32) {
+    if constexpr (Kd == QuantKind::kW8A16) {
+      if (pf) prefetch_groups<P>(blk + g, rowB, q.B - g, pf);  // the scale's line
+      for (int64_t k = 0; k < g; k += 32) {
+        if (pf && k % 64 == 0) prefetch_groups<P>(blk + k, rowB, 1, pf);
+        __m512bh wv[P];
+        for (int r = 0; r < P; ++r) {
+          const uint8_t* c = blk + r * rowB + k;
+          const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c))));
+          const __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16))));
+          wv[r] = _mm512_cvtne2ps_pbh(b, a);  // exact: |code| <= 128
+        }
+        for (int m = 0; m < MT; ++m) {
+          const __m512bh xv = (__m512bh)_mm512_loadu_si512(xg + m * ldx + k);
+          for (int r = 0; r < P; ++r) acc[r][m][(k / 32) & 1] = _mm512_dpbf16_ps(acc[r][m][(k / 32) & 1], wv[r], xv);
+        }
+      }
+    } else if (half >= 32) {
+      if (pf) prefetch_groups<P>(blk, rowB, q.B, pf);
       for (int64_t j = 0; j < half; j += 32) {
         __m512bh lo[P], hi[P];
         for (int r = 0; r < P; ++r) {
@@ -1800,7 +1824,8 @@ inline void wo4_dot_tile(const uint16_t* x, int64_t ldx, const float* xs, const 
           }
         }
       }
-    } else {  // groups of 32: 16 bytes, the low nibbles codes 0-15 and the high ones 16-31, in x's order
+    } else {  // W4A16 in groups of 32: 16 bytes, the low nibbles codes 0-15 and the high ones 16-31, in x's order
+      if (pf) prefetch_groups<P>(blk, rowB, q.B, pf);
       for (int r = 0; r < P; ++r) {
         const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + r * rowB)));
         const __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b, _mm256_set1_epi16(15))),
@@ -1811,11 +1836,12 @@ inline void wo4_dot_tile(const uint16_t* x, int64_t ldx, const float* xs, const 
       }
     }
     for (int r = 0; r < P; ++r) {
-      const float sc = load_f32(blk + r * rowB + half), z = load_f32(blk + r * rowB + half + 4);
+      const uint8_t* tail = blk + r * rowB + (Kd == QuantKind::kW4A16 ? half : g);  // the scale (W4A16: then z)
+      const float sc = load_f32(tail);
       const __m512 sv = _mm512_set1_ps(sc);
       for (int m = 0; m < MT; ++m) {
         tot[r][m] = _mm512_fmadd_ps(sv, _mm512_add_ps(acc[r][m][0], acc[r][m][1]), tot[r][m]);
-        zx[r][m] += sc * z * xs[m * q.G + gi];
+        if constexpr (Kd == QuantKind::kW4A16) zx[r][m] += sc * load_f32(tail + 4) * xs[m * q.G + gi];
       }
     }
   }
@@ -1823,27 +1849,35 @@ inline void wo4_dot_tile(const uint16_t* x, int64_t ldx, const float* xs, const 
     for (int r = 0; r < P; ++r) out[m * ldo + r] = _mm512_reduce_add_ps(tot[r][m]) - zx[r][m];
 }
 
-// x [M, K] bf16 (M < kWoBf16MinRows) @ dequant(w)^T, w W4A16
-template <int MT>
-void wo4_dot_rows(const uint16_t* x, const float* xs, const QuantView& q, float* out) {
-  constexpr int P = MT <= kWo4DotPairRows ? 2 : 1;
+// x [MT, K] bf16 @ dequant(w)^T
+template <QuantKind Kd, int MT>
+void wo_dot_rows(const uint16_t* x, const float* xs, const QuantView& q, float* out) {
+  constexpr int P = MT <= kWoDotPairRows ? 2 : 1;
   const int64_t N = q.N, K = q.K, rowB = q.G * q.B, blocks = N / P;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, rowB * P));
   for_blocks(blocks, grain, [&](int64_t lo, int64_t hi) {
     for (int64_t b = lo; b < hi; ++b) {  // decode's row counts ask for the rows kPrefetchRows ahead (as wo_row_kernel)
       const bool ahead = MT <= kWoTile && (b + 1) * P + kPrefetchRows <= N;
-      wo4_dot_tile<P, MT>(x, K, xs, q.data + b * P * rowB, rowB, q, out + b * P, N, ahead ? kPrefetchRows * rowB : 0);
+      wo_dot_tile<Kd, P, MT>(x, K, xs, q.data + b * P * rowB, rowB, q, out + b * P, N, ahead ? kPrefetchRows * rowB : 0);
     }
   });
-  for (int64_t n = blocks * P; n < N; ++n) wo4_dot_tile<1, MT>(x, K, xs, q.data + n * rowB, rowB, q, out + n, N, 0);
+  for (int64_t n = blocks * P; n < N; ++n) wo_dot_tile<Kd, 1, MT>(x, K, xs, q.data + n * rowB, rowB, q, out + n, N, 0);
 }
 
-torch::Tensor wo4_dot_mm(const torch::Tensor& x, const QuantView& q) {
+// x [M, K] (any float dtype, M < kWoBf16MinRows) @ dequant(w)^T through wo_dot_rows: x rounded to bf16, its group
+// sums for W4A16.
+torch::Tensor wo_dot_rows_mm(const torch::Tensor& x, const QuantView& q) {
   const int64_t M = x.size(0), K = q.K;
   const torch::Tensor xb = x.to(torch::kBFloat16).contiguous();
   auto out = torch::empty({M, q.N}, x.options().dtype(torch::kFloat32));
-  auto xs = torch::empty({M, q.G}, out.options());
   const auto* xv = reinterpret_cast<const uint16_t*>(xb.data_ptr());
+  if (q.kind == QuantKind::kW8A16) {
+    with_rows<kWoBf16MinRows - 1>(M, [&](auto mt) {
+      wo_dot_rows<QuantKind::kW8A16, decltype(mt)::value>(xv, nullptr, q, out.data_ptr<float>());
+    });
+    return out;
+  }
+  auto xs = torch::empty({M, q.G}, out.options());
   float* xsp = xs.data_ptr<float>();
   for (int64_t m = 0; m < M; ++m)  // each group's sum of the row's bf16 values, 16 lanes then the lanes' sum
     for (int64_t gi = 0; gi < q.G; ++gi) {
@@ -1855,7 +1889,7 @@ torch::Tensor wo4_dot_mm(const torch::Tensor& x, const QuantView& q) {
       xsp[m * q.G + gi] = _mm512_reduce_add_ps(a);
     }
   with_rows<kWoBf16MinRows - 1>(M, [&](auto mt) {
-    wo4_dot_rows<decltype(mt)::value>(xv, xsp, q, out.data_ptr<float>());
+    wo_dot_rows<QuantKind::kW4A16, decltype(mt)::value>(xv, xsp, q, out.data_ptr<float>());
   });
   return out;
 }
@@ -2312,8 +2346,9 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w, bool 
   const bool small = q.N * q.K < kQuantSmallWeightElems;  // the row kernel at every row count
 #if defined(QUANT_WO_BF16)
   if (bf16_dot && !small && M >= kWoBf16MinRows && q.N % 32 == 0) return wo_bf16_mm(x, q);
-#if !defined(QUANT_WO4_DOT_OFF)
-  if (bf16_dot && !small && M < kWoBf16MinRows && q.kind == QuantKind::kW4A16) return wo4_dot_mm(x, q);
+#if !defined(QUANT_WO_DOT_OFF)  // -DQUANT_WO_DOT_OFF: the row kernel instead (side-by-side builds)
+  if (bf16_dot && !small && M < kWoBf16MinRows && (q.kind == QuantKind::kW4A16 || M >= kW8DotMinRows))
+    return wo_dot_rows_mm(x, q);
 #endif
 #endif
   auto xf = x.to(torch::kFloat32).contiguous();
