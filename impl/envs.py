@@ -38,8 +38,9 @@ IMPL_CPU_LINEAR                choice  auto        the fused layers' matmul rout
 IMPL_CPU_AMX                   bool    true        AMX tiles where the CPU has them: W8A8 / W4A8 prefill on AMX-int8, bf16
                                                    attention and W8A16 / W4A16 prefill on AMX-bf16 (false: the SIMD kernels,
                                                    AVX512-BF16 where the CPU has it; impl/kernels/cpu_amx.h)
-IMPL_QUANT_BF16_DOT            bool    true        a bf16 model's W8A16 / W4A16 prefill in bf16 dot products where the CPU has
-                                                   AMX-bf16 or AVX-512 BF16 (false: float32 blocks for ATen's mm;
+IMPL_QUANT_BF16_DOT            bool    true        a bf16 model's W8A16 / W4A16 prefill (and W4A16's decode, W8A16's from 4
+                                                   rows) in bf16 dot products where the CPU has AMX-bf16 or AVX-512 BF16
+                                                   (false: float32 blocks for ATen's mm and the float32 row kernel;
                                                    impl/kernels/cpu_fused/quant_linear.cpp)
 IMPL_CPU_ATTN_BF16             bool    true        bf16 pair products in the CPU attention kernels (bf16 queries over a bf16 / fp8
                                                    pool): AMX-bf16 tiles, else AVX512-BF16 (false: the float32 SIMD kernels)

@@ -164,8 +164,9 @@ def quant_plan(fmt_name: str, bf16_dot: bool = False) -> LinearPlan:
     isa = ext.quant_w8a8_prefill_isa() if ext is not None else ""
     amx = isa == "amx_int8"
     if ext is not None and fmt_name.startswith(("w8a16", "w4a16")):
-        dots = "AMX-bf16 tiles" if ext.quant_w16_prefill_isa() == "amx_bf16" else "AVX-512 BF16 dot products"
-        fmt_name += (f", prefill in bf16 dot products on {dots} (inputs rounded to bf16)" if bf16_dot else
+        dots = "AMX-bf16 tiles" if ext.quant_w16_prefill_isa() == "amx_bf16" else "AVX-512 BF16"
+        decode = "decode too" if fmt_name.startswith("w4a16") else "decode from 4 rows"  # quant_linear.cpp's wo_dot_rows
+        fmt_name += (f", prefill in bf16 dot products on {dots}, {decode} (inputs rounded to bf16)" if bf16_dot else
                      ", prefill dequantized to float32 for ATen's mm")
     elif ext is not None and fmt_name.startswith("w8a8"):
         fmt_name += (", prefill on AMX-int8 tiles (weights kept in tile order)" if amx else

@@ -68,7 +68,8 @@ bool takes_inputs(const torch::Tensor& w, int64_t K);
 // kQuantRowKernelMaxRows rows (or for weights under kSmallWeightElems elements, at every row count), above
 // it blocks of rows dequantized to float32 for ATen's mm; with bf16_dot (the model's linear plan rounds its GEMMs'
 // inputs to bf16) where the CPU has AMX-bf16 or AVX-512 BF16, from quant_bf16_dot_min_rows() rows x rounded to bf16
-// times the codes in bf16 dot products (quant_w16_prefill_isa): a row's result independent of the other rows.
+// times the codes in bf16 dot products (quant_w16_prefill_isa), and under it row by row in bf16 dot products too
+// (W4A16 at every row count, W8A16 from 4 rows): a row's result independent of the other rows.
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w, bool bf16_dot = false);
 
 // What runs W8A16 / W4A16 with bf16_dot: "amx_bf16" (tiles allowed), "avx512_bf16" or "" (float32 for ATen's mm

@@ -638,7 +638,7 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
     if quant is not None:
         weight_dtype = quant.scheme.fmt.kind
     plan = None
-    bf16_dot = False  # W8A16 / W4A16 prefill in bf16 dot products (quant_linear.h)
+    bf16_dot = False  # W8A16 / W4A16 prefill (and decode) in bf16 dot products (quant_linear.h)
     packed = 0
     modes: dict[int, str] = {}  # id(fused layer) -> its linear mode
     held: list[torch.Tensor] = []  # tensors the installed forwards hold outside the parameters
