@@ -2347,7 +2347,9 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w, bool 
 #if defined(QUANT_WO_BF16)
   if (bf16_dot && !small && M >= kWoBf16MinRows && q.N % 32 == 0) return wo_bf16_mm(x, q);
 #if !defined(QUANT_WO_DOT_OFF)  // -DQUANT_WO_DOT_OFF: the row kernel instead (side-by-side builds)
-  if (bf16_dot && !small && M < kWoBf16MinRows && (q.kind == QuantKind::kW4A16 || M >= kW8DotMinRows))
+  // (W4A16's groups: 32, or a multiple of 64 (half a multiple of 32): every size the formats allow)
+  if (bf16_dot && !small && M < kWoBf16MinRows &&
+      (q.kind == QuantKind::kW4A16 ? q.g == 32 || q.g % 64 == 0 : M >= kW8DotMinRows))
     return wo_dot_rows_mm(x, q);
 #endif
 #endif
