@@ -1762,6 +1762,21 @@ constexpr int kWoDotPairRows = 3;
 // 1.92-1.94).
 constexpr int64_t kW8DotMinRows = 4;
 
+// sums [M, K / seg]: each row's bf16 values (x [M, K]) summed over inputs [c seg, (c + 1) seg) in float32, 16 lanes
+// then the lanes' sum (a row's sums depend on its own values alone). seg: a multiple of 16.
+inline void bf16_segment_sums(const uint16_t* x, int64_t M, int64_t K, int64_t seg, float* sums) {
+  const int64_t C = K / seg;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t c = 0; c < C; ++c) {
+      __m512 a = _mm512_setzero_ps();
+      for (int64_t k = c * seg; k < (c + 1) * seg; k += 16) {
+        const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + m * K + k)));
+        a = _mm512_add_ps(a, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+      }
+      sums[m * C + c] = _mm512_reduce_add_ps(a);
+    }
+}
+
 inline __m512i bf16_nibble_table() {  // word k: bf16 of k (0-15)
   alignas(64) uint16_t t[32] = {};
   for (int k = 0; k < 16; ++k) {
@@ -1879,15 +1894,7 @@ torch::Tensor wo_dot_rows_mm(const torch::Tensor& x, const QuantView& q) {
   }
   auto xs = torch::empty({M, q.G}, out.options());
   float* xsp = xs.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m)  // each group's sum of the row's bf16 values, 16 lanes then the lanes' sum
-    for (int64_t gi = 0; gi < q.G; ++gi) {
-      __m512 a = _mm512_setzero_ps();
-      for (int64_t k = gi * q.g; k < (gi + 1) * q.g; k += 16) {
-        const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xv + m * K + k)));
-        a = _mm512_add_ps(a, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
-      }
-      xsp[m * q.G + gi] = _mm512_reduce_add_ps(a);
-    }
+  bf16_segment_sums(xv, M, K, q.g, xsp);
   with_rows<kWoBf16MinRows - 1>(M, [&](auto mt) {
     wo_dot_rows<QuantKind::kW4A16, decltype(mt)::value>(xv, xsp, q, out.data_ptr<float>());
   });
@@ -1990,20 +1997,9 @@ torch::Tensor wo_bf16_mm(const torch::Tensor& x, const QuantView& q) {
   auto out = torch::empty({M, q.N}, x.options().dtype(torch::kFloat32));
   const auto* xv = reinterpret_cast<const uint16_t*>(xb.data_ptr());
   if (q.kind == QuantKind::kW4A16) {
-    // sum of each chunk's bf16 values in float32, 16 lanes then the lanes' sum (the same for a row at any M)
     auto xs = torch::empty({M, C}, out.options());
     float* xsp = xs.data_ptr<float>();
-    at::parallel_for(0, M, 16, [&](int64_t lo, int64_t hi) {
-      for (int64_t m = lo; m < hi; ++m)
-        for (int64_t c = 0; c < C; ++c) {
-          __m512 a = _mm512_setzero_ps();
-          for (int64_t k = c * kc; k < (c + 1) * kc; k += 16) {
-            const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xv + m * K + k)));
-            a = _mm512_add_ps(a, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
-          }
-          xsp[m * C + c] = _mm512_reduce_add_ps(a);
-        }
-    });
+    at::parallel_for(0, M, 16, [&](int64_t lo, int64_t hi) { bf16_segment_sums(xv + lo * K, hi - lo, K, kc, xsp + lo * C); });
 #if defined(QUANT_WO_AMX)
     if (cpu_amx::tiles_allowed()) {
       wo_amx_kernel<QuantKind::kW4A16>(xv, xsp, M, q, out.data_ptr<float>());
