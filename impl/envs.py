@@ -44,7 +44,7 @@ IMPL_QUANT_BF16_DOT            bool    true        a bf16 model's W8A16 / W4A16 
                                                    impl/kernels/cpu_fused/quant_linear.cpp)
 IMPL_CPU_ATTN_BF16             bool    true        bf16 pair products in the CPU attention kernels (bf16 queries over a bf16 / fp8
                                                    pool): AMX-bf16 tiles, else AVX512-BF16 (false: the float32 SIMD kernels)
-IMPL_CPU_ATTN_KEEP_MB          int     512         MB of AMX-packed keys the CPU decode kernels keep from one decode step to the
+IMPL_CPU_ATTN_KEEP_MB          int     512         MB of bf16-pair packed keys the CPU decode kernels keep from one decode step to the
                                                    next (0: pack every request's keys every step; impl/kernels/cpu_attn)
 IMPL_CPU_MARCH                 name    native      gcc ``-march`` of both C++ extensions (haswell: the AVX2 code on an
                                                    AVX-512 machine, ``make test-avx2``)

@@ -505,7 +505,7 @@ class Engine:
         self._detokenizer.drain()
         self._detokenizer.stop()
         self.grammar_backend.shutdown()
-        cpu_attn.drop_kept_packings()  # the AMX packings decode kept across steps (they hold copies of our keys)
+        cpu_attn.drop_kept_packings()  # the bf16-pair packings decode kept across steps (they hold copies of our keys)
 
     def __enter__(self) -> "Engine":
         return self

@@ -358,7 +358,7 @@ def test_a_row_decoded_alone_gets_its_extend_bits(head_dim, window):
 @pytest.mark.skipif(not _tiles_expected(), reason="no bf16 pairs on this CPU (AMX-bf16 or AVX512-BF16)")
 def test_a_kept_packing_serves_its_own_forward_only():
     """pack_epoch: within one forward the KV-shared layers read their producer's K/V as the producer left it, so
-    launches over one buffer under one epoch reuse the first launch's AMX packing (here: fast prefill's back half
+    launches over one buffer under one epoch reuse the first launch's bf16-pair packing (here: fast prefill's back half
     after the full extend, whose packing covers its keys), with a fresh packing's bits. A new epoch packs again:
     the pool may have been written since, as it is here."""
     case = make_case([30, 0], [150, 170], 8, 1, 256, torch.bfloat16, seed=9, scaling=256**-0.5, window=100)

@@ -75,7 +75,7 @@ def _ext() -> ModuleType:
 # KV-shared layers (Gemma-4's cross-decoder) read their producer layer's K/V, unchanged since the producer's own
 # launch, so launches over a producer's buffers that pass the same pack_epoch (> 0, never reused in the process:
 # ``next_pack_epoch()``) reuse its packing instead of packing again (the same bits; attention.cpp,
-# ``amx_pack_requests``). The caller passes it only for those buffers, and a new epoch for every forward.
+# ``pair_pack_requests``). The caller passes it only for those buffers, and a new epoch for every forward.
 _PACK_EPOCHS = itertools.count(1)
 
 

@@ -319,7 +319,7 @@ struct TileArgs {
   float v_scale;  // the pool's V scale: multiplies the normalised output
   const int64_t* slot_map;  // full -> sliding-window slot map applied to every slot read (nullptr: none)
   int64_t map_len;
-  int64_t pack_epoch = 0;  // > 0: the forward's epoch, under which AMX packings are kept (amx_pack_requests)
+  int64_t pack_epoch = 0;  // > 0: the forward's epoch, under which the bf16-pair packings are kept (pair_pack_requests)
   int64_t kv_generation = 0;  // > 0 (decode): the pool's generation, under which packings outlive the launch
 };
 
@@ -429,7 +429,7 @@ void run_items(int64_t n, const F& body) {
 //
 // Each (request, KV head)'s visible keys are packed once per launch into the B tiles' layout (K^T in pairs of
 // dims, V in pairs of keys: 1 KB per tile), not once per work item, and every item reads its tiles in place.
-// Key tiles lie on a fixed grid (multiples of kAmxKeys from key 0, the first one started at the item's first
+// Key tiles lie on a fixed grid (multiples of kPairKeys from key 0, the first one started at the item's first
 // 32-key block): a lane's result depends only on its own query and visible keys, never on which rows share
 // its item, so a row computed alone (fast prefill's selected rows) gets the bits it gets among all rows.
 // IMPL_CPU_AMX=0 turns the tiles off.
@@ -449,11 +449,11 @@ void run_items(int64_t n, const F& body) {
 // Keys per tile of the online softmax (a multiple of 32). 256 spreads each tile's P V accumulator loads / stores and
 // its softmax bookkeeping over twice the keys of 128 (E2B's shapes, bench.bench_cpu_attn: 10-15% faster); 512 ran
 // slower (S and P outgrow L1).
-constexpr int64_t kAmxKeys = 256;
+constexpr int64_t kPairKeys = 256;
 
 // The element types the tiles take: bf16 queries over a bf16 or fp8 pool.
 template <typename T, typename S>
-constexpr bool kAmxTypes = std::is_same_v<T, at::BFloat16> && (std::is_same_v<S, at::BFloat16> ||
+constexpr bool kPairTypes = std::is_same_v<T, at::BFloat16> && (std::is_same_v<S, at::BFloat16> ||
                                                               std::is_same_v<S, c10::Float8_e4m3fn> ||
                                                               std::is_same_v<S, c10::Float8_e5m2>);
 
@@ -478,18 +478,18 @@ inline const uint16_t* bf16_row(const S* src, int64_t D, float* f32, uint16_t* t
 // (tile (kb, c): row r = dims 32c + 2r, 32c + 2r + 1, column = key 16 kb + col, as bf16 pairs); vp holds
 // ceil(n / 32) blocks of D / 16 B tiles of V (tile (kb, db): row r = keys 32 kb + 2r, +1, column = dim 16 db + d).
 // Keys past n are zero.
-struct AmxPacked {
+struct PairPacked {
   int64_t k0 = 0;
-  cpu_mem::avector_noinit<uint32_t> kp;  // amx_pack_keys writes every element, padding keys included
+  cpu_mem::avector_noinit<uint32_t> kp;  // pair_pack_keys writes every element, padding keys included
   cpu_mem::avector_noinit<uint16_t> vp;
 };
 
-void amx_pack_alloc(int64_t k0, int64_t n, int64_t D, AmxPacked& out) {
+void pair_pack_alloc(int64_t k0, int64_t n, int64_t D, PairPacked& out) {
   out.k0 = k0;
   out.kp.resize(round_up(n, 32) * D / 2);  // growing a kept packing keeps what it holds (std::vector::resize)
   out.vp.resize(round_up(n, 32) * D);
 }
-using PackedRequests = std::vector<std::shared_ptr<AmxPacked>>;  // entry b * Hkv + h (nullptr: no keys)
+using PackedRequests = std::vector<std::shared_ptr<PairPacked>>;  // entry b * Hkv + h (nullptr: no keys)
 
 // 16 rows of 16 dwords transposed in registers: out row i (16 dwords, 64-byte aligned) = dword i of every row.
 // Four unpack / shuffle stages: after the second, r[4i + c]'s 128-bit lane L holds dword 4L + c of rows
@@ -523,8 +523,8 @@ inline void transpose16_epi32(__m512i r[16], uint32_t* out) {
 // j_hi up to the next 32-key block are written as zeros (j_lo is a multiple of 32, j_hi a multiple of 32 or
 // the request's last key). A data move: the tiles hold the bits a key-by-key copy gives.
 template <typename S>
-void amx_pack_keys(const PoolHead<S>& kh, const PoolHead<S>& vh, const int64_t* slots, const TileArgs& a,
-                   int64_t j_lo, int64_t j_hi, AmxPacked& out) {
+void pair_pack_keys(const PoolHead<S>& kh, const PoolHead<S>& vh, const int64_t* slots, const TileArgs& a,
+                   int64_t j_lo, int64_t j_hi, PairPacked& out) {
   const int64_t D = a.D, DC = D / 32, DB = D / 16;
   thread_local avector<float> f32;
   thread_local avector<uint16_t> stage, zeros;  // fp8 pools: a block's rows as bf16; the rows past j_hi
@@ -579,7 +579,7 @@ void amx_pack_keys(const PoolHead<S>& kh, const PoolHead<S>& vh, const int64_t* 
 // the producer's own attention in that forward, so each would pack the same keys again. The caller gives every
 // forward an epoch never used before in the process, and only for the launches over producers' buffers; a launch
 // reuses a packing of its epoch over the same buffers whose requests' slots match its own and cover its keys.
-// A covering packing gives the bits of an exact one: amx_attend starts an item's tiles at max(k0, its first
+// A covering packing gives the bits of an exact one: attend_pairs starts an item's tiles at max(k0, its first
 // 32-key block), which a smaller k0 does not move, and keys past an item's range are masked as before.
 struct PackCacheEntry {
   int64_t epoch;
@@ -610,7 +610,7 @@ struct KeptPacking {
   const void* v;
   int64_t D, h, end;  // keys [pk->k0, end) of one request's KV head h are packed
   std::vector<int64_t> slots;  // their slots
-  std::shared_ptr<AmxPacked> pk;
+  std::shared_ptr<PairPacked> pk;
   bool used;
 };
 constexpr int64_t kKeptBytesDefault = int64_t{512} << 20;
@@ -626,7 +626,7 @@ int64_t kept_budget() {
   }();
   return budget;
 }
-inline int64_t packed_bytes(const AmxPacked& pk) {
+inline int64_t packed_bytes(const PairPacked& pk) {
   return static_cast<int64_t>(pk.kp.size() * sizeof(uint32_t) + pk.vp.size() * sizeof(uint16_t));
 }
 
@@ -641,12 +641,12 @@ std::vector<int64_t> kept_packings_check() {
       TORCH_CHECK(e.k == buf && n >= 0 && static_cast<int64_t>(e.slots.size()) == n &&
                       static_cast<int64_t>(e.pk->kp.size()) >= round_up(n, 32) * e.D / 2 &&
                       static_cast<int64_t>(e.pk->vp.size()) >= round_up(n, 32) * e.D,
-                  "kept AMX packing of buffer ", buf, ": ", e.slots.size(), " slots for keys [", e.pk->k0, ", ",
+                  "kept bf16-pair packing of buffer ", buf, ": ", e.slots.size(), " slots for keys [", e.pk->k0, ", ",
                   e.end, ") (", e.pk->kp.size(), " / ", e.pk->vp.size(), " words)");
       ++entries;
       bytes += packed_bytes(*e.pk);
     }
-  TORCH_CHECK(bytes == kept_bytes, "kept AMX packings hold ", bytes, " bytes, the count says ", kept_bytes);
+  TORCH_CHECK(bytes == kept_bytes, "kept bf16-pair packings hold ", bytes, " bytes, the count says ", kept_bytes);
   return {entries, bytes};
 }
 
@@ -662,7 +662,7 @@ void drop_kept_packings() {
 // b * Hkv + h. A request no item sees keys of gets nothing packed. With a.pack_epoch, a kept packing that covers
 // these keys is returned instead, and a new one is kept (above).
 template <typename S, typename Item>
-std::shared_ptr<const PackedRequests> amx_pack_requests(const torch::Tensor& k_buf, const torch::Tensor& v_buf,
+std::shared_ptr<const PackedRequests> pair_pack_requests(const torch::Tensor& k_buf, const torch::Tensor& v_buf,
                                                                 const std::vector<const int64_t*>& slots,
                                                                 const std::vector<Item>& items, const TileArgs& a) {
   const int64_t B = static_cast<int64_t>(slots.size()), Hkv = k_buf.size(1), cap_n = k_buf.size(0);
@@ -736,15 +736,15 @@ std::shared_ptr<const PackedRequests> amx_pack_requests(const torch::Tensor& k_b
             break;
           }
         if (hit == nullptr && kept_bytes + round_up(n, 32) * a.D * 4 <= kept_budget()) {
-          mine->push_back({kp, vp, a.D, h, k0, {}, std::make_shared<AmxPacked>(), false});
+          mine->push_back({kp, vp, a.D, h, k0, {}, std::make_shared<PairPacked>(), false});
           hit = &mine->back();
-          amx_pack_alloc(k0, 0, a.D, *hit->pk);
+          pair_pack_alloc(k0, 0, a.D, *hit->pk);
         }
         if (hit != nullptr) {
           // nothing new: nothing to pack; else the last block again (its keys past the old end were zeros)
           from = hit->end == khi[b] ? n : (hit->end - k0) / 32 * 32;
           kept_bytes -= packed_bytes(*hit->pk);
-          amx_pack_alloc(k0, n, a.D, *hit->pk);
+          pair_pack_alloc(k0, n, a.D, *hit->pk);
           kept_bytes += packed_bytes(*hit->pk);
           hit->slots.insert(hit->slots.end(), slots[b] + hit->end, slots[b] + khi[b]);
           hit->end = khi[b];
@@ -753,8 +753,8 @@ std::shared_ptr<const PackedRequests> amx_pack_requests(const torch::Tensor& k_b
         }
       }
       if (hit == nullptr) {
-        (*packed)[b * Hkv + h] = std::make_shared<AmxPacked>();
-        amx_pack_alloc(k0, n, a.D, *(*packed)[b * Hkv + h]);
+        (*packed)[b * Hkv + h] = std::make_shared<PairPacked>();
+        pair_pack_alloc(k0, n, a.D, *(*packed)[b * Hkv + h]);
       }
       for (int64_t j0 = from; j0 < n; j0 += kPackChunk) chunks.push_back({b * Hkv + h, j0, std::min(j0 + kPackChunk, n)});
     }
@@ -771,7 +771,7 @@ std::shared_ptr<const PackedRequests> amx_pack_requests(const torch::Tensor& k_b
       const int64_t b = c.bh / Hkv, h = c.bh % Hkv;
       const PoolHead<S> kh{k_buf.data_ptr<S>() + h * k_buf.stride(1), k_buf.stride(0), cap_n};
       const PoolHead<S> vh{v_buf.data_ptr<S>() + h * v_buf.stride(1), v_buf.stride(0), cap_n};
-      amx_pack_keys<S>(kh, vh, slots[b], a, c.j0, c.j1, *(*packed)[c.bh]);
+      pair_pack_keys<S>(kh, vh, slots[b], a, c.j0, c.j1, *(*packed)[c.bh]);
     });
   } catch (...) {  // a refused slot: the kept packings of this buffer already claim keys that were not packed
     if (across) {
@@ -840,7 +840,7 @@ inline void amx_dp_step() {
 }
 
 // One block of S = Q K^T on tiles: RT 16-row tiles of queries (q: RT * 16 rows of D bf16) against 32 packed keys
-// (kb: two key tiles per 32 dims, DC = D / 32 pairs of them), into sb (rows kAmxKeys floats apart). RT = 1 serves
+// (kb: two key tiles per 32 dims, DC = D / 32 pairs of them), into sb (rows kPairKeys floats apart). RT = 1 serves
 // decode's 8 heads with half the products; a lane's products are the same either way.
 template <int RT>
 inline void amx_qk_block(const uint16_t* q, int64_t D, const uint32_t* kb, float* sb) {
@@ -858,18 +858,18 @@ inline void amx_qk_block(const uint16_t* q, int64_t D, const uint32_t* kb, float
     _tile_loadd(7, kb + DC * 256 + c * 256, 64);
     amx_dp_step<RT>();
   }
-  amx_store_acc<RT>(sb, kAmxKeys);
+  amx_store_acc<RT>(sb, kPairKeys);
 }
 
-// One block of acc += P V on tiles: RT 16-row tiles of P (p: rows kAmxKeys bf16 apart, np keys) against the packed
+// One block of acc += P V on tiles: RT 16-row tiles of P (p: rows kPairKeys bf16 apart, np keys) against the packed
 // V tiles of 32 dims (vb: the first 32-key block's, DB * 512 words per 32 keys), into acc (ab: rows D floats apart).
 template <int RT>
 inline void amx_pv_block(const uint16_t* p, int64_t np, const uint16_t* vb, int64_t DB, float* ab, int64_t D) {
   amx_load_acc<RT>(ab, D);
   for (int64_t kc = 0; kc < np; kc += 32) {
     const uint16_t* v = vb + (kc / 32) * DB * 512;
-    _tile_loadd(4, p + kc, kAmxKeys * 2);
-    if constexpr (RT == 2) _tile_loadd(5, p + 16 * kAmxKeys + kc, kAmxKeys * 2);
+    _tile_loadd(4, p + kc, kPairKeys * 2);
+    if constexpr (RT == 2) _tile_loadd(5, p + 16 * kPairKeys + kc, kPairKeys * 2);
     _tile_loadd(6, v, 64);
     _tile_loadd(7, v + 512, 64);
     amx_dp_step<RT>();
@@ -905,8 +905,8 @@ inline void dot_qk_block(const uint16_t* q, int64_t D, const uint32_t* kb, int64
       }
     }
     for (int i = 0; i < 8; ++i) {
-      _mm512_storeu_ps(sb + (i0 + i) * kAmxKeys, acc[i][0]);
-      _mm512_storeu_ps(sb + (i0 + i) * kAmxKeys + 16, acc[i][1]);
+      _mm512_storeu_ps(sb + (i0 + i) * kPairKeys, acc[i][0]);
+      _mm512_storeu_ps(sb + (i0 + i) * kPairKeys + 16, acc[i][1]);
     }
   }
 }
@@ -914,7 +914,7 @@ inline void dot_qk_block(const uint16_t* q, int64_t D, const uint32_t* kb, int64
 inline void dot_pv_block(const uint16_t* p, int64_t np, const uint16_t* vb, int64_t DB, int64_t rows, float* ab,
                          int64_t D) {
   for (int64_t i0 = 0; i0 < rows; i0 += 8) {
-    const uint32_t* pr = reinterpret_cast<const uint32_t*>(p + i0 * kAmxKeys);  // row i's key pair e: pr[i * 128 + e]
+    const uint32_t* pr = reinterpret_cast<const uint32_t*>(p + i0 * kPairKeys);  // row i's key pair e: pr[i * 128 + e]
     __m512 acc[8][2];
     for (int i = 0; i < 8; ++i) {
       acc[i][0] = _mm512_loadu_ps(ab + (i0 + i) * D);
@@ -927,7 +927,7 @@ inline void dot_pv_block(const uint16_t* p, int64_t np, const uint16_t* vb, int6
         const __m512bh v1 = as_bh(_mm512_load_si512(v + 512 + r * 32));
         const int64_t e = kc / 2 + r;  // keys 2e, 2e + 1
         for (int i = 0; i < 8; ++i) {
-          const __m512bh pp = as_bh(_mm512_set1_epi32(static_cast<int>(pr[i * (kAmxKeys / 2) + e])));
+          const __m512bh pp = as_bh(_mm512_set1_epi32(static_cast<int>(pr[i * (kPairKeys / 2) + e])));
           acc[i][0] = _mm512_dpbf16_ps(acc[i][0], pp, v0);
           acc[i][1] = _mm512_dpbf16_ps(acc[i][1], pp, v1);
         }
@@ -972,13 +972,13 @@ struct AmxTiles {
 // rows past `lanes` zero), lane i sees keys [lo[i], hi[i]) of the packed keys; keys [key_lo, key_hi) cover every
 // lane's. st: softmax state of LP lanes (acc [LP, D]).
 template <typename Ops>
-void attend_pairs(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64_t lanes, int64_t LP,
+void attend_pairs(const TileArgs& a, const PairPacked& pk, const uint16_t* q, int64_t lanes, int64_t LP,
                   const int64_t* lo, const int64_t* hi, int64_t key_lo, int64_t key_hi, Softmax& st) {
   const int64_t D = a.D, DC = D / 32, DB = D / 16;
   thread_local avector<float> s;
   thread_local avector<uint16_t> p;
-  s.resize(LP * kAmxKeys);
-  p.assign(LP * kAmxKeys, 0);
+  s.resize(LP * kPairKeys);
+  p.assign(LP * kPairKeys, 0);
   const vfloat ninf = vfloat{} + kNegInf;
   // key offsets 0 .. kVec - 1 within a vector, built once (built lane by lane inside the masking loop, GCC
   // emitted 16 scalar inserts per vector: a sixth of a 1024-token extend on E2B's shapes)
@@ -986,13 +986,13 @@ void attend_pairs(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int
   for (int k = 0; k < kVec; ++k) iota[k] = k;
   Ops::begin();
   for (int64_t t0 = std::max<int64_t>(pk.k0, key_lo / 32 * 32); t0 < key_hi;) {
-    const int64_t t1 = std::min(key_hi, (t0 / kAmxKeys + 1) * kAmxKeys), n = t1 - t0, np = round_up(n, 32);
+    const int64_t t1 = std::min(key_hi, (t0 / kPairKeys + 1) * kPairKeys), n = t1 - t0, np = round_up(n, 32);
     const int64_t rel = t0 - pk.k0;  // a multiple of 32
     // S [LP, np] = Q K^T
     for (int64_t i0 = 0; i0 < LP; i0 += 32) {
       for (int64_t j0 = 0; j0 < np; j0 += 32) {
         const uint32_t* kb = pk.kp.data() + ((rel + j0) / 16) * DC * 256;
-        float* sb = s.data() + i0 * kAmxKeys + j0;
+        float* sb = s.data() + i0 * kPairKeys + j0;
         if (LP - i0 == 16)  // one 16-row tile of lanes (decode's G <= 16 heads): half the products
           Ops::template qk<1>(q + i0 * D, D, kb, lanes - i0, sb);
         else
@@ -1006,8 +1006,8 @@ void attend_pairs(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int
     // so a lane gets the same bits whichever of its tiles needed the mask.
     const bool raw_max = a.cap == 0.f && a.scale > 0.f;
     for (int64_t i = 0; i < lanes; ++i) {
-      float* sr = s.data() + i * kAmxKeys;
-      uint16_t* pr = p.data() + i * kAmxKeys;
+      float* sr = s.data() + i * kPairKeys;
+      uint16_t* pr = p.data() + i * kPairKeys;
       const int32_t blo = static_cast<int32_t>(std::clamp<int64_t>(lo[i] - t0, 0, n));
       const int32_t bhi = static_cast<int32_t>(std::clamp<int64_t>(hi[i] - t0, 0, n));
       vfloat vmax = ninf;
@@ -1067,9 +1067,9 @@ void attend_pairs(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int
         const uint16_t* vb = pk.vp.data() + (rel / 32) * DB * 512 + (d0 / 16) * 512;
         float* ab = st.acc.data() + i0 * D + d0;
         if (LP - i0 == 16)
-          Ops::template pv<1>(p.data() + i0 * kAmxKeys, np, vb, DB, lanes - i0, ab, D);
+          Ops::template pv<1>(p.data() + i0 * kPairKeys, np, vb, DB, lanes - i0, ab, D);
         else
-          Ops::template pv<2>(p.data() + i0 * kAmxKeys, np, vb, DB, lanes - i0, ab, D);
+          Ops::template pv<2>(p.data() + i0 * kPairKeys, np, vb, DB, lanes - i0, ab, D);
       }
     }
     t0 = t1;
@@ -1079,7 +1079,7 @@ void attend_pairs(const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int
 
 enum class PairIsa { kNone, kAmx, kDots };
 
-void pair_attend(PairIsa isa, const TileArgs& a, const AmxPacked& pk, const uint16_t* q, int64_t lanes, int64_t LP,
+void pair_attend(PairIsa isa, const TileArgs& a, const PairPacked& pk, const uint16_t* q, int64_t lanes, int64_t LP,
                  const int64_t* lo, const int64_t* hi, int64_t key_lo, int64_t key_hi, Softmax& st) {
 #if defined(ATTN_AMX_BF16)
   if (isa == PairIsa::kAmx) return attend_pairs<AmxTiles>(a, pk, q, lanes, LP, lo, hi, key_lo, key_hi, st);
@@ -1276,9 +1276,9 @@ void extend_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
     *lo = window > 0 ? std::max<int64_t>(0, qpos[r] - window + 1) : 0;
   };
 #if defined(ATTN_BF16_PAIRS)
-  if constexpr (kAmxTypes<T, S>) {
+  if constexpr (kPairTypes<T, S>) {
     if (const PairIsa isa = pair_isa(q.scalar_type(), k_buf.scalar_type(), D); isa != PairIsa::kNone) {
-      const auto packed = amx_pack_requests<S>(k_buf, v_buf, slots, items, args);  // each request's keys, once
+      const auto packed = pair_pack_requests<S>(k_buf, v_buf, slots, items, args);  // each request's keys, once
       run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
         const Item& it = items[idx];
         const int64_t lanes = (it.r1 - it.r0) * G, LP = round_up(lanes, 32);
@@ -1382,13 +1382,13 @@ void decode_impl(const torch::Tensor& q, torch::Tensor& o, const torch::Tensor& 
   // Where the extend kernel runs on bf16 pairs, decode does too, with the same arithmetic on the same key grid: one
   // query over one split gets the extend kernel's bits for that row (fast prefill's back half sends its selected
   // rows here when each request has one, and its parity with the full prefill rests on it).
-  if constexpr (kAmxTypes<T, S>) {
+  if constexpr (kPairTypes<T, S>) {
     const PairIsa isa = pair_isa(q.scalar_type(), k_buf.scalar_type(), D);
     tiles = isa != PairIsa::kNone;
     if (tiles) {
       std::vector<const int64_t*> slots(B);
       for (int64_t b = 0; b < B; ++b) slots[b] = kvi + kvp[b];
-      const auto packed = amx_pack_requests<S>(k_buf, v_buf, slots, items, args);
+      const auto packed = pair_pack_requests<S>(k_buf, v_buf, slots, items, args);
       run_items(static_cast<int64_t>(items.size()), [&](int64_t idx) {
         const Item& it = items[idx];
         const int64_t LP = round_up(G, 16);  // a 16-row tile holds E2B's 8 heads (a lane's bits never depend on LP)
@@ -1577,9 +1577,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("extend_attention", &extend_attention, "extend attention over the paged KV pool (CPU, fp32 accumulation)",
         release());
   m.def("decode_attention", &decode_attention, "split-KV decode attention over the paged KV pool (CPU)", release());
-  m.def("kept_packings_check", &kept_packings_check, "{entries, bytes} of the AMX packings decode keeps across "
+  m.def("kept_packings_check", &kept_packings_check, "{entries, bytes} of the bf16-pair packings decode keeps across "
         "steps, after checking they are consistent");
-  m.def("drop_kept_packings", &drop_kept_packings, "drop every AMX packing decode keeps across steps");
+  m.def("drop_kept_packings", &drop_kept_packings, "drop every bf16-pair packing decode keeps across steps");
   m.def("rows_attention", &rows_attention, "query rows over the paged KV pool through req_to_token (CPU)", release());
   m.def("extend_isa", &extend_isa, "the instructions the extend and decode kernels run a launch of these dtypes "
         "and head_dim on (amx_bf16 tiles, avx512_bf16 pair products, or the build's float32 SIMD)");
