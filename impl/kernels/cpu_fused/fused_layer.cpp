@@ -571,7 +571,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_bf16_dot_min_rows", &cpu_fused::quant_bf16_dot_min_rows,
         "From how many rows quant_linear's bf16_dot takes the bf16 dot products (0 where it never does)");
   m.def("quant_w16_prefill_isa", &cpu_fused::quant_w16_prefill_isa,
-        "What W8A16 / W4A16 prefill runs on in a bf16 model: avx512_bf16, or empty (float32 for ATen's mm)");
+        "What W8A16 / W4A16 prefill runs on in a bf16 model: amx_bf16, avx512_bf16, or empty (float32 for ATen's mm)");
   m.def("quant_w8a8_prefill_isa", &cpu_fused::quant_w8a8_prefill_isa, "What W8A8 and tiled W4A8 prefill run on: amx_int8, avx512_vnni or simd");
   m.def("int4_range_choices", &cpu_fused::int4_range_choices, "asymmetric int4's range search per group (quant_pack.cpp)",
         release(), py::arg("w"), py::arg("g"));

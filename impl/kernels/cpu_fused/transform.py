@@ -283,11 +283,11 @@ class FusedLayerForward:
     ``apply`` for batch-invariant layers where oneDNN runs on AMX) the kernels run on blocks of exactly that
     many rows, the last one padded with copies of its last row, so every matmul call has one shape.
 
-    A bf16 model's W8A16 / W4A16 layer (``min_rows``: ``quant_bf16_dot_min_rows``) takes its bf16 dot products
-    from that many rows and the row kernel (float32 x) below: in an extend batch (and with ``batch_invariant``
-    in every batch) fewer rows are padded up to ``min_rows``, so fast prefill's few cross-decoder rows get the
-    bits flag off gives them among all the prompt's rows (the dot kernel's rows do not depend on the rows
-    beside them)."""
+    A bf16 model's W8A16 / W4A16 layer (``min_rows``: ``quant_bf16_dot_min_rows``) takes its panel kernel's bf16
+    dot products from that many rows and other kernels below (W4A16's row-by-row bf16 dot products, W8A16's from 4
+    rows, else the float32 row kernel): in an extend batch (and with ``batch_invariant`` in every batch) fewer rows
+    are padded up to ``min_rows``, so fast prefill's few cross-decoder rows get the bits flag off gives them among
+    all the prompt's rows (the panel kernel's rows do not depend on the rows beside them)."""
 
     def __init__(self, ext: ModuleType, layer: Any, w: LayerWeights, f: FusedWeights, batch_invariant: bool = False,
                  widen: WidenOnce | None = None, fixed_rows: int = 0, min_rows: int = 0):
@@ -658,7 +658,7 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
             g = f.for_linear_mode(mode)
             min_rows = 0
             if mode == "quant" and bf16_dot and g.qkv_proj.dtype == torch.uint8:  # a weight-only layer
-                g = replace(g, onednn=True)  # its linears round x to bf16 above the row kernel, as oneDNN would
+                g = replace(g, onednn=True)  # its linears round x to bf16 (quant_linear's bf16_dot), as oneDNN would
                 min_rows = ext.quant_bf16_dot_min_rows()
             copies = f.replaced(g) if mode in ("packed", "quant") else []  # (onednn: row views of gate_up)
             if copies:  # prepacked (oneDNN) or tiled (W8A8, W4A8) copies replace the plain weights
