@@ -29,6 +29,9 @@ YOCO_DP_READY_TIMEOUT          float   600         seconds a ``--dp-size`` front
 YOCO_RESPONSES_STORE_MB        int     256         MB of Responses API responses a server keeps in memory for
                                                    previous_response_id and GET /v1/responses/{id}, least recently
                                                    used dropped first (0: none; impl/server/response_store.py)
+YOCO_RESPONSES_BACKGROUND_MAX  int     256         Responses API background responses (background: true) a server
+                                                   runs unfinished at once; one more is a 429 (0: none;
+                                                   impl/server/background_responses.py)
 IMPL_TRITON_KERNELS            choice  auto        who runs the triton attention backend's kernels: auto, triton,
                                                    cpu, interpreter, reference (impl/attention/triton_providers.py)
 IMPL_CPU_ATTN                  bool    true        build and use the compiled CPU attention kernels (impl/kernels/cpu_attn)
@@ -194,6 +197,7 @@ class envs:
     YOCO_SERVER_START_TIMEOUT = env_float("YOCO_SERVER_START_TIMEOUT", 300.0)
     YOCO_DP_READY_TIMEOUT = env_float("YOCO_DP_READY_TIMEOUT", 600.0)
     YOCO_RESPONSES_STORE_MB = env_int("YOCO_RESPONSES_STORE_MB", 256)
+    YOCO_RESPONSES_BACKGROUND_MAX = env_int("YOCO_RESPONSES_BACKGROUND_MAX", 256)
     # Tokens that leave a request's sliding window between two frees of their sliding-window slots (the hybrid
     # pool without the radix cache, impl/engine/kv_lifecycle.py); the request-cap sizing reserves them
     # (impl/cache/swa_request_cap.py). SGLang's name: SGLANG_SWA_EVICTION_INTERVAL (default 128).

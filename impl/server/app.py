@@ -38,6 +38,7 @@ from impl.server.pause_api import add_pause_routes
 from impl.server.profile_api import add_profile_routes
 from impl.server.weights_api import add_weights_routes
 from impl.server.protocol import RequestModels, request_models
+from impl.server.background_responses import BackgroundResponses
 from impl.server.response_store import ResponseStore
 from impl.server.streaming import json_safe
 
@@ -56,6 +57,7 @@ class ServerState:
     limits: RequestLimits
     models: RequestModels
     responses: ResponseStore  # the Responses API's stored responses
+    background: BackgroundResponses  # and its background responses while they run
 
     @property
     def args(self):
@@ -92,7 +94,7 @@ def build_state(engine: Engine) -> ServerState:
     max_req_len = engine.load().max_req_len
     limits = RequestLimits.from_args(engine.resolved_args, engine.intake_policy.vocab_size)
     return ServerState(engine, aengine, metrics, name, max_req_len, time.time(), limits, request_models(limits),
-                       ResponseStore.from_env())
+                       ResponseStore.from_env(), BackgroundResponses.from_env())
 
 
 def record_finished(metrics: ServerMetrics, out: ReqOutput) -> None:
@@ -229,11 +231,24 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             if b.store and not store.enabled:
                 raise APIError(400, "this server stores no responses (YOCO_RESPONSES_STORE_MB=0); send store false "
                                     "or leave it out", "store")
+            if b.background and (b.store is False or not store.enabled):
+                why = "it is not" if b.store is False else "this server stores none (YOCO_RESPONSES_STORE_MB=0)"
+                raise APIError(400, "a background response is read back from the store (GET /v1/responses/{id}), "
+                                    f"and {why}: send background false, or store true to a server with a store",
+                               "background")
             previous = None
             if b.previous_response_id is not None:
-                previous = store.get(b.previous_response_id)
+                pid = b.previous_response_id
+                if state.background.get(pid) is not None:
+                    raise APIError(400, f"response {pid!r:.260} is still running in the background: continue it "
+                                        f"once it has finished (GET /v1/responses/{{id}} shows its status)",
+                                   "previous_response_id")
+                previous = store.get(pid)
                 if previous is None:
-                    raise APIError(404, store.not_found(b.previous_response_id), "previous_response_id")
+                    raise APIError(404, store.not_found(pid), "previous_response_id")
+                if previous.response.get("status") == "failed":
+                    raise APIError(400, f"response {pid!r:.260} failed: it has no output to continue; send its "
+                                        "conversation as input", "previous_response_id")
             turn = responses_api.Turn.of(b, previous, store if store.enabled and b.store is not False else None)
             conversation = turn.conversation
             if b.truncation == "auto":
@@ -243,9 +258,9 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             return _call(state, "chat", sub, chat.logprobs, chat), turn
 
         body, (call, turn) = await body_of(request, state.models.responses, _checked(state, build))
-        return await responses_api.respond(request, aengine, call, body, state.model_name, turn)
+        return await responses_api.respond(request, aengine, call, body, state.model_name, turn, state.background)
 
-    responses_api.add_store_routes(app, state.responses)
+    responses_api.add_store_routes(app, state.responses, state.background, aengine)
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
@@ -323,7 +338,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             num_running_reqs=load.num_running_reqs,
             num_waiting_reqs=load.num_waiting_reqs,
             token_usage=load.token_usage,
-            responses_store=state.responses.stats(),
+            responses_store={**state.responses.stats(), **state.background.stats()},
         )
         return JSONResponse(json_safe(info))
 

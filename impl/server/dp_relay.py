@@ -7,8 +7,9 @@ The front holds no model; the replica processes are ``impl.server.dp_control``'s
   or ``shortest_queue``: fewest requests in flight from this front) among the
   live ranks, or by the body's ``data_parallel_rank`` (what ``sglang-router
   --dp-aware`` sends), or, for a Responses body with ``previous_response_id``, the rank that stored that
-  response (each replica stores its own; ``GET`` / ``DELETE /v1/responses/{id}`` and its ``input_items`` ask
-  every rank and answer the holder's reply). Bodies are read within ``--max-request-body-bytes`` (the
+  response (each replica stores its own; ``GET`` / ``DELETE /v1/responses/{id}``, its ``input_items`` and
+  ``cancel`` ask every rank and answer the holder's reply; a background response's events, ``GET ...?stream=true``,
+  are streamed from the holder). Bodies are read within ``--max-request-body-bytes`` (the
   single server's 413 and 415). Responses, streams included, pass through byte
   for byte; a client that disconnects closes the replica connection, so the
   replica aborts the request. A replica that dies mid-request ends it cleanly:
@@ -129,13 +130,19 @@ def _add_routes(app: FastAPI, ctrl: DataParallelController, limits: RequestLimit
     @app.get("/v1/responses/{response_id}")
     @app.delete("/v1/responses/{response_id}")
     @app.get("/v1/responses/{response_id}/input_items")
+    @app.post("/v1/responses/{response_id}/cancel")
     async def stored_response(request: Request) -> Response:
-        """A stored response is held by the rank that answered it: every live rank is asked, the first answer
-        that is not a 404 is the front's."""
+        """A stored (or background) response is held by the rank that answered it: every live rank is asked, the
+        first answer that is not a 404 is the front's; a GET of its events (``?stream=true``) is streamed from the
+        rank that holds it."""
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         live = _live(ctrl)
         if not live:
             return error_response(503, "no data-parallel replica is alive")
+        if request.method == "GET" and request.query_params.get("stream", "").lower() in ("true", "1", "yes", "on"):
+            rank = await _holder(ctrl, request.url.path)
+            if rank is not None:
+                return await _stream_from(ctrl.replicas[rank], request, "GET", path, None)
         resps = await asyncio.gather(*(_forward(r, request.method, path) for r in live))
         return next((x for x in resps if x.status_code != 404), resps[0])
 
@@ -264,34 +271,39 @@ def _generate_route(ctrl: DataParallelController, path: str, limits: RequestLimi
         if rank is None and obj is not None and isinstance(obj.get("previous_response_id"), str):
             rank = await _holder(ctrl, "/v1/responses/" + quote(obj["previous_response_id"], safe=""))
         r = ctrl.pick(rank)
-        r.in_flight += 1
         r.served += 1
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                r.in_flight -= 1
-
-        try:
-            headers = {"content-type": request.headers.get("content-type", "application/json")}
-            req = r.http.build_request("POST", path, content=body, headers=headers)
-            upstream = await until_disconnect(request, r.http.send(req, stream=True), lambda: None)
-            if upstream is None:  # the client left before the replica answered: the cancelled send closed it
-                release()
-                return Response(status_code=499)
-        except httpx.HTTPError as e:
-            release()
-            return error_response(503, await _died(r, e))
-        except BaseException:
-            release()
-            raise
-        return StreamingResponse(_relay(r, upstream, release), status_code=upstream.status_code,
-                                 headers=_copy_headers(upstream))
+        return await _stream_from(r, request, "POST", path, body)
 
     route.__name__ = "dp_" + path.strip("/").replace("/", "_")
     return route
+
+
+async def _stream_from(r: Replica, request: Request, method: str, path: str, body: bytes | None) -> Response:
+    """``method path`` on replica ``r``, its answer relayed as it comes (counted in ``r.in_flight`` until it ends)."""
+    r.in_flight += 1
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            r.in_flight -= 1
+
+    try:
+        headers = {"content-type": request.headers.get("content-type", "application/json")}
+        req = r.http.build_request(method, path, content=body, headers=headers)
+        upstream = await until_disconnect(request, r.http.send(req, stream=True), lambda: None)
+        if upstream is None:  # the client left before the replica answered: the cancelled send closed it
+            release()
+            return Response(status_code=499)
+    except httpx.HTTPError as e:
+        release()
+        return error_response(503, await _died(r, e))
+    except BaseException:
+        release()
+        raise
+    return StreamingResponse(_relay(r, upstream, release), status_code=upstream.status_code,
+                             headers=_copy_headers(upstream))
 
 
 async def _relay(r: Replica, upstream: httpx.Response, release) -> AsyncIterator[bytes]:

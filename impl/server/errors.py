@@ -26,7 +26,7 @@ M = TypeVar("M", bound=BaseModel)
 
 _ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
                 404: "NotFoundError", 405: "MethodNotAllowedError", 413: "RequestTooLargeError",
-                415: "UnsupportedMediaTypeError", 503: "ServiceUnavailableError"}
+                415: "UnsupportedMediaTypeError", 429: "RateLimitError", 503: "ServiceUnavailableError"}
 
 
 class APIError(Exception):

@@ -670,8 +670,9 @@ def request_models(lim: RequestLimits) -> RequestModels:
         # stored unless false (OpenAI's default; impl/server/response_store.py); a stored response to continue
         store: Optional[bool] = None
         previous_response_id: Optional[Annotated[str, Field(min_length=1, max_length=256)]] = None
-        # not served: only their unused values pass
+        # answered at once, generated without the client (impl/server/background_responses.py); needs the store
         background: Optional[bool] = None
+        # not served: only their unused values pass
         reasoning: Optional[Any] = None
         # the output text's logprobs, each token with its top_logprobs most likely ones (OpenAI's include entry)
         include: Optional[Annotated[list[Literal["message.output_text.logprobs"]], Field(max_length=1)]] = None
@@ -684,7 +685,6 @@ def request_models(lim: RequestLimits) -> RequestModels:
         _conversation = _only_unused("conversation", "conversation objects are not served; continue a stored "
                                                      "response with previous_response_id, or send the conversation "
                                                      "as input")
-        _background = _only_unused("background", "responses are answered in the foreground", (None, False))
         _reasoning = _only_unused("reasoning", "Gemma-4's template switches thinking with its own variable; use "
                                                "/v1/chat/completions with chat_template_kwargs")
         _prompt = _only_unused("prompt", "stored prompts are not served; send the input")

@@ -8,7 +8,8 @@ new response does not fit, the least recently used ones (stored, continued or re
 a dropped id gets the same 404 as an unknown one, which says so. vLLM keeps its store behind
 ``VLLM_ENABLE_RESPONSES_API_STORE`` and never drops an entry.
 
-Each entry holds the response object as it was answered, its input items (each with an id, as the
+Each entry holds the response object as it was answered (a background response: as it finished, with its stream
+events), its input items (each with an id, as the
 ``input_items`` list shows them) and the conversation through its output as chat messages: the previous
 response's conversation, this input's messages, then the output as one assistant message (its text and its
 function calls). ``instructions`` are not part of it: OpenAI's rule, a follow-up's own instructions (or none)
@@ -35,13 +36,16 @@ class StoredResponse:
     response: dict[str, Any]  # the response object as answered (status, output, usage ...)
     input_items: list[dict[str, Any]]  # the request's input items, each with its id, in order
     conversation: list[dict[str, Any]]  # chat messages through this response's output, without instructions
+    # a background response's stream events, SSE-encoded, event i with sequence_number i (replayed by GET
+    # ?stream=true; background_responses.py); () for a foreground response
+    events: tuple[bytes, ...] = ()
     nbytes: int = field(default=0, compare=False)
 
     @staticmethod
-    def of(response: dict[str, Any], input_items: list[dict[str, Any]],
-           conversation: list[dict[str, Any]]) -> StoredResponse:
+    def of(response: dict[str, Any], input_items: list[dict[str, Any]], conversation: list[dict[str, Any]],
+           events: tuple[bytes, ...] = ()) -> StoredResponse:
         size = len(json.dumps([response, input_items, conversation], ensure_ascii=False).encode())
-        return StoredResponse(response, input_items, conversation, size)
+        return StoredResponse(response, input_items, conversation, events, size + sum(len(e) for e in events))
 
 
 class ResponseStore:

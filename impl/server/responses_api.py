@@ -14,8 +14,12 @@ become the Responses events (``response.created``, ``response.in_progress``, ``r
 ``response.completed`` / ``response.incomplete``), each with its ``sequence_number``. With ``include:
 ["message.output_text.logprobs"]`` the text part (and each delta) carries chat's logprob entries, each with its
 ``top_logprobs`` most likely tokens. ``truncation: "auto"`` drops the oldest items (whole turns) until the input
-fits the context (``truncated``; the stored conversation stays whole). A completed or incomplete response is stored (unless ``store: false``)
-before its answer, or its last event, is sent; a failed or abandoned one is not.
+fits the context (``truncated``; the stored conversation stays whole). A completed, incomplete or cancelled
+response is stored (unless ``store: false``) before its answer, or its last event, is sent; a failed or abandoned
+one is not, unless it ran in the background. ``background: true`` answers at once and generates without the client
+(``background_responses.py``: its status and events by GET, ``POST /v1/responses/{id}/cancel``). A response whose
+request was aborted (``/abort_request``, a cancel, ``/pause_generation`` in ``abort`` mode) is ``cancelled``: its
+open items end ``incomplete`` and its stream ends without a terminal event (OpenAI defines none for it).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from starlette.requests import Request
 
 from impl.engine.output import ReqOutput
 from impl.server.async_engine import AsyncEngine, RequestStream
+from impl.server.background_responses import BackgroundResponses, BackgroundRun, replay
 from impl.server.errors import APIError, error_response, parse_json
 from impl.server.openai_api import Call, ChoiceState, delta_chunk
 from impl.server.response_store import ResponseStore, StoredResponse
@@ -66,6 +71,18 @@ class Turn:
         for i, item in enumerate(items):
             conversation.extend(_message(item, i, conversation))
         return Turn([_input_item(it) for it in items], conversation, store)
+
+    def keep_events(self, obj: dict[str, Any], events: tuple[bytes, ...]) -> None:
+        """Add a finished background response's events to its stored entry (left without them, with a warning,
+        when they do not fit the store's budget)."""
+        if self.store is None or not obj.get("store"):
+            return
+        entry = self.store.get(obj["id"])
+        if entry is None:
+            return
+        if not self.store.put(StoredResponse.of(entry.response, entry.input_items, entry.conversation, events)):
+            logger.warning("Response %s: its %d stream events are larger than YOCO_RESPONSES_STORE_MB: not kept "
+                           "(GET ?stream=true cannot replay them)", obj["id"], len(events))
 
     def keep(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Store the answered response object (when asked); the object as answered ("store" false when it alone
@@ -213,6 +230,7 @@ class _Response:
         self.body, self.model, self.stored = body, model, stored
         self.id = "resp_" + uuid.uuid4().hex
         self.created = int(time.time())
+        self.final: dict[str, Any] | None = None  # the finished response object (as stored), once there is one
 
     def obj(self, status: str, output: list[dict[str, Any]], final: ReqOutput | None = None) -> dict[str, Any]:
         b = self.body
@@ -228,8 +246,10 @@ class _Response:
                      if b.text is not None and b.text.format is not None else {"type": "text"}},
             "metadata": b.metadata or {}, "store": self.stored, "user": b.user, "usage": None,
             "previous_response_id": b.previous_response_id, "truncation": b.truncation or "disabled",
+            "background": bool(b.background),
         }
         if final is not None:
+            out["completed_at"] = int(time.time()) if status == "completed" else None
             if status == "incomplete":
                 out["incomplete_details"] = {"reason": "max_output_tokens"}
             out["usage"] = {
@@ -242,7 +262,14 @@ class _Response:
 
 
 def _status(final: ReqOutput) -> str:
-    return "incomplete" if final.finish_type == "length" else "completed"
+    """The status of a finished request that did not fail (``failure_of`` is checked first: an abort with a status
+    code is a failure, one without it a client's or operator's abort)."""
+    return {"length": "incomplete", "abort": "cancelled"}.get(final.finish_type or "", "completed")
+
+
+def _failed(resp: _Response, output: list[dict[str, Any]], status: int, message: str) -> dict[str, Any]:
+    return {**resp.obj("failed", output), "error": {"code": "server_error" if status >= 500 else "invalid_request",
+                                                     "message": message}}
 
 
 def _message_item(text: str, status: str = "completed") -> dict[str, Any]:
@@ -270,11 +297,15 @@ def output_items(choice: dict[str, Any], status: str) -> list[dict[str, Any]]:
     return items
 
 
-async def respond(request: Request, aengine: AsyncEngine, call: Call, body: Any, model: str, turn: Turn):
+async def respond(request: Request, aengine: AsyncEngine, call: Call, body: Any, model: str, turn: Turn,
+                  runs: BackgroundResponses):
     resp = _Response(body, model, turn.store is not None)
+    if body.background:
+        return _start_background(aengine, call, body, resp, turn, runs)
     (stream,) = aengine.submit(call.sub.reqs, body.stream)
     if body.stream:
-        return StreamingResponse(_events(aengine, call, stream, resp, turn), media_type="text/event-stream")
+        events = (sse(ev) async for ev in _events(aengine, call, stream, resp, turn))
+        return StreamingResponse(events, media_type="text/event-stream")
     final = await until_disconnect(request, stream.result(), lambda: aengine.abort(stream.rid))
     if final is None:
         return JSONResponse({}, status_code=499)
@@ -282,21 +313,48 @@ async def respond(request: Request, aengine: AsyncEngine, call: Call, body: Any,
     if failed is not None:
         return error_response(failed[0], failed[1])
     status = _status(final)
-    return JSONResponse(json_safe(turn.keep(resp.obj(status, output_items(call.choice(0, final), status), final))))
+    items = output_items(call.choice(0, final), "incomplete" if status == "cancelled" else status)
+    return JSONResponse(json_safe(turn.keep(resp.obj(status, items, final))))
+
+
+def _start_background(aengine: AsyncEngine, call: Call, body: Any, resp: _Response, turn: Turn,
+                      runs: BackgroundResponses):
+    """Submit the request, drive its events on a task of its own, answer the queued response object (or, with
+    ``stream``, its events as they come)."""
+    runs.check_room()
+    (stream,) = aengine.submit(call.sub.reqs, True)
+    run = BackgroundRun(json_safe(resp.obj("queued", [])), turn.input_items, stream)
+
+    def on_end(run: BackgroundRun, error: BaseException | None) -> None:
+        if resp.final is None:  # the engine died (or the server is shutting down) before the request finished
+            why = f"the server stopped this response ({type(error).__name__}: {error})"
+            resp.final = turn.keep(json_safe(_failed(resp, [], 503, why)))
+            event = {"type": "response.failed", "sequence_number": len(run.events), "response": resp.final}
+            run.record(event, sse(event))
+        run.response = resp.final
+        turn.keep_events(resp.final, tuple(run.events))
+
+    runs.start(run, _events(aengine, call, stream, resp, turn, background=True), sse, on_end)
+    if body.stream:
+        return StreamingResponse(run.follow(-1), media_type="text/event-stream")
+    return JSONResponse(run.response)
 
 
 async def _events(aengine: AsyncEngine, call: Call, stream: RequestStream, resp: _Response,
-                  turn: Turn) -> AsyncIterator[bytes]:
+                  turn: Turn, background: bool = False) -> AsyncIterator[dict[str, Any]]:
+    """The response's stream events (JSON-safe objects), each with its ``sequence_number``; ``resp.final`` set
+    (and stored, as the turn says) before the last is yielded. ``background``: created ``queued``, and a failed
+    response stored too."""
     seq = itertools.count()
 
-    def ev(kind: str, **fields: Any) -> bytes:
-        return sse(json_safe({"type": kind, "sequence_number": next(seq), **fields}))
+    def ev(kind: str, **fields: Any) -> dict[str, Any]:
+        return json_safe({"type": kind, "sequence_number": next(seq), **fields})
 
     output: list[dict[str, Any]] = []
     msg: dict[str, Any] | None = None  # the open message item, while text streams into it
     state = ChoiceState(tools=ToolCallStream() if call.tool_calls else None)
 
-    def close_message(status: str = "completed") -> list[bytes]:
+    def close_message(status: str = "completed") -> list[dict[str, Any]]:
         nonlocal msg
         if msg is None:
             return []
@@ -316,14 +374,16 @@ async def _events(aengine: AsyncEngine, call: Call, stream: RequestStream, resp:
         return out
 
     try:
-        yield ev("response.created", response=resp.obj("in_progress", []))
+        yield ev("response.created", response=resp.obj("queued" if background else "in_progress", []))
         yield ev("response.in_progress", response=resp.obj("in_progress", []))
         async for out in stream.outputs():
             failed = failure_of(out)
             if failed is not None:
                 yield ev("error", code=str(failed[0]), message=failed[1], param=None)
-                yield ev("response.failed", response={**resp.obj("failed", output), "error": {
-                    "code": "server_error" if failed[0] >= 500 else "invalid_request", "message": failed[1]}})
+                resp.final = json_safe(_failed(resp, output, *failed))
+                if background:
+                    resp.final = turn.keep(resp.final)
+                yield ev("response.failed", response=resp.final)
                 return
             chunk = delta_chunk(call, 0, out, state)
             delta = chunk["delta"] if chunk is not None else {}
@@ -354,10 +414,11 @@ async def _events(aengine: AsyncEngine, call: Call, stream: RequestStream, resp:
         final = stream.final
         assert final is not None
         status = _status(final)
-        for b in close_message(status):
+        for b in close_message("incomplete" if status == "cancelled" else status):
             yield b
-        yield ev("response.completed" if status == "completed" else "response.incomplete",
-                 response=turn.keep(resp.obj(status, output, final)))
+        resp.final = turn.keep(json_safe(resp.obj(status, output, final)))
+        if status != "cancelled":  # (OpenAI's stream has no event for a cancelled response: it just ends)
+            yield ev("response.completed" if status == "completed" else "response.incomplete", response=resp.final)
     finally:
         if stream.final is None:  # the client left (or the engine died): stop the request
             aengine.abort(stream.rid)
@@ -366,8 +427,9 @@ async def _events(aengine: AsyncEngine, call: Call, stream: RequestStream, resp:
 # ---------------------------------------------------------------- the stored responses
 
 
-def add_store_routes(app: FastAPI, store: ResponseStore) -> None:
-    """GET / DELETE /v1/responses/{id} and GET /v1/responses/{id}/input_items over ``store``."""
+def add_store_routes(app: FastAPI, store: ResponseStore, runs: BackgroundResponses, aengine: AsyncEngine) -> None:
+    """GET / DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items and POST /v1/responses/{id}/cancel over
+    ``store`` and the background responses still running (``runs``)."""
 
     def stored(response_id: str) -> StoredResponse:
         entry = store.get(response_id)
@@ -376,12 +438,49 @@ def add_store_routes(app: FastAPI, store: ResponseStore) -> None:
         return entry
 
     @app.get("/v1/responses/{response_id}")
-    async def get_response(response_id: str):
-        """A stored response object, as it was answered."""
-        return JSONResponse(stored(response_id).response)
+    async def get_response(response_id: str, stream: bool = Query(False, description="a background response's "
+                                                                   "stream events, replayed and then followed"),
+                           starting_after: int = Query(-1, ge=-1, le=2**31 - 1, description="stream only the "
+                                                       "events after this sequence number")):
+        """A stored response object, as it was answered; a background one's as it stands (``?stream=true``: its
+        events after ``starting_after``, then the live ones until it finishes)."""
+        run = runs.get(response_id)
+        if run is not None:
+            return StreamingResponse(run.follow(starting_after), media_type="text/event-stream") if stream \
+                else JSONResponse(run.now())
+        entry = stored(response_id)
+        if not stream:
+            return JSONResponse(entry.response)
+        if not entry.events:
+            why = ("was not created with background true: only a background response's events are kept"
+                   if not entry.response.get("background") else "kept no events (they outgrew "
+                   "YOCO_RESPONSES_STORE_MB)")
+            raise APIError(400, f"response {response_id!r:.260} {why}; GET it without stream", "stream")
+        return StreamingResponse(replay(entry.events, starting_after), media_type="text/event-stream")
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(response_id: str):
+        """Stop a background response (a finished one is answered as it stands, OpenAI's rule)."""
+        run = runs.get(response_id)
+        if run is not None:
+            await runs.cancel(run, aengine.abort)
+            return JSONResponse(run.now())
+        entry = stored(response_id)
+        if not entry.response.get("background"):
+            raise APIError(400, f"response {response_id!r:.260} was not created with background true: only "
+                                "background responses can be cancelled (a foreground one stops when its client "
+                                "disconnects, or by /abort_request with its rid)", "response_id")
+        return JSONResponse(entry.response)
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str):
+        """Delete a stored response (a background one still running is cancelled first)."""
+        run = runs.get(response_id)
+        if run is not None:
+            await runs.cancel(run, aengine.abort)
+            if runs.get(response_id) is not None:
+                raise APIError(503, f"response {response_id!r:.260} is still stopping (the engine has not reached "
+                                    "its abort yet); retry the DELETE", "response_id")
         if not store.delete(response_id):
             raise APIError(404, store.not_found(response_id), "response_id")
         return {"id": response_id, "object": "response", "deleted": True}
@@ -393,7 +492,8 @@ def add_store_routes(app: FastAPI, store: ResponseStore) -> None:
                           before: str | None = Query(None, max_length=256,
                                                      description="list the items before this id")):
         """A stored response's input items (OpenAI's list: newest first unless ``order=asc``)."""
-        items = stored(response_id).input_items
+        run = runs.get(response_id)
+        items = run.input_items if run is not None else stored(response_id).input_items
         items = items if order == "asc" else items[::-1]
         ids = [it["id"] for it in items]
         for name, cursor in (("after", after), ("before", before)):

@@ -155,6 +155,22 @@ def test_dp_front_relays_responses_and_a_named_rank(cluster):
                  httpx.post(cluster.url_b + "/v1/responses", json={"input": "x", "previous_response_id": ids[0]},
                             timeout=30)):
         assert gone.status_code == 404 and ids[0] in gone.json()["error"]["message"], gone.text
+    # a background response: GET (its status, then its events streamed from the holder) and cancel reach its rank
+    bg = httpx.post(cluster.url_b + "/v1/responses", json={"input": "The sea", "max_output_tokens": 3,
+                                                           "background": True, "data_parallel_rank": 1}, timeout=60)
+    assert bg.status_code == 200 and bg.json()["status"] == "queued", bg.text
+    rid = bg.json()["id"]
+    for _ in range(600):
+        done = httpx.get(f"{cluster.url_b}/v1/responses/{rid}", timeout=30).json()
+        if done["status"] not in ("queued", "in_progress"):
+            break
+        time.sleep(0.05)
+    assert done["status"] == "incomplete", done
+    events = httpx.get(f"{cluster.url_b}/v1/responses/{rid}?stream=true", timeout=30)
+    assert events.headers["content-type"].startswith("text/event-stream")
+    assert events.text.count("data: ") > 3 and '"response.incomplete"' in events.text, events.text
+    c = httpx.post(f"{cluster.url_b}/v1/responses/{rid}/cancel", timeout=30)
+    assert c.status_code == 200 and c.json()["status"] == "incomplete", c.text
     for rank in (0, 1):
         g = httpx.post(cluster.url_b + "/generate", json={"text": "Hi", "data_parallel_rank": rank,
                                                          "sampling_params": {"max_new_tokens": 1}}, timeout=60)

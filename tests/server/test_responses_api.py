@@ -212,6 +212,8 @@ def test_a_server_without_a_store_refuses_store_true(hardened_url):
     assert r.status_code == 200 and r.json()["store"] is False, r.text
     gone = get(hardened_url, f"/v1/responses/{r.json()['id']}")
     assert gone.status_code == 404 and "stores no responses" in gone.text
+    bg = post(hardened_url, "/v1/responses", {"input": "x", "background": True, "max_output_tokens": 1})
+    assert bg.status_code == 400 and bg.json()["error"]["param"] == "background" and "STORE_MB=0" in bg.text, bg.text
 
 
 def test_truncation_auto_drops_the_oldest_turns(client):
@@ -230,3 +232,98 @@ def test_truncation_auto_drops_the_oldest_turns(client):
     # the stored conversation stays whole: a follow-up is cut again
     f = client.responses.create(input="Why?", previous_response_id=r.id, truncation="auto", **kw)
     assert f.usage.input_tokens > r.usage.input_tokens
+
+
+def _sse_events(resp) -> list[dict]:
+    return [json.loads(line[len("data: "):]) for line in resp.text.splitlines() if line.startswith("data: ")]
+
+
+def _until_finished(url, rid, timeout_s=60.0):
+    import time
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        r = get(url, f"/v1/responses/{rid}").json()
+        if r["status"] not in ("queued", "in_progress"):
+            return r
+        time.sleep(0.05)
+    raise AssertionError(f"background response {rid} still {r['status']} after {timeout_s} s")
+
+
+def test_background_response_generates_without_the_client(url, client):
+    """background true: answered at once as queued; GET follows it to the answer the foreground request gets; its
+    events (the streamed foreground's, created as queued) replay by GET ?stream=true from any sequence number."""
+    kw = dict(model="default", input="The sea is", max_output_tokens=8, **GREEDY)
+    fg = client.responses.create(**kw)
+    r = client.responses.create(background=True, **kw)
+    assert r.status == "queued" and r.background is True and r.output == [] and fg.background is False
+    done = _until_finished(url, r.id)
+    assert done["status"] == "incomplete" and done["background"] is True and done["usage"]["output_tokens"] == 8
+    assert client.responses.retrieve(r.id).output_text == fg.output_text
+    events = _sse_events(get(url, f"/v1/responses/{r.id}?stream=true"))
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[0]["type"] == "response.created" and events[0]["response"]["status"] == "queued"
+    assert events[-1]["type"] == "response.incomplete" and events[-1]["response"] == done
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == fg.output_text
+    later = _sse_events(get(url, f"/v1/responses/{r.id}?stream=true&starting_after=3"))
+    assert later == events[4:]
+    items = client.responses.input_items.list(r.id)
+    assert [(i.type, i.role) for i in items.data] == [("message", "user")]
+    follow = client.responses.create(**{**kw, "input": "And the sky?", "max_output_tokens": 2},
+                                     previous_response_id=r.id)
+    assert follow.previous_response_id == r.id and follow.usage.input_tokens > fg.usage.input_tokens
+
+
+def test_background_stream_resumes_after_the_client_leaves(url):
+    """background with stream: the events as they come; a client that leaves does not stop the response, and
+    GET ?stream=true&starting_after=N gives the rest (the two parts are the whole, in order)."""
+    body = {"input": "A cat", "max_output_tokens": 12, "background": True, "stream": True, **GREEDY}
+    first: list[dict] = []
+    with httpx.stream("POST", url + "/v1/responses", json=body, timeout=60) as s:
+        assert s.status_code == 200
+        for line in s.iter_lines():
+            if line.startswith("data: "):
+                first.append(json.loads(line[len("data: "):]))
+            if len(first) == 3:
+                break  # the client leaves
+    rid = first[0]["response"]["id"]
+    assert first[0]["response"]["background"] is True
+    done = _until_finished(url, rid)
+    assert done["usage"]["output_tokens"] == 12
+    rest = _sse_events(get(url, f"/v1/responses/{rid}?stream=true&starting_after={first[-1]['sequence_number']}"))
+    whole = first + rest
+    assert [e["sequence_number"] for e in whole] == list(range(len(whole)))
+    assert whole[-1]["type"] == "response.incomplete" and whole[-1]["response"]["output"] == done["output"]
+
+
+def test_background_responses_queue_and_cancel(url, client):
+    """While generation is paused a background response stays queued (GET says so); cancel ends it as cancelled
+    (a second cancel answers it as it stands), its stream ends without a terminal event; a foreground response
+    cannot be cancelled, an unknown one is a 404; a running one cannot be continued yet."""
+    assert post(url, "/pause_generation", {"mode": "in_place"}).status_code == 200
+    try:
+        r = client.responses.create(model="default", input="The sea is", max_output_tokens=50, background=True,
+                                    **GREEDY)
+        assert get(url, f"/v1/responses/{r.id}").json()["status"] == "queued"
+        busy = post(url, "/v1/responses", {"input": "x", "previous_response_id": r.id})
+        assert busy.status_code == 400 and "still running" in busy.text and \
+            busy.json()["error"]["param"] == "previous_response_id", busy.text
+        c = post(url, f"/v1/responses/{r.id}/cancel", {})
+        assert c.status_code == 200 and c.json()["status"] == "cancelled" and c.json()["output"] == [], c.text
+    finally:
+        assert post(url, "/continue_generation", {}).status_code == 200
+    assert client.responses.retrieve(r.id).status == "cancelled"
+    again = post(url, f"/v1/responses/{r.id}/cancel", {})
+    assert again.status_code == 200 and again.json()["status"] == "cancelled"
+    events = _sse_events(get(url, f"/v1/responses/{r.id}?stream=true"))
+    assert [e["type"] for e in events] == ["response.created", "response.in_progress"]
+    fg = client.responses.create(model="default", input="x", max_output_tokens=1, **GREEDY)
+    for rid, code, text in ((fg.id, 400, "only background responses"), ("resp_unknown", 404, "not found")):
+        bad = post(url, f"/v1/responses/{rid}/cancel", {})
+        assert bad.status_code == code and text in bad.text, bad.text
+    bad = get(url, f"/v1/responses/{fg.id}?stream=true")
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "stream", bad.text
+    bad = get(url, f"/v1/responses/{r.id}?stream=true&starting_after=-2")
+    assert bad.status_code == 400 and "starting_after" in bad.text, bad.text
+    refused = post(url, "/v1/responses", {"input": "x", "background": True, "store": False})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "background", refused.text
+    assert get(url, "/get_server_info").json()["responses_store"]["background_running"] == 0

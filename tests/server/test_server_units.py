@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from pydantic import ValidationError
@@ -163,3 +164,63 @@ def test_response_store_budget_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("YOCO_RESPONSES_STORE_MB", "lots")
     with pytest.raises(ValueError, match="YOCO_RESPONSES_STORE_MB"):
         ResponseStore.from_env()
+
+
+def test_background_runs_follow_their_events_and_are_bounded(monkeypatch):
+    """A follower gets the events after its sequence number, then each new one, and ends when the run ends (also
+    when it was waiting at the end); one run more than YOCO_RESPONSES_BACKGROUND_MAX is a 429 naming it."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from impl.server.background_responses import BackgroundResponses, BackgroundRun
+    from impl.server.errors import APIError
+    from impl.server.streaming import sse
+
+    monkeypatch.setenv("YOCO_RESPONSES_BACKGROUND_MAX", "1")
+    runs = BackgroundResponses.from_env()
+
+    async def scenario():
+        go = asyncio.Event()
+
+        async def events():
+            for i in range(4):
+                if i == 2:
+                    await go.wait()  # the follower is waiting at the end of the events so far
+                yield {"type": "e", "sequence_number": i, **({"response": {"id": "r1", "status": "completed"}}
+                                                              if i == 3 else {})}
+
+        req = SimpleNamespace(admitted_once=False)
+        run = BackgroundRun({"id": "r1", "status": "queued"}, [], SimpleNamespace(rid="q1", req=req))
+        ended = []
+        runs.start(run, events(), sse, lambda r, err: ended.append(err))
+        with pytest.raises(APIError, match="YOCO_RESPONSES_BACKGROUND_MAX=1") as e:
+            runs.check_room()
+        assert e.value.status == 429
+        await asyncio.sleep(0)
+        assert runs.get("r1") is run and run.now()["status"] == "queued"
+        req.admitted_once = True
+        assert run.now()["status"] == "in_progress"
+        runs.check_integrity()
+        got = []
+
+        async def follow():
+            async for ev in run.follow(0):
+                got.append(json.loads(ev.decode()[len("data: "):])["sequence_number"])
+
+        follower = asyncio.create_task(follow())
+        await asyncio.sleep(0.01)
+        assert got == [1] and not follower.done()
+        go.set()
+        await asyncio.wait_for(follower, 5)
+        assert got == [1, 2, 3] and ended == [None] and runs.get("r1") is None
+        assert run.now() == {"id": "r1", "status": "completed"}
+        runs.check_room()  # room again
+
+        run.events.append(sse({"sequence_number": 7}))  # a run whose events are out of order is caught
+        runs._runs["r1"] = run
+        with pytest.raises(AssertionError, match="sequence_number 7"):
+            runs.check_integrity()
+
+    asyncio.run(scenario())
+    with pytest.raises(APIError, match="YOCO_RESPONSES_BACKGROUND_MAX=0"):
+        BackgroundResponses(0).check_room()
