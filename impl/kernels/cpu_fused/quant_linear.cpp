@@ -1667,16 +1667,21 @@ inline void wo_bf16_panel(const QuantView& q, int64_t n0, int64_t k0, int64_t kc
 
 // x rows [m, m + MR) (xg: their group of x's pairs, [K / 2][kWoBf16Rows] from the group's start) times a panel of S
 // chunks from chunk c0 into out's 32 columns from n0 (first: the totals start at zero, else at out's values). Each
-// chunk's sums then its scale and zero point (s, z: [S][32]) into totals kept in registers. xs: [M, C] sums of x
-// over each chunk (W4A16).
-template <QuantKind Kd, int MR>
+// chunk's sums then its scale and zero point (s, z: [S][32]) into the totals. xs: [M, C] sums of x over each chunk
+// (W4A16). Where the totals live between chunks (the same operations either way): RegTotals, in registers, which
+// pays where a chunk is short (groups of 32: 263-287 against 252-266 GOP/s, E2B's MLP pair, 512 rows, Zen 4), else
+// in out's rows: 2 x MR more live vectors made GCC 12 keep the panel lines on the stack inside the loop (W8A16, one
+// chunk per panel, ran 160-183 GOP/s that way against 268-319 at E2B's MLP shapes; W4A16 in groups of 64 or 128
+// 2-10% faster too).
+template <QuantKind Kd, int MR, bool RegTotals>
 inline void wo_bf16_rows(const uint32_t* xg, const float* xs, int64_t m, int64_t C, int64_t c0, int64_t S, int64_t kc,
                          const int8_t* panel, const float* s, const float* z, float* out, int64_t N, int64_t n0,
                          bool first) {
-  __m512 tot[MR][2];
-  for (int i = 0; i < MR; ++i)
-    for (int h = 0; h < 2; ++h)
-      tot[i][h] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (m + i) * N + n0 + 16 * h);
+  __m512 tot[RegTotals ? MR : 1][2];
+  if constexpr (RegTotals)
+    for (int i = 0; i < MR; ++i)
+      for (int h = 0; h < 2; ++h)
+        tot[i][h] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (m + i) * N + n0 + 16 * h);
   const uint32_t* xp = xg + c0 * (kc / 2) * kWoBf16Rows;
   for (int64_t cs = 0; cs < S; ++cs) {
     __m512 acc[MR][2];
@@ -1698,13 +1703,22 @@ inline void wo_bf16_rows(const uint32_t* xg, const float* xs, int64_t m, int64_t
         __m512 t = acc[i][h];
         if constexpr (Kd == QuantKind::kW4A16)
           t = _mm512_fnmadd_ps(_mm512_loadu_ps(z + 32 * cs + 16 * h), _mm512_set1_ps(xs[(m + i) * C + c0 + cs]), t);
-        tot[i][h] = _mm512_fmadd_ps(sv, t, tot[i][h]);
+        if constexpr (RegTotals) {
+          tot[i][h] = _mm512_fmadd_ps(sv, t, tot[i][h]);
+        } else {
+          float* o = out + (m + i) * N + n0 + 16 * h;
+          _mm512_storeu_ps(o, _mm512_fmadd_ps(sv, t, first && cs == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(o)));
+        }
       }
     }
   }
-  for (int i = 0; i < MR; ++i)
-    for (int h = 0; h < 2; ++h) _mm512_storeu_ps(out + (m + i) * N + n0 + 16 * h, tot[i][h]);
+  if constexpr (RegTotals)
+    for (int i = 0; i < MR; ++i)
+      for (int h = 0; h < 2; ++h) _mm512_storeu_ps(out + (m + i) * N + n0 + 16 * h, tot[i][h]);
 }
+
+// Chunks per panel from which wo_bf16_rows keeps the totals in registers (groups of 32: 8 chunks of a 256-input span)
+constexpr int64_t kWoRegTotalsMinChunks = 8;
 
 // x (bf16 [M, K]) as pairs in groups of kWoBf16Rows rows: [groups][K / 2][kWoBf16Rows] 32-bit words (the last group's
 // missing rows zeros), so a step's broadcasts read one line.
@@ -1733,8 +1747,14 @@ void wo_bf16_kernel(const uint16_t* x, const float* xs, int64_t M, const QuantVi
                             z.data() + 32 * cs);
         for (int64_t gi = 0; gi < groups; ++gi)
           with_rows<kWoBf16Rows>(std::min<int64_t>(kWoBf16Rows, M - gi * kWoBf16Rows), [&](auto mr) {
-            wo_bf16_rows<Kd, decltype(mr)::value>(xg.data() + gi * E * kWoBf16Rows, xs, gi * kWoBf16Rows, C, c0, S, kc,
-                                                  panel.data(), s.data(), z.data(), out, q.N, 32 * j, c0 == 0);
+            constexpr int MR = decltype(mr)::value;
+            const uint32_t* xgi = xg.data() + gi * E * kWoBf16Rows;
+            if (S >= kWoRegTotalsMinChunks)
+              wo_bf16_rows<Kd, MR, true>(xgi, xs, gi * kWoBf16Rows, C, c0, S, kc, panel.data(), s.data(), z.data(),
+                                         out, q.N, 32 * j, c0 == 0);
+            else
+              wo_bf16_rows<Kd, MR, false>(xgi, xs, gi * kWoBf16Rows, C, c0, S, kc, panel.data(), s.data(), z.data(),
+                                          out, q.N, 32 * j, c0 == 0);
           });
       }
   });
