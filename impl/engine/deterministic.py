@@ -45,7 +45,7 @@ def check_supported(dtype: torch.dtype) -> None:
             f"matmuls vary with the batch's row count. Serve with --dtype bfloat16 (a bf16 checkpoint's --dtype auto), "
             f"or drop {FLAG}."
         )
-    plan = cpu_linear.plan(dtype)
+    plan = cpu_linear.plan(dtype, batch_invariant=True)
     if plan.mode != "packed":
         raise ValueError(
             f"{FLAG} needs oneDNN's prepacked bf16 matmul, which needs native bf16 arithmetic (avx512_bf16 or AMX) "

@@ -376,8 +376,18 @@ def test_linear_plan_modes(monkeypatch):
     if cpu_linear.onednn_available():
         assert cpu_linear.plan(torch.float32).mode == "packed"
         bf16 = cpu_linear.plan(torch.bfloat16)
-        if cpu_linear.bf16_isa():
-            assert bf16 == cpu_linear.LinearPlan(cpu_linear.BF16_NATIVE_AUTO, f"auto: native bf16 ({cpu_linear.bf16_isa()})", "bfloat16")
+        isa = cpu_linear.bf16_isa()
+        if isa:
+            # AMX: oneDNN's prepacked matmul; AVX-512 BF16 alone: the weights in place for the dot products
+            want = cpu_linear.BF16_NATIVE_AUTO[isa]
+            if want == "onednn" and cpu_linear.bf16_dots_here():
+                assert bf16 == cpu_linear.LinearPlan("onednn", f"auto: native bf16 ({isa})", "bfloat16")
+                assert "bf16 dot products up to 16 rows" in bf16.describe()
+            else:
+                assert bf16.mode == "packed"
+            # --enable-deterministic-inference: the prepacked matmul, whose rows do not depend on the batch
+            assert cpu_linear.plan(torch.bfloat16, batch_invariant=True) == cpu_linear.LinearPlan(
+                "packed", f"auto: native bf16 ({isa}), batch-invariant", "bfloat16")
         else:
             assert bf16.mode == "mkl" and bf16.reason.startswith("auto: no native bf16")
         # oneDNN held to AVX2 has no bf16 arithmetic: the float32-arithmetic kernels serve bf16 weights

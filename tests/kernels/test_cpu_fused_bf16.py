@@ -15,6 +15,7 @@ from impl.kernels.cpu_fused import transform as cpu_fused_transform
 EXT = cpu_fused.load()
 needs_ext = pytest.mark.skipif(EXT is None, reason=f"fused CPU kernels not built here: {cpu_fused.error()}")
 needs_native = pytest.mark.skipif(not cpu_linear.native_bf16(), reason="no native bf16 (oneDNN's bf16 matmul) here")
+DOTS = EXT is not None and EXT.bf16_dot_rows_here()  # linear's bf16 dot products up to 16 rows (AVX-512 BF16 build)
 
 U_BF16 = 2.0**-9  # unit roundoff of bfloat16 (8 significant bits)
 U_F32 = 2.0**-24
@@ -62,9 +63,29 @@ def test_linear_bf16_through_onednn(m):
     g = _gen(m)
     n, k = 512, 256  # 128K elements: sized for oneDNN
     x, w = torch.randn(m, k, generator=g), _bf16(n, k, g=g)
-    plain_onednn = m > cpu_linear.BF16_ROW_KERNEL_MAX_ROWS
-    _check_linear(EXT.linear(x, w, True), x, w, bf16_inputs=plain_onednn)
+    rounds_x = m > cpu_linear.BF16_ROW_KERNEL_MAX_ROWS or DOTS  # oneDNN, or the dot products, take x in bf16
+    _check_linear(EXT.linear(x, w, True), x, w, bf16_inputs=rounds_x)
     _check_linear(EXT.linear(x, cpu_linear.pack(w), False), x, w, bf16_inputs=True)
+
+
+@needs_ext
+@pytest.mark.skipif(not DOTS, reason="no AVX-512 BF16 build here (bf16_dot_rows)")
+def test_bf16_dot_rows_round_x_and_keep_each_row_alone():
+    """The decode-size kernel in bf16 dot products: x rounded to bf16, then float32 sums within their rounding
+    bound; a row's bits do not depend on the rows beside it (passes of 1-8 rows, 8 / 4 / 2 weight rows a pass,
+    K and N off the vector width); linear takes it with onednn up to 16 rows for a weight sized for oneDNN."""
+    g = _gen(11)
+    for m, n, k in [(20, 300, 1000), (9, 64, 1536), (5, 17, 33), (1, 7, 31), (16, 259, 96)]:
+        x, w = torch.randn(m, k, generator=g), _bf16(n, k, g=g)
+        whole = EXT.bf16_dot_rows(x, w)
+        _check_linear(whole, x.bfloat16().float(), w, bf16_inputs=False)
+        for rows in (slice(0, 1), slice(m // 2, m), slice(m - 1, m), slice(0, min(m, 3))):
+            assert torch.equal(EXT.bf16_dot_rows(x[rows], w), whole[rows]), (m, n, k, rows)
+    x, w = torch.randn(16, 256, generator=g), _bf16(512, 256, g=g)
+    assert torch.equal(EXT.linear(x, w, True), EXT.bf16_dot_rows(x, w))
+    assert torch.equal(EXT.linear(x[:3], w, False), EXT.bf16_rows(x[:3], w))  # no native bf16 asked: float32 x
+    with pytest.raises(RuntimeError, match="contiguous bfloat16"):
+        EXT.bf16_dot_rows(x, w.float())
 
 
 @needs_ext
@@ -96,7 +117,7 @@ def _layer_tol(mode: str, rows: int) -> float:
     """Relative to the output's scale: the float32-arithmetic routes round once, into the bf16 output
     (u_bf16); oneDNN's bf16 matmuls also round each matmul input and output on the way (about eight
     roundings on an element's path through the layer), doubled for margin."""
-    onednn_rows = mode == "packed" or (mode == "onednn" and rows > cpu_linear.BF16_ROW_KERNEL_MAX_ROWS)
+    onednn_rows = mode == "packed" or (mode == "onednn" and (rows > cpu_linear.BF16_ROW_KERNEL_MAX_ROWS or DOTS))
     return (16 if onednn_rows else 2) * U_BF16
 
 

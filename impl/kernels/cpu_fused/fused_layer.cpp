@@ -558,6 +558,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using release = py::call_guard<py::gil_scoped_release>;
   m.def("linear", &cpu_fused::linear, "x @ w^T in float32 for any weight kind (see linear.h)", release(),
         py::arg("x"), py::arg("w"), py::arg("onednn") = false);
+  m.def("bf16_dot_rows", &cpu_fused::bf16_dot_rows, "the bf16 weights' decode-size kernel in bf16 dot products",
+        release(), py::arg("x"), py::arg("w"));
+  m.def("bf16_dot_rows_here", &cpu_fused::bf16_dot_rows_here, "True when bf16_dot_rows is compiled in (AVX-512 BF16)");
   m.def("bf16_rows", &cpu_fused::bf16_rows, "the bf16 weights' row kernel (float32 arithmetic)", release(),
         py::arg("x"), py::arg("w"));
   m.def("quant_linear", &cpu_fused::quant_linear, "x @ dequant(w)^T in float32 (quant_linear.h)", release(),

@@ -188,7 +188,106 @@ torch::Tensor widened_mm(const torch::Tensor& x, const torch::Tensor& w) {
   return out;
 }
 
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define BF16_DOT_ROWS 1
+// ---- bf16 weights, decode-size row counts, in bf16 dot products (AVX-512 BF16) ----
+// The row kernel above widens every weight element to float32 and spends an FMA per 16 of them and x row: from 4
+// rows it is bound by that arithmetic, not by the bytes (Zen 4, 12 E2B-shaped weights, 150 MB: 7.0 ms at 4 rows
+// against 5.0 at 1, 15.7 at 8). oneDNN's prepacked bf16 matmul, the packed plan's kernel at every row count, takes
+// ~10 ms for 1 to 8 rows there (18-19 GB/s at 1 row: its small-row kernel is not bound by the bytes either). Here
+// (a bf16 model on a CPU with native bf16, the `onednn` argument: x rounded to bf16 as oneDNN's matmul rounds it)
+// VDPBF16PS multiplies 32 weights by 32 of x's bf16 values as they lie in their rows into 16 float32 lanes: one
+// instruction per 64 bytes of weights and x row. Each (weight row, x row) pair has one accumulator over K in
+// order, its lanes summed last, whatever the pass's shape: a row's result does not depend on the rows beside it.
+// Weight rows per pass: 8 for one x row, 4 for two, 2 up to kDotPassRows (8 to 16 independent sums in flight).
+constexpr int kDotPassRows = 8;
+
+template <int P, int MT>
+inline void dot_tile(const uint16_t* x, int64_t K, const uint16_t* w, float* out, int64_t N, int64_t pf) {
+  __m512 acc[P][MT];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+  const int64_t kv = K / 32 * 32;
+  for (int64_t k = 0; k < kv; k += 32) {
+    if (pf)
+      for (int r = 0; r < P; ++r) _mm_prefetch(reinterpret_cast<const char*>(w + r * K + k + pf), _MM_HINT_T1);
+    __m512bh wv[P];
+    for (int r = 0; r < P; ++r) wv[r] = (__m512bh)_mm512_loadu_si512(w + r * K + k);
+    for (int m = 0; m < MT; ++m) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * K + k);
+      for (int r = 0; r < P; ++r) acc[r][m] = _mm512_dpbf16_ps(acc[r][m], wv[r], xv);
+    }
+  }
+  if (kv < K) {  // the last K % 32 inputs, the rest of the lanes zeros
+    const __mmask32 mask = static_cast<__mmask32>((uint64_t{1} << (K - kv)) - 1);
+    __m512bh wv[P];
+    for (int r = 0; r < P; ++r) wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + r * K + kv);
+    for (int m = 0; m < MT; ++m) {
+      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * K + kv);
+      for (int r = 0; r < P; ++r) acc[r][m] = _mm512_dpbf16_ps(acc[r][m], wv[r], xv);
+    }
+  }
+  for (int m = 0; m < MT; ++m)
+    for (int r = 0; r < P; ++r) out[m * N + r] = _mm512_reduce_add_ps(acc[r][m]);
+}
+
+// out [MT, N] (ldo N) = x [MT, K] bf16 @ w [N, K]^T bf16
+template <int MT>
+void dot_rows(const uint16_t* x, int64_t K, const uint16_t* w, int64_t N, float* out) {
+  constexpr int P = MT == 1 ? 8 : (MT == 2 ? 4 : 2);
+  const int64_t blocks = N / P;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, K * P));
+  auto body = [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; ++b) {
+      const bool ahead = (b + 1) * P + kPrefetchRows <= N;  // the rows kPrefetchRows ahead, a line per step
+      dot_tile<P, MT>(x, K, w + b * P * K, out + b * P, N, ahead ? kPrefetchRows * K : 0);
+    }
+  };
+  if (at::get_num_threads() == 1 || blocks <= grain) body(0, blocks);
+  else at::parallel_for(0, blocks, grain, body);
+  for (int64_t n = blocks * P; n < N; ++n) dot_tile<1, MT>(x, K, w + n * K, out + n, N, 0);
+}
+
+template <int MR, typename F>
+inline void with_pass_rows(int64_t mt, const F& f) {  // f(std::integral_constant<int, mt>()), 1 <= mt <= MR
+  if constexpr (MR > 0) {
+    if (mt == MR) return f(std::integral_constant<int, MR>());
+    with_pass_rows<MR - 1>(mt, f);
+  }
+}
+#endif
+
 }  // namespace
+
+torch::Tensor bf16_dot_rows(const torch::Tensor& x, const torch::Tensor& w) {
+  TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.dim() == 2 && w.is_contiguous() && w.device().is_cpu(),
+              "the bf16 dot-product row kernel takes a contiguous bfloat16 [N, K] CPU weight");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.size(1), "x must be [M, K] for a weight [N, K]");
+#if defined(BF16_DOT_ROWS)
+  auto xb = x.to(torch::kBFloat16).contiguous();
+  const int64_t M = xb.size(0), K = xb.size(1), N = w.size(0);
+  auto out = torch::empty({M, N}, x.options().dtype(torch::kFloat32));
+  if (M == 0 || N == 0) return out;
+  if (K == 0) return out.zero_();
+  const auto* xv = reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>());
+  const auto* wv = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  for (int64_t m0 = 0; m0 < M; m0 += kDotPassRows)
+    with_pass_rows<kDotPassRows>(std::min<int64_t>(kDotPassRows, M - m0), [&](auto mt) {
+      dot_rows<decltype(mt)::value>(xv + m0 * K, K, wv, N, out.data_ptr<float>() + m0 * N);
+    });
+  return out;
+#else
+  TORCH_CHECK(false, "the bf16 dot-product row kernel needs an AVX-512 BF16 build (bf16_dot_rows_here())");
+#endif
+}
+
+bool bf16_dot_rows_here() {
+#if defined(BF16_DOT_ROWS)
+  return true;
+#else
+  return false;
+#endif
+}
 
 torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, c10::string_view attr,
                             c10::string_view algo) {
@@ -270,6 +369,10 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, bool onednn
     return y.scalar_type() == torch::kFloat32 ? y : y.to(torch::kFloat32);
   }
   if (w.scalar_type() == torch::kBFloat16) {
+#if defined(BF16_DOT_ROWS)
+    if (onednn && rows <= kBf16RowKernelMaxRows && w.numel() >= kSmallWeightElems && w.is_contiguous())
+      return bf16_dot_rows(x, w);
+#endif
     if (rows <= kBf16RowKernelMaxRows || w.numel() < kSmallWeightElems) return bf16_rows(x, w);
     TORCH_CHECK(w.is_contiguous(), "a bfloat16 weight must be contiguous");
     return widened_mm(x.to(torch::kFloat32).contiguous(), w);

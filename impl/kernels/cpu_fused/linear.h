@@ -23,9 +23,10 @@ constexpr int64_t kPrefetchRows = 16;
 //    row count (row-invariant, as the bf16 weights' below; from 4 rows its column form, the same sums);
 //  * oneDNN-prepacked (mkldnn, float32 or bfloat16): oneDNN, x cast to the weight's dtype;
 //  * quantized [N, G, B] (int8 / uint8; quant_linear.h): quant_linear;
-//  * bfloat16 [N, K]: the row kernel (float32 arithmetic) up to kBf16RowKernelMaxRows rows or when the
-//    weight is small (`small`: row-invariant results for any M); above, oneDNN's bf16 matmul when `onednn`
-//    (a CPU with native bf16), else the weight in float32 blocks through ATen's mm.
+//  * bfloat16 [N, K]: up to kBf16RowKernelMaxRows rows, with `onednn` (a CPU with native bf16) bf16_dot_rows where
+//    compiled in, else the row kernel (float32 arithmetic), which small weights take at every row count
+//    (row-invariant results for any M); above, oneDNN's bf16 matmul when `onednn`, else the weight in float32
+//    blocks through ATen's mm.
 // x: [M, K] float32 or bfloat16 (any strides). Returns [M, N] float32, contiguous.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, bool onednn);
 
@@ -42,6 +43,12 @@ torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, c10:
 
 // The bf16 row kernel alone (tests and benchmarks): x [M, K] float32, w [N, K] bfloat16 -> [M, N] float32.
 torch::Tensor bf16_rows(const torch::Tensor& x, const torch::Tensor& w);
+
+// The bf16 weights' decode-size kernel in bf16 dot products (AVX-512 BF16 builds; `linear` takes it with `onednn`
+// up to kBf16RowKernelMaxRows rows): x [M, K] (any float dtype, rounded to bf16), w [N, K] bfloat16 -> [M, N]
+// float32, each row's sums independent of the rows beside it. bf16_dot_rows_here(): compiled in.
+torch::Tensor bf16_dot_rows(const torch::Tensor& x, const torch::Tensor& w);
+bool bf16_dot_rows_here();
 
 // The SIMD width the row kernel was compiled for ("avx512", "avx2" or "scalar").
 std::string simd_isa();

@@ -20,10 +20,12 @@ Modes (``IMPL_CPU_LINEAR``; default ``auto``):
 * ``packed``: weights reordered once into oneDNN's blocked layout (an opaque ``mkldnn`` tensor that
   replaces the model's plain parameter: no second copy);
 * ``onednn``: oneDNN on the plain weights (reordered per call: ~20-30% slower than packed, for float32;
-  bf16 weights take the row kernel up to ``BF16_ROW_KERNEL_MAX_ROWS`` rows);
+  bf16 weights take the extension's kernels up to ``BF16_ROW_KERNEL_MAX_ROWS`` rows: bf16 dot products in an
+  AVX-512 BF16 build, else the float32-arithmetic row kernel);
 * ``mkl``: ATen's ``mm`` for float32 (the model file's own numerics); for bf16 the extension's float32
   arithmetic (row kernel, widened blocks for mm);
-* ``auto``: float32: ``packed``; bf16: ``BF16_NATIVE_AUTO`` with native bf16, else ``mkl``; ``mkl`` when
+* ``auto``: float32: ``packed``; bf16: ``BF16_NATIVE_AUTO`` with native bf16 (``packed`` on AMX, ``onednn`` with
+  the bf16 dot products on AVX-512 BF16 alone, ``packed`` under --enable-deterministic-inference), else ``mkl``; ``mkl`` when
   torch has no oneDNN. A layer whose projections (q/k/v, o, MLP) are under ``MIN_WEIGHT_ELEMS`` keeps ``mkl``;
   in a packed layer, the per-layer-input gate and projection under it stay plain (ATen's mm) on their own.
 
@@ -46,7 +48,12 @@ MODES = CPU_LINEAR_MODES
 MIN_WEIGHT_ELEMS = 1 << 16  # 256 x 256: below this a call's fixed cost outweighs the arithmetic (linear.cpp: kSmallWeightElems)
 PACK_BATCH_HINT = 64  # rows oneDNN tunes the packed layout for (any row count still runs)
 BF16_ROW_KERNEL_MAX_ROWS = 16  # linear.h: kBf16RowKernelMaxRows
-BF16_NATIVE_AUTO = "packed"  # bf16 weights on a CPU with native bf16 (bench/bench_cpu_linear.py)
+# bf16 weights on a CPU with native bf16, by its bf16 ISA (bf16_isa): AMX's tiles run oneDNN's prepacked matmul; with
+# AVX-512 BF16 alone the weights stay in place for the extension's bf16 dot products up to 16 rows (linear.cpp:
+# bf16_dot_rows; oneDNN's prepacked matmul took 2x their time for one row and two at E2B's shapes on Zen 4), and
+# oneDNN's matmul above (within its noise of the prepacked one from a few hundred rows). Without the dot-product
+# kernel compiled in, prepacked.
+BF16_NATIVE_AUTO = {"amx_bf16": "packed", "avx512_bf16": "onednn"}
 
 # oneDNN's ISA names (ONEDNN_MAX_CPU_ISA) from the first with native bf16 arithmetic upwards
 _BF16_ISAS = ("AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX", "AVX512_CORE_AMX",
@@ -64,9 +71,10 @@ class LinearPlan:
             return f"quantized weights through quant_linear.cpp ({self.reason})"
         if self.dtype == "bfloat16":
             rows = f"up to {BF16_ROW_KERNEL_MAX_ROWS} rows"
+            row_kernel = "bf16 dot products" if bf16_dots_here() else "the row kernel (float32 arithmetic)"
             what = {
                 "packed": "bf16 weights prepacked for oneDNN's bf16 matmul",
-                "onednn": f"bf16 weights: the row kernel {rows} (float32 arithmetic), oneDNN's bf16 matmul above",
+                "onednn": f"bf16 weights in place: {row_kernel} {rows}, oneDNN's bf16 matmul above",
                 "mkl": f"bf16 weights in float32 arithmetic: the row kernel {rows}, float32 blocks for ATen mm above",
             }[self.mode]
         else:
@@ -114,8 +122,19 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def plan(dtype: torch.dtype = torch.float32) -> LinearPlan:
-    """The mode for a model whose fused layers' weights are ``dtype`` (float32 or bfloat16)."""
+def bf16_dots_here() -> bool:
+    """True when the extension multiplies bf16 weights by up to 16 rows in bf16 dot products (an AVX-512 BF16
+    build: linear.cpp's bf16_dot_rows)."""
+    from impl.kernels import cpu_fused
+
+    ext = cpu_fused.load()
+    return ext is not None and bool(ext.bf16_dot_rows_here())
+
+
+def plan(dtype: torch.dtype = torch.float32, batch_invariant: bool = False) -> LinearPlan:
+    """The mode for a model whose fused layers' weights are ``dtype`` (float32 or bfloat16); ``batch_invariant``
+    (--enable-deterministic-inference): bf16's auto mode is the prepacked one, whose rows do not depend on the
+    batch (impl/engine/deterministic.py)."""
     name = _dtype_name(dtype)
     mode = requested_mode()
     if mode == "mkl":
@@ -132,7 +151,13 @@ def plan(dtype: torch.dtype = torch.float32) -> LinearPlan:
             note = f"native bf16: {isa}" if isa else "no native bf16: oneDNN emulates it, slowly"
             return LinearPlan(mode, f"{ENV}={mode}; {note}", name)
         if isa:
-            return LinearPlan(BF16_NATIVE_AUTO, f"auto: native bf16 ({isa})", name)
+            if batch_invariant:
+                return LinearPlan("packed", f"auto: native bf16 ({isa}), batch-invariant", name)
+            auto = BF16_NATIVE_AUTO[isa]
+            if auto == "onednn" and not bf16_dots_here():
+                return LinearPlan("packed", f"auto: native bf16 ({isa}), no bf16 dot-product kernel in this build",
+                                  name)
+            return LinearPlan(auto, f"auto: native bf16 ({isa})", name)
         cap = envs.ONEDNN_MAX_CPU_ISA.get()
         why = f"ONEDNN_MAX_CPU_ISA={cap}" if cap else "the CPU has no avx512_bf16 / AMX"
         return LinearPlan("mkl", f"auto: no native bf16 ({why})", name)

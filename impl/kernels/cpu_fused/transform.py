@@ -650,7 +650,7 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
             plan = cpu_linear.quant_plan(quant.scheme.fmt.name() if quant is not None else "quantized", bf16_dot)
             sized = [True] * len(fused)
         else:
-            plan = cpu_linear.plan(dtype) if any(sized) else cpu_linear.small_weights_plan(dtype)
+            plan = cpu_linear.plan(dtype, batch_invariant) if any(sized) else cpu_linear.small_weights_plan(dtype)
         widen = WidenOnce()  # shared: each table is widened once per forward
         for (m, w, f, ext), ok in zip(fused, sized):
             mode = plan.mode if ok else "mkl"
@@ -700,8 +700,13 @@ def _install_linears(model: nn.Module, ext: ModuleType, plan: cpu_linear.LinearP
     """bf16 ``nn.Linear`` modules outside the fused layers, and the LM head, onto ``LinearForward`` (plain
     weights; oneDNN above the row kernel's row count only where the CPU has native bf16; ``rows_only``: the
     row kernel at every row count). Quantized ones too, W8A16 / W4A16 in bf16 dot products with ``bf16_dot``
-    (the per-layer-input projection: every prompt row, flag on or off); the LM head's copy keeps float32 x."""
-    onednn = cpu_linear.native_bf16() and plan is not None and plan.mode in ("packed", "onednn")
+    (the per-layer-input projection: every prompt row, flag on or off); the LM head's copy keeps float32 x.
+    Only a bf16 model's take oneDNN's bf16 matmul or the bf16 dot products (both round x to bf16): a float32
+    model's bf16 table (its tied LM head keeps the checkpoint's bf16) multiplies float32 x in float32 arithmetic
+    (the dot products on its one-row logits put the first token's top-10 logprobs 6e-3 off transformers' float32
+    at full size, make parity-full's threshold 1e-3)."""
+    onednn = (cpu_linear.native_bf16() and plan is not None and plan.mode in ("packed", "onednn")
+              and plan.dtype == "bfloat16")
     names: list[str] = []
     skip: set[int] = set()
     for m in model.modules():
