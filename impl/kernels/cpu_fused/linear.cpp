@@ -192,9 +192,9 @@ torch::Tensor widened_mm(const torch::Tensor& x, const torch::Tensor& w) {
 #define BF16_DOT_ROWS 1
 // ---- bf16 weights, decode-size row counts, in bf16 dot products (AVX-512 BF16) ----
 // The row kernel above widens every weight element to float32 and spends an FMA per 16 of them and x row: from 4
-// rows it is bound by that arithmetic, not by the bytes (Zen 4, 12 E2B-shaped weights, 150 MB: 7.0 ms at 4 rows
-// against 5.0 at 1, 15.7 at 8). oneDNN's prepacked bf16 matmul, the packed plan's kernel at every row count, takes
-// ~10 ms for 1 to 8 rows there (18-19 GB/s at 1 row: its small-row kernel is not bound by the bytes either). Here
+// rows it is bound by that arithmetic, not by the bytes (Zen 4, 12 E2B-shaped weights, 208 MB: 6.9 ms at 4 rows
+// against 5.7 at 1, 16.3 at 8). oneDNN's prepacked bf16 matmul, the packed plan's kernel at every row count, takes
+// ~10 ms for 1 to 8 rows there (about 20 GB/s at 1 row: its small-row kernel is not bound by the bytes either). Here
 // (a bf16 model on a CPU with native bf16, the `onednn` argument: x rounded to bf16 as oneDNN's matmul rounds it)
 // VDPBF16PS multiplies 32 weights by 32 of x's bf16 values as they lie in their rows into 16 float32 lanes: one
 // instruction per 64 bytes of weights and x row. Each (weight row, x row) pair has one accumulator over K in
@@ -248,13 +248,6 @@ void dot_rows(const uint16_t* x, int64_t K, const uint16_t* w, int64_t N, float*
   for (int64_t n = blocks * P; n < N; ++n) dot_tile<1, MT>(x, K, w + n * K, out + n, N, 0);
 }
 
-template <int MR, typename F>
-inline void with_pass_rows(int64_t mt, const F& f) {  // f(std::integral_constant<int, mt>()), 1 <= mt <= MR
-  if constexpr (MR > 0) {
-    if (mt == MR) return f(std::integral_constant<int, MR>());
-    with_pass_rows<MR - 1>(mt, f);
-  }
-}
 #endif
 
 }  // namespace
@@ -272,7 +265,7 @@ torch::Tensor bf16_dot_rows(const torch::Tensor& x, const torch::Tensor& w) {
   const auto* xv = reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>());
   const auto* wv = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   for (int64_t m0 = 0; m0 < M; m0 += kDotPassRows)
-    with_pass_rows<kDotPassRows>(std::min<int64_t>(kDotPassRows, M - m0), [&](auto mt) {
+    with_rows<kDotPassRows>(std::min<int64_t>(kDotPassRows, M - m0), [&](auto mt) {
       dot_rows<decltype(mt)::value>(xv + m0 * K, K, wv, N, out.data_ptr<float>() + m0 * N);
     });
   return out;

@@ -6,6 +6,16 @@
 
 namespace cpu_fused {
 
+// f(std::integral_constant<int, mt>()) for 1 <= mt <= MR: a pass's row count as a template argument (the row
+// kernels here and in quant_linear.cpp)
+template <int MR, typename F>
+inline void with_rows(int64_t mt, const F& f) {
+  if constexpr (MR > 0) {
+    if (mt == MR) return f(std::integral_constant<int, MR>());
+    with_rows<MR - 1>(mt, f);
+  }
+}
+
 // Row counts up to this run the bf16 weights' row kernel (bound by the bytes of weights read); larger ones
 // a GEMM (oneDNN, or blocks of weights converted to float32 for ATen's mm).
 constexpr int64_t kBf16RowKernelMaxRows = 16;

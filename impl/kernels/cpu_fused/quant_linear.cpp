@@ -814,14 +814,6 @@ inline bool use_amx_w8a8(int64_t M, const QuantView& q) {
 
 #endif
 
-// f(std::integral_constant<int, mt>()) for 1 <= mt <= MR: a pass's row count as a template argument
-template <int MR, typename F>
-inline void with_rows(int64_t mt, const F& f) {
-  if constexpr (MR > 0) {
-    if (mt == MR) return f(std::integral_constant<int, MR>());
-    with_rows<MR - 1>(mt, f);
-  }
-}
 
 // ---- W8A8 prefill with AVX-512 VNNI, no AMX (AMD Zen 4, Ice Lake / Cascade Lake servers) -------------------
 //
