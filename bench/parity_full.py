@@ -87,8 +87,10 @@ def ours_run(path: str, prompts: list[list[int]], log, **server_args) -> Run:
     from impl import Engine
 
     t = time.perf_counter()
+    # (at least 1024 tokens: the hybrid pool's sliding-window share must hold one request's 512-token window, so
+    # --lengths 8 alone starts too)
     engine = Engine(path, disable_radix_cache=True, random_seed=0,
-                    max_total_tokens=4 * max(len(p) for p in prompts) + 256, **server_args)
+                    max_total_tokens=max(1024, 4 * max(len(p) for p in prompts) + 256), **server_args)
     log(f"  ours {server_args} loaded in {time.perf_counter() - t:.0f} s")
     try:
         outs = engine.generate(input_ids=prompts, return_logprob=True, top_logprobs_num=TOP,
