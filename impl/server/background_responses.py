@@ -82,12 +82,10 @@ class BackgroundRun:
             await changed.wait()
 
 
-def replay(events: Sequence[bytes], after: int) -> AsyncIterator[bytes]:
+async def replay(events: Sequence[bytes], after: int) -> AsyncIterator[bytes]:
     """A finished response's kept events after sequence number ``after``."""
-    async def gen() -> AsyncIterator[bytes]:
-        for e in events[after + 1:]:
-            yield e
-    return gen()
+    for e in events[after + 1:]:
+        yield e
 
 
 class BackgroundResponses:

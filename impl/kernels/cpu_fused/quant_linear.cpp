@@ -814,7 +814,6 @@ inline bool use_amx_w8a8(int64_t M, const QuantView& q) {
 
 #endif
 
-
 // ---- W8A8 prefill with AVX-512 VNNI, no AMX (AMD Zen 4, Ice Lake / Cascade Lake servers) -------------------
 //
 // The row kernel sums each output's products horizontally (one int32 dot product per output, as decode needs); for
@@ -1739,14 +1738,13 @@ void wo_bf16_kernel(const uint16_t* x, const float* xs, int64_t M, const QuantVi
                             z.data() + 32 * cs);
         for (int64_t gi = 0; gi < groups; ++gi)
           with_rows<kWoBf16Rows>(std::min<int64_t>(kWoBf16Rows, M - gi * kWoBf16Rows), [&](auto mr) {
-            constexpr int MR = decltype(mr)::value;
-            const uint32_t* xgi = xg.data() + gi * E * kWoBf16Rows;
-            if (S >= kWoRegTotalsMinChunks)
-              wo_bf16_rows<Kd, MR, true>(xgi, xs, gi * kWoBf16Rows, C, c0, S, kc, panel.data(), s.data(), z.data(),
-                                         out, q.N, 32 * j, c0 == 0);
-            else
-              wo_bf16_rows<Kd, MR, false>(xgi, xs, gi * kWoBf16Rows, C, c0, S, kc, panel.data(), s.data(), z.data(),
-                                          out, q.N, 32 * j, c0 == 0);
+            auto pass = [&](auto reg) {
+              wo_bf16_rows<Kd, decltype(mr)::value, decltype(reg)::value>(
+                  xg.data() + gi * E * kWoBf16Rows, xs, gi * kWoBf16Rows, C, c0, S, kc, panel.data(), s.data(),
+                  z.data(), out, q.N, 32 * j, c0 == 0);
+            };
+            if (S >= kWoRegTotalsMinChunks) pass(std::true_type{});
+            else pass(std::false_type{});
           });
       }
   });
