@@ -41,6 +41,9 @@ IMPL_CPU_LINEAR                choice  auto        the fused layers' matmul rout
 IMPL_CPU_AMX                   bool    true        AMX tiles where the CPU has them: W8A8 / W4A8 prefill on AMX-int8, bf16
                                                    attention and W8A16 / W4A16 prefill on AMX-bf16 (false: the SIMD kernels,
                                                    AVX512-BF16 where the CPU has it; impl/kernels/cpu_amx.h)
+IMPL_CPU_PACKED_DOTS           bool    true        bf16 weights prepacked for oneDNN (native bf16) read in place by the fused kernels'
+                                                   bf16 dot products up to 16 rows (false: oneDNN's matmul at every row count;
+                                                   impl/kernels/cpu_fused/packed_dot.cpp)
 IMPL_QUANT_BF16_DOT            bool    true        a bf16 model's W8A16 / W4A16 prefill (and W4A16's decode, W8A16's from 4
                                                    rows) in bf16 dot products where the CPU has AMX-bf16 or AVX-512 BF16
                                                    (false: float32 blocks for ATen's mm and the float32 row kernel;
@@ -208,6 +211,7 @@ class envs:
     IMPL_CPU_FUSED = env_bool("IMPL_CPU_FUSED", True)
     IMPL_CPU_LINEAR = env_choice("IMPL_CPU_LINEAR", CPU_LINEAR_MODES, "auto")
     IMPL_CPU_AMX = env_bool("IMPL_CPU_AMX", True)
+    IMPL_CPU_PACKED_DOTS = env_bool("IMPL_CPU_PACKED_DOTS", True)
     IMPL_QUANT_BF16_DOT = env_bool("IMPL_QUANT_BF16_DOT", True)
     IMPL_CPU_ATTN_BF16 = env_bool("IMPL_CPU_ATTN_BF16", True)  # read by attention.cpp (pair_isa)
     IMPL_CPU_ATTN_KEEP_MB = env_int("IMPL_CPU_ATTN_KEEP_MB", 512)  # read by attention.cpp (kept_budget)

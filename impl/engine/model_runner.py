@@ -242,7 +242,7 @@ class ModelRunner:
         name = str(pool.dtype).replace("torch.", "")
         return f"{name} ({self.kv_scales.describe()})" if pool.quantized else name
 
-    def cpu_linear(self) -> dict[str, str] | None:
+    def cpu_linear(self) -> dict[str, str | bool] | None:
         """Which library multiplies the fused layers' weights (``impl/kernels/cpu_fused/linear.py``), or
         None when no layer runs the fused CPU kernels."""
         plan = None if self.cpu_kernels is None else self.cpu_kernels.linear

@@ -202,7 +202,8 @@ def test_bad_server_args_and_startup_log():
     info = eng.get_server_info()
     assert info["num_kv_layers"] == 15 and info["attention_backend"] == "triton"  # the Gemma-4 default
     if cpu_fused.load() is not None:  # the tiny e2b's weights are under oneDNN's size floor
-        assert info["cpu_linear"] == {"mode": "mkl", "reason": "weights too small for oneDNN", "dtype": "float32"}
+        assert info["cpu_linear"] == {"mode": "mkl", "reason": "weights too small for oneDNN", "dtype": "float32",
+                                      "packed_dots": False}
         assert info["cpu_kernels"]["layers"] == {"fused": 35} and info["cpu_kernels"]["weight_dtype"] == "float32"
         assert info["cpu_kernels"]["routes"] == {"fused, mkl": list(range(35))}  # which path serves which layer
     assert set(eng.work_counters()) >= {"prefill_tokens", "decode_tokens", "cached_tokens", "cross_decoder_rows"}

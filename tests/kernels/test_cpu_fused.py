@@ -378,14 +378,14 @@ def test_linear_plan_modes(monkeypatch):
         bf16 = cpu_linear.plan(torch.bfloat16)
         isa = cpu_linear.bf16_isa()
         if isa:
-            # AMX: oneDNN's prepacked matmul; AVX-512 BF16 alone: the weights in place for the dot products
-            want = cpu_linear.BF16_NATIVE_AUTO[isa]
-            if want == "onednn" and cpu_linear.bf16_dots_here():
-                assert bf16 == cpu_linear.LinearPlan("onednn", f"auto: native bf16 ({isa})", "bfloat16")
-                assert "bf16 dot products up to 16 rows" in bf16.describe()
-            else:
-                assert bf16.mode == "packed"
-            # --enable-deterministic-inference: the prepacked matmul, whose rows do not depend on the batch
+            # native bf16: oneDNN's prepacked matmul, decode-size rows in the dot products on its layout where built
+            dots = cpu_linear.bf16_dots_here()
+            assert bf16 == cpu_linear.LinearPlan("packed", f"auto: native bf16 ({isa})", "bfloat16", dots)
+            assert ("read in place by bf16 dot products up to 16 rows" in bf16.describe()) == dots
+            monkeypatch.setenv("IMPL_CPU_PACKED_DOTS", "0")
+            assert not cpu_linear.plan(torch.bfloat16).packed_dots
+            monkeypatch.delenv("IMPL_CPU_PACKED_DOTS")
+            # --enable-deterministic-inference: the prepacked matmul at every row count (rows independent of the batch)
             assert cpu_linear.plan(torch.bfloat16, batch_invariant=True) == cpu_linear.LinearPlan(
                 "packed", f"auto: native bf16 ({isa}), batch-invariant", "bfloat16")
         else:

@@ -89,6 +89,42 @@ def test_bf16_dot_rows_round_x_and_keep_each_row_alone():
 
 
 @needs_ext
+@needs_native
+@pytest.mark.skipif(not DOTS, reason="no AVX-512 BF16 build here (packed_dot_rows)")
+def test_packed_dot_rows_read_onednn_layout_in_place():
+    """bf16 weights prepacked for oneDNN, read as they lie by the bf16 dot products: the packed copy is compared with
+    its source for the layout before any read; x rounded to bf16, then float32 sums within their rounding bound; a
+    row's bits do not depend on the rows beside it (one row four or two blocks a pass, two rows two, passes of 6, K
+    chunks of 1024 from 7 rows); linear takes it up to 16 rows with onednn, oneDNN above and without onednn; a copy that is not its source
+    laid out as read, or a shape oneDNN pads, keeps oneDNN at every row count."""
+    g = _gen(23)
+    for n, k in [(640, 256), (256, 2560), (192, 96)]:
+        w = _bf16(n, k, g=g)
+        p = cpu_linear.pack(w, dots=True)
+        assert EXT.packed_dot_block(p) in (16, 32, 64), (n, k)
+        x = torch.randn(16, k, generator=g)
+        whole = EXT.packed_dot_rows(x, p)
+        _check_linear(whole, x.bfloat16().float(), w, bf16_inputs=False)
+        for rows in (slice(0, 1), slice(0, 2), slice(3, 9), slice(5, 16), slice(15, 16)):
+            assert torch.equal(EXT.packed_dot_rows(x[rows], p), whole[rows]), (n, k, rows)
+        assert torch.equal(EXT.linear(x, p, True), whole)
+        onednn = EXT.linear(x, p, False)  # no dot products asked: oneDNN's matmul (its own sums)
+        _check_linear(onednn, x, w, bf16_inputs=True)
+        big = torch.randn(17, k, generator=g)
+        assert torch.equal(EXT.linear(big, p, True), EXT.linear(big, p, False))
+    # the check can fail: a packed copy of another weight, and a padded shape, record no layout
+    w, other = _bf16(320, 96, g=g), _bf16(320, 96, g=g)
+    assert EXT.packed_dot_layout(w, cpu_linear.pack(other)) == 0 and EXT.packed_dot_block(cpu_linear.pack(w)) == 0
+    x = torch.randn(2, 96, generator=g)
+    assert torch.equal(EXT.linear(x, cpu_linear.pack(w, dots=True), True), EXT.linear(x, cpu_linear.pack(w), False))
+    odd = cpu_linear.pack(_bf16(300, 64, g=g), dots=True)  # oneDNN pads 300 outputs to whole blocks
+    assert EXT.packed_dot_block(odd) == 0
+    assert EXT.packed_dot_block(cpu_linear.pack(_bf16(64, 70, g=g), dots=True)) == 0  # and K = 70 to 96
+    with pytest.raises(RuntimeError, match="whose layout packed_dot_layout recorded"):
+        EXT.packed_dot_rows(x[:, :64], odd)
+
+
+@needs_ext
 def test_row_kernel_rows_do_not_depend_on_the_batch():
     """Each output row of the row kernel equals that row computed alone, bit for bit (small weights take
     it at any row count, so a tiny bf16 model's rows do not depend on which other rows share the call)."""
@@ -109,20 +145,26 @@ def test_row_kernel_rows_do_not_depend_on_the_batch():
 def _modes():
     out = ["mkl"]
     if cpu_linear.native_bf16():
-        out += ["onednn", "packed"]
+        out += ["onednn", "packed"] + (["packed-dots"] if DOTS else [])
     return out
+
+
+def _onednn(mode: str) -> bool:
+    """The layer kernels' `onednn` argument: plain weights through oneDNN, or packed ones' decode-size rows in the
+    bf16 dot products on their layout."""
+    return mode in ("onednn", "packed-dots")
 
 
 def _layer_tol(mode: str, rows: int) -> float:
     """Relative to the output's scale: the float32-arithmetic routes round once, into the bf16 output
     (u_bf16); oneDNN's bf16 matmuls also round each matmul input and output on the way (about eight
     roundings on an element's path through the layer), doubled for margin."""
-    onednn_rows = mode == "packed" or (mode == "onednn" and (rows > cpu_linear.BF16_ROW_KERNEL_MAX_ROWS or DOTS))
+    onednn_rows = mode.startswith("packed") or (mode == "onednn" and (rows > cpu_linear.BF16_ROW_KERNEL_MAX_ROWS or DOTS))
     return (16 if onednn_rows else 2) * U_BF16
 
 
 def _w(t: torch.Tensor, mode: str) -> torch.Tensor:
-    return cpu_linear.pack(t) if mode == "packed" else t
+    return cpu_linear.pack(t, dots=mode == "packed-dots") if mode.startswith("packed") else t
 
 
 @needs_ext
@@ -135,7 +177,7 @@ def test_attn_pre_bf16_matches_float32_reference(mode, n):
     h, proj = _bf16(n, hid, g=g), _bf16(heads * d, hid, g=g, scale=0.1)
     w_in, head_w = torch.randn(hid, generator=g), torch.randn(heads, d, generator=g)
     cos, sin = _bf16(n, d, g=g), _bf16(n, d, g=g)
-    got = EXT.attn_pre(h, w_in, _w(proj, mode), head_w, cos, sin, q_heads, 1e-6, mode == "onednn")
+    got = EXT.attn_pre(h, w_in, _w(proj, mode), head_w, cos, sin, q_heads, 1e-6, _onednn(mode))
     want = ref.attn_pre(h, w_in, proj, head_w, cos, sin, q_heads, 1e-6)
     for a, b in zip(got, want):
         assert a.dtype == torch.bfloat16  # q / k / v leave in h's dtype (the KV pool's)
@@ -160,7 +202,7 @@ def test_decoder_post_bf16_matches_float32_reference(mode, n, ple_dim):
     gate_up = [_w(gate, mode), _w(up, mode)] if mode != "mkl" else [torch.cat([gate, up])]
     got = EXT.decoder_post(h, attn, _w(o_w, mode), norms[0], norms[1], gate_up, _w(down, mode), norms[2], ple,
                            None if pg is None else _w(pg, mode), None if pp is None else _w(pp, mode), pn, 0.7, 1e-6,
-                           mode == "onednn")
+                           _onednn(mode))
     want = ref.decoder_post(h, attn, o_w, norms[0], norms[1], [gate, up], down, norms[2], ple, pg, pp, pn, 0.7, 1e-6)
     assert got.dtype == torch.bfloat16
     scale = float(want.abs().max())
@@ -186,15 +228,15 @@ def test_bf16_rows_are_read_and_written_in_place(mode, n):
     def post(hh, aa, pl):
         o, gu, dn, wg, wp = weights
         return EXT.decoder_post(hh, aa, o, norms[0], norms[1], gu, dn, norms[2], pl, wg, wp, norms[3], 0.7, 1e-6,
-                                mode == "onednn")
+                                _onednn(mode))
 
     got = post(h, attn, ple)
     assert got.dtype == torch.bfloat16
     assert torch.equal(got, post(h.float(), attn.float(), ple.float()).bfloat16())
     proj, head_w = _bf16(10 * d, hid, g=g, scale=0.1), torch.rand(10, d, generator=g) + 0.5
     cos, sin = torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
-    q, k, v = EXT.attn_pre(h, norms[0], _w(proj, mode), head_w, cos, sin, 8, 1e-6, mode == "onednn")
-    q32, k32, v32 = EXT.attn_pre(h.float(), norms[0], _w(proj, mode), head_w, cos, sin, 8, 1e-6, mode == "onednn")
+    q, k, v = EXT.attn_pre(h, norms[0], _w(proj, mode), head_w, cos, sin, 8, 1e-6, _onednn(mode))
+    q32, k32, v32 = EXT.attn_pre(h.float(), norms[0], _w(proj, mode), head_w, cos, sin, 8, 1e-6, _onednn(mode))
     for a, b in ((q, q32), (k, k32), (v, v32)):
         assert a.dtype == torch.bfloat16 and b.dtype == torch.float32
         assert torch.equal(a, b.bfloat16())

@@ -34,7 +34,8 @@ logger = logging.getLogger("impl.kernels")
 ENV_SWITCH = envs.IMPL_CPU_FUSED.name
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCES = [os.path.join(_HERE, "fused_layer.cpp"), os.path.join(_HERE, "linear.cpp"),
-            os.path.join(_HERE, "quant_linear.cpp"), os.path.join(_HERE, "quant_pack.cpp")]
+            os.path.join(_HERE, "quant_linear.cpp"), os.path.join(_HERE, "quant_pack.cpp"),
+            os.path.join(_HERE, "packed_dot.cpp")]
 
 # -ffp-contract=off: no FMA may fuse a product into an add (RoPE's x*cos + rot*sin rounds both products;
 # linear.cpp spells its FMAs out).

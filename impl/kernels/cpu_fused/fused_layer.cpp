@@ -379,7 +379,9 @@ torch::Tensor decoder_post(torch::Tensor h, torch::Tensor attn_out, torch::Tenso
   auto x = torch::empty(h.sizes(), h.options().dtype(mlp_bf16 ? torch::kBFloat16 : torch::kFloat32));
   norm_rows(RowsIn(out), w_pre_ff.data_ptr<float>(), RowsOut(x), n, hid, e);
   auto m = torch::empty(h.sizes(), h.options().dtype(down_bf16 ? torch::kBFloat16 : torch::kFloat32));  // [n, hidden]
-  const bool packed_mlp = split && gate_up[0].is_mkldnn() && gate_up[1].is_mkldnn() && down_w.is_mkldnn();
+  // (decode-size rows of a packed bf16 MLP take the bf16 dot products on its layout: the loop below, through linear)
+  const bool packed_mlp = split && gate_up[0].is_mkldnn() && gate_up[1].is_mkldnn() && down_w.is_mkldnn() &&
+                          cpu_fused::runs_onednn(gate_up[0], n, onednn);
   if (packed_mlp) {
     // gate / up per block of rows, their activation into the calling thread's [rows, I] buffer (a fresh one took a
     // page fault per 4 KB, every layer), the down projection per kMlpDownRows rows
@@ -566,6 +568,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_dot_rows", &cpu_fused::bf16_dot_rows, "the bf16 weights' decode-size kernel in bf16 dot products",
         release(), py::arg("x"), py::arg("w"));
   m.def("bf16_dot_rows_here", &cpu_fused::bf16_dot_rows_here, "True when bf16_dot_rows is compiled in (AVX-512 BF16)");
+  m.def("packed_dot_layout", &cpu_fused::packed_dot_layout,
+        "compare a oneDNN-packed bf16 weight with its source; record and return its block width for packed_dot_rows",
+        release(), py::arg("plain"), py::arg("packed"));
+  m.def("packed_dot_block", &cpu_fused::packed_dot_block, "the block width packed_dot_rows reads w in (0: none)",
+        py::arg("w"));
+  m.def("packed_dot_rows", &cpu_fused::packed_dot_rows, "a packed bf16 weight's decode-size kernel in bf16 dot products",
+        release(), py::arg("x"), py::arg("w"));
   m.def("bf16_rows", &cpu_fused::bf16_rows, "the bf16 weights' row kernel (float32 arithmetic)", release(),
         py::arg("x"), py::arg("w"));
   m.def("quant_linear", &cpu_fused::quant_linear, "x @ dequant(w)^T in float32 (quant_linear.h)", release(),

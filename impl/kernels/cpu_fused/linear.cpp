@@ -296,7 +296,8 @@ torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, c10:
 constexpr int64_t kSmallWeightElems = int64_t{1} << 16;
 
 bool runs_onednn(const torch::Tensor& w, int64_t rows, bool onednn) {
-  if (w.is_mkldnn()) return true;
+  // a packed bf16 weight: oneDNN, but for the bf16 dot products on its layout at decode-size row counts (`onednn`)
+  if (w.is_mkldnn()) return !(onednn && rows <= kBf16RowKernelMaxRows && packed_dot_block(w) > 0);
   if (is_quantized(w)) return false;
   if (!onednn) return false;
   if (w.scalar_type() != torch::kBFloat16) return w.numel() >= kSmallWeightElems;  // small float32: the row kernel
@@ -361,6 +362,7 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, bool onednn
     auto y = onednn_product(x, w);
     return y.scalar_type() == torch::kFloat32 ? y : y.to(torch::kFloat32);
   }
+  if (w.is_mkldnn()) return packed_dot_rows(x, w);  // runs_onednn said no: its layout at decode-size row counts
   if (w.scalar_type() == torch::kBFloat16) {
 #if defined(BF16_DOT_ROWS)
     if (onednn && rows <= kBf16RowKernelMaxRows && w.numel() >= kSmallWeightElems && w.is_contiguous())

@@ -31,7 +31,8 @@ constexpr int64_t kPrefetchRows = 16;
 // y = x @ w^T in float32 for any weight kind:
 //  * float32 [N, K]: ATen's mm, or oneDNN when `onednn`; under kSmallWeightElems elements the row kernel at every
 //    row count (row-invariant, as the bf16 weights' below; from 4 rows its column form, the same sums);
-//  * oneDNN-prepacked (mkldnn, float32 or bfloat16): oneDNN, x cast to the weight's dtype;
+//  * oneDNN-prepacked (mkldnn, float32 or bfloat16): oneDNN, x cast to the weight's dtype; a bf16 one up to
+//    kBf16RowKernelMaxRows rows with `onednn`, packed_dot_rows where its shape's layout was recorded (below);
 //  * quantized [N, G, B] (int8 / uint8; quant_linear.h): quant_linear;
 //  * bfloat16 [N, K]: up to kBf16RowKernelMaxRows rows, with `onednn` (a CPU with native bf16) bf16_dot_rows where
 //    compiled in, else the row kernel (float32 arithmetic), which small weights take at every row count
@@ -59,6 +60,15 @@ torch::Tensor bf16_rows(const torch::Tensor& x, const torch::Tensor& w);
 // float32, each row's sums independent of the rows beside it. bf16_dot_rows_here(): compiled in.
 torch::Tensor bf16_dot_rows(const torch::Tensor& x, const torch::Tensor& w);
 bool bf16_dot_rows_here();
+
+// bf16 weights prepacked for oneDNN (mkldnn tensors) read in place by bf16 dot products up to kBf16RowKernelMaxRows
+// rows (packed_dot.cpp; AVX-512 BF16 builds). packed_dot_layout(plain, packed): compares the packed copy with its
+// source for each layout the kernel reads and records the shape's block width (returned; 0: none matched, or a build
+// without the kernel); packed_dot_block(w): the recorded width for w's shape (0: oneDNN at every row count);
+// packed_dot_rows: x [M, K] (any float dtype, rounded to bf16) @ w^T -> [M, N] float32, row-invariant.
+int64_t packed_dot_layout(const torch::Tensor& plain, const torch::Tensor& packed);
+int64_t packed_dot_block(const torch::Tensor& w);
+torch::Tensor packed_dot_rows(const torch::Tensor& x, const torch::Tensor& w);
 
 // The SIMD width the row kernel was compiled for ("avx512", "avx2" or "scalar").
 std::string simd_isa();

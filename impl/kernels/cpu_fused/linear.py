@@ -18,16 +18,23 @@ the row kernel at every row count (so the tiny checkpoints' rows do not depend o
 Modes (``IMPL_CPU_LINEAR``; default ``auto``):
 
 * ``packed``: weights reordered once into oneDNN's blocked layout (an opaque ``mkldnn`` tensor that
-  replaces the model's plain parameter: no second copy);
+  replaces the model's plain parameter: no second copy); bf16 ones on a CPU with native bf16 read in place by the
+  extension's bf16 dot products up to ``BF16_ROW_KERNEL_MAX_ROWS`` rows (``packed_dots``: packed_dot.cpp, where the
+  build has them and the packed layout is one they read; not under --enable-deterministic-inference or
+  ``IMPL_CPU_PACKED_DOTS=0``), oneDNN above;
 * ``onednn``: oneDNN on the plain weights (reordered per call: ~20-30% slower than packed, for float32;
   bf16 weights take the extension's kernels up to ``BF16_ROW_KERNEL_MAX_ROWS`` rows: bf16 dot products in an
   AVX-512 BF16 build, else the float32-arithmetic row kernel);
 * ``mkl``: ATen's ``mm`` for float32 (the model file's own numerics); for bf16 the extension's float32
   arithmetic (row kernel, widened blocks for mm);
-* ``auto``: float32: ``packed``; bf16: ``BF16_NATIVE_AUTO`` with native bf16 (``packed`` on AMX, ``onednn`` with
-  the bf16 dot products on AVX-512 BF16 alone, ``packed`` under --enable-deterministic-inference), else ``mkl``; ``mkl`` when
+* ``auto``: float32: ``packed``; bf16: ``packed`` with native bf16 (AVX-512 BF16 or AMX), else ``mkl``; ``mkl`` when
   torch has no oneDNN. A layer whose projections (q/k/v, o, MLP) are under ``MIN_WEIGHT_ELEMS`` keeps ``mkl``;
   in a packed layer, the per-layer-input gate and projection under it stay plain (ATen's mm) on their own.
+
+Why bf16 prepacked with the dot products, on both kinds of native bf16: prefill runs oneDNN's matmul on weights it
+does not reorder per call (plain weights cost a 1024-token prompt 9-20% on Zen 4), and decode reads the same bytes at
+the memory's rate (oneDNN's prepacked matmul read them at 15-20 GB/s for 1 to 8 rows there, the dot products at
+27-31); one copy of each weight serves both.
 
 oneDNN's float32 results differ from MKL's in rounding (summation order), not in precision; its bf16
 matmul rounds its input rows to bf16 (as a bf16 model does), the float32 paths do not.
@@ -48,13 +55,6 @@ MODES = CPU_LINEAR_MODES
 MIN_WEIGHT_ELEMS = 1 << 16  # 256 x 256: below this a call's fixed cost outweighs the arithmetic (linear.cpp: kSmallWeightElems)
 PACK_BATCH_HINT = 64  # rows oneDNN tunes the packed layout for (any row count still runs)
 BF16_ROW_KERNEL_MAX_ROWS = 16  # linear.h: kBf16RowKernelMaxRows
-# bf16 weights on a CPU with native bf16, by its bf16 ISA (bf16_isa): AMX's tiles run oneDNN's prepacked matmul; with
-# AVX-512 BF16 alone the weights stay in place for the extension's bf16 dot products up to 16 rows (linear.cpp:
-# bf16_dot_rows; oneDNN's prepacked matmul took 2x their time for one row and two at E2B's shapes on Zen 4), and
-# oneDNN's matmul above (within its noise of the prepacked one from a few hundred rows). Without the dot-product
-# kernel compiled in, prepacked.
-BF16_NATIVE_AUTO = {"amx_bf16": "packed", "avx512_bf16": "onednn"}
-
 # oneDNN's ISA names (ONEDNN_MAX_CPU_ISA) from the first with native bf16 arithmetic upwards
 _BF16_ISAS = ("AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX", "AVX512_CORE_AMX",
               "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16", "ALL")
@@ -65,6 +65,7 @@ class LinearPlan:
     mode: str  # "packed" | "onednn" | "mkl" | "quant"
     reason: str
     dtype: str = "float32"  # the weights' dtype
+    packed_dots: bool = False  # packed bf16: decode-size rows in bf16 dot products on the packed layout
 
     def describe(self) -> str:
         if self.mode == "quant":
@@ -73,7 +74,8 @@ class LinearPlan:
             rows = f"up to {BF16_ROW_KERNEL_MAX_ROWS} rows"
             row_kernel = "bf16 dot products" if bf16_dots_here() else "the row kernel (float32 arithmetic)"
             what = {
-                "packed": "bf16 weights prepacked for oneDNN's bf16 matmul",
+                "packed": ("bf16 weights prepacked for oneDNN's bf16 matmul"
+                           + (f", read in place by bf16 dot products {rows}" if self.packed_dots else "")),
                 "onednn": f"bf16 weights in place: {row_kernel} {rows}, oneDNN's bf16 matmul above",
                 "mkl": f"bf16 weights in float32 arithmetic: the row kernel {rows}, float32 blocks for ATen mm above",
             }[self.mode]
@@ -81,8 +83,8 @@ class LinearPlan:
             what = {"packed": "oneDNN, prepacked weights", "onednn": "oneDNN, plain weights", "mkl": "ATen mm"}[self.mode]
         return f"{what} ({self.reason})"
 
-    def info(self) -> dict[str, str]:
-        return {"mode": self.mode, "reason": self.reason, "dtype": self.dtype}
+    def info(self) -> dict[str, str | bool]:
+        return {"mode": self.mode, "reason": self.reason, "dtype": self.dtype, "packed_dots": self.packed_dots}
 
 
 def requested_mode() -> str:
@@ -131,6 +133,14 @@ def bf16_dots_here() -> bool:
     return ext is not None and bool(ext.bf16_dot_rows_here())
 
 
+def packed_dots(isa: str, batch_invariant: bool) -> bool:
+    """True when prepacked bf16 weights take the bf16 dot products up to 16 rows: a CPU with native bf16 (``isa``),
+    a build with the kernel, not batch-invariant (oneDNN's rows do not depend on the batch, the switch at 16 rows
+    would), and IMPL_CPU_PACKED_DOTS not off. Each weight shape still needs its packed layout to match
+    (packed_dot.cpp's check in ``pack``): one that does not keeps oneDNN at every row count."""
+    return bool(isa) and not batch_invariant and envs.IMPL_CPU_PACKED_DOTS.get() and bf16_dots_here()
+
+
 def plan(dtype: torch.dtype = torch.float32, batch_invariant: bool = False) -> LinearPlan:
     """The mode for a model whose fused layers' weights are ``dtype`` (float32 or bfloat16); ``batch_invariant``
     (--enable-deterministic-inference): bf16's auto mode is the prepacked one, whose rows do not depend on the
@@ -149,15 +159,10 @@ def plan(dtype: torch.dtype = torch.float32, batch_invariant: bool = False) -> L
                                  "(it needs avx512bw/vl/dq or avx_ne_convert; ONEDNN_MAX_CPU_ISA may cap it); unset it "
                                  f"(auto) or set {ENV}=mkl for the float32-arithmetic kernels.")
             note = f"native bf16: {isa}" if isa else "no native bf16: oneDNN emulates it, slowly"
-            return LinearPlan(mode, f"{ENV}={mode}; {note}", name)
+            return LinearPlan(mode, f"{ENV}={mode}; {note}", name, mode == "packed" and packed_dots(isa, batch_invariant))
         if isa:
-            if batch_invariant:
-                return LinearPlan("packed", f"auto: native bf16 ({isa}), batch-invariant", name)
-            auto = BF16_NATIVE_AUTO[isa]
-            if auto == "onednn" and not bf16_dots_here():
-                return LinearPlan("packed", f"auto: native bf16 ({isa}), no bf16 dot-product kernel in this build",
-                                  name)
-            return LinearPlan(auto, f"auto: native bf16 ({isa})", name)
+            invariant = ", batch-invariant" if batch_invariant else ""
+            return LinearPlan("packed", f"auto: native bf16 ({isa}){invariant}", name, packed_dots(isa, batch_invariant))
         cap = envs.ONEDNN_MAX_CPU_ISA.get()
         why = f"ONEDNN_MAX_CPU_ISA={cap}" if cap else "the CPU has no avx512_bf16 / AMX"
         return LinearPlan("mkl", f"auto: no native bf16 ({why})", name)
@@ -217,6 +222,16 @@ def sized_for_onednn(*weights: torch.Tensor) -> bool:
     return all(w.numel() >= MIN_WEIGHT_ELEMS for w in weights)
 
 
-def pack(w: torch.Tensor) -> torch.Tensor:
-    """``w`` [out, in] (float32 or bf16) reordered for oneDNN's linear (an opaque ``mkldnn`` tensor, same sizes)."""
-    return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), PACK_BATCH_HINT)
+def pack(w: torch.Tensor, dots: bool = False) -> torch.Tensor:
+    """``w`` [out, in] (float32 or bf16) reordered for oneDNN's linear (an opaque ``mkldnn`` tensor, same sizes).
+    ``dots`` (a plan's ``packed_dots``): a bf16 weight's packed copy is compared with ``w`` for the layouts the bf16
+    dot products read (packed_dot.cpp), which then take its decode-size rows."""
+    w = w.contiguous()
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_BATCH_HINT)
+    if dots and w.dtype == torch.bfloat16:
+        from impl.kernels import cpu_fused
+
+        ext = cpu_fused.load()
+        if ext is not None:
+            ext.packed_dot_layout(w, packed)
+    return packed

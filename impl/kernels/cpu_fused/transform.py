@@ -95,7 +95,8 @@ class FusedWeights:
     down: torch.Tensor
     ple_gate: torch.Tensor | None
     ple_proj: torch.Tensor | None
-    # plain weights through oneDNN (the ``onednn`` linear mode); a bf16 model's W8A16 / W4A16 layers: prefill in bf16
+    # plain weights through oneDNN (the ``onednn`` linear mode); packed bf16 ones: decode-size rows in the bf16 dot
+    # products on the packed layout (the plan's packed_dots); a bf16 model's W8A16 / W4A16 layers: prefill in bf16
     # dot products (quant_linear.h's bf16_dot), their float weights through oneDNN as in the ``onednn`` mode
     onednn: bool = False
 
@@ -109,8 +110,9 @@ class FusedWeights:
         inside a packed layer (``for_linear_mode``) instead of taking the whole layer off oneDNN."""
         return [self.qkv_proj, self.o_proj, *self.gate_up, self.down]
 
-    def for_linear_mode(self, mode: str) -> "FusedWeights":
-        """These weights as the kernels take them in linear mode ``mode`` (``linear.py``)."""
+    def for_linear_mode(self, mode: str, packed_dots: bool = False) -> "FusedWeights":
+        """These weights as the kernels take them in linear mode ``mode`` (``linear.py``); ``packed_dots``: packed
+        bf16 weights' decode-size rows in the bf16 dot products (the plan's ``packed_dots``: the layer's onednn)."""
         if mode == "quant":
             return self._tiled()
         if mode == "mkl":
@@ -120,7 +122,8 @@ class FusedWeights:
         gate, up = gate_up[:i], gate_up[i:]  # row slices: contiguous views, no copy
         if mode == "onednn":
             return replace(self, gate_up=(gate, up), onednn=True)
-        p = cpu_linear.pack
+        def p(w: torch.Tensor) -> torch.Tensor:
+            return cpu_linear.pack(w, packed_dots)
 
         def p_sized(w: torch.Tensor) -> torch.Tensor:
             # under the floor: plain, ATen's mm (the layer's onednn is off). The floor itself, per weight:
@@ -130,7 +133,7 @@ class FusedWeights:
         ple = {} if self.ple_gate is None or self.ple_proj is None else dict(ple_gate=p_sized(self.ple_gate),
                                                                               ple_proj=p_sized(self.ple_proj))
         return replace(self, qkv_proj=p(self.qkv_proj), o_proj=p(self.o_proj), gate_up=(p(gate), p(up)), down=p(self.down),
-                       **ple)
+                       onednn=packed_dots, **ple)
 
     def _tiled(self) -> "FusedWeights":
         """Quantized weights as the extension reads them: W8A8 and W4A8 ones in AMX-int8 tile order where the CPU
@@ -612,7 +615,7 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
     before = storage_bytes(model)
     layers = [m for m in model.modules() if is_decoder_layer(m)]
     paths: list[str] = []
-    fused: list[tuple[nn.Module, LayerWeights, FusedWeights, ModuleType]] = []
+    fused: list[tuple[nn.Module, LayerWeights, FusedWeights | None, ModuleType]] = []
     dtypes: set[torch.dtype] = set()
     for m in layers:
         ext = cpu_fused.load()
@@ -652,10 +655,14 @@ def apply(model: nn.Module, batch_invariant: bool = False) -> CpuKernels:
         else:
             plan = cpu_linear.plan(dtype, batch_invariant) if any(sized) else cpu_linear.small_weights_plan(dtype)
         widen = WidenOnce()  # shared: each table is widened once per forward
-        for (m, w, f, ext), ok in zip(fused, sized):
+        for i, ok in enumerate(sized):
+            m, w, f, ext = fused[i]
+            # the list lets go of the layer's plain weights: once its copies replace them they go with the last
+            # reference (the peak while packing holds one layer's copies beside the plain weights, not all of them)
+            fused[i] = (m, w, None, ext)
             mode = plan.mode if ok else "mkl"
             modes[id(m)] = mode
-            g = f.for_linear_mode(mode)
+            g = f.for_linear_mode(mode, plan.packed_dots)
             min_rows = 0
             if mode == "quant" and bf16_dot and g.qkv_proj.dtype == torch.uint8:  # a weight-only layer
                 g = replace(g, onednn=True)  # its linears round x to bf16 (quant_linear's bf16_dot), as oneDNN would
