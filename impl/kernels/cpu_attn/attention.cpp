@@ -250,8 +250,40 @@ inline void qk_lanes(const float* const* k, int64_t n, int64_t D, const float* q
   }
 }
 
-inline void qk_all_lanes(const float* const* k, int64_t n, int64_t D, const float* qt, int64_t LP, float scale, float* st) {
-  const int64_t nv = LP / kVec;
+#if defined(__AVX512F__)
+// Half a zmm (8 float lanes, one ymm): the last lane vector when it holds at most 8 query lanes. A decode item of a
+// GQA group of 8 heads (E2B's) is 8 lanes padded to 16; Zen 4 runs a zmm FMA as two ymm halves, so half-width
+// vectors halve its Q K^T there. A lane's FMAs (over d, in order) are the same at either width: same bits.
+typedef float hfloat __attribute__((vector_size(8 * sizeof(float))));
+typedef float hfloat_u __attribute__((vector_size(8 * sizeof(float)), aligned(alignof(float))));
+
+inline void qk_half_lanes(const float* const* k, int64_t n, int64_t D, const float* qt, int64_t LP, int64_t c0,
+                          float scale, float* st) {
+  constexpr int KB = kQkAcc;
+  for (int64_t j0 = 0; j0 < n; j0 += KB) {
+    const int64_t kb = std::min<int64_t>(KB, n - j0);
+    const float* kr[KB];
+    for (int b = 0; b < KB; ++b) kr[b] = k[j0 + std::min<int64_t>(b, kb - 1)];  // tail: last row again
+    hfloat acc[KB] = {};
+    for (int64_t d = 0; d < D; ++d) {
+      const hfloat qv = *reinterpret_cast<const hfloat_u*>(qt + d * LP + c0);
+      for (int b = 0; b < KB; ++b) acc[b] += kr[b][d] * qv;
+    }
+    for (int64_t b = 0; b < kb; ++b) *reinterpret_cast<hfloat_u*>(st + (j0 + b) * LP + c0) = acc[b] * scale;
+  }
+}
+#endif
+
+// S^T [n, LP] for `lanes` query lanes (LP = lanes rounded up to kVec); the padding lanes of S^T are left as they
+// are (attend_tile masks every padding lane to -inf before reading it).
+inline void qk_all_lanes(const float* const* k, int64_t n, int64_t D, const float* qt, int64_t LP, int64_t lanes,
+                         float scale, float* st) {
+  int64_t nv = LP / kVec;
+#if defined(__AVX512F__)
+  if (nv > 0 && lanes - (nv - 1) * kVec <= kVec / 2) qk_half_lanes(k, n, D, qt, LP, --nv * kVec, scale, st);
+#else
+  (void)lanes;
+#endif
   int64_t c = 0;
   for (; c + 8 <= nv; c += 8) qk_lanes<8>(k, n, D, qt, LP, c * kVec, scale, st);
   for (; c + 4 <= nv; c += 4) qk_lanes<4>(k, n, D, qt, LP, c * kVec, scale, st);
@@ -278,13 +310,14 @@ inline void pv_lanes(const float* pb, int64_t LP, int64_t n, const float* const*
     for (int c = 0; c < NV; ++c) vstore(ab + i * D + d0 + c * kVec, a[i][c]);
 }
 
-// acc [LP, D] += P V over n keys: pt = P^T [n, LP], key j's values at v[j]. Blocks of kLaneBlk lanes x kPvVecs
+// acc [LP, D] += P V over n keys for the first `lanes` lanes: pt = P^T [n, LP], key j's values at v[j]. Blocks of kLaneBlk lanes x kPvVecs
 // (or, for the last one, 1) SIMD vectors of head_dim accumulate in registers over the keys (pv_lanes).
-inline void pv_blocks(const float* pt, int64_t LP, int64_t n, const float* const* v, int64_t D, float* acc) {
+inline void pv_blocks(const float* pt, int64_t LP, int64_t lanes, int64_t n, const float* const* v, int64_t D,
+                      float* acc) {
   if (D % kVec != 0) {  // head_dim not a multiple of the SIMD width (tiny test models): plain loops
     for (int64_t j = 0; j < n; ++j) {
       const float* vr = v[j];
-      for (int64_t i = 0; i < LP; ++i) {
+      for (int64_t i = 0; i < lanes; ++i) {
         const float w = pt[j * LP + i];
         float* o = acc + i * D;
 #pragma omp simd
@@ -293,7 +326,7 @@ inline void pv_blocks(const float* pt, int64_t LP, int64_t n, const float* const
     }
     return;
   }
-  for (int64_t i0 = 0; i0 < LP; i0 += kLaneBlk) {
+  for (int64_t i0 = 0; i0 < lanes; i0 += kLaneBlk) {  // (blocks of padding lanes only: skipped)
     const float* pb = pt + i0;
     float* ab = acc + i0 * D;
     int64_t d0 = 0;
@@ -330,7 +363,7 @@ inline void attend_tile(const TileArgs& a, const float* qt, int64_t lanes, int64
                         const float* const* v, int64_t t0, int64_t n, const int64_t* lo, const int64_t* hi,
                         float* st_buf, Softmax& st) {
   const int64_t D = a.D, nv = LP / kVec;
-  qk_all_lanes(k, n, D, qt, LP, a.scale, st_buf);
+  qk_all_lanes(k, n, D, qt, LP, lanes, a.scale, st_buf);
   thread_local std::vector<int32_t> blo, bhi;  // each lane's visible keys within this tile: [blo, bhi)
   blo.assign(LP, 0);
   bhi.assign(LP, 0);
@@ -365,14 +398,14 @@ inline void attend_tile(const TileArgs& a, const float* qt, int64_t lanes, int64
     const vfloat alpha = m_old == ninf ? vfloat{} : vexp(m_old - m_new);
     vstore(st.l.data() + l0, vload(st.l.data() + l0) * alpha + vsum);
     vstore(st.m.data() + l0, m_new);
-    for (int64_t i = 0; i < kVec; ++i) {
+    for (int64_t i = 0; i < std::min(kVec, lanes - l0); ++i) {  // (padding lanes' rows are never read)
       if (alpha[i] == 1.f) continue;
       float* acc = st.acc.data() + (l0 + i) * D;
 #pragma omp simd
       for (int64_t d = 0; d < D; ++d) acc[d] *= alpha[i];
     }
   }
-  pv_blocks(st_buf, LP, n, v, D, st.acc.data());
+  pv_blocks(st_buf, LP, lanes, n, v, D, st.acc.data());
 }
 
 // Keys [key_lo, key_hi) of one request (pool slots `slots`) and KV head `h`, one tile of BN keys at a time,
