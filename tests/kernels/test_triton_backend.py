@@ -163,3 +163,19 @@ def test_cross_metadata_rejects_mismatched_counts():
     w.triton.init_forward_metadata(w.fb)
     with pytest.raises(ValueError, match="rows_per_req"):
         w.triton.init_cross_decoder_metadata(w.fb, torch.tensor([3, 5], device=DEVICE), [1, 2])
+
+
+@pytest.mark.parametrize("lens", [[3, 0, 7, 1], [5], [0, 0]])
+def test_kv_indices_are_each_requests_slots_in_order(lens):
+    """build_kv_indices (one 1-D gather from the flattened request table): request b's slots of positions
+    0..len_b - 1, requests in batch order, whatever rows of the table they hold; a sliced table works too."""
+    from impl.attention.triton_metadata import build_kv_indices
+
+    g = torch.Generator().manual_seed(3)
+    table = torch.randint(0, 1000, (6, 9), generator=g, dtype=torch.int64)
+    rows = torch.tensor([4, 1, 5, 0][: len(lens)], dtype=torch.int32)
+    for t in (table, table[:, :8]):  # (a view with a row stride wider than its rows)
+        indptr, idx = build_kv_indices(t, rows, lens)
+        assert indptr.tolist() == [sum(lens[:b]) for b in range(len(lens) + 1)]
+        want = [int(t[r, p]) for r, n in zip(rows.tolist(), lens) for p in range(n)]
+        assert idx.tolist() == want and idx.dtype == torch.int64
