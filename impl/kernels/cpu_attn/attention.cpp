@@ -224,55 +224,43 @@ inline void key_rows(const PoolHead<S>& pool, const int64_t* slots, int64_t n, i
   }
 }
 
-// S^T [n, LP] = scale * K Q^T for the lane vectors [c0, c0 + LV) of Q^T: key j's D floats at k[j], qt = Q^T
-// [D, LP]. Blocks of KB keys x LV SIMD vectors of query lanes (kQkAcc accumulators) accumulate in registers
-// over d (K entries broadcast, so K is read in place: no transposed copy).
-template <int LV>
+#if defined(__AVX512F__)
+// Half a zmm (8 float lanes, one ymm): the last lane vector when it holds at most 8 query lanes. A decode item of a
+// GQA group of 8 heads (E2B's) is 8 lanes padded to 16; Zen 4 runs a zmm FMA as two ymm halves, so half-width
+// vectors halve its Q K^T there. A lane's FMAs (over d, in order) are the same at either width: same bits.
+typedef float hfloat __attribute__((vector_size(8 * sizeof(float))));
+#endif
+
+// S^T [n, LP] = scale * K Q^T for the lane vectors [c0, c0 + LV * W) of Q^T (V: vectors of W floats, vfloat or,
+// with AVX-512, hfloat): key j's D floats at k[j], qt = Q^T [D, LP]. Blocks of KB keys x LV SIMD vectors of query
+// lanes (kQkAcc accumulators) accumulate in registers over d (K entries broadcast, so K is read in place: no
+// transposed copy).
+template <int LV, typename V = vfloat>
 inline void qk_lanes(const float* const* k, int64_t n, int64_t D, const float* qt, int64_t LP, int64_t c0, float scale,
                      float* st) {
   constexpr int KB = kQkAcc / LV > 0 ? kQkAcc / LV : 1;
+  constexpr int64_t W = sizeof(V) / sizeof(float);
   for (int64_t j0 = 0; j0 < n; j0 += KB) {
     const int64_t kb = std::min<int64_t>(KB, n - j0);
     const float* kr[KB];
     for (int b = 0; b < KB; ++b) kr[b] = k[j0 + std::min<int64_t>(b, kb - 1)];  // tail: last row again
-    vfloat acc[KB][LV] = {};
+    V acc[KB][LV] = {};
     for (int64_t d = 0; d < D; ++d) {
-      vfloat qv[LV];
-      for (int c = 0; c < LV; ++c) qv[c] = vload(qt + d * LP + c0 + c * kVec);
+      V qv[LV];
+      for (int c = 0; c < LV; ++c) std::memcpy(&qv[c], qt + d * LP + c0 + c * W, sizeof(V));
       for (int b = 0; b < KB; ++b) {
         const float x = kr[b][d];
         for (int c = 0; c < LV; ++c) acc[b][c] += x * qv[c];
       }
     }
     for (int64_t b = 0; b < kb; ++b) {
-      for (int c = 0; c < LV; ++c) vstore(st + (j0 + b) * LP + c0 + c * kVec, acc[b][c] * scale);
+      for (int c = 0; c < LV; ++c) {
+        const V y = acc[b][c] * scale;
+        std::memcpy(st + (j0 + b) * LP + c0 + c * W, &y, sizeof(V));
+      }
     }
   }
 }
-
-#if defined(__AVX512F__)
-// Half a zmm (8 float lanes, one ymm): the last lane vector when it holds at most 8 query lanes. A decode item of a
-// GQA group of 8 heads (E2B's) is 8 lanes padded to 16; Zen 4 runs a zmm FMA as two ymm halves, so half-width
-// vectors halve its Q K^T there. A lane's FMAs (over d, in order) are the same at either width: same bits.
-typedef float hfloat __attribute__((vector_size(8 * sizeof(float))));
-typedef float hfloat_u __attribute__((vector_size(8 * sizeof(float)), aligned(alignof(float))));
-
-inline void qk_half_lanes(const float* const* k, int64_t n, int64_t D, const float* qt, int64_t LP, int64_t c0,
-                          float scale, float* st) {
-  constexpr int KB = kQkAcc;
-  for (int64_t j0 = 0; j0 < n; j0 += KB) {
-    const int64_t kb = std::min<int64_t>(KB, n - j0);
-    const float* kr[KB];
-    for (int b = 0; b < KB; ++b) kr[b] = k[j0 + std::min<int64_t>(b, kb - 1)];  // tail: last row again
-    hfloat acc[KB] = {};
-    for (int64_t d = 0; d < D; ++d) {
-      const hfloat qv = *reinterpret_cast<const hfloat_u*>(qt + d * LP + c0);
-      for (int b = 0; b < KB; ++b) acc[b] += kr[b][d] * qv;
-    }
-    for (int64_t b = 0; b < kb; ++b) *reinterpret_cast<hfloat_u*>(st + (j0 + b) * LP + c0) = acc[b] * scale;
-  }
-}
-#endif
 
 // S^T [n, LP] for `lanes` query lanes (LP = lanes rounded up to kVec); the padding lanes of S^T are left as they
 // are (attend_tile masks every padding lane to -inf before reading it).
@@ -280,7 +268,7 @@ inline void qk_all_lanes(const float* const* k, int64_t n, int64_t D, const floa
                          float scale, float* st) {
   int64_t nv = LP / kVec;
 #if defined(__AVX512F__)
-  if (nv > 0 && lanes - (nv - 1) * kVec <= kVec / 2) qk_half_lanes(k, n, D, qt, LP, --nv * kVec, scale, st);
+  if (nv > 0 && lanes - (nv - 1) * kVec <= kVec / 2) qk_lanes<1, hfloat>(k, n, D, qt, LP, --nv * kVec, scale, st);
 #else
   (void)lanes;
 #endif
